@@ -1,0 +1,88 @@
+"""Pharos configuration: one settings object, from a TOML file and the environment.
+
+Precedence (highest first): environment variables ``PHAROS_<FIELD>`` (e.g.
+``PHAROS_KAFKA_BOOTSTRAP``), the TOML file named by ``PHAROS_CONFIG`` (default
+``pharos.toml`` in the working directory, if present), then the defaults below, which run
+the embedded stack on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Settings(BaseSettings):
+    """Every Pharos process reads this. Paths are absolute after validation."""
+
+    model_config = SettingsConfigDict(env_prefix="PHAROS_", extra="ignore")
+
+    state_dir: Path = Field(
+        default=REPO_ROOT / ".pharos",
+        description="Where the embedded stack keeps its data: Kafka log, chDB data, pid files, logs.",
+    )
+    kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
+    kafka_home: Path = Field(
+        default=REPO_ROOT / "build" / "kafka",
+        description="Folder holding the Kafka jars (libs/) fetched by `make kafka`.",
+    )
+    topic_requests: str = "pharos.io.requests"
+    topic_jobs: str = "pharos.jobs"
+    topic_deadletter: str = "pharos.io.deadletter"
+    topic_partitions: int = Field(default=4, ge=1, description="Partitions of the requests topic.")
+    consumer_group: str = "pharos-pipeline"
+    clickhouse_url: str = Field(
+        default="",
+        description="ClickHouse server URL (http://user:pass@host:8123/db). Empty: embedded chDB in state_dir/chdb.",
+    )
+    api_host: str = "127.0.0.1"
+    api_port: int = 8400
+    agent_binary: Path = Field(
+        default=REPO_ROOT / "target" / "release" / "pharos-agent",
+        description="The eBPF agent binary built by `make build`.",
+    )
+    cgroup_parent: str = Field(
+        default="pharos",
+        description="cgroup v2 folder (relative to the cgroup2 mount) under which `pharos run` creates job_<id>.",
+    )
+
+    @property
+    def chdb_path(self) -> Path:
+        return self.state_dir / "chdb"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.api_host}:{self.api_port}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
+        )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once)."""
+    return Settings()
