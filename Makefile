@@ -1,0 +1,63 @@
+# Pharos: every target does its own set-up, idempotently. New machine: `make demo`, `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export PATH := $(HOME)/.cargo/bin:$(HOME)/.local/bin:$(PATH)
+
+STAMPS := build/.stamps
+APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev fuse3 libfuse3-dev \
+	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps
+UV := uv
+RUN := $(UV) run --frozen
+
+.PHONY: help setup deps python proto build kafka demo test test-rust test-python bench down clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+
+setup: deps python proto build kafka ## Install and build everything (idempotent)
+
+deps: $(STAMPS)/apt ## Debian packages, Java/Maven if missing, uv
+	@command -v $(UV) >/dev/null || python3 -m pip install --quiet uv
+
+$(STAMPS)/apt: Makefile
+	@mkdir -p $(STAMPS)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
+	command -v cargo >/dev/null || missing="$$missing cargo"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make: need root to install:$$missing" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+python: deps ## The Python environment from uv.lock
+	@$(UV) sync --frozen --quiet
+
+proto: python ## Generate the wire contract's Python code (Rust generates at build)
+	@$(RUN) python -m grpc_tools.protoc -I proto --python_out=pipeline/pharos_pipeline/wire \
+	  --pyi_out=pipeline/pharos_pipeline/wire proto/pharos/v1/io.proto
+
+build: deps ## Build the eBPF agent (Rust, libbpf-rs) in release mode
+	@cargo build --release --quiet -p pharos-agent
+
+kafka: deps ## Fetch the pinned Kafka jars with Maven into build/kafka (git-ignored)
+	@bash pipeline/kafka/fetch.sh build/kafka
+
+demo: setup ## The main job: stack up, three traced fio jobs, their summaries
+	@$(RUN) pharos demo
+
+test: setup ## All tests: Rust (incl. root eBPF tests) and Python (unit + end-to-end)
+	@cargo test --release --quiet --workspace
+	@cargo test --release --quiet -p pharos-agent -- --ignored
+	@$(RUN) pytest -q
+
+bench: setup ## Benchmarks (agent overhead: fio with vs without the agent)
+	@$(RUN) python bench/agent_overhead.py
+
+down: ## Stop a stack left running by `make demo`
+	@$(RUN) pharos down
+
+clean: down ## Remove build outputs and the embedded stack's data
+	rm -rf build target .pharos

@@ -1,0 +1,71 @@
+"""cgroup v2 helpers: find the mount, create a job's cgroup, move processes into it.
+
+A job runs in ``<cgroup2 mount>/<parent>/job_<ID>`` (``parent`` is Settings.cgroup_parent,
+"pharos" by default). The eBPF agent traces exactly the processes below ``<parent>`` (and
+Slurm's ``job_<id>/step_<n>`` cgroups) and takes the job id from the ``job_<ID>`` component.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class CgroupError(RuntimeError):
+    """cgroup v2 is missing, or a cgroup could not be created or joined (e.g. not root)."""
+
+
+def cgroup2_mount(mounts: Path = Path("/proc/mounts")) -> Path:
+    """The mount point of the unified (v2) hierarchy, read from /proc/mounts.
+
+    Hybrid systems mount it at /sys/fs/cgroup/unified, modern ones at /sys/fs/cgroup.
+    Raises CgroupError when there is none.
+    """
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    raise CgroupError("no cgroup2 mount in /proc/mounts: Pharos needs the unified cgroup hierarchy")
+
+
+def validate_job_id(job_id: str) -> str:
+    """Job ids are 1-64 characters of [A-Za-z0-9_.-], not starting with a dot or dash."""
+    if not JOB_ID_RE.match(job_id):
+        raise ValueError(f"invalid job id {job_id!r}: use 1-64 characters of letters, digits, '_', '.', '-'")
+    return job_id
+
+
+def job_cgroup(job_id: str, parent: str = "pharos") -> Path:
+    """Create (if needed) and return the job's cgroup directory. Raises CgroupError."""
+    validate_job_id(job_id)
+    path = cgroup2_mount() / parent / f"job_{job_id}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CgroupError(f"cannot create cgroup {path}: {exc.strerror} (pharos run needs root)") from exc
+    return path
+
+
+def join_cgroup(path: Path, pid: int = 0) -> None:
+    """Move ``pid`` (0: the calling process) into the cgroup. Raises OSError."""
+    with open(path / "cgroup.procs", "w") as f:
+        f.write(str(pid))
+
+
+def remove_cgroup(path: Path, timeout: float = 5.0) -> bool:
+    """Remove an empty job cgroup, waiting up to ``timeout`` s for exiting tasks to leave."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)

@@ -1,0 +1,189 @@
+"""``pharos run``: launch the ranks of a job in a job cgroup and record its life cycle.
+
+The job's ranks are started in ``<cgroup2>/<parent>/job_<ID>`` so the eBPF agent traces
+them (and nothing else); each rank gets ``PHAROS_JOB_ID``, ``PHAROS_RANK`` (0..N-1) and
+``PHAROS_NRANKS`` in its environment, which the agent reads to attribute requests to ranks.
+Start and end are recorded as ``JobEvent`` messages on the jobs topic.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaException, Producer
+
+from pharos_pipeline.settings import Settings
+from pharos_pipeline.wire import JobEvent, SCHEMA_VERSION, io_pb2
+
+from .cgroups import join_cgroup, job_cgroup, remove_cgroup, validate_job_id, cgroup2_mount
+
+
+class RunError(RuntimeError):
+    """The job could not be started (bad arguments, no cgroup v2, Kafka unreachable)."""
+
+
+@dataclass
+class JobResult:
+    """Outcome of a job: exit code (first non-zero rank exit code in time order, else 0)."""
+
+    job_id: str
+    exit_code: int
+    rank_exit_codes: list[int]
+    start_ns: int
+    end_ns: int
+    outputs: list[Path] = field(default_factory=list)
+
+
+def _user() -> str:
+    return os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+class JobEventProducer:
+    """Writes JobEvent messages to the jobs topic (key = job id); delivery is confirmed."""
+
+    def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
+        self.settings = settings
+        self.timeout = timeout
+        self._producer = Producer({
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 0,
+            "client.id": f"pharos-run-{os.getpid()}",
+        })
+        try:
+            self._producer.list_topics(topic=settings.topic_jobs, timeout=timeout)
+        except KafkaException as exc:
+            raise RunError(
+                f"Kafka not reachable at {settings.kafka_bootstrap}: start the stack with `pharos up`"
+            ) from exc
+
+    def send(self, event: JobEvent) -> None:
+        """Produce one event and wait for its delivery. Raises RunError on failure."""
+        errors: list[str] = []
+
+        def done(err, _msg):
+            if err is not None:
+                errors.append(str(err))
+
+        self._producer.produce(
+            self.settings.topic_jobs, key=event.job_id.encode(), value=event.SerializeToString(), on_delivery=done
+        )
+        left = self._producer.flush(self.timeout)
+        if left or errors:
+            raise RunError(f"job event for {event.job_id} not delivered: {errors or 'timeout'}")
+
+
+def run_job(
+    settings: Settings,
+    job_id: str,
+    command: list[str],
+    ranks: int = 1,
+    name: str | None = None,
+    output_dir: Path | None = None,
+    events: JobEventProducer | None = None,
+) -> JobResult:
+    """Run ``ranks`` copies of ``command`` as job ``job_id`` and wait for all of them.
+
+    ``output_dir``: when set, rank r's standard output goes to ``output_dir/rank_<r>.out``,
+    written by this process (outside the job's cgroup, so it is not traced as job I/O);
+    otherwise the ranks inherit this process's output. Raises RunError when the job cannot
+    start; the ranks' own failures are reported in the result's exit code.
+    """
+    validate_job_id(job_id)
+    if ranks < 1:
+        raise RunError("--ranks must be at least 1")
+    if not command:
+        raise RunError("no command given: pharos run --job ID [--ranks N] -- CMD...")
+    exe = shutil.which(command[0])
+    if exe is None:
+        raise RunError(f"command not found: {command[0]}")
+    try:
+        cg = job_cgroup(job_id, settings.cgroup_parent)
+    except Exception as exc:
+        raise RunError(str(exc)) from exc
+    mount = cgroup2_mount()
+    events = events or JobEventProducer(settings)
+    host = socket.gethostname()
+    name = name or Path(command[0]).name
+    start_ns = time.time_ns()
+    events.send(JobEvent(
+        schema_version=SCHEMA_VERSION, job_id=job_id, kind=io_pb2.JobEvent.KIND_START, time_ns=start_ns,
+        name=name, command=command, user=_user(), ranks=ranks, host=host, cgroup="/" + str(cg.relative_to(mount)),
+    ))
+
+    procs: list[subprocess.Popen] = []
+    outputs: list[Path] = []
+    pumps: list[threading.Thread] = []
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        env = dict(os.environ, PHAROS_JOB_ID=job_id, PHAROS_RANK=str(rank), PHAROS_NRANKS=str(ranks))
+        stdout = subprocess.PIPE if output_dir is not None else None
+        p = subprocess.Popen(
+            [exe, *command[1:]], env=env, stdout=stdout,
+            preexec_fn=lambda: join_cgroup(cg),  # noqa: PLW0108 - runs in the child before exec
+        )
+        procs.append(p)
+        if output_dir is not None:
+            out = output_dir / f"rank_{rank}.out"
+            outputs.append(out)
+            t = threading.Thread(target=_pump, args=(p.stdout, out), daemon=True)
+            t.start()
+            pumps.append(t)
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    codes: dict[int, int] = {}
+    first_failure = 0
+    try:
+        while len(codes) < len(procs):
+            for rank, p in enumerate(procs):
+                if rank not in codes and p.poll() is not None:
+                    codes[rank] = p.returncode
+                    if p.returncode != 0 and first_failure == 0:
+                        first_failure = p.returncode if p.returncode > 0 else 128 - p.returncode
+            time.sleep(0.01)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    for t in pumps:
+        t.join()
+    end_ns = time.time_ns()
+    events.send(JobEvent(
+        schema_version=SCHEMA_VERSION, job_id=job_id, kind=io_pb2.JobEvent.KIND_END, time_ns=end_ns,
+        name=name, command=command, user=_user(), ranks=ranks, host=host, exit_code=first_failure,
+        cgroup="/" + str(cg.relative_to(mount)),
+    ))
+    # Leave the cgroup in place for a moment: records flushed at rank exit are still being
+    # attributed by the agent through the cgroup's directory.
+    threading.Thread(target=_remove_later, args=(cg,), daemon=False).start()
+    return JobResult(job_id, first_failure, [codes[r] for r in range(ranks)], start_ns, end_ns, outputs)
+
+
+def _pump(stream, path: Path) -> None:
+    with open(path, "wb") as f:
+        shutil.copyfileobj(stream, f)
+
+
+def _remove_later(cg: Path, delay: float = 2.0) -> None:
+    time.sleep(delay)
+    remove_cgroup(cg)
+
+
+def main_exit(result: JobResult) -> None:  # pragma: no cover - thin CLI glue
+    sys.exit(result.exit_code)

@@ -1,0 +1,208 @@
+"""The ``pharos`` command line.
+
+Stack:   pharos up [--detach] · pharos down · pharos status
+Jobs:    pharos run --job ID [--ranks N] -- CMD... · pharos jobs · pharos job ID [--json]
+Demo:    pharos demo
+Parts:   pharos broker · pharos agent · pharos serve (what `pharos up` starts)
+
+Configuration: pharos.toml (or the file in PHAROS_CONFIG) and PHAROS_* environment
+variables; see `pharos config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pharos_pipeline.settings import Settings, get_settings
+
+app = typer.Typer(
+    help="Pharos: end-to-end I/O monitoring and diagnosis for HPC storage.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one clear error line and exit."""
+    err.print(f"[bold red]pharos:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@app.command()
+def up(
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the stack is ready; stop it with `pharos down`.")] = False,
+) -> None:
+    """Start the embedded stack: Kafka broker, eBPF agent, pipeline + analytics + API (chDB)."""
+    from .stack import StackError, start, stop
+
+    settings = get_settings()
+    try:
+        start(settings, progress=lambda s: console.print(f"  {s}"))
+    except StackError as exc:
+        fail(str(exc))
+    console.print(f"[green]Pharos is up.[/] API: {settings.api_url}  (OpenAPI: {settings.api_url}/docs)")
+    if detach:
+        return
+    console.print("Press Ctrl-C to stop.")
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    stop(settings, progress=lambda s: console.print(f"  {s}"))
+
+
+@app.command()
+def down() -> None:
+    """Stop the embedded stack started by `pharos up`."""
+    from .stack import stop
+
+    stop(get_settings(), progress=lambda s: console.print(f"  {s}"))
+    console.print("Pharos is down.")
+
+
+@app.command()
+def status(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Show which components of the stack run, and the pipeline's counters."""
+    import httpx
+
+    from .stack import status as stack_status
+
+    settings = get_settings()
+    rows = stack_status(settings)
+    pipeline = None
+    try:
+        pipeline = httpx.get(f"{settings.api_url}/v1/pipeline", timeout=3).json()
+    except (httpx.HTTPError, ValueError):
+        pass
+    if json_out:
+        print(json.dumps({"components": rows, "pipeline": pipeline}, indent=2))
+        return
+    t = Table("component", "pid", "ready", "log")
+    for r in rows:
+        t.add_row(r["name"], str(r["pid"] or "-"), "[green]yes[/]" if r["ready"] else "[red]no[/]", r["log"])
+    console.print(t)
+    if pipeline:
+        console.print("pipeline: " + ", ".join(f"{k}={v}" for k, v in pipeline.items()))
+    if not all(r["ready"] for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Option("--job", "-j", help="Job id (letters, digits, _ . -).")],
+    ranks: Annotated[int, typer.Option("--ranks", "-n", min=1, help="Number of ranks to start.")] = 1,
+    name: Annotated[Optional[str], typer.Option(help="Job name (default: the command's name).")] = None,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", help="Write rank r's stdout to DIR/rank_<r>.out.")] = None,
+) -> None:
+    """Run N ranks of CMD as a traced job: pharos run --job ID [--ranks N] -- CMD...
+
+    Each rank runs in the job's cgroup with PHAROS_JOB_ID, PHAROS_RANK and PHAROS_NRANKS
+    set; start and end go to the jobs topic. Exits with the first non-zero rank exit code.
+    """
+    from pharos_agents.runner import RunError, run_job
+
+    command = list(ctx.args)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        result = run_job(get_settings(), job, command, ranks=ranks, name=name, output_dir=output_dir)
+    except (RunError, ValueError) as exc:
+        fail(str(exc), 2)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def broker() -> None:
+    """Run the local single-node Kafka broker (KRaft, loopback) in the foreground."""
+    from pharos_pipeline.broker import KafkaBroker, ensure_topics
+
+    settings = get_settings()
+    b = KafkaBroker(settings, settings.state_dir / "kafka")
+    b.start()
+    ensure_topics(settings)
+    console.print(f"Kafka broker ready on {settings.kafka_bootstrap}")
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        b.stop()
+
+
+@app.command()
+def agent(
+    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-agent.")] = None,
+) -> None:
+    """Run the eBPF agent (needs root) in the foreground, configured from Pharos settings."""
+    settings = get_settings()
+    binary = settings.agent_binary
+    if not binary.exists():
+        fail(f"agent binary {binary} not built: run `make build`", 2)
+    run_dir = settings.state_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(binary),
+        "--brokers", settings.kafka_bootstrap,
+        "--topic", settings.topic_requests,
+        "--cgroup-parent", settings.cgroup_parent,
+        "--ready-file", str(run_dir / "agent.ready"),
+        *(extra or []),
+    ]
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def serve() -> None:
+    """Run the pipeline, analytics and API in one process (what `pharos up` starts)."""
+    from .server import serve as serve_
+
+    serve_(get_settings())
+
+
+@app.command()
+def demo(
+    keep_running: Annotated[bool, typer.Option(help="Leave the stack running afterwards.")] = True,
+) -> None:
+    """The main job: start the stack, trace three real fio jobs (N-N, N-1, 1-1), report them."""
+    from .demo import run_demo
+
+    code = run_demo(get_settings(), console, keep_running=keep_running)
+    raise typer.Exit(code)
+
+
+@app.command("config")
+def show_config() -> None:
+    """Print the effective configuration (file + environment + defaults)."""
+    s = get_settings()
+    print(json.dumps(json.loads(s.model_dump_json()), indent=2))
+
+
+def _register_plugins() -> None:
+    try:
+        from .cli_jobs import register
+    except ImportError:  # pragma: no cover - during development only
+        return
+    register(app)
+
+
+_register_plugins()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

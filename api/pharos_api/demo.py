@@ -1,0 +1,149 @@
+"""``pharos demo`` (the main job): trace three real fio jobs end to end and report them.
+
+Starts the embedded stack (``pharos up``), runs an N-N job (4 ranks, a file each), an N-1
+job (4 ranks, one shared file, disjoint offsets) and a 1-1 job (1 rank) through
+``pharos run``, then prints each job's summary from the API next to what fio itself
+reported in its JSON output. Exit code 0 only if every pattern is right and every job's
+``bytes_written`` equals fio's bytes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from pharos_agents.runner import run_job
+from pharos_pipeline.settings import Settings
+
+from . import stack
+
+
+@dataclass(frozen=True)
+class FioJob:
+    """One demo job: ``fio_args`` is a shell word list; ``$PHAROS_RANK`` expands per rank."""
+
+    kind: str
+    ranks: int
+    fio_args: str
+
+
+DEMO_JOBS = [
+    FioJob("N-N", 4, "--rw=write --bs=1m --size=32m --filename={dir}/data.$PHAROS_RANK"),
+    FioJob("N-1", 4, "--rw=write --bs=256k --size=16m --filename={dir}/shared --offset=$((PHAROS_RANK*16))m"),
+    FioJob("1-1", 1, "--rw=write --bs=4k --size=32m --filename={dir}/single"),
+]
+
+FIO_COMMON = "--ioengine=psync --end_fsync=1 --output-format=json --disk_util=0"
+
+
+def fio_command(job: FioJob, data_dir: Path, name: str) -> list[str]:
+    """The rank command: a shell that expands the rank's offsets, then execs fio."""
+    args = job.fio_args.format(dir=data_dir)
+    return ["sh", "-c", f"exec fio --name={name} {FIO_COMMON} {args}"]
+
+
+def fio_totals(outputs: list[Path]) -> dict[str, int]:
+    """Sum fio's JSON results over ranks: bytes and I/O counts per direction.
+
+    Raises ValueError if a rank's output holds no JSON document.
+    """
+    totals = {"bytes_written": 0, "bytes_read": 0, "writes": 0, "reads": 0}
+    for out in outputs:
+        text = out.read_text()
+        start = text.find("{")
+        if start < 0:
+            raise ValueError(f"no fio JSON in {out}")
+        doc = json.loads(text[start:])
+        for j in doc["jobs"]:
+            totals["bytes_written"] += j["write"]["io_bytes"]
+            totals["bytes_read"] += j["read"]["io_bytes"]
+            totals["writes"] += j["write"]["total_ios"]
+            totals["reads"] += j["read"]["total_ios"]
+    return totals
+
+
+def wait_for_summary(api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0) -> dict | None:
+    """Poll ``GET /v1/jobs/{job_id}`` until the job is finished and its bytes_written has
+    reached ``expect_bytes`` and stayed unchanged for a second (late records settle), or
+    until the timeout. Returns the last summary seen, or None if the job never appeared."""
+    deadline = time.monotonic() + timeout_s
+    last, stable_since = None, None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", timeout=5)
+        except httpx.HTTPError:
+            r = None
+        if r is not None and r.status_code == 200:
+            cur = r.json()
+            done = cur.get("state") in ("finished", "failed") and cur.get("bytes_written", 0) >= expect_bytes
+            if last is not None and cur.get("bytes_written") == last.get("bytes_written") and done:
+                stable_since = stable_since or time.monotonic()
+                if time.monotonic() - stable_since >= 1.0:
+                    return cur
+            else:
+                stable_since = None
+            last = cur
+        time.sleep(0.25)
+    return last
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def run_demo(settings: Settings, console: Console, keep_running: bool = True) -> int:
+    """Run the demo; returns the process exit code (0 when every check holds)."""
+    console.rule("[bold]Pharos demo: starting the embedded stack")
+    stack.start(settings, progress=lambda s: console.print(f"  {s}"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = settings.state_dir / "demo" / stamp
+    results = []
+    for job in DEMO_JOBS:
+        job_id = f"demo-{job.kind.lower().replace('-', '')}-{stamp}"
+        data_dir = base / job_id
+        data_dir.mkdir(parents=True, exist_ok=True)
+        console.rule(f"[bold]{job.kind} job {job_id}: {job.ranks} rank(s) of fio")
+        cmd = fio_command(job, data_dir, job.kind)
+        console.print("  " + " ".join(cmd))
+        res = run_job(settings, job_id, cmd, ranks=job.ranks, name=f"fio-{job.kind}",
+                      output_dir=settings.state_dir / "demo-output" / job_id)
+        if res.exit_code != 0:
+            console.print(f"[red]  fio failed with exit code {res.exit_code}[/]")
+            results.append((job, job_id, None, None))
+            continue
+        fio = fio_totals(res.outputs)
+        summary = wait_for_summary(settings.api_url, job_id, fio["bytes_written"])
+        results.append((job, job_id, fio, summary))
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    console.rule("[bold]Pharos per-job summaries vs fio's own JSON")
+    t = Table("job", "pattern", "expected", "ranks", "files", "bytes written (Pharos)", "bytes written (fio)",
+              "writes (Pharos)", "writes (fio)", "records", "drops", "ok")
+    ok_all = True
+    for job, job_id, fio, s in results:
+        if fio is None or s is None:
+            ok_all = False
+            t.add_row(job_id, "-", job.kind, "-", "-", "-", "-", "-", "-", "-", "-", "[red]no[/]")
+            continue
+        writes = sum(v for k, v in s["ops"].items() if k in ("write", "pwrite", "writev"))
+        ok = s["pattern"] == job.kind and s["bytes_written"] == fio["bytes_written"] and writes == fio["writes"]
+        ok_all &= ok
+        t.add_row(job_id, s["pattern"], job.kind, str(s.get("io_ranks", s.get("ranks"))), str(s["n_files"]),
+                  f"{s['bytes_written']:,}", f"{fio['bytes_written']:,}", f"{writes:,}", f"{fio['writes']:,}",
+                  f"{s.get('records', '-'):,}" if isinstance(s.get("records"), int) else "-",
+                  str(s["dropped_records"]), "[green]yes[/]" if ok else "[red]NO[/]")
+    console.print(t)
+    console.print(f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
+                  f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)")
+    if keep_running:
+        console.print("The stack keeps running; stop it with [bold]pharos down[/].")
+    else:
+        stack.stop(settings)
+    return 0 if ok_all else 1

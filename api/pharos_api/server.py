@@ -1,0 +1,46 @@
+"""``pharos serve``: the pipeline, analytics and API in one process on one store.
+
+chDB allows one process per data directory, so the embedded stack runs the Kafka
+consumer (a thread) and the FastAPI app (uvicorn, loopback) side by side on one Store.
+With a ClickHouse server (``PHAROS_CLICKHOUSE_URL``) the same process works unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import uvicorn
+
+from pharos_pipeline.ingest import Pipeline
+from pharos_pipeline.settings import Settings
+from pharos_pipeline.store import migrate, open_store
+
+from .app import create_app
+
+log = logging.getLogger("pharos.serve")
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT: migrate the store, consume Kafka, serve the API."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = open_store(settings)
+    applied = migrate(store)
+    if applied:
+        log.info("migrations applied: %s", ", ".join(applied))
+    stop = threading.Event()
+    pipeline = Pipeline(settings, store)
+    consumer = threading.Thread(target=pipeline.run, args=(stop,), name="pipeline", daemon=True)
+    consumer.start()
+    app = create_app(store, settings)
+    app.state.pipeline = pipeline
+    config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning")
+    server = uvicorn.Server(config)
+    log.info("API on %s (OpenAPI at %s/docs)", settings.api_url, settings.api_url)
+    try:
+        server.run()
+    finally:
+        stop.set()
+        consumer.join(timeout=30)
+        store.close()
+        log.info("stopped")

@@ -1,0 +1,193 @@
+"""The embedded stack: Kafka broker, eBPF agent, and pipeline + analytics + API (chDB).
+
+``pharos up`` starts each component as its own long-running process (``pharos broker``,
+``pharos agent``, ``pharos serve``) in a new session, with a pid file in
+``<state_dir>/run/`` and a log in ``<state_dir>/logs/``, and waits until each is ready.
+``pharos down`` stops them (SIGTERM, then SIGKILL after a grace period);
+``pharos status`` reports them. Starting is idempotent: a running component is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from pharos_pipeline.settings import Settings
+
+
+class StackError(RuntimeError):
+    """A component did not start or become ready; the message names it and its log."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: list[str]
+    ready: Callable[[Settings], bool]
+    timeout_s: float
+
+
+def _pharos(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pharos_api.cli", *args]
+
+
+def broker_ready(settings: Settings) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=2)
+    except Exception:
+        return False
+    return all(t in md.topics for t in (settings.topic_requests, settings.topic_jobs, settings.topic_deadletter))
+
+
+def agent_ready(settings: Settings) -> bool:
+    return (settings.state_dir / "run" / "agent.ready").exists()
+
+
+def api_ready(settings: Settings) -> bool:
+    try:
+        return httpx.get(f"{settings.api_url}/v1/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+COMPONENTS = [
+    Component("broker", _pharos("broker"), broker_ready, 120),
+    Component("agent", _pharos("agent"), agent_ready, 60),
+    Component("serve", _pharos("serve"), api_ready, 90),
+]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as PHAROS_* environment variables, so child processes see the same."""
+    return {f"PHAROS_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+
+
+def _run_dir(settings: Settings) -> Path:
+    d = settings.state_dir / "run"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _log_path(settings: Settings, name: str) -> Path:
+    d = settings.state_dir / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{name}.log"
+
+
+def pid_of(settings: Settings, name: str) -> int | None:
+    """The pid of a running component, or None (stale pid files are removed)."""
+    f = _run_dir(settings) / f"{name}.pid"
+    try:
+        pid = int(f.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        f.unlink(missing_ok=True)
+        return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def start(settings: Settings, progress: Callable[[str], None] = lambda s: None) -> None:
+    """Start every component that is not running and wait until all are ready.
+
+    Raises StackError naming the component and showing its log's last lines.
+    """
+    if settings.state_dir.exists() is False:
+        settings.state_dir.mkdir(parents=True)
+    for comp in COMPONENTS:
+        if pid_of(settings, comp.name) is None:
+            progress(f"starting {comp.name}")
+            if comp.name == "agent":
+                (_run_dir(settings) / "agent.ready").unlink(missing_ok=True)
+            log = open(_log_path(settings, comp.name), "ab")
+            env = dict(os.environ, **settings_env(settings))
+            p = subprocess.Popen(comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, env=env)
+            (_run_dir(settings) / f"{comp.name}.pid").write_text(str(p.pid))
+        deadline = time.monotonic() + comp.timeout_s
+        while not comp.ready(settings):
+            if pid_of(settings, comp.name) is None or _exited(comp.name, settings):
+                raise StackError(f"{comp.name} exited during start; its log "
+                                 f"({_log_path(settings, comp.name)}) ends with:\n{_tail(_log_path(settings, comp.name))}")
+            if time.monotonic() > deadline:
+                raise StackError(f"{comp.name} not ready after {comp.timeout_s:.0f} s; log "
+                                 f"{_log_path(settings, comp.name)}:\n{_tail(_log_path(settings, comp.name))}")
+            time.sleep(0.2)
+        progress(f"{comp.name} ready")
+
+
+def _exited(name: str, settings: Settings) -> bool:
+    pid = pid_of(settings, name)
+    if pid is None:
+        return True
+    try:  # reap our own child if it died (a zombie still answers kill(pid, 0))
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == pid
+    except ChildProcessError:
+        return False
+
+
+def stop(settings: Settings, grace_s: float = 20.0, progress: Callable[[str], None] = lambda s: None) -> None:
+    """Stop the components in reverse order: SIGTERM, then SIGKILL after ``grace_s``."""
+    for comp in reversed(COMPONENTS):
+        pid = pid_of(settings, comp.name)
+        if pid is None:
+            continue
+        progress(f"stopping {comp.name} (pid {pid})")
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not _gone(pid):
+            time.sleep(0.1)
+        if not _gone(pid):
+            progress(f"{comp.name} did not stop in {grace_s:.0f} s: SIGKILL")
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        (_run_dir(settings) / f"{comp.name}.pid").unlink(missing_ok=True)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return True
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie whose parent is not us still answers; check /proc
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def status(settings: Settings) -> list[dict]:
+    """One dict per component: name, pid (or None), ready (bool), log path."""
+    return [
+        {"name": c.name, "pid": pid_of(settings, c.name), "ready": c.ready(settings),
+         "log": str(_log_path(settings, c.name))}
+        for c in COMPONENTS
+    ]

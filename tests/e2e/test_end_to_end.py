@@ -1,0 +1,76 @@
+"""End to end with real components: the Kafka broker, the eBPF agent on this kernel,
+the pipeline on chDB, the API, and real fio jobs launched by ``pharos run``.
+
+Asserts, per job, exact bytes and operation counts against fio's own JSON output, and the
+job's I/O pattern. Needs root (eBPF, cgroups); without root it is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from pharos_agents.runner import run_job
+from pharos_api import stack
+from pharos_api.demo import DEMO_JOBS, fio_command, fio_totals, wait_for_summary
+from pharos_pipeline.settings import REPO_ROOT, Settings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent and job cgroups need root")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live_stack(tmp_path_factory):
+    """A whole embedded stack on its own ports and state dir, stopped afterwards."""
+    state = tmp_path_factory.mktemp("stack")
+    settings = Settings(
+        state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
+        cgroup_parent="pharos-test",
+    )
+    try:
+        stack.start(settings)
+        yield settings
+    finally:
+        stack.stop(settings)
+
+
+@needs_root
+@pytest.mark.parametrize("job", DEMO_JOBS, ids=[j.kind for j in DEMO_JOBS])
+def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
+    settings = live_stack
+    job_id = f"e2e-{job.kind.lower().replace('-', '')}-{os.getpid()}"
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    res = run_job(settings, job_id, fio_command(job, data_dir, job.kind), ranks=job.ranks,
+                  output_dir=tmp_path / "out")
+    assert res.exit_code == 0, f"fio failed: {res.rank_exit_codes}"
+    fio = fio_totals(res.outputs)
+    assert fio["bytes_written"] > 0
+
+    s = wait_for_summary(settings.api_url, job_id, fio["bytes_written"], timeout_s=90)
+    assert s is not None, "the job never reached the API"
+    assert s["pattern"] == job.kind
+    assert s["bytes_written"] == fio["bytes_written"]
+    assert s["bytes_read"] == fio["bytes_read"] == 0
+    writes = sum(v for k, v in s["ops"].items() if k in ("write", "pwrite", "writev"))
+    assert writes == fio["writes"]
+    assert s["ops"].get("pwrite", 0) == fio["writes"], "fio's psync engine issues pwrite"
+    assert s["ops"].get("fsync", 0) == job.ranks, "end_fsync=1: one fsync per rank"
+    assert s["io_ranks"] == job.ranks
+    assert s["ranks"] == job.ranks
+    assert s["dropped_records"] == 0
+    expected_files = {"N-N": job.ranks, "N-1": 1, "1-1": 1}[job.kind]
+    assert s["n_files"] == expected_files
+    assert all(f["path"].startswith(str(data_dir)) for f in s["files"])
+    # Beacon's online compression: sequential same-size requests arrive merged.
+    assert s["records"] < s["requests"]
