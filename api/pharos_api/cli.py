@@ -23,7 +23,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pharos_pipeline.settings import Settings, get_settings
+from pharos_pipeline.settings import get_settings
+
+from .cli_jobs import register as register_jobs_commands
 
 app = typer.Typer(
     help="Pharos: end-to-end I/O monitoring and diagnosis for HPC storage.",
@@ -189,15 +191,7 @@ def show_config() -> None:
     print(json.dumps(json.loads(s.model_dump_json()), indent=2))
 
 
-def _register_plugins() -> None:
-    try:
-        from .cli_jobs import register
-    except ImportError:  # pragma: no cover - during development only
-        return
-    register(app)
-
-
-_register_plugins()
+register_jobs_commands(app)
 
 
 def main() -> None:

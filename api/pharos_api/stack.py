@@ -146,24 +146,30 @@ def _exited(name: str, settings: Settings) -> bool:
 def stop(settings: Settings, grace_s: float = 20.0, progress: Callable[[str], None] = lambda s: None) -> None:
     """Stop the components in reverse order: SIGTERM, then SIGKILL after ``grace_s``."""
     for comp in reversed(COMPONENTS):
-        pid = pid_of(settings, comp.name)
-        if pid is None:
-            continue
-        progress(f"stopping {comp.name} (pid {pid})")
+        stop_component(settings, comp.name, grace_s, progress)
+
+
+def stop_component(settings: Settings, name: str, grace_s: float = 20.0,
+                   progress: Callable[[str], None] = lambda s: None) -> None:
+    """Stop one component (its whole process group): SIGTERM, SIGKILL after ``grace_s``."""
+    pid = pid_of(settings, name)
+    if pid is None:
+        return
+    progress(f"stopping {name} (pid {pid})")
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not _gone(pid):
+        time.sleep(0.1)
+    if not _gone(pid):
+        progress(f"{name} did not stop in {grace_s:.0f} s: SIGKILL")
         try:
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not _gone(pid):
-            time.sleep(0.1)
-        if not _gone(pid):
-            progress(f"{comp.name} did not stop in {grace_s:.0f} s: SIGKILL")
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        (_run_dir(settings) / f"{comp.name}.pid").unlink(missing_ok=True)
+    (_run_dir(settings) / f"{name}.pid").unlink(missing_ok=True)
 
 
 def _gone(pid: int) -> bool:

@@ -1,0 +1,567 @@
+"""Per-job I/O summary and job list, aggregated in ClickHouse.
+
+Every number is computed by SQL in the store (named query constants below, bound
+parameters for every input); Python only reshapes the few aggregate rows. The counters
+follow Darshan's POSIX module where it has one (bytes, op counts, access-size histogram,
+cumulative I/O time); the I/O pattern follows Beacon (NSDI'19 §4, see
+:mod:`pharos_analytics.pattern`).
+
+Definitions used throughout (one layer at a time, ``client`` by default):
+
+* *data ops*: ``read``/``pread``/``readv`` (reads) and ``write``/``pwrite``/``writev``
+  (writes) on **regular** files. ``bytes_read``/``bytes_written``, the size histogram,
+  ``first_io``/``last_io`` and ``io_time_s`` count data ops on data files only (below),
+  as Darshan excludes system paths by default (DARSHAN_EXCLUDE_DIRS: /etc, /dev, /usr,
+  /lib, /proc, /sys, ...): loading shared libraries is not the job's I/O.
+* *data files*: regular files outside system paths
+  (:data:`pharos_analytics.pattern.SYSTEM_PREFIXES`) that saw data ops. ``files``,
+  ``n_files``, ``io_ranks`` and ``pattern`` use data files only. A file is its path, or
+  ``dev:<dev>:inode:<inode>`` when the path is unknown.
+* *non-file ops*: any op on pipes, sockets and character devices (terminals), counted apart.
+* ``ops``: requests per op on regular files plus metadata ops (open, close, fsync,
+  fdatasync, stat, unlink, mkdir, rename) on anything but non-file descriptors;
+  everything else (block-layer ops, data ops on directories or unknown file types) is in
+  ``other_ops``, so ``sum(ops) + non_file_ops.requests + sum(other_ops) == requests``.
+* A row of ``io_requests`` is a run of ``count`` merged requests (Beacon's compression);
+  ``records`` counts rows, ``requests`` sums ``count``.
+
+Rows older than the table's TTL (90 days) are gone; a job then shows only its events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from pharos_pipeline.store import Store
+
+from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in
+
+READ_OPS: tuple[str, ...] = ("read", "pread", "readv")
+WRITE_OPS: tuple[str, ...] = ("write", "pwrite", "writev")
+DATA_OPS: tuple[str, ...] = READ_OPS + WRITE_OPS
+META_OPS: tuple[str, ...] = ("open", "close", "fsync", "fdatasync", "stat", "unlink", "mkdir", "rename")
+#: File types whose I/O is not file I/O (io.proto ``FileType``): pipes, sockets, terminals.
+NON_FILE_TYPES: tuple[str, ...] = ("pipe", "socket", "char_device")
+LAYERS: tuple[str, ...] = ("client", "forwarder", "storage")
+
+#: Darshan's POSIX access-size bins (``POSIX_SIZE_READ_0_100`` ... ``_1G_PLUS``): label and
+#: lower bound in bytes; bin i holds sizes in [lower_i, lower_{i+1}).
+SIZE_BINS: tuple[tuple[str, int], ...] = (
+    ("0-100", 0),
+    ("100-1K", 100),
+    ("1K-10K", 1024),
+    ("10K-100K", 10240),
+    ("100K-1M", 102400),
+    ("1M-4M", 1048576),
+    ("4M-10M", 4194304),
+    ("10M-100M", 10485760),
+    ("100M-1G", 104857600),
+    ("1G+", 1073741824),
+)
+
+JobState = Literal["running", "finished", "failed", "unknown"]
+
+
+# --------------------------------------------------------------------------------------
+# Result types
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """One data file of a job: bytes moved, requests (sum of ``count``), distinct ranks."""
+
+    path: str
+    bytes_read: int
+    bytes_written: int
+    reads: int
+    writes: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class NonFileOps:
+    """Requests and bytes on pipes, sockets and terminals; ``by_type`` maps file type -> requests."""
+
+    requests: int = 0
+    bytes: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Drops:
+    """Records lost before the store, summed over producers (latest counters of each).
+
+    ``unmerged_fallbacks`` are requests shipped unmerged (not a loss) and are not in ``total``.
+    """
+
+    total: int = 0
+    ringbuf_drops: int = 0
+    delivery_failures: int = 0
+    overflow_drops: int = 0
+    unmerged_fallbacks: int = 0
+    producers: int = 0
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """What one job did on one layer. Bytes in bytes, times UTC, rates in MiB/s (2**20 B/s).
+
+    ``size_histogram`` is ``{"read": {bin: requests}, "write": {bin: requests}}`` with
+    Darshan's bins (:data:`SIZE_BINS`, all present, in order), weighted by ``count``.
+    ``patterns`` is the Beacon pattern of reads alone and writes alone.
+    ``io_time_s`` is the cumulative time inside data ops (Darshan's ``POSIX_F_*_TIME``,
+    summed over ranks and threads); ``io_span_s`` is ``last_io - first_io``;
+    ``bandwidth_mib_s`` is ``(bytes_read + bytes_written) / 2**20 / io_span_s``, ``None``
+    without data I/O or with a zero span.
+    """
+
+    job_id: str
+    layer: str
+    name: str | None
+    user: str | None
+    command: list[str]
+    host: str | None
+    ranks: int | None
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    state: JobState
+    io_ranks: int
+    pattern: Pattern
+    patterns: dict[str, Pattern]
+    bytes_read: int
+    bytes_written: int
+    ops: dict[str, int]
+    other_ops: dict[str, int]
+    non_file_ops: NonFileOps
+    failed_requests: int
+    records: int
+    requests: int
+    size_histogram: dict[str, dict[str, int]]
+    files: list[FileSummary]
+    n_files: int
+    first_io: datetime | None
+    last_io: datetime | None
+    io_time_s: float
+    io_span_s: float | None
+    bandwidth_mib_s: float | None
+    dropped_records: int
+    drops: Drops
+
+
+@dataclass(frozen=True)
+class JobListItem:
+    """One line of the job list (client layer unless asked otherwise)."""
+
+    job_id: str
+    name: str | None
+    user: str | None
+    host: str | None
+    ranks: int | None
+    state: JobState
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    pattern: Pattern
+    io_ranks: int
+    n_files: int
+    bytes_read: int
+    bytes_written: int
+
+
+# --------------------------------------------------------------------------------------
+# SQL. Constant fragments below are built from the module's own tuples, never from input;
+# every input (job id, layer, paging) is a bound {name:Type} parameter.
+
+
+def _sql_list(values: tuple[str, ...]) -> str:
+    for v in values:  # constants only; refuse anything that would need escaping
+        if not v.replace("_", "").isalnum():
+            raise ValueError(f"not a plain identifier: {v!r}")
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+_READ = f"op IN {_sql_list(READ_OPS)}"
+_WRITE = f"op IN {_sql_list(WRITE_OPS)}"
+_DATA = f"file_type = 'regular' AND op IN {_sql_list(DATA_OPS)}"
+_DATA_FILE = f"{_DATA} AND NOT match(path, {{system_re:String}})"
+_FILE_KEY = "if(path != '', path, concat('dev:', toString(dev), ':inode:', toString(inode)))"
+_SIZE_BOUNDS = "[" + ", ".join(str(lo) for _, lo in SIZE_BINS[1:]) + "]"
+
+_JOB_EVENTS_SELECT = """
+SELECT
+    job_id,
+    countIf(kind = 'start') > 0                             AS has_start,
+    countIf(kind = 'end') > 0                               AS has_end,
+    anyIf(name, kind = 'start')                             AS name,
+    anyIf(user, kind = 'start')                             AS user,
+    anyIf(command, kind = 'start')                          AS command,
+    anyIf(host, kind = 'start')                             AS host,
+    anyIf(ranks, kind = 'start')                            AS ranks,
+    anyIf(exit_code, kind = 'end')                          AS exit_code,
+    toUnixTimestamp64Nano(minIf(time, kind = 'start'))      AS start_ns,
+    toUnixTimestamp64Nano(maxIf(time, kind = 'end'))        AS end_ns
+FROM job_events FINAL
+"""
+
+#: The start/end events of one job, merged into one row (none when the job has no event).
+JOB_EVENTS_SQL = _JOB_EVENTS_SELECT + "WHERE job_id = {job_id:String} GROUP BY job_id"
+
+#: Requests, bytes, failures, time and I/O window per (op, file_type) of one job and layer.
+JOB_OPS_SQL = """
+SELECT
+    op,
+    file_type,
+    count()                                  AS records,
+    sum(count)                               AS requests,
+    sum(bytes)                               AS bytes,
+    sumIf(count, result < 0)                 AS failed,
+    sum(duration_ns)                         AS duration_ns,
+    toUnixTimestamp64Nano(min(start))        AS first_ns,
+    toUnixTimestamp64Nano(max(end))          AS last_ns,
+    match(path, {system_re:String})          AS system_path
+FROM io_requests
+WHERE job_id = {job_id:String} AND layer = {layer:String}
+GROUP BY op, file_type, system_path
+"""
+
+#: Darshan access-size histogram of data ops: requests per (direction, bin index).
+JOB_SIZE_HISTOGRAM_SQL = f"""
+SELECT
+    if({_READ}, 'read', 'write')                     AS direction,
+    arrayCount(b -> b <= size, {_SIZE_BOUNDS})       AS bin,
+    sum(count)                                       AS requests
+FROM io_requests
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE}
+GROUP BY direction, bin
+"""
+
+#: The job's data files, largest first, at most {limit}.
+JOB_FILES_SQL = f"""
+SELECT
+    {_FILE_KEY}                      AS file,
+    sumIf(bytes, {_READ})            AS bytes_read,
+    sumIf(bytes, {_WRITE})           AS bytes_written,
+    sumIf(count, {_READ})            AS reads,
+    sumIf(count, {_WRITE})           AS writes,
+    uniqExact(rank)                  AS ranks
+FROM io_requests
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE}
+GROUP BY file
+ORDER BY bytes_read + bytes_written DESC, file
+LIMIT {{limit:UInt32}}
+"""
+
+#: Beacon fan-in statistics per job (all data ops, reads only, writes only): distinct
+#: I/O ranks, data files, and the largest number of ranks on one file.
+_FAN_IN_SELECT = f"""
+SELECT
+    job_id,
+    length(groupUniqArrayArray(all_ranks))                  AS n_ranks,
+    count()                                                 AS n_files,
+    max(length(all_ranks))                                  AS max_fan_in,
+    length(groupUniqArrayArray(read_ranks))                 AS n_read_ranks,
+    countIf(notEmpty(read_ranks))                           AS n_read_files,
+    max(length(read_ranks))                                 AS max_read_fan_in,
+    length(groupUniqArrayArray(write_ranks))                AS n_write_ranks,
+    countIf(notEmpty(write_ranks))                          AS n_write_files,
+    max(length(write_ranks))                                AS max_write_fan_in
+FROM
+(
+    SELECT
+        job_id,
+        {_FILE_KEY}                                 AS file,
+        groupUniqArray(rank)                        AS all_ranks,
+        groupUniqArrayIf(rank, {_READ})             AS read_ranks,
+        groupUniqArrayIf(rank, {_WRITE})            AS write_ranks
+    FROM io_requests
+    WHERE __JOBS__ AND layer = {{layer:String}} AND {_DATA_FILE}
+    GROUP BY job_id, file
+)
+GROUP BY job_id
+"""
+JOB_FAN_IN_SQL = _FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
+
+#: Loss counters of one job: the newest row of each producer, summed.
+JOB_DROPS_SQL = """
+SELECT
+    count()                 AS producers,
+    sum(ringbuf_drops)      AS ringbuf_drops,
+    sum(delivery_failures)  AS delivery_failures,
+    sum(overflow_drops)     AS overflow_drops,
+    sum(unmerged_fallbacks) AS unmerged_fallbacks
+FROM
+(
+    SELECT
+        producer_id,
+        argMax(ringbuf_drops, updated)      AS ringbuf_drops,
+        argMax(delivery_failures, updated)  AS delivery_failures,
+        argMax(overflow_drops, updated)     AS overflow_drops,
+        argMax(unmerged_fallbacks, updated) AS unmerged_fallbacks
+    FROM producer_drops
+    WHERE job_id = {job_id:String}
+    GROUP BY producer_id
+)
+"""
+
+#: A page of jobs (newest start first) with their events.
+JOBS_PAGE_SQL = (
+    _JOB_EVENTS_SELECT
+    + """GROUP BY job_id
+ORDER BY if(has_start, start_ns, end_ns) DESC, job_id DESC
+LIMIT {limit:UInt32} OFFSET {offset:UInt64}"""
+)
+
+_PAGE_IDS = f"job_id IN (SELECT job_id FROM ({JOBS_PAGE_SQL}))"
+
+#: Data bytes of the jobs on a page.
+JOBS_PAGE_BYTES_SQL = f"""
+SELECT
+    job_id,
+    sumIf(bytes, {_READ})   AS bytes_read,
+    sumIf(bytes, {_WRITE})  AS bytes_written
+FROM io_requests
+WHERE {_PAGE_IDS} AND layer = {{layer:String}} AND {_DATA_FILE}
+GROUP BY job_id
+"""
+
+#: Fan-in statistics of the jobs on a page.
+JOBS_PAGE_FAN_IN_SQL = _FAN_IN_SELECT.replace("__JOBS__", _PAGE_IDS)
+
+#: Number of jobs with at least one event.
+JOBS_COUNT_SQL = "SELECT uniqExact(job_id) AS jobs FROM job_events"
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+
+
+def ns_to_datetime(ns: int | None) -> datetime | None:
+    """ns since the epoch -> an aware UTC datetime (µs precision); ``None`` for None or 0."""
+    if not ns:
+        return None
+    ns = int(ns)
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(
+        microseconds=(ns % 1_000_000_000) // 1000
+    )
+
+
+def _state(ev: dict | None) -> JobState:
+    if ev is None or not (ev["has_start"] or ev["has_end"]):
+        return "unknown"
+    if not ev["has_end"]:
+        return "running"
+    return "finished" if int(ev["exit_code"]) == 0 else "failed"
+
+
+def _check_layer(layer: str) -> None:
+    if layer not in LAYERS:
+        raise ValueError(f"unknown layer {layer!r}; expected one of {', '.join(LAYERS)}")
+
+
+def _patterns(fan: dict | None) -> tuple[int, int, Pattern, dict[str, Pattern]]:
+    """(io_ranks, n_files, pattern, {"read": p, "write": p}) from a fan-in row."""
+    if fan is None:
+        return 0, 0, "none", {"read": "none", "write": "none"}
+    g = lambda k: int(fan[k] or 0)
+    return (
+        g("n_ranks"),
+        g("n_files"),
+        classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in")),
+        {
+            "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
+            "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+
+
+def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: int = 100) -> JobSummary | None:
+    """The I/O summary of ``job_id`` as seen on ``layer``.
+
+    Args:
+        store: an open, migrated store.
+        job_id: the job's id as in ``job_events`` / ``io_requests``.
+        layer: ``client`` (default), ``forwarder`` or ``storage``.
+        files_limit: at most this many files in ``files`` (largest first); ``n_files``
+            always counts all data files.
+
+    Returns:
+        A :class:`JobSummary`, or ``None`` when the job has neither an event nor a record
+        on ``layer`` (unknown job).
+
+    Raises:
+        ValueError: unknown layer or negative ``files_limit``.
+        pharos_pipeline.store.StoreError: the store failed.
+    """
+    _check_layer(layer)
+    if files_limit < 0:
+        raise ValueError("files_limit must be >= 0")
+    p = {"job_id": job_id, "layer": layer, "system_re": SYSTEM_PATH_REGEX}
+    ev_rows = store.query(JOB_EVENTS_SQL, {"job_id": job_id})
+    ev = ev_rows[0] if ev_rows else None
+    op_rows = store.query(JOB_OPS_SQL, p)
+    if ev is None and not op_rows:
+        return None
+
+    ops: dict[str, int] = {}
+    other_ops: dict[str, int] = {}
+    non_file: dict[str, int] = {}
+    nf_requests = nf_bytes = records = requests = failed = 0
+    bytes_read = bytes_written = data_duration_ns = 0
+    first_ns: int | None = None
+    last_ns: int | None = None
+    for r in op_rows:
+        op, ftype = r["op"], r["file_type"]
+        n = int(r["requests"])
+        records += int(r["records"])
+        requests += n
+        failed += int(r["failed"])
+        if ftype in NON_FILE_TYPES:
+            non_file[ftype] = non_file.get(ftype, 0) + n
+            nf_requests += n
+            nf_bytes += int(r["bytes"])
+        elif ftype == "regular" or op in META_OPS:
+            ops[op] = ops.get(op, 0) + n
+        else:
+            other_ops[op] = other_ops.get(op, 0) + n
+        if ftype == "regular" and op in DATA_OPS and not int(r["system_path"]):
+            if op in READ_OPS:
+                bytes_read += int(r["bytes"])
+            else:
+                bytes_written += int(r["bytes"])
+            data_duration_ns += int(r["duration_ns"])
+            first, last = int(r["first_ns"]), int(r["last_ns"])
+            first_ns = first if first_ns is None else min(first_ns, first)
+            last_ns = last if last_ns is None else max(last_ns, last)
+
+    hist = {d: {label: 0 for label, _ in SIZE_BINS} for d in ("read", "write")}
+    for r in store.query(JOB_SIZE_HISTOGRAM_SQL, p):
+        hist[r["direction"]][SIZE_BINS[int(r["bin"])][0]] += int(r["requests"])
+
+    fp = p
+    files = [
+        FileSummary(
+            path=r["file"],
+            bytes_read=int(r["bytes_read"]),
+            bytes_written=int(r["bytes_written"]),
+            reads=int(r["reads"]),
+            writes=int(r["writes"]),
+            ranks=int(r["ranks"]),
+        )
+        for r in store.query(JOB_FILES_SQL, {**fp, "limit": files_limit})
+    ]
+    fan_rows = store.query(JOB_FAN_IN_SQL, fp)
+    io_ranks, n_files, pattern, patterns = _patterns(fan_rows[0] if fan_rows else None)
+
+    d = store.query(JOB_DROPS_SQL, {"job_id": job_id})[0]
+    drops = Drops(
+        total=int(d["ringbuf_drops"]) + int(d["delivery_failures"]) + int(d["overflow_drops"]),
+        ringbuf_drops=int(d["ringbuf_drops"]),
+        delivery_failures=int(d["delivery_failures"]),
+        overflow_drops=int(d["overflow_drops"]),
+        unmerged_fallbacks=int(d["unmerged_fallbacks"]),
+        producers=int(d["producers"]),
+    )
+
+    span_s = (last_ns - first_ns) / 1e9 if first_ns is not None and last_ns is not None else None
+    total = bytes_read + bytes_written
+    bandwidth = total / 2**20 / span_s if span_s and span_s > 0 else None
+
+    has_start = bool(ev and ev["has_start"])
+    has_end = bool(ev and ev["has_end"])
+    return JobSummary(
+        job_id=job_id,
+        layer=layer,
+        name=ev["name"] if has_start else None,
+        user=ev["user"] if has_start else None,
+        command=list(ev["command"]) if has_start else [],
+        host=ev["host"] if has_start else None,
+        ranks=int(ev["ranks"]) if has_start else None,
+        exit_code=int(ev["exit_code"]) if has_end else None,
+        start=ns_to_datetime(ev["start_ns"]) if has_start else None,
+        end=ns_to_datetime(ev["end_ns"]) if has_end else None,
+        state=_state(ev),
+        io_ranks=io_ranks,
+        pattern=pattern,
+        patterns=patterns,
+        bytes_read=bytes_read,
+        bytes_written=bytes_written,
+        ops=dict(sorted(ops.items())),
+        other_ops=dict(sorted(other_ops.items())),
+        non_file_ops=NonFileOps(requests=nf_requests, bytes=nf_bytes, by_type=dict(sorted(non_file.items()))),
+        failed_requests=failed,
+        records=records,
+        requests=requests,
+        size_histogram=hist,
+        files=files,
+        n_files=n_files,
+        first_io=ns_to_datetime(first_ns),
+        last_io=ns_to_datetime(last_ns),
+        io_time_s=data_duration_ns / 1e9,
+        io_span_s=span_s,
+        bandwidth_mib_s=bandwidth,
+        dropped_records=drops.total,
+        drops=drops,
+    )
+
+
+def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "client") -> list[JobListItem]:
+    """Jobs known from ``job_events``, newest start first, ``limit`` from ``offset``.
+
+    Bytes and pattern come from ``layer``'s data I/O (see module docstring). Jobs that
+    have records but no event are not listed (they still have a summary).
+
+    Raises:
+        ValueError: unknown layer, ``limit`` < 0 or ``offset`` < 0.
+        pharos_pipeline.store.StoreError: the store failed.
+    """
+    _check_layer(layer)
+    if limit < 0 or offset < 0:
+        raise ValueError("limit and offset must be >= 0")
+    page = {"limit": limit, "offset": offset}
+    events = store.query(JOBS_PAGE_SQL, page)
+    if not events:
+        return []
+    io = {
+        r["job_id"]: r
+        for r in store.query(JOBS_PAGE_BYTES_SQL, {**page, "layer": layer, "system_re": SYSTEM_PATH_REGEX})
+    }
+    fan = {
+        r["job_id"]: r
+        for r in store.query(JOBS_PAGE_FAN_IN_SQL, {**page, "layer": layer, "system_re": SYSTEM_PATH_REGEX})
+    }
+    out = []
+    for ev in events:
+        jid = ev["job_id"]
+        io_ranks, n_files, pattern, _ = _patterns(fan.get(jid))
+        b = io.get(jid)
+        out.append(
+            JobListItem(
+                job_id=jid,
+                name=ev["name"] if ev["has_start"] else None,
+                user=ev["user"] if ev["has_start"] else None,
+                host=ev["host"] if ev["has_start"] else None,
+                ranks=int(ev["ranks"]) if ev["has_start"] else None,
+                state=_state(ev),
+                exit_code=int(ev["exit_code"]) if ev["has_end"] else None,
+                start=ns_to_datetime(ev["start_ns"]) if ev["has_start"] else None,
+                end=ns_to_datetime(ev["end_ns"]) if ev["has_end"] else None,
+                pattern=pattern,
+                io_ranks=io_ranks,
+                n_files=n_files,
+                bytes_read=int(b["bytes_read"]) if b else 0,
+                bytes_written=int(b["bytes_written"]) if b else 0,
+            )
+        )
+    return out
+
+
+def count_jobs(store: Store) -> int:
+    """Number of jobs with at least one event (the total behind :func:`list_jobs` paging)."""
+    return int(store.query(JOBS_COUNT_SQL)[0]["jobs"])

@@ -1,0 +1,236 @@
+"""``pharos jobs`` and ``pharos job ID``: the job list and a job's I/O report, over HTTP.
+
+The CLI never opens the store (chDB allows one process per data directory): it asks the
+API that ``pharos up`` serves. The base URL is ``--api URL``, else ``PHAROS_API_URL``, else
+``Settings.api_url`` (http://127.0.0.1:8400). When the API does not answer, the commands
+print one error line to stderr and exit with code 1.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+from pharos_analytics.summary import LAYERS
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+Layer = Enum("Layer", {name: name for name in LAYERS}, type=str)
+
+HTTP_TIMEOUT_S = 10.0
+BAR_WIDTH = 30
+
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api",
+        envvar="PHAROS_API_URL",
+        help="Base URL of the Pharos API (default: Settings.api_url, http://127.0.0.1:8400).",
+        show_default=False,
+    ),
+]
+
+
+class ApiError(Exception):
+    """The API was unreachable or answered with an error; the message is one line for the user."""
+
+
+def _api_url(api: str | None) -> str:
+    if api:
+        return api.rstrip("/")
+    from pharos_pipeline.settings import get_settings
+
+    return get_settings().api_url
+
+
+def api_get(api_url: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    """GET ``api_url + path``; a 2xx response, else :class:`ApiError` with a one-line message."""
+    try:
+        r = httpx.get(api_url + path, params=params, timeout=HTTP_TIMEOUT_S)
+    except httpx.TransportError:
+        raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        if not isinstance(detail, str):
+            detail = json.dumps(detail)
+        raise ApiError(f"Pharos API error {r.status_code}: {detail}")
+    return r
+
+
+def _fail(msg: str) -> None:
+    """Print ``msg`` as one line on stderr and exit with code 1."""
+    typer.echo(msg.replace("\n", " "), err=True)
+    raise typer.Exit(1)
+
+
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB' (binary units)."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def _time(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    return iso.replace("T", " ").split(".")[0].removesuffix("Z")
+
+
+_STATE_STYLE = {"running": "yellow", "finished": "green", "failed": "red", "unknown": "dim"}
+
+
+def _jobs_table(data: dict) -> Table:
+    t = Table(title=f"jobs {data['offset'] + 1}-{data['offset'] + len(data['items'])} of {data['total']}",
+              title_justify="left")
+    for col, kw in (("job", {}), ("name", {}), ("state", {}), ("ranks", {"justify": "right"}),
+                    ("pattern", {}), ("written", {"justify": "right"}), ("read", {"justify": "right"}),
+                    ("start (UTC)", {})):
+        t.add_column(col, **kw)
+    for j in data["items"]:
+        t.add_row(
+            Text(j["job_id"]),
+            Text(j["name"] or "-"),
+            Text(j["state"], style=_STATE_STYLE.get(j["state"], "")),
+            "-" if j["ranks"] is None else str(j["ranks"]),
+            j["pattern"],
+            human_bytes(j["bytes_written"]),
+            human_bytes(j["bytes_read"]),
+            _time(j["start"]),
+        )
+    return t
+
+
+def render_job(console: Console, s: dict) -> None:
+    """Print a job summary (the API's JSON) as a readable report."""
+    state = Text(s["state"], style=_STATE_STYLE.get(s["state"], ""))
+    head = Text.assemble(("job ", "bold"), (s["job_id"], "bold cyan"), "  ", state)  # Text: no markup
+    if s["exit_code"] is not None:
+        head.append(f" (exit {s['exit_code']})")
+    console.print(head)
+    console.print(f"name {s['name'] or '-'}   user {s['user'] or '-'}   host {s['host'] or '-'}   "
+                  f"layer {s['layer']}", markup=False)
+    if s["command"]:
+        console.print(f"command {' '.join(s['command'])}", markup=False)
+    console.print(f"start {_time(s['start'])}   end {_time(s['end'])} UTC")
+    ranks = "-" if s["ranks"] is None else s["ranks"]
+    console.print(
+        f"[bold]pattern {s['pattern']}[/bold] (reads {s['patterns']['read']}, writes {s['patterns']['write']})"
+        f"   ranks {ranks} launched, {s['io_ranks']} did data I/O on {s['n_files']} file(s)"
+    )
+    bw = "-" if s["bandwidth_mib_s"] is None else f"{s['bandwidth_mib_s']:.1f} MiB/s"
+    span = "-" if s["io_span_s"] is None else f"{s['io_span_s']:.3f} s"
+    console.print(
+        f"written {human_bytes(s['bytes_written'])}   read {human_bytes(s['bytes_read'])}   "
+        f"I/O span {span}   bandwidth {bw}   time in I/O {s['io_time_s']:.3f} s"
+    )
+    console.print(
+        f"requests {s['requests']} in {s['records']} records   failed {s['failed_requests']}   "
+        f"non-file {s['non_file_ops']['requests']} requests, {human_bytes(s['non_file_ops']['bytes'])}"
+    )
+
+    if s["ops"] or s["other_ops"]:
+        ops = Table(title="operations (requests)", title_justify="left")
+        ops.add_column("op")
+        ops.add_column("requests", justify="right")
+        for op, n in s["ops"].items():
+            ops.add_row(op, str(n))
+        for op, n in s["other_ops"].items():
+            ops.add_row(Text(op, style="dim"), str(n))
+        console.print(ops)
+
+    hist = s["size_histogram"]
+    if not any([*hist["read"].values(), *hist["write"].values()]):
+        console.print("request sizes: no data requests")
+    else:
+        _print_histogram(console, hist)
+    _print_files_and_drops(console, s)
+
+
+def _print_histogram(console: Console, hist: dict) -> None:
+    peak = max([*hist["read"].values(), *hist["write"].values(), 1])
+    h = Table(title="request sizes (Darshan bins, requests)", title_justify="left")
+    h.add_column("size")
+    h.add_column("reads", justify="right")
+    h.add_column("")
+    h.add_column("writes", justify="right")
+    h.add_column("")
+    for label in hist["read"]:
+        r, w = hist["read"][label], hist["write"].get(label, 0)
+        bar = lambda n: "█" * (max(1, round(n / peak * BAR_WIDTH)) if n else 0)
+        h.add_row(label, str(r), Text(bar(r), style="blue"), str(w), Text(bar(w), style="magenta"))
+    console.print(h)
+
+
+def _print_files_and_drops(console: Console, s: dict) -> None:
+    if s["files"]:
+        f = Table(title=f"files ({len(s['files'])} of {s['n_files']})", title_justify="left")
+        f.add_column("path", overflow="fold")
+        f.add_column("written", justify="right")
+        f.add_column("read", justify="right")
+        f.add_column("ranks", justify="right")
+        for x in s["files"]:
+            f.add_row(Text(x["path"]), human_bytes(x["bytes_written"]), human_bytes(x["bytes_read"]), str(x["ranks"]))
+        console.print(f)
+    else:
+        console.print("files: none")
+
+    d = s["drops"]
+    style = "red" if s["dropped_records"] else "green"
+    console.print(
+        f"[{style}]dropped records {s['dropped_records']}[/{style}] (ring buffer {d['ringbuf_drops']}, "
+        f"delivery {d['delivery_failures']}, overflow {d['overflow_drops']}; "
+        f"{d['producers']} producer(s); unmerged fallbacks {d['unmerged_fallbacks']})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``jobs`` and ``job`` commands to ``app``."""
+
+    @app.command("jobs")
+    def jobs_cmd(
+        api: ApiOption = None,
+        limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs per page.")] = 50,
+        offset: Annotated[int, typer.Option(min=0, help="Jobs to skip.")] = 0,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+    ) -> None:
+        """List jobs, newest first: state, ranks, I/O pattern, bytes."""
+        url = _api_url(api)
+        try:
+            r = api_get(url, "/v1/jobs", {"limit": limit, "offset": offset})
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
+            return
+        Console().print(_jobs_table(r.json()))
+
+    @app.command("job")
+    def job_cmd(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        api: ApiOption = None,
+        layer: Annotated[Layer, typer.Option(help="Layer to summarise.")] = Layer.client,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+    ) -> None:
+        """A job's I/O report: pattern, bytes, operations, request sizes, files, drops."""
+        url = _api_url(api)
+        try:
+            r = api_get(url, f"/v1/jobs/{quote(job_id, safe='')}", {"layer": layer.value})
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
+            return
+        render_job(Console(), r.json())

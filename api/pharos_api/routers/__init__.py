@@ -1,0 +1,1 @@
+"""HTTP routers of the Pharos API, one module per resource."""

@@ -1,0 +1,138 @@
+"""Response models of the API: the public JSON shapes, separate from the analytics types.
+
+Units: bytes in bytes, times ISO 8601 UTC, durations in seconds, rates in MiB/s (2**20 B/s).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Version of the API's JSON shapes (OpenAPI ``info.version``, /v1/health).
+API_VERSION = "1.0.0"
+
+Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
+JobState = Literal["running", "finished", "failed", "unknown"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class FileOut(_Out):
+    path: str = Field(description="Path, or dev:<dev>:inode:<inode> when the path is unknown.")
+    bytes_read: int
+    bytes_written: int
+    reads: int = Field(description="Read requests (merged requests counted one by one).")
+    writes: int = Field(description="Write requests.")
+    ranks: int = Field(description="Distinct ranks that read or wrote the file.")
+
+
+class NonFileOpsOut(_Out):
+    requests: int = Field(description="Requests on pipes, sockets and terminals.")
+    bytes: int
+    by_type: dict[str, int] = Field(description="File type -> requests.")
+
+
+class DropsOut(_Out):
+    total: int = Field(description="ringbuf_drops + delivery_failures + overflow_drops.")
+    ringbuf_drops: int
+    delivery_failures: int
+    overflow_drops: int
+    unmerged_fallbacks: int = Field(description="Requests shipped unmerged; not a loss.")
+    producers: int = Field(description="Producers that reported counters for the job.")
+
+
+class JobSummaryOut(_Out):
+    """A job's I/O on one layer (Darshan counters, Beacon pattern); see pharos_analytics.summary."""
+
+    job_id: str
+    layer: str
+    name: str | None
+    user: str | None
+    command: list[str]
+    host: str | None
+    ranks: int | None = Field(description="Ranks launched (start event).")
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    state: JobState
+    io_ranks: int = Field(description="Ranks that did data I/O on data files.")
+    pattern: Pattern = Field(description="Beacon I/O pattern (NSDI'19 §4) of all data I/O.")
+    patterns: dict[str, Pattern] = Field(description="Pattern of reads alone and of writes alone.")
+    bytes_read: int
+    bytes_written: int
+    ops: dict[str, int] = Field(description="Op -> requests, regular files and metadata ops.")
+    other_ops: dict[str, int] = Field(description="Op -> requests not in ops nor non_file_ops (block layer, ...).")
+    non_file_ops: NonFileOpsOut
+    failed_requests: int = Field(description="Requests that returned -errno.")
+    records: int = Field(description="Stored records (rows); each may merge several requests.")
+    requests: int = Field(description="Requests (sum of the records' counts).")
+    size_histogram: dict[str, dict[str, int]] = Field(
+        description='{"read"|"write": {Darshan bin: requests}}, bins 0-100 ... 1G+.'
+    )
+    files: list[FileOut] = Field(description="Data files, largest first (at most files_limit).")
+    n_files: int = Field(description="All data files of the job.")
+    first_io: datetime | None
+    last_io: datetime | None
+    io_time_s: float = Field(description="Cumulative time inside data ops, over all ranks.")
+    io_span_s: float | None = Field(description="last_io - first_io.")
+    bandwidth_mib_s: float | None = Field(description="Data bytes / 2**20 / io_span_s.")
+    dropped_records: int = Field(description="Records lost before the store (drops.total).")
+    drops: DropsOut
+
+
+class JobListItemOut(_Out):
+    job_id: str
+    name: str | None
+    user: str | None
+    host: str | None
+    ranks: int | None
+    state: JobState
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    pattern: Pattern
+    io_ranks: int
+    n_files: int
+    bytes_read: int
+    bytes_written: int
+
+
+class JobListOut(BaseModel):
+    items: list[JobListItemOut]
+    total: int = Field(description="Jobs with at least one event.")
+    limit: int
+    offset: int
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded"]
+    store: str = Field(description='"ok", or the store error.')
+    version: str
+
+
+class PipelineOut(BaseModel):
+    """What the pipeline has stored (all jobs, all layers), and this process's live counters."""
+
+    records: int = Field(description="Rows of io_requests.")
+    bytes: int = Field(description="Bytes moved by those records.")
+    batches: int = Field(description="Distinct (producer, seq) batches stored.")
+    producers: int = Field(description="Producers that delivered at least one batch.")
+    gaps: int = Field(description="Missing batches: seqs below each producer's highest that are not stored.")
+    dead_letters: int = Field(description="Messages that did not decode.")
+    jobs: int = Field(description="Jobs with at least one event.")
+    dropped_records: int = Field(description="Records lost before the store (drops.total), all producers and jobs.")
+    drops: DropsOut
+    last_ingested: datetime | None = Field(description="When the newest batch was stored.")
+    live: dict[str, int | float | None] | None = Field(
+        default=None,
+        description="Counters of the pipeline running in this process since it started "
+        "(Pipeline.stats()); null when the API runs without a pipeline.",
+    )
+
+
+class ErrorOut(BaseModel):
+    detail: str

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+# The synthetic jobs live with the analytics tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analytics"))
+
+from pharos_api.app import create_app
+from pharos_pipeline.settings import Settings
+from pharos_synthetic_jobs import build_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A chDB store with the synthetic jobs, closed at the module's end (chDB allows one
+    open data directory per process)."""
+    s = build_store(tmp_path_factory.mktemp("api"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def app(store, tmp_path_factory):
+    return create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_url():
+    """A loopback URL where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def api_url(app):
+    """The app served by uvicorn on a free loopback port, in a thread."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
