@@ -60,6 +60,7 @@ class JobEventProducer:
             "acks": "all",
             "linger.ms": 0,
             "client.id": f"pharos-run-{os.getpid()}",
+            "log_level": 3,  # errors only: transient broker warnings are retried anyway
         })
         try:
             self._producer.list_topics(topic=settings.topic_jobs, timeout=timeout)

@@ -37,6 +37,13 @@ console = Console()
 err = Console(stderr=True)
 
 
+def wait_for_stop_signal() -> None:
+    """Block until SIGINT or SIGTERM arrives (so `finally` clean-up always runs)."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    signal.sigwait(sigs)
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one clear error line and exit."""
     err.print(f"[bold red]pharos:[/] {message}", highlight=False)
@@ -59,10 +66,7 @@ def up(
     if detach:
         return
     console.print("Press Ctrl-C to stop.")
-    try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    except KeyboardInterrupt:
-        pass
+    wait_for_stop_signal()
     stop(settings, progress=lambda s: console.print(f"  {s}"))
 
 
@@ -130,15 +134,17 @@ def run(
 @app.command()
 def broker() -> None:
     """Run the local single-node Kafka broker (KRaft, loopback) in the foreground."""
-    from pharos_pipeline.broker import KafkaBroker, ensure_topics
+    from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics
 
     settings = get_settings()
     b = KafkaBroker(settings, settings.state_dir / "kafka")
-    b.start()
-    ensure_topics(settings)
-    console.print(f"Kafka broker ready on {settings.kafka_bootstrap}")
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        b.start()
+        ensure_topics(settings)
+        console.print(f"Kafka broker ready on {settings.kafka_bootstrap}")
+        wait_for_stop_signal()
+    except BrokerError as exc:
+        fail(str(exc))
     finally:
         b.stop()
 

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Pharos I/O tracer: types shared by the kernel side (iotrace.bpf.c) and the loader.
+ * Plain C types only. User space reads them through the skeleton's BTF-generated types. */
+#ifndef PHAROS_IOTRACE_H
+#define PHAROS_IOTRACE_H
+
+#define PH_MAX_ROOTS 8          /* watched root cgroups (id, level) */
+#define PH_COMM_LEN 16
+#define PH_PATH_BUF 4096        /* path bytes in a path event */
+#define PH_NAME_MAX 256         /* bytes read per path component */
+#define PH_PATH_DEPTH 32        /* path components walked in the kernel */
+
+/* Values equal pharos.v1.Op (proto/pharos/v1/io.proto). */
+enum ph_op {
+	PH_OP_READ = 1,
+	PH_OP_WRITE = 2,
+	PH_OP_PREAD = 3,
+	PH_OP_PWRITE = 4,
+	PH_OP_READV = 5,
+	PH_OP_WRITEV = 6,
+	PH_OP_OPEN = 7,
+	PH_OP_CLOSE = 8,
+	PH_OP_FSYNC = 9,
+	PH_OP_FDATASYNC = 10,
+	PH_OP_STAT = 11,
+	PH_OP_UNLINK = 12,
+	PH_OP_MKDIR = 13,
+	PH_OP_RENAME = 14,
+	PH_OP_BLOCK_READ = 15,
+	PH_OP_BLOCK_WRITE = 16,
+	PH_OP_BLOCK_OTHER = 17,
+};
+
+/* ph_event.path_kind: what follows the fixed part of the event (ph_path_event.path). */
+enum ph_path_kind {
+	PH_PATH_NONE = 0,
+	PH_PATH_DENTRY = 1,   /* components leaf first, each NUL-terminated ("c\0b\0a\0") */
+	PH_PATH_USER = 2,     /* the user-space path argument, NUL-terminated, maybe relative */
+};
+
+/* ph_event.flags */
+#define PH_F_PATH_TRUNCATED 1  /* dentry walk stopped at PH_PATH_DEPTH or PH_PATH_BUF */
+#define PH_F_NO_FILE 2         /* fd did not resolve to a struct file */
+
+/* One request or a merged run of `count` requests (Beacon's online compression).
+ * Times are CLOCK_MONOTONIC ns (bpf_ktime_get_ns). dev is the kernel dev_t
+ * ((major << 20) | minor). For path ops, fd holds the dirfd argument (AT_FDCWD = -100). */
+struct ph_event {
+	unsigned long long start_ns;
+	unsigned long long end_ns;
+	unsigned long long duration_ns;
+	unsigned long long cgroup_id;
+	unsigned long long dev;
+	unsigned long long ino;
+	unsigned long long offset;
+	unsigned long long size;
+	long long result;
+	unsigned int pid;
+	unsigned int tid;
+	unsigned int count;
+	int fd;
+	unsigned int op;
+	unsigned int mode;          /* i_mode of the file (S_IFMT bits give its type), 0 unknown */
+	unsigned short path_len;    /* bytes used in ph_path_event.path */
+	unsigned char path_kind;
+	unsigned char flags;
+	unsigned int pad;
+	char comm[PH_COMM_LEN];
+};
+
+struct ph_path_event {
+	struct ph_event ev;
+	char path[PH_PATH_BUF];
+};
+
+/* Per-thread state (map `pending`, keyed by tid).
+ * `state`: 0 free, 1 held by the owning thread, 2 held by the sweeper (cmpxchg lock).
+ * `ev` is the pending (mergeable) record, protected by `state`; ev.count == 0 means none.
+ * The cur_* fields describe the system call in flight; only the owning thread touches them. */
+struct ph_pending {
+	unsigned int state;
+	unsigned int cur_op;        /* 0: no call in flight */
+	struct ph_event ev;
+	unsigned long long cur_start_ns;
+	unsigned long long cur_offset;
+	unsigned long long cur_size;
+	unsigned long long cur_arg0;   /* user pointer of the path argument (path ops), else 0 */
+	unsigned long long cur_file;   /* struct file * of cur_fd, cached with its identity */
+	unsigned long long cur_inode;  /* struct inode * of cur_file */
+	unsigned long long file_dev;
+	unsigned long long file_ino;
+	unsigned int file_mode;
+	int cur_fd;
+};
+
+/* Per-cgroup-id loss counters (map `counters`). */
+struct ph_counters {
+	unsigned long long ringbuf_drops;       /* records bpf_ringbuf_output could not place */
+	unsigned long long unmerged_fallbacks;  /* requests emitted unmerged: per-tid map full */
+};
+
+/* A watched root cgroup: a task is traced when its ancestor at `level` has id `id`. */
+struct ph_root {
+	unsigned long long id;
+	unsigned int level;
+	unsigned int pad;
+};
+
+#endif

@@ -1,0 +1,234 @@
+//! Kernel side handle: opens, configures, loads and attaches the `iotrace` BPF object,
+//! decodes ring-buffer events, runs the pending-record sweeper and reads the per-cgroup
+//! loss counters. Knows nothing about jobs (see `registry`).
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::mem::MaybeUninit;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/iotrace.skel.rs"));
+}
+pub use skel::types::{ph_counters, ph_event, ph_root};
+use skel::*;
+
+/// `ph_event.path_kind` values (iotrace.h).
+pub const PATH_DENTRY: u8 = 1;
+pub const PATH_USER: u8 = 2;
+/// `ph_event.flags` bits (iotrace.h).
+pub const F_PATH_TRUNCATED: u8 = 1;
+pub const MAX_ROOTS: usize = 8;
+
+/// A decoded ring-buffer event: the fixed part and, for OPEN and path ops, the path bytes.
+pub struct Event<'a> {
+    pub ev: ph_event,
+    pub path: &'a [u8],
+}
+
+/// Parses one ring-buffer sample. None when it is shorter than `ph_event`.
+pub fn parse(data: &[u8]) -> Option<Event<'_>> {
+    let n = std::mem::size_of::<ph_event>();
+    if data.len() < n {
+        return None;
+    }
+    // SAFETY: ph_event is plain old data generated from the object's BTF; length checked.
+    let ev: ph_event = unsafe { std::ptr::read_unaligned(data.as_ptr() as *const ph_event) };
+    let len = (ev.path_len as usize).min(data.len() - n);
+    Some(Event { ev, path: &data[n..n + len] })
+}
+
+static LIBBPF_LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn libbpf_print(level: libbpf_rs::PrintLevel, msg: String) {
+    let mut log = LIBBPF_LOG.lock().unwrap();
+    if log.len() > 4000 {
+        log.remove(0);
+    }
+    if !matches!(level, libbpf_rs::PrintLevel::Debug) {
+        log.push(msg.trim_end().to_string());
+    }
+}
+
+/// One line saying which program failed, from libbpf's log.
+fn load_failure_hint() -> String {
+    let log = LIBBPF_LOG.lock().unwrap();
+    if std::env::var_os("PHAROS_LIBBPF_LOG").is_some() {
+        for l in log.iter() {
+            eprintln!("{l}");
+        }
+    }
+    log.iter()
+        .rev()
+        .find(|l| l.contains("prog '") && (l.contains("failed") || l.contains("error")))
+        .or_else(|| log.iter().rev().find(|l| l.contains("libbpf:")))
+        .map(|l| l.replace('\n', " "))
+        .unwrap_or_default()
+}
+
+/// Where tracefs is mounted (mounted at /sys/kernel/tracing if needed).
+pub fn tracefs() -> Result<&'static Path> {
+    for p in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if Path::new(p).join("events").is_dir() {
+            return Ok(Path::new(p));
+        }
+    }
+    let rc = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(anyhow!("cannot mount tracefs at /sys/kernel/tracing: {}", std::io::Error::last_os_error()));
+    }
+    Ok(Path::new("/sys/kernel/tracing"))
+}
+
+pub struct Config {
+    /// Watched root cgroups: (cgroup id, level below the cgroup2 root).
+    pub roots: Vec<(u64, u32)>,
+    /// Record block-layer requests of tasks outside the watched cgroups (no job).
+    pub block_all: bool,
+}
+
+/// The loaded and attached tracer.
+pub struct Tracer<'obj> {
+    skel: IotraceSkel<'obj>,
+    enter_links: Vec<Link>,
+    exit_links: Vec<Link>,
+    /// Programs switched off because their tracepoint is missing on this kernel.
+    pub disabled: Vec<String>,
+    pub attached: usize,
+}
+
+impl<'obj> Tracer<'obj> {
+    /// Opens, configures and loads the object. Errors name the failing step.
+    pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, cfg: &Config) -> Result<Tracer<'obj>> {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, libbpf_print)));
+        let tracefs = tracefs()?;
+        let mut open = IotraceSkelBuilder::default()
+            .open(storage)
+            .map_err(|e| anyhow!("opening the BPF object failed: {e}"))?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("no .rodata in the BPF object")?;
+        if cfg.roots.len() > MAX_ROOTS {
+            return Err(anyhow!("at most {MAX_ROOTS} watched cgroup roots"));
+        }
+        for (i, (id, level)) in cfg.roots.iter().enumerate() {
+            rodata.roots[i] = ph_root { id: *id, level: *level, pad: 0 };
+        }
+        rodata.nroots = cfg.roots.len() as u32;
+        rodata.block_all = cfg.block_all;
+
+        // Attach type chosen at run time: programs whose tracepoint this kernel lacks are
+        // switched off so the rest still loads.
+        let mut disabled = Vec::new();
+        for mut prog in open.open_object_mut().progs_mut() {
+            let sec = prog.section().to_string_lossy().into_owned();
+            let present = if let Some(tp) = sec.strip_prefix("tracepoint/") {
+                tracefs.join("events").join(tp).is_dir()
+            } else if let Some(tp) = sec.strip_prefix("raw_tp/") {
+                tracefs.join("events/block").join(tp).is_dir()
+            } else {
+                true
+            };
+            if !present {
+                disabled.push(prog.name().to_string_lossy().into_owned());
+                prog.set_autoload(false);
+            }
+        }
+        let skel = open.load().map_err(|e| {
+            let hint = load_failure_hint();
+            anyhow!("loading eBPF programs failed: {e}{}{hint}", if hint.is_empty() { "" } else { ": " })
+        })?;
+        Ok(Tracer { skel, enter_links: Vec::new(), exit_links: Vec::new(), disabled, attached: 0 })
+    }
+
+    /// Attaches every loaded program but the sweeper; exits before enters so that no call is
+    /// entered without its exit being watched.
+    pub fn attach(&mut self) -> Result<()> {
+        let obj = self.skel.object();
+        let mut enters = Vec::new();
+        let mut exits = Vec::new();
+        for prog in obj.progs_mut() {
+            let sec = prog.section().to_string_lossy().into_owned();
+            let name = prog.name().to_string_lossy().into_owned();
+            if !prog.autoload() || sec == "raw_tp" {
+                continue;
+            }
+            let link = prog.attach().map_err(|e| anyhow!("attaching {name} ({sec}) failed: {e}"))?;
+            if sec.contains("sys_enter_") || sec.starts_with("raw_tp/block_rq_issue") {
+                enters.push(link);
+            } else {
+                exits.push(link);
+            }
+        }
+        self.attached = enters.len() + exits.len();
+        self.enter_links = enters;
+        self.exit_links = exits;
+        Ok(())
+    }
+
+    /// Detaches entry probes, waits `grace` for calls in flight to return, then the rest.
+    pub fn detach(&mut self, grace: Duration) {
+        self.enter_links.clear();
+        std::thread::sleep(grace);
+        self.exit_links.clear();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    pub fn events_map(&self) -> &dyn MapCore {
+        &self.skel.maps.events
+    }
+
+    /// Runs the sweeper once: emits every pending record whose run started at least
+    /// `min_age` ago (zero: all). Returns how many it emitted.
+    pub fn sweep(&self, min_age: Duration) -> Result<u32> {
+        let mut ctx = (min_age.as_nanos() as u64).to_ne_bytes();
+        let input = libbpf_rs::ProgramInput {
+            context_in: Some(&mut ctx[..]),
+            context_out: None,
+            data_in: None,
+            data_out: None,
+            cpu: 0,
+            flags: 0,
+            repeat: 0,
+            _non_exhaustive: (),
+        };
+        let out = self.skel.progs.sweep.test_run(input).context("running the sweeper")?;
+        Ok(out.return_value)
+    }
+
+    /// Kernel-side loss counters per cgroup id (cumulative).
+    pub fn counters(&self) -> HashMap<u64, ph_counters> {
+        let map = &self.skel.maps.counters;
+        let mut out = HashMap::new();
+        for key in map.keys() {
+            if let Ok(Some(v)) = map.lookup(&key, MapFlags::ANY) {
+                if key.len() == 8 && v.len() >= std::mem::size_of::<ph_counters>() {
+                    let id = u64::from_ne_bytes(key[..8].try_into().unwrap());
+                    // SAFETY: plain old data of the checked size.
+                    let c: ph_counters = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const ph_counters) };
+                    out.insert(id, c);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `comm` bytes of an event as a string.
+pub fn comm(ev: &ph_event) -> String {
+    let bytes: Vec<u8> = ev.comm.iter().map(|&c| c as u8).collect();
+    CStr::from_bytes_until_nul(&bytes)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+}
