@@ -133,16 +133,18 @@ static __always_inline void emit(struct ph_event *ev)
 		count_drop(ev->cgroup_id);
 }
 
+/* struct file * behind `fd` of the current task, NULL if none. BTF pointers are read
+ * directly (exception-handled loads, cheaper than bpf_probe_read_kernel calls). */
 static __always_inline struct file *fd_file(int fd)
 {
-	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct fdtable *fdt = t->files->fdt;
 	struct file **arr;
 	struct file *f = NULL;
 
-	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+	if (!fdt || fd < 0 || (unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	arr = BPF_CORE_READ(fdt, fd);
+	arr = fdt->fd;
 	bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]);
 	return f;
 }
@@ -160,14 +162,15 @@ static __always_inline void file_identity(struct ph_pending *p, struct file *f)
 		p->file_mode = 0;
 		return;
 	}
-	ino = BPF_CORE_READ(f, f_inode);
+	ino = bpf_core_cast(f, struct file)->f_inode;
 	if ((__u64)f == p->cur_file && (__u64)ino == p->cur_inode)
 		return;
 	p->cur_file = (__u64)f;
 	p->cur_inode = (__u64)ino;
-	p->file_dev = BPF_CORE_READ(ino, i_sb, s_dev);
-	p->file_ino = BPF_CORE_READ(ino, i_ino);
-	p->file_mode = BPF_CORE_READ(ino, i_mode);
+	ino = bpf_core_cast(ino, struct inode);
+	p->file_dev = ino->i_sb->s_dev;
+	p->file_ino = ino->i_ino;
+	p->file_mode = ino->i_mode;
 }
 
 /* The calling thread's state: its `pending` entry, or an `overflow` entry when `pending` is
@@ -209,7 +212,7 @@ static __always_inline int enter_fd(__u32 op, int fd, __u64 size, __u64 off, boo
 		p->cur_file = 0;
 	f = fd_file(fd);
 	file_identity(p, f);
-	p->cur_offset = use_pos && f ? BPF_CORE_READ(f, f_pos) : off;
+	p->cur_offset = use_pos && f ? bpf_core_cast(f, struct file)->f_pos : off;
 	p->cur_arg0 = 0;
 	p->cur_fd = fd;
 	p->cur_size = size;
@@ -240,7 +243,8 @@ static __always_inline int enter_path(__u32 op, int dirfd, const void *upath)
 	return 0;
 }
 
-static __always_inline void fill(struct ph_event *e, struct ph_pending *p, __u64 now, long ret)
+static __always_inline void fill(struct ph_event *e, struct ph_pending *p, __u32 op, __u64 now,
+				 long ret)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 
@@ -258,7 +262,7 @@ static __always_inline void fill(struct ph_event *e, struct ph_pending *p, __u64
 	e->tid = (__u32)id;
 	e->count = 1;
 	e->fd = p->cur_fd;
-	e->op = p->cur_op;
+	e->op = op;
 	e->path_len = 0;
 	e->path_kind = PH_PATH_NONE;
 	e->flags = p->cur_file ? 0 : PH_F_NO_FILE;
@@ -299,7 +303,7 @@ static __always_inline int exit_rw(__u32 op, long ret)
 	if (ovf) {
 		struct ph_counters *c;
 
-		fill(&single, p, now, ret);
+		fill(&single, p, op, now, ret);
 		emit(&single);
 		c = counters_of(single.cgroup_id);
 		if (c)
@@ -308,7 +312,7 @@ static __always_inline int exit_rw(__u32 op, long ret)
 	}
 	if (__sync_val_compare_and_swap(&p->state, 0, 1) != 0) {
 		/* The sweeper holds the pending record: emit this request on its own. */
-		fill(&single, p, now, ret);
+		fill(&single, p, op, now, ret);
 		emit(&single);
 		return 0;
 	}
@@ -326,7 +330,7 @@ static __always_inline int exit_rw(__u32 op, long ret)
 		}
 		emit(e);
 	}
-	fill(e, p, now, ret);
+	fill(e, p, op, now, ret);
 	unlock(p);
 	return 0;
 }
@@ -416,7 +420,7 @@ static __always_inline int exit_meta(__u32 op, long ret)
 	pe = bpf_map_lookup_elem(&scratch, &zero);
 	if (!pe)
 		return 0;
-	fill(&pe->ev, p, now, ret);
+	fill(&pe->ev, p, op, now, ret);
 	if (op == PH_OP_OPEN && ret >= 0) {
 		struct file *f = fd_file((int)ret);
 
@@ -622,7 +626,8 @@ int BPF_PROG(blk_issue, struct request *rq)
 	disk = BPF_CORE_READ(rq, q, disk);
 	if (disk)
 		s.dev = ((__u64)BPF_CORE_READ(disk, major) << 20) | BPF_CORE_READ(disk, first_minor);
-	s.offset = BPF_CORE_READ(rq, __sector) * 512;
+	s.offset = BPF_CORE_READ(rq, __sector);
+	s.offset = s.offset == (__u64)-1 ? 0 : s.offset * 512; /* flushes have no sector */
 	s.size = BPF_CORE_READ(rq, __data_len);
 	opf = BPF_CORE_READ(rq, cmd_flags) & REQ_OP_MASK_;
 	s.op = opf == 0 ? PH_OP_BLOCK_READ : opf == 1 ? PH_OP_BLOCK_WRITE : PH_OP_BLOCK_OTHER;
