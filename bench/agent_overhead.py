@@ -70,7 +70,7 @@ def main() -> int:
 
     state = Path(tempfile.mkdtemp(prefix="pharos-bench-"))
     settings = Settings(state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
-                        cgroup_parent="pharos-bench")
+                        cgroup_parent="pharos-bench", agent_metrics_addr=f"127.0.0.1:{free_port()}")
     data_dir = Path(tempfile.mkdtemp(prefix="pharos-bench-data-", dir="/var/tmp"))
     print(f"starting a private stack in {state} ...", flush=True)
     stack.start(settings)

@@ -23,7 +23,9 @@ Definitions used throughout (one layer at a time, ``client`` by default):
   everything else (block-layer ops, data ops on directories or unknown file types) is in
   ``other_ops``, so ``sum(ops) + non_file_ops.requests + sum(other_ops) == requests``.
 * A row of ``io_requests`` is a run of ``count`` merged requests (Beacon's compression);
-  ``records`` counts rows, ``requests`` sums ``count``.
+  ``records`` counts rows, ``requests`` sums ``count``; ``data_records``/``data_requests``
+  do the same for data ops on data files, so their ratio is the merge ratio of the job's
+  data I/O (metadata ops are never merged).
 
 Rows older than the table's TTL (90 days) are gone; a job then shows only its events.
 """
@@ -139,6 +141,8 @@ class JobSummary:
     failed_requests: int
     records: int
     requests: int
+    data_records: int
+    data_requests: int
     size_histogram: dict[str, dict[str, int]]
     files: list[FileSummary]
     n_files: int
@@ -413,7 +417,7 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
     other_ops: dict[str, int] = {}
     non_file: dict[str, int] = {}
     nf_requests = nf_bytes = records = requests = failed = 0
-    bytes_read = bytes_written = data_duration_ns = 0
+    bytes_read = bytes_written = data_duration_ns = data_records = data_requests = 0
     first_ns: int | None = None
     last_ns: int | None = None
     for r in op_rows:
@@ -436,6 +440,8 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
             else:
                 bytes_written += int(r["bytes"])
             data_duration_ns += int(r["duration_ns"])
+            data_records += int(r["records"])
+            data_requests += n
             first, last = int(r["first_ns"]), int(r["last_ns"])
             first_ns = first if first_ns is None else min(first_ns, first)
             last_ns = last if last_ns is None else max(last_ns, last)
@@ -498,6 +504,8 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         failed_requests=failed,
         records=records,
         requests=requests,
+        data_records=data_records,
+        data_requests=data_requests,
         size_histogram=hist,
         files=files,
         n_files=n_files,

@@ -166,6 +166,8 @@ def agent(
         "--topic", settings.topic_requests,
         "--cgroup-parent", settings.cgroup_parent,
         "--ready-file", str(run_dir / "agent.ready"),
+        "--metrics-addr", settings.agent_metrics_addr,
+        "--block-jobs-only",
         *(extra or []),
     ]
     os.execv(argv[0], argv)

@@ -102,11 +102,11 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
     """Run the demo; returns the process exit code (0 when every check holds)."""
     console.rule("[bold]Pharos demo: starting the embedded stack")
     stack.start(settings, progress=lambda s: console.print(f"  {s}"))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%y%m%d%H%M%S")
     base = settings.state_dir / "demo" / stamp
     results = []
     for job in DEMO_JOBS:
-        job_id = f"demo-{job.kind.lower().replace('-', '')}-{stamp}"
+        job_id = f"{job.kind.lower().replace('-', '')}-{stamp}"
         data_dir = base / job_id
         data_dir.mkdir(parents=True, exist_ok=True)
         console.rule(f"[bold]{job.kind} job {job_id}: {job.ranks} rank(s) of fio")
@@ -124,21 +124,21 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         shutil.rmtree(data_dir, ignore_errors=True)
 
     console.rule("[bold]Pharos per-job summaries vs fio's own JSON")
-    t = Table("job", "pattern", "expected", "ranks", "files", "bytes written (Pharos)", "bytes written (fio)",
-              "writes (Pharos)", "writes (fio)", "records", "drops", "ok")
+    t = Table("job", "pattern\n(expected)", "I/O ranks", "files", "bytes written\nPharos / fio",
+              "writes\nPharos / fio", "data records\n/ requests", "drops", "ok")
     ok_all = True
     for job, job_id, fio, s in results:
         if fio is None or s is None:
             ok_all = False
-            t.add_row(job_id, "-", job.kind, "-", "-", "-", "-", "-", "-", "-", "-", "[red]no[/]")
+            t.add_row(job_id, f"- ({job.kind})", "-", "-", "-", "-", "-", "-", "[red]NO[/]")
             continue
         writes = sum(v for k, v in s["ops"].items() if k in ("write", "pwrite", "writev"))
         ok = s["pattern"] == job.kind and s["bytes_written"] == fio["bytes_written"] and writes == fio["writes"]
         ok_all &= ok
-        t.add_row(job_id, s["pattern"], job.kind, str(s.get("io_ranks", s.get("ranks"))), str(s["n_files"]),
-                  f"{s['bytes_written']:,}", f"{fio['bytes_written']:,}", f"{writes:,}", f"{fio['writes']:,}",
-                  f"{s.get('records', '-'):,}" if isinstance(s.get("records"), int) else "-",
-                  str(s["dropped_records"]), "[green]yes[/]" if ok else "[red]NO[/]")
+        t.add_row(job_id, f"{s['pattern']} ({job.kind})", str(s["io_ranks"]), str(s["n_files"]),
+                  f"{s['bytes_written']}\n{fio['bytes_written']}", f"{writes}\n{fio['writes']}",
+                  f"{s['data_records']}\n{s['data_requests']}", str(s["dropped_records"]),
+                  "[green]yes[/]" if ok else "[red]NO[/]")
     console.print(t)
     console.print(f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
                   f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)")

@@ -70,6 +70,8 @@ class JobSummaryOut(_Out):
     failed_requests: int = Field(description="Requests that returned -errno.")
     records: int = Field(description="Stored records (rows); each may merge several requests.")
     requests: int = Field(description="Requests (sum of the records' counts).")
+    data_records: int = Field(description="Records of data ops on data files.")
+    data_requests: int = Field(description="Requests of data ops on data files; data_records/data_requests is the merge ratio.")
     size_histogram: dict[str, dict[str, int]] = Field(
         description='{"read"|"write": {Darshan bin: requests}}, bins 0-100 ... 1G+.'
     )

@@ -43,7 +43,8 @@ def broker_ready(settings: Settings) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=2)
+        # log_level 0: "connection refused" while the broker boots is expected, not news
+        md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0}).list_topics(timeout=2)
     except Exception:
         return False
     return all(t in md.topics for t in (settings.topic_requests, settings.topic_jobs, settings.topic_deadletter))

@@ -42,6 +42,18 @@ class Settings(BaseSettings):
     topic_deadletter: str = "pharos.io.deadletter"
     topic_partitions: int = Field(default=4, ge=1, description="Partitions of the requests topic.")
     consumer_group: str = "pharos-pipeline"
+    consumer_instance_id: str = Field(
+        default="",
+        description="Kafka static group membership id of the pipeline consumer (group.instance.id): a "
+        "restarted pipeline takes its partitions back at once instead of waiting for the dead member's "
+        "session to time out. Empty: dynamic membership. Must be unique per running pipeline.",
+    )
+    pipeline_max_messages: int = Field(
+        default=500, ge=1, description="Pipeline: most Kafka messages per poll (one store insert per poll)."
+    )
+    pipeline_max_wait_ms: int = Field(
+        default=200, ge=1, description="Pipeline: longest wait for a poll to fill, in ms (whichever comes first)."
+    )
     clickhouse_url: str = Field(
         default="",
         description="ClickHouse server URL (http://user:pass@host:8123/db). Empty: embedded chDB in state_dir/chdb.",
@@ -51,6 +63,9 @@ class Settings(BaseSettings):
     agent_binary: Path = Field(
         default=REPO_ROOT / "target" / "release" / "pharos-agent",
         description="The eBPF agent binary built by `make build`.",
+    )
+    agent_metrics_addr: str = Field(
+        default="127.0.0.1:9435", description="Loopback address of the agent's Prometheus metrics ('' = off)."
     )
     cgroup_parent: str = Field(
         default="pharos",

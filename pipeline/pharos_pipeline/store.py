@@ -87,6 +87,28 @@ class Store(ABC):
         pass
 
 
+def _ch_literal(value: Any) -> str:
+    """A Python value as ClickHouse literal text (strings quoted and escaped)."""
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        inner = ",".join(_ch_literal(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """chDB passes list parameters without quoting their strings (``['a']`` -> ``[a]``);
+    give it the literal text of arrays and tuples instead, as a ClickHouse server gets."""
+    if not params:
+        return None
+    return {k: _ch_literal(v) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+
+
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) on a data directory."""
 
@@ -99,10 +121,10 @@ class ChdbStore(Store):
         self._session = session.Session(str(path))
 
     def _command(self, sql, params):
-        self._session.query(sql, "Null", params=params or None)
+        self._session.query(sql, "Null", params=_chdb_params(params))
 
     def _query(self, sql, params):
-        res = self._session.query(sql, "JSONEachRow", params=params or None)
+        res = self._session.query(sql, "JSONEachRow", params=_chdb_params(params))
         data = res.bytes()
         return [json.loads(line) for line in data.splitlines() if line]
 

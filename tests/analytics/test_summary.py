@@ -38,6 +38,11 @@ def test_mix_bytes_and_counts(store):
     assert s.failed_requests == 1
     assert s.records == len(MIX_CLIENT) == 14
     assert s.requests == sum(r["count"] for r in MIX_CLIENT) == 27
+    # data ops on data files only: the merge ratio of the job's data I/O
+    data = [r for r in MIX_CLIENT if r["file_type"] == "regular" and r["op"] in ("read", "pread", "readv", "write", "pwrite", "writev")
+            and not r["path"].startswith(("/usr/", "/etc/"))]
+    assert s.data_records == len(data)
+    assert s.data_requests == sum(r["count"] for r in data) == sum(f.reads + f.writes for f in s.files)
     assert sum(s.ops.values()) + s.non_file_ops.requests + sum(s.other_ops.values()) == s.requests
 
 

@@ -35,7 +35,7 @@ def live_stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack")
     settings = Settings(
         state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
-        cgroup_parent="pharos-test",
+        cgroup_parent="pharos-test", agent_metrics_addr=f"127.0.0.1:{free_port()}",
     )
     try:
         stack.start(settings)

@@ -1,0 +1,661 @@
+"""Kafka -> ClickHouse ingestion: the pipeline's consumer group.
+
+One consumer (group ``settings.consumer_group``) reads ``pharos.io.requests`` (IoBatch,
+key = producer_id) and ``pharos.jobs`` (JobEvent, key = job_id). Each poll takes up to
+``settings.pipeline_max_messages`` messages or waits ``settings.pipeline_max_wait_ms``,
+whichever comes first (STYLE.md: batch by rows or time), and then, in this order:
+
+1. decodes every message; one that does not decode, has an unsupported ``schema_version``
+   or is otherwise invalid is produced to ``pharos.io.deadletter`` (raw bytes, headers
+   ``error``, ``source_topic``, ``source_partition``, ``source_offset``), delivery is
+   awaited, and a row goes to ``dead_letters`` (once per source offset). The pipeline
+   keeps going: a poison message never blocks a partition.
+2. drops batches whose ``(producer_id, seq)`` repeats within the poll, and those whose
+   records are already in ``io_requests`` (a re-delivery after a crash, or a producer that
+   sent twice);
+3. inserts every new record of the poll in ONE ``insert_rows("io_requests", ...)`` call: one
+   part, all or nothing. That insert is the exactly-once point: a batch is in
+   ``io_requests`` entirely or not at all, so the check of step 2 is exact;
+4. ``producer_drops`` (the per (producer, job) maximum of the cumulative counters of the
+   poll's new batches), then ``io_batches`` (the marker that a batch is complete; rows for
+   batches whose records were stored by a run that crashed before this step are written
+   now), then ``job_events`` (ReplacingMergeTree by (job_id, kind): idempotent);
+5. commits the offsets of the poll synchronously.
+
+A crash anywhere before 5 re-delivers the poll; steps 1-4 are idempotent, so every record
+is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently lost,
+duplicates are counted in ``duplicates_skipped``).
+
+Gap detection: the pipeline keeps the highest seq seen per producer (seeded from
+``io_batches`` after a restart); a batch whose seq skips ahead counts the skipped batches
+in ``gaps`` and logs a warning. Producers start at seq 0.
+
+Run standalone: ``python -m pharos_pipeline.ingest`` (settings from PHAROS_* / pharos.toml;
+SIGTERM or SIGINT stops it after the current poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from .settings import Settings
+from .store import Store, StoreError, ns_to_datetime64
+from .wire import (
+    FILE_TYPE_NAMES,
+    JOB_EVENT_KIND_NAMES,
+    LAYER_NAMES,
+    OP_NAMES,
+    SCHEMA_VERSION,
+    IoBatch,
+    JobEvent,
+)
+
+log = logging.getLogger("pharos_pipeline.ingest")
+
+#: Largest wall-clock ns a DateTime64(9) column holds (2262-04-11).
+MAX_TIME_NS = (1 << 63) - 1
+MAX_UINT64 = (1 << 64) - 1
+#: dead_letters.payload_head keeps this many leading bytes of the message, hex.
+PAYLOAD_HEAD_BYTES = 256
+
+
+class InvalidMessage(ValueError):
+    """A Kafka message that is not a valid v1 wire message; the text is the reason."""
+
+
+# -- decoding and validation --------------------------------------------------------------
+
+def _enum_name(names: dict[int, str], value: int) -> str:
+    # Open enums: a newer v1 producer may send a value this pipeline does not know yet.
+    return names.get(value, f"unknown_{value}")
+
+
+def decode_batch(value: bytes | None) -> IoBatch:
+    """Parse and validate one ``pharos.io.requests`` message.
+
+    Raises InvalidMessage when the bytes are not an IoBatch, ``schema_version`` is not 1,
+    ``producer_id`` is empty, a record has ``count`` 0, a timestamp does not fit
+    DateTime64(9) (> 2262), or a record's bytes (max(result,0)*count) overflow UInt64.
+    """
+    if value is None:
+        raise InvalidMessage("empty message (null value)")
+    batch = IoBatch()
+    try:
+        batch.ParseFromString(value)
+    except DecodeError as exc:
+        raise InvalidMessage(f"not an IoBatch: {exc}") from None
+    if batch.schema_version != SCHEMA_VERSION:
+        raise InvalidMessage(f"unsupported schema_version {batch.schema_version} (want {SCHEMA_VERSION})")
+    if not batch.producer_id:
+        raise InvalidMessage("IoBatch without producer_id")
+    if batch.created_ns > MAX_TIME_NS:
+        raise InvalidMessage(f"created_ns {batch.created_ns} out of range")
+    for i, r in enumerate(batch.records):
+        if r.count == 0:
+            raise InvalidMessage(f"record {i}: count 0 (must be >= 1)")
+        if r.start_ns > MAX_TIME_NS or r.end_ns > MAX_TIME_NS:
+            raise InvalidMessage(f"record {i}: timestamp out of range")
+        if max(r.result, 0) * r.count > MAX_UINT64:
+            raise InvalidMessage(f"record {i}: bytes overflow")
+    return batch
+
+
+def decode_job_event(value: bytes | None) -> JobEvent:
+    """Parse and validate one ``pharos.jobs`` message.
+
+    Raises InvalidMessage when the bytes are not a JobEvent, ``schema_version`` is not 1,
+    ``job_id`` is empty, the kind is not START/END, or ``time_ns`` is out of range.
+    """
+    if value is None:
+        raise InvalidMessage("empty message (null value)")
+    ev = JobEvent()
+    try:
+        ev.ParseFromString(value)
+    except DecodeError as exc:
+        raise InvalidMessage(f"not a JobEvent: {exc}") from None
+    if ev.schema_version != SCHEMA_VERSION:
+        raise InvalidMessage(f"unsupported schema_version {ev.schema_version} (want {SCHEMA_VERSION})")
+    if not ev.job_id:
+        raise InvalidMessage("JobEvent without job_id")
+    if ev.kind not in (JobEvent.KIND_START, JobEvent.KIND_END):
+        raise InvalidMessage(f"JobEvent kind {ev.kind} is not START or END")
+    if ev.time_ns > MAX_TIME_NS:
+        raise InvalidMessage(f"time_ns {ev.time_ns} out of range")
+    return ev
+
+
+# -- row mapping ----------------------------------------------------------------------------
+
+def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
+    """The ``io_requests`` rows of a batch, one per IoRecord, in record order.
+
+    Enums become the store's names (``OP_PWRITE`` -> ``"pwrite"``), ns timestamps the
+    DateTime64(9) text, ``bytes`` = max(result, 0) * count; a record without ``host``
+    takes the batch's host. ``record_index`` is the record's position in the batch.
+    """
+    pid, seq, bhost = batch.producer_id, batch.seq, batch.host
+    rows = []
+    for i, r in enumerate(batch.records):
+        rows.append({
+            "start": ns_to_datetime64(r.start_ns),
+            "end": ns_to_datetime64(r.end_ns),
+            "duration_ns": r.duration_ns,
+            "layer": _enum_name(LAYER_NAMES, r.layer),
+            "host": r.host or bhost,
+            "job_id": r.job_id,
+            "rank": r.rank,
+            "pid": r.pid,
+            "tid": r.tid,
+            "comm": r.comm,
+            "op": _enum_name(OP_NAMES, r.op),
+            "file_type": _enum_name(FILE_TYPE_NAMES, r.file_type),
+            "dev": r.dev,
+            "inode": r.inode,
+            "path": r.path,
+            "fd": r.fd,
+            "offset": r.offset,
+            "size": r.size,
+            "result": r.result,
+            "count": r.count,
+            "bytes": max(r.result, 0) * r.count,
+            "compute_node": r.compute_node,
+            "forwarding_node": r.forwarding_node,
+            "target": r.target,
+            "object_id": r.object_id,
+            "queue_wait_ns": r.queue_wait_ns,
+            "producer_id": pid,
+            "seq": seq,
+            "record_index": i,
+        })
+    return rows
+
+
+def batch_row(batch: IoBatch) -> dict[str, Any]:
+    """The ``io_batches`` row of a batch (``ingested`` is the column default, now)."""
+    return {
+        "producer_id": batch.producer_id,
+        "seq": batch.seq,
+        "host": batch.host,
+        "records": len(batch.records),
+        "created": ns_to_datetime64(batch.created_ns),
+    }
+
+
+def drop_rows(batches: list[IoBatch]) -> list[dict[str, Any]]:
+    """``producer_drops`` rows: one per (producer, job), the maximum of each cumulative
+    counter over ``batches``, ``updated`` = the newest batch's created time."""
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in batches:
+        for d in b.drops:
+            key = (b.producer_id, d.job_id)
+            row = acc.get(key)
+            if row is None:
+                row = acc[key] = {
+                    "producer_id": b.producer_id, "job_id": d.job_id, "ringbuf_drops": 0,
+                    "delivery_failures": 0, "overflow_drops": 0, "unmerged_fallbacks": 0,
+                    "_updated": 0,
+                }
+            row["ringbuf_drops"] = max(row["ringbuf_drops"], d.ringbuf_drops)
+            row["delivery_failures"] = max(row["delivery_failures"], d.delivery_failures)
+            row["overflow_drops"] = max(row["overflow_drops"], d.overflow_drops)
+            row["unmerged_fallbacks"] = max(row["unmerged_fallbacks"], d.unmerged_fallbacks)
+            row["_updated"] = max(row["_updated"], b.created_ns)
+    out = []
+    for row in acc.values():
+        row["updated"] = ns_to_datetime64(row.pop("_updated"))
+        out.append(row)
+    return out
+
+
+def job_event_row(ev: JobEvent) -> dict[str, Any]:
+    """The ``job_events`` row of a JobEvent (kind ``"start"`` / ``"end"``)."""
+    return {
+        "job_id": ev.job_id,
+        "kind": _enum_name(JOB_EVENT_KIND_NAMES, ev.kind),
+        "time": ns_to_datetime64(ev.time_ns),
+        "name": ev.name,
+        "command": list(ev.command),
+        "user": ev.user,
+        "ranks": ev.ranks,
+        "host": ev.host,
+        "exit_code": ev.exit_code,
+        "cgroup": ev.cgroup,
+    }
+
+
+# -- queries (named constants, bound parameters) -----------------------------------------
+
+Q_STORED_RECORD_KEYS = """
+SELECT DISTINCT producer_id, seq FROM io_requests
+WHERE has({producers:Array(String)}, producer_id) AND has({seqs:Array(UInt64)}, seq)
+"""
+Q_STORED_BATCH_KEYS = """
+SELECT DISTINCT producer_id, seq FROM io_batches
+WHERE has({producers:Array(String)}, producer_id) AND has({seqs:Array(UInt64)}, seq)
+"""
+Q_LAST_SEQ = """
+SELECT producer_id, max(seq) AS seq FROM io_batches
+WHERE has({producers:Array(String)}, producer_id) GROUP BY producer_id
+"""
+Q_STORED_DEAD_LETTERS = """
+SELECT topic, partition, offset FROM dead_letters
+WHERE has({topics:Array(String)}, topic) AND has({offsets:Array(Int64)}, offset)
+"""
+
+
+def _stored_keys(store: Store, sql: str, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    if not keys:
+        return set()
+    rows = store.query(sql, {
+        "producers": sorted({p for p, _ in keys}),
+        "seqs": sorted({s for _, s in keys}),
+    })
+    # The query returns the cross product's hits; keep the exact keys.
+    return {(r["producer_id"], int(r["seq"])) for r in rows} & keys
+
+
+# -- the pipeline ----------------------------------------------------------------------------
+
+@dataclass
+class _Bad:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    error: str
+
+
+@dataclass
+class _Counters:
+    messages: int = 0
+    batches: int = 0
+    records: int = 0
+    job_events: int = 0
+    duplicates_skipped: int = 0
+    dead_letters: int = 0
+    gaps: int = 0
+    polls: int = 0
+    commits: int = 0
+    errors: int = 0
+    last_commit_time: float | None = None
+    last_seq: dict[str, int] = field(default_factory=dict)
+
+
+class Pipeline:
+    """The Kafka -> ClickHouse consumer. Not thread-safe: one thread calls
+    :meth:`process_once` / :meth:`run`; :meth:`stats` may be read from any thread.
+
+    ``max_messages`` / ``max_wait`` (s) default to ``settings.pipeline_max_messages`` /
+    ``pipeline_max_wait_ms``; ``consumer_config`` overrides librdkafka settings.
+    The store must be migrated (:func:`pharos_pipeline.store.migrate`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        max_messages: int | None = None,
+        max_wait: float | None = None,
+        consumer_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.max_messages = max_messages or settings.pipeline_max_messages
+        self.max_wait = max_wait if max_wait is not None else settings.pipeline_max_wait_ms / 1000
+        self.topics = [settings.topic_requests, settings.topic_jobs]
+        self._consumer_config = {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": settings.consumer_group,
+            "client.id": "pharos-pipeline",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 2000,
+        }
+        if settings.consumer_instance_id:
+            self._consumer_config["group.instance.id"] = settings.consumer_instance_id
+        self._consumer_config.update(consumer_config or {})
+        self._consumer = None
+        self._producer = None
+        self._c = _Counters()
+        self._stats_lock = threading.Lock()
+
+    # -- Kafka clients -------------------------------------------------------------------
+    def _ensure_consumer(self):
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(self._consumer_config, logger=log)
+            self._consumer.subscribe(self.topics)
+        return self._consumer
+
+    def _ensure_producer(self):
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "client.id": "pharos-pipeline-deadletter",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+            }, logger=log)
+        return self._producer
+
+    def reset_consumer(self) -> None:
+        """Close the consumer without committing; the next poll rejoins the group and
+        resumes from the committed offsets (what was polled but not committed comes again)."""
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception as exc:  # already failed; closing is best effort
+                log.warning("closing the consumer: %s", exc)
+            self._consumer = None
+
+    def close(self) -> None:
+        """Close the Kafka clients (flushes the dead-letter producer). The store stays open."""
+        self.reset_consumer()
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+    # -- one poll ------------------------------------------------------------------------
+    def process_once(self, timeout: float | None = None) -> int:
+        """Poll up to ``max_messages`` messages (waiting at most ``timeout`` s, default
+        ``max_wait``), store them and commit their offsets. Returns the number of messages
+        taken (0 when none came).
+
+        Raises StoreError when the store refuses an insert, or KafkaException when the
+        dead-letter topic does not accept a message or the commit fails; nothing of the
+        poll is committed then: call :meth:`reset_consumer` and poll again (what was
+        stored is skipped on re-delivery).
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        consumer = self._ensure_consumer()
+        msgs = consumer.consume(num_messages=self.max_messages,
+                                timeout=self.max_wait if timeout is None else timeout)
+        if not msgs:
+            return 0
+        batches: list[tuple[Any, IoBatch]] = []
+        events: list[JobEvent] = []
+        bad: list[_Bad] = []
+        offsets: dict[tuple[str, int], int] = {}
+        taken = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer: %s", err)
+                continue
+            taken += 1
+            topic, part, off = m.topic(), m.partition(), m.offset()
+            offsets[(topic, part)] = max(offsets.get((topic, part), -1), off + 1)
+            try:
+                if topic == self.settings.topic_requests:
+                    batches.append((m, decode_batch(m.value())))
+                elif topic == self.settings.topic_jobs:
+                    events.append(decode_job_event(m.value()))
+                else:  # not subscribed; cannot happen
+                    raise InvalidMessage(f"unexpected topic {topic}")
+            except InvalidMessage as exc:
+                bad.append(_Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
+
+        if bad:
+            self._dead_letter(bad)
+        self._store_batches([b for _, b in batches])
+        if events:
+            self.store.insert_rows("job_events", [job_event_row(e) for e in events])
+
+        commit = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if commit:
+            consumer.commit(offsets=commit, asynchronous=False)
+        with self._stats_lock:
+            c = self._c
+            c.messages += taken
+            c.job_events += len(events)
+            c.polls += 1
+            if commit:
+                c.commits += 1
+                c.last_commit_time = time.time()
+        return taken
+
+    def _store_batches(self, batches: list[IoBatch]) -> None:
+        # 1. duplicates within the poll (first one wins: the same key means the same batch)
+        unique: dict[tuple[str, int], IoBatch] = {}
+        dup = 0
+        for b in batches:
+            key = (b.producer_id, b.seq)
+            if key in unique:
+                dup += 1
+            else:
+                unique[key] = b
+        self._detect_gaps(list(unique.values()))
+        keys = set(unique)
+        # 2. what earlier polls (or a run that crashed) stored already
+        have_records = _stored_keys(self.store, Q_STORED_RECORD_KEYS, keys)
+        have_marker = _stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
+        new = [b for k, b in unique.items() if k not in have_records and k not in have_marker]
+        incomplete = [b for k, b in unique.items() if k not in have_marker]
+        dup += len(unique) - len(new)
+        # 3. all new records in ONE insert: one part, all or nothing
+        rows = [row for b in new for row in record_rows(b)]
+        self.store.insert_rows("io_requests", rows)
+        # 4. loss counters, then the completion markers
+        self.store.insert_rows("producer_drops", drop_rows(incomplete))
+        self.store.insert_rows("io_batches", [batch_row(b) for b in incomplete])
+        if dup:
+            log.info("skipped %d duplicate batch(es)", dup)
+        with self._stats_lock:
+            self._c.batches += len(new)
+            self._c.records += len(rows)
+            self._c.duplicates_skipped += dup
+
+    def _detect_gaps(self, batches: list[IoBatch]) -> None:
+        last = self._c.last_seq
+        unknown = sorted({b.producer_id for b in batches} - set(last))
+        if unknown:
+            for r in self.store.query(Q_LAST_SEQ, {"producers": unknown}):
+                last[r["producer_id"]] = int(r["seq"])
+        gaps = 0
+        for b in batches:  # Kafka order within a producer's partition
+            prev = last.get(b.producer_id, -1)
+            if b.seq > prev + 1:
+                missing = b.seq - prev - 1
+                gaps += missing
+                log.warning("producer %s: %d batch(es) missing before seq %d (last seen %s)",
+                            b.producer_id, missing, b.seq, prev if prev >= 0 else "none")
+            if b.seq > prev:
+                last[b.producer_id] = b.seq
+        if gaps:
+            with self._stats_lock:
+                self._c.gaps += gaps
+
+    def _dead_letter(self, bad: list[_Bad]) -> None:
+        from confluent_kafka import KafkaException
+
+        rows = self.store.query(Q_STORED_DEAD_LETTERS, {
+            "topics": sorted({b.topic for b in bad}), "offsets": sorted({b.offset for b in bad}),
+        })
+        seen = {(r["topic"], int(r["partition"]), int(r["offset"])) for r in rows}
+        todo = [b for b in bad if (b.topic, b.partition, b.offset) not in seen]
+        if not todo:
+            return
+        producer = self._ensure_producer()
+        failures: list[str] = []
+
+        def delivered(err, _msg):
+            if err is not None:
+                failures.append(str(err))
+
+        for b in todo:
+            log.warning("dead letter %s[%d]@%d: %s", b.topic, b.partition, b.offset, b.error)
+            producer.produce(
+                self.settings.topic_deadletter, value=b.value, key=b.key,
+                headers=[
+                    ("error", b.error.encode()),
+                    ("source_topic", b.topic.encode()),
+                    ("source_partition", str(b.partition).encode()),
+                    ("source_offset", str(b.offset).encode()),
+                ],
+                on_delivery=delivered,
+            )
+        left = producer.flush(30)
+        if left or failures:
+            raise KafkaException(f"dead-letter topic did not take {left or len(failures)} message(s): {failures[:3]}")
+        now = time.time()
+        self.store.insert_rows("dead_letters", [{
+            "time": f"{now:.3f}",
+            "topic": b.topic,
+            "partition": b.partition,
+            "offset": b.offset,
+            "error": b.error,
+            "size": len(b.value),
+            "payload_head": b.value[:PAYLOAD_HEAD_BYTES].hex(),
+        } for b in todo])
+        with self._stats_lock:
+            self._c.dead_letters += len(todo)
+
+    # -- loop ----------------------------------------------------------------------------
+    def run(self, stop_event: threading.Event, *, max_backoff: float = 30.0) -> None:
+        """Poll and store until ``stop_event`` is set, then close the Kafka clients.
+
+        A store or Kafka error is logged and counted in ``errors``; the consumer is reset
+        (re-delivery from the committed offsets) and the loop retries with a backoff
+        doubling from 0.5 s up to ``max_backoff`` s. Returns after the poll in progress.
+        """
+        from confluent_kafka import KafkaException
+
+        backoff = 0.5
+        try:
+            while not stop_event.is_set():
+                try:
+                    self.process_once()
+                    backoff = 0.5
+                except (StoreError, KafkaException) as exc:
+                    with self._stats_lock:
+                        self._c.errors += 1
+                    log.error("pipeline poll failed, retrying in %.1f s: %s", backoff, exc)
+                    self.reset_consumer()
+                    stop_event.wait(backoff)
+                    backoff = min(backoff * 2, max_backoff)
+        finally:
+            self.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process since it started.
+
+        Keys: messages (Kafka messages taken), batches (new IoBatches stored), records
+        (io_requests rows written), job_events, duplicates_skipped (batches already stored
+        or repeated within a poll), dead_letters, gaps (batches missing by seq), polls,
+        commits, errors (failed polls retried), last_commit_time (Unix s, or None),
+        producers (producers seen).
+        """
+        with self._stats_lock:
+            c = self._c
+            return {
+                "messages": c.messages, "batches": c.batches, "records": c.records,
+                "job_events": c.job_events, "duplicates_skipped": c.duplicates_skipped,
+                "dead_letters": c.dead_letters, "gaps": c.gaps, "polls": c.polls,
+                "commits": c.commits, "errors": c.errors,
+                "last_commit_time": c.last_commit_time, "producers": len(c.last_seq),
+            }
+
+
+# -- store-side statistics (for the API) --------------------------------------------------
+
+Q_PIPELINE_STATS = """
+SELECT
+    (SELECT count() FROM io_requests) AS records,
+    (SELECT sum(bytes) FROM io_requests) AS bytes,
+    (SELECT uniqExact(producer_id, seq) FROM io_batches) AS batches,
+    (SELECT uniqExact(producer_id) FROM io_batches) AS producers,
+    (SELECT max(ingested) FROM io_batches) AS last_ingested,
+    (SELECT count() FROM dead_letters) AS dead_letters,
+    (SELECT uniqExact(job_id) FROM job_events) AS jobs
+"""
+Q_MISSING_BATCHES = """
+SELECT sum(missing) AS missing FROM (
+    SELECT producer_id, max(seq) + 1 - uniqExact(seq) AS missing FROM io_batches GROUP BY producer_id
+)
+"""
+Q_DROPS = """
+SELECT sum(ringbuf_drops) AS ringbuf_drops, sum(delivery_failures) AS delivery_failures,
+       sum(overflow_drops) AS overflow_drops, sum(unmerged_fallbacks) AS unmerged_fallbacks
+FROM producer_drops FINAL
+"""
+
+
+def pipeline_stats(store: Store) -> dict[str, Any]:
+    """What the store holds, for the API and ``pharos status``.
+
+    Keys: records (io_requests rows), bytes (sum of bytes moved), batches (distinct
+    (producer, seq)), producers, last_ingested (DateTime text or None), dead_letters,
+    jobs (distinct job ids with events), missing_batches (seq gaps summed over producers,
+    counting from seq 0), and the producers' loss counters summed over (producer, job):
+    ringbuf_drops, delivery_failures, overflow_drops, unmerged_fallbacks. Raises StoreError.
+    """
+    out: dict[str, Any] = dict(store.query(Q_PIPELINE_STATS)[0])
+    out["missing_batches"] = int(store.query(Q_MISSING_BATCHES)[0]["missing"] or 0)
+    out.update(store.query(Q_DROPS)[0])
+    for k, v in out.items():
+        if k != "last_ingested":
+            out[k] = int(v or 0)
+    if out.get("last_ingested", "").startswith("1970-01-01"):
+        out["last_ingested"] = None
+    return out
+
+
+# -- standalone process -----------------------------------------------------------------------
+
+def run_pipeline_process(settings: Settings | None = None) -> int:
+    """Entry point of ``python -m pharos_pipeline.ingest``: open and migrate the store,
+    create the topics if missing, run the pipeline until SIGTERM/SIGINT. Returns the exit
+    status (0). Settings from the environment / pharos.toml unless given.
+
+    Note: a chDB data directory may be opened by one process only (DESIGN.md).
+    """
+    from .broker import ensure_topics
+    from .settings import get_settings
+    from .store import migrate, open_store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings or get_settings()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    store = open_store(settings)
+    try:
+        applied = migrate(store)
+        if applied:
+            log.info("applied migrations %s", applied)
+        try:
+            ensure_topics(settings)
+        except Exception as exc:  # the broker may come later; the consumer retries
+            log.warning("could not ensure topics on %s: %s", settings.kafka_bootstrap, exc)
+        pipeline = Pipeline(settings, store)
+        log.info("pipeline consuming %s from %s (group %s)", pipeline.topics,
+                 settings.kafka_bootstrap, settings.consumer_group)
+        pipeline.run(stop)
+        log.info("pipeline stopped: %s", pipeline.stats())
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_pipeline_process())
