@@ -27,3 +27,19 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
         assert int(store.query("SELECT count() AS n FROM schema_migrations")[0]["n"]) == len(first)
     finally:
         store.close()
+
+
+def test_old_requests_survive_the_ttl(pipeline_settings):
+    """Imported history (requests years old) is kept: the TTL counts from ingest time."""
+    from pharos_pipeline.store import ns_to_datetime64
+
+    store = open_store(pipeline_settings)
+    try:
+        migrate(store)
+        old = 1_500_000_000_000_000_000  # 2017
+        store.insert_rows("io_requests", [{"start": ns_to_datetime64(old), "end": ns_to_datetime64(old),
+                                           "job_id": "old", "count": 1, "bytes": 5}])
+        store.command("OPTIMIZE TABLE io_requests FINAL")
+        assert store.query("SELECT job_id, bytes FROM io_requests WHERE job_id = 'old'") == [{"job_id": "old", "bytes": 5}]
+    finally:
+        store.close()
