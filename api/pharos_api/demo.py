@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
 from pharos_agents.runner import run_job
 from pharos_pipeline.settings import Settings
@@ -124,22 +123,22 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         shutil.rmtree(data_dir, ignore_errors=True)
 
     console.rule("[bold]Pharos per-job summaries vs fio's own JSON")
-    t = Table("job", "pattern\n(expected)", "I/O ranks", "files", "bytes written\nPharos / fio",
-              "writes\nPharos / fio", "data records\n/ requests", "drops", "ok")
     ok_all = True
     for job, job_id, fio, s in results:
         if fio is None or s is None:
             ok_all = False
-            t.add_row(job_id, f"- ({job.kind})", "-", "-", "-", "-", "-", "-", "[red]NO[/]")
+            console.print(f"[red]NO [/] {job_id}: {'fio failed' if fio is None else 'no summary from the API'}")
             continue
         writes = sum(v for k, v in s["ops"].items() if k in ("write", "pwrite", "writev"))
         ok = s["pattern"] == job.kind and s["bytes_written"] == fio["bytes_written"] and writes == fio["writes"]
         ok_all &= ok
-        t.add_row(job_id, f"{s['pattern']} ({job.kind})", str(s["io_ranks"]), str(s["n_files"]),
-                  f"{s['bytes_written']}\n{fio['bytes_written']}", f"{writes}\n{fio['writes']}",
-                  f"{s['data_records']}\n{s['data_requests']}", str(s["dropped_records"]),
-                  "[green]yes[/]" if ok else "[red]NO[/]")
-    console.print(t)
+        mark = "[green]OK [/]" if ok else "[red]NO [/]"
+        console.print(f"{mark} [bold]{job_id}[/]  pattern [bold]{s['pattern']}[/] (expected {job.kind}), "
+                      f"{s['io_ranks']} I/O rank(s), {s['n_files']} file(s)", highlight=False)
+        console.print(f"    bytes written {s['bytes_written']} (fio: {fio['bytes_written']}), "
+                      f"writes {writes} (fio: {fio['writes']})", highlight=False)
+        console.print(f"    {s['data_records']} record(s) for {s['data_requests']} data requests after merging, "
+                      f"{_mib(s['bytes_written'])}, dropped records: {s['dropped_records']}", highlight=False)
     console.print(f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
                   f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)")
     if keep_running:
