@@ -17,6 +17,7 @@ import httpx
 import typer
 from pharos_analytics.summary import LAYERS
 from rich.console import Console
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -94,10 +95,11 @@ _STATE_STYLE = {"running": "yellow", "finished": "green", "failed": "red", "unkn
 
 def _jobs_table(data: dict) -> Table:
     t = Table(title=f"jobs {data['offset'] + 1}-{data['offset'] + len(data['items'])} of {data['total']}",
-              title_justify="left")
-    for col, kw in (("job", {}), ("name", {}), ("state", {}), ("ranks", {"justify": "right"}),
-                    ("pattern", {}), ("written", {"justify": "right"}), ("read", {"justify": "right"}),
-                    ("start (UTC)", {})):
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, kw in (("job", {"no_wrap": True}), ("name", {"overflow": "ellipsis", "min_width": 6, "max_width": 10}), ("state", {"no_wrap": True}),
+                    ("ranks", {"justify": "right", "min_width": 5}), ("pattern", {"no_wrap": True}),
+                    ("written", {"justify": "right", "no_wrap": True}), ("read", {"justify": "right", "no_wrap": True}),
+                    ("start (UTC)", {"no_wrap": True})):
         t.add_column(col, **kw)
     for j in data["items"]:
         t.add_row(
@@ -108,7 +110,7 @@ def _jobs_table(data: dict) -> Table:
             j["pattern"],
             human_bytes(j["bytes_written"]),
             human_bytes(j["bytes_read"]),
-            _time(j["start"]),
+            _time(j["start"])[5:],  # MM-DD hh:mm:ss
         )
     return t
 
@@ -147,8 +149,8 @@ def render_job(console: Console, s: dict) -> None:
         ops.add_column("requests", justify="right")
         for op, n in s["ops"].items():
             ops.add_row(op, str(n))
-        for op, n in s["other_ops"].items():
-            ops.add_row(Text(op, style="dim"), str(n))
+        for op, n in s["other_ops"].items():  # block layer, data ops on directories, ...
+            ops.add_row(Text(f"{op} (other)" if op in s["ops"] else op, style="dim"), str(n))
         console.print(ops)
 
     hist = s["size_histogram"]
