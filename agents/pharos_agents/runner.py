@@ -69,6 +69,10 @@ class JobEventProducer:
                 f"Kafka not reachable at {settings.kafka_bootstrap}: start the stack with `pharos up`"
             ) from exc
 
+    def close(self) -> None:
+        """Deliver what is queued (bounded by the timeout)."""
+        self._producer.flush(self.timeout)
+
     def send(self, event: JobEvent) -> None:
         """Produce one event and wait for its delivery. Raises RunError on failure."""
         errors: list[str] = []
