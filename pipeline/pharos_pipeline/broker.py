@@ -342,11 +342,13 @@ logger.cleaner.level = WARN
 
 
 def topic_specs(settings: Settings) -> dict[str, int]:
-    """Topic name -> partitions: requests ``settings.topic_partitions``, jobs 1, dead letters 1."""
+    """Topic name -> partitions: requests ``settings.topic_partitions``, jobs 1, dead
+    letters 1, target metrics 1."""
     return {
         settings.topic_requests: settings.topic_partitions,
         settings.topic_jobs: 1,
         settings.topic_deadletter: 1,
+        settings.topic_target_metrics: 1,
     }
 
 

@@ -1,7 +1,10 @@
 """Kafka -> ClickHouse ingestion: the pipeline's consumer group.
 
 One consumer (group ``settings.consumer_group``) reads ``pharos.io.requests`` (IoBatch,
-key = producer_id) and ``pharos.jobs`` (JobEvent, key = job_id). Each poll takes up to
+key = producer_id), ``pharos.jobs`` (JobEvent, key = job_id) and ``pharos.target.metrics``
+(TargetMetricsBatch from the forwarding layer, key = producer_id; stored in
+``target_metrics``, a ReplacingMergeTree whose key makes a re-delivered batch collapse:
+read it with FINAL). Each poll takes up to
 ``settings.pipeline_max_messages`` messages or waits ``settings.pipeline_max_wait_ms``,
 whichever comes first (STYLE.md: batch by rows or time), and then, in this order:
 
@@ -55,6 +58,7 @@ from .wire import (
     SCHEMA_VERSION,
     IoBatch,
     JobEvent,
+    TargetMetricsBatch,
 )
 
 log = logging.getLogger("pharos_pipeline.ingest")
@@ -129,6 +133,31 @@ def decode_job_event(value: bytes | None) -> JobEvent:
     if ev.time_ns > MAX_TIME_NS:
         raise InvalidMessage(f"time_ns {ev.time_ns} out of range")
     return ev
+
+
+def decode_target_metrics(value: bytes | None) -> TargetMetricsBatch:
+    """Parse and validate one ``pharos.target.metrics`` message.
+
+    Raises InvalidMessage when the bytes are not a TargetMetricsBatch, ``schema_version``
+    is not 1, ``producer_id`` is empty, or an entry has no target or a time out of range.
+    """
+    if value is None:
+        raise InvalidMessage("empty message (null value)")
+    b = TargetMetricsBatch()
+    try:
+        b.ParseFromString(value)
+    except DecodeError as exc:
+        raise InvalidMessage(f"not a TargetMetricsBatch: {exc}") from None
+    if b.schema_version != SCHEMA_VERSION:
+        raise InvalidMessage(f"unsupported schema_version {b.schema_version} (want {SCHEMA_VERSION})")
+    if not b.producer_id:
+        raise InvalidMessage("TargetMetricsBatch without producer_id")
+    for i, m in enumerate(b.metrics):
+        if not m.target:
+            raise InvalidMessage(f"metrics {i}: no target")
+        if m.time_ns > MAX_TIME_NS:
+            raise InvalidMessage(f"metrics {i}: time_ns out of range")
+    return b
 
 
 # -- row mapping ----------------------------------------------------------------------------
@@ -212,6 +241,23 @@ def drop_rows(batches: list[IoBatch]) -> list[dict[str, Any]]:
         row["updated"] = ns_to_datetime64(row.pop("_updated"))
         out.append(row)
     return out
+
+
+def target_metrics_rows(b: TargetMetricsBatch) -> list[dict[str, Any]]:
+    """``target_metrics`` rows of a batch: one per (target, interval)."""
+    return [
+        {
+            "time": ns_to_datetime64(m.time_ns), "target": m.target, "forwarding_node": m.forwarding_node,
+            "interval_ms": m.interval_ms, "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
+            "read_ops": m.read_ops, "write_ops": m.write_ops, "metadata_ops": m.metadata_ops,
+            "latency_p50_ns": m.latency_p50_ns, "latency_p95_ns": m.latency_p95_ns,
+            "latency_p99_ns": m.latency_p99_ns, "latency_max_ns": m.latency_max_ns,
+            "queue_depth": m.queue_depth, "throttled": int(m.throttled), "max_perf_mb_s": m.max_perf_mb_s,
+            "slowdown": m.slowdown, "added_latency_ns": m.added_latency_ns,
+            "producer_id": b.producer_id, "seq": b.seq, "host": b.host,
+        }
+        for m in b.metrics
+    ]
 
 
 def job_event_row(ev: JobEvent) -> dict[str, Any]:
@@ -311,7 +357,7 @@ class Pipeline:
         self.store = store
         self.max_messages = max_messages or settings.pipeline_max_messages
         self.max_wait = max_wait if max_wait is not None else settings.pipeline_max_wait_ms / 1000
-        self.topics = [settings.topic_requests, settings.topic_jobs]
+        self.topics = [settings.topic_requests, settings.topic_jobs, settings.topic_target_metrics]
         self._consumer_config = {
             "bootstrap.servers": settings.kafka_bootstrap,
             "group.id": settings.consumer_group,
@@ -390,6 +436,7 @@ class Pipeline:
             return 0
         batches: list[tuple[Any, IoBatch]] = []
         events: list[JobEvent] = []
+        metrics: list[TargetMetricsBatch] = []
         bad: list[_Bad] = []
         offsets: dict[tuple[str, int], int] = {}
         taken = 0
@@ -410,6 +457,8 @@ class Pipeline:
                     batches.append((m, decode_batch(m.value())))
                 elif topic == self.settings.topic_jobs:
                     events.append(decode_job_event(m.value()))
+                elif topic == self.settings.topic_target_metrics:
+                    metrics.append(decode_target_metrics(m.value()))
                 else:  # not subscribed; cannot happen
                     raise InvalidMessage(f"unexpected topic {topic}")
             except InvalidMessage as exc:
@@ -420,6 +469,8 @@ class Pipeline:
         self._store_batches([b for _, b in batches])
         if events:
             self.store.insert_rows("job_events", [job_event_row(e) for e in events])
+        if metrics:  # ReplacingMergeTree: a re-delivered batch collapses into the same rows
+            self.store.insert_rows("target_metrics", [r for b in metrics for r in target_metrics_rows(b)])
 
         commit = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         if commit:

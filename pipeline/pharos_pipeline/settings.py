@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     topic_requests: str = "pharos.io.requests"
     topic_jobs: str = "pharos.jobs"
     topic_deadletter: str = "pharos.io.deadletter"
+    topic_target_metrics: str = "pharos.target.metrics"
     topic_partitions: int = Field(default=4, ge=1, description="Partitions of the requests topic.")
     consumer_group: str = "pharos-pipeline"
     consumer_instance_id: str = Field(

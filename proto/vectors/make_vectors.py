@@ -45,6 +45,21 @@ def vectors():
         time_ns=1_763_699_999_000_000_000, name="fio", command=["fio", "--name=w", "--rw=write"],
         user="alice", ranks=4, host="cn001", cgroup="/pharos/job_4242",
     )
+    yield "metrics_basic", io_pb2.TargetMetricsBatch(
+        schema_version=1, producer_id="fwd0:fwd:4242:1763700000000000000", seq=3,
+        created_ns=1_763_700_003_000_000_000, host="fwd0",
+        metrics=[
+            io_pb2.TargetMetrics(
+                target="ost3", forwarding_node="fwd0", time_ns=1_763_700_002_000_000_000, interval_ms=1000,
+                bytes_read=1 << 20, bytes_written=50 << 20, read_ops=1, write_ops=50, metadata_ops=4,
+                latency_p50_ns=900_000, latency_p95_ns=4_000_000, latency_p99_ns=9_000_000,
+                latency_max_ns=12_000_000, queue_depth=7, throttled=True, max_perf_mb_s=50.0,
+                slowdown=4.0, added_latency_ns=1_000_000,
+            ),
+            io_pb2.TargetMetrics(target="ost0", forwarding_node="fwd0", time_ns=1_763_700_002_000_000_000,
+                                 interval_ms=1000, slowdown=1.0),
+        ],
+    )
     yield "job_end", io_pb2.JobEvent(
         schema_version=1, job_id="4242", kind=io_pb2.JobEvent.KIND_END,
         time_ns=1_763_700_010_000_000_000, name="fio", ranks=4, host="cn001", exit_code=3,

@@ -58,6 +58,7 @@ def pipeline_settings(kafka_broker, tmp_path) -> Settings:
         topic_requests=f"t{tag}.io.requests",
         topic_jobs=f"t{tag}.jobs",
         topic_deadletter=f"t{tag}.io.deadletter",
+        topic_target_metrics=f"t{tag}.target.metrics",
         topic_partitions=3,
         consumer_group=f"g{tag}",
         pipeline_max_messages=50,

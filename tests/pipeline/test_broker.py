@@ -32,7 +32,7 @@ def test_missing_jars_say_run_make_kafka(kafka_broker, tmp_path):
 
 def test_ensure_topics_is_idempotent(pipeline_settings):
     s = pipeline_settings  # the fixture created the topics once already
-    want = {s.topic_requests: s.topic_partitions, s.topic_jobs: 1, s.topic_deadletter: 1}
+    want = {s.topic_requests: s.topic_partitions, s.topic_jobs: 1, s.topic_deadletter: 1, s.topic_target_metrics: 1}
     assert ensure_topics(s) == want
     assert ensure_topics(s) == want
     md = AdminClient({"bootstrap.servers": s.kafka_bootstrap}).list_topics(timeout=10)

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from pharos_pipeline.ingest import decode_batch, decode_job_event
+from pharos_pipeline.ingest import decode_batch, decode_job_event, decode_target_metrics
 from pharos_pipeline.settings import REPO_ROOT
-from pharos_pipeline.wire import IoBatch, JobEvent
+from pharos_pipeline.wire import IoBatch, JobEvent, TargetMetricsBatch
 
 VECTORS = REPO_ROOT / "proto" / "vectors"
-KINDS = {"batch_": (IoBatch, decode_batch), "job_": (JobEvent, decode_job_event)}
+KINDS = {"batch_": (IoBatch, decode_batch), "job_": (JobEvent, decode_job_event),
+         "metrics_": (TargetMetricsBatch, decode_target_metrics)}
 
 
 def _vectors() -> list[Path]:
@@ -29,7 +30,7 @@ def _kind(path: Path):
 
 def test_vectors_exist():
     names = {p.stem for p in _vectors()}
-    assert {"batch_basic", "batch_empty", "job_start", "job_end"} <= names
+    assert {"batch_basic", "batch_empty", "job_start", "job_end", "metrics_basic"} <= names
     for p in _vectors():
         assert p.with_suffix(".json").exists(), f"{p.name} has no .json"
 

@@ -18,6 +18,8 @@ IoRecord = io_pb2.IoRecord
 IoBatch = io_pb2.IoBatch
 DropCounters = io_pb2.DropCounters
 JobEvent = io_pb2.JobEvent
+TargetMetrics = io_pb2.TargetMetrics
+TargetMetricsBatch = io_pb2.TargetMetricsBatch
 
 SCHEMA_VERSION = 1
 
@@ -33,6 +35,7 @@ FILE_TYPE_NAMES = _names(io_pb2.FileType, "FILE_TYPE_")
 JOB_EVENT_KIND_NAMES = _names(io_pb2.JobEvent.Kind, "KIND_")
 
 __all__ = [
-    "io_pb2", "IoRecord", "IoBatch", "DropCounters", "JobEvent", "SCHEMA_VERSION",
+    "io_pb2", "IoRecord", "IoBatch", "DropCounters", "JobEvent", "TargetMetrics", "TargetMetricsBatch",
+    "SCHEMA_VERSION",
     "OP_NAMES", "LAYER_NAMES", "FILE_TYPE_NAMES", "JOB_EVENT_KIND_NAMES",
 ]

@@ -66,7 +66,7 @@ fn every_vector_has_a_test() {
         })
         .collect();
     names.sort();
-    assert_eq!(names, ["batch_basic", "batch_empty", "job_end", "job_start"]);
+    assert_eq!(names, ["batch_basic", "batch_empty", "job_end", "job_start", "metrics_basic"]);
 }
 
 #[test]
@@ -95,6 +95,15 @@ fn batch_empty() {
 fn job_start() {
     let e: JobEvent = check("job_start");
     assert_eq!(e.kind(), pharos_wire::v1::job_event::Kind::Start);
+}
+
+#[test]
+fn metrics_basic() {
+    let b: pharos_wire::v1::TargetMetricsBatch = check("metrics_basic");
+    assert_eq!((b.seq, b.metrics.len()), (3, 2));
+    let m = &b.metrics[0];
+    assert_eq!((m.target.as_str(), m.queue_depth, m.throttled), ("ost3", 7, true));
+    assert_eq!((m.max_perf_mb_s, m.slowdown), (50.0, 4.0));
 }
 
 #[test]
