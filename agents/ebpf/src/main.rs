@@ -193,8 +193,9 @@ fn main() {
         .collect();
 
     let mut storage = MaybeUninit::uninit();
+    let mut fallback_storage = MaybeUninit::uninit();
     let cfg = tracer::Config { roots, block_all: !cli.block_jobs_only };
-    let mut tracer = tracer::Tracer::load(&mut storage, &cfg).unwrap_or_else(|e| fail(e));
+    let mut tracer = tracer::Tracer::load(&mut storage, &mut fallback_storage, &cfg).unwrap_or_else(|e| fail(e));
     if let Err(e) = run(&cli, &mut tracer, root_dirs) {
         fail(format_args!("{e:#}"));
     }
@@ -240,6 +241,7 @@ fn run(cli: &Cli, tracer: &mut tracer::Tracer<'_>, root_dirs: Vec<PathBuf>) -> a
     let rb = rbb.build()?;
 
     tracer.attach()?;
+    log::debug!("system calls traced with {:?} tracepoints", tracer.mode);
     if !tracer.disabled.is_empty() {
         log::warn!("tracepoints missing on this kernel, programs disabled: {}", tracer.disabled.join(", "));
     }

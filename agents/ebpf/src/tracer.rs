@@ -100,6 +100,65 @@ pub struct Config {
     pub block_all: bool,
 }
 
+/// Syscall number -> `enum ph_sys` (iotrace.h) of every traced system call, for the two
+/// `tp_btf/sys_enter` / `sys_exit` programs. Empty where the table is not known: the
+/// per-syscall tracepoints are used there.
+fn syscall_table() -> Vec<(i64, u8)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use skel::types::ph_sys as k;
+        let t = [
+            (libc::SYS_read, k::PH_SYS_READ),
+            (libc::SYS_write, k::PH_SYS_WRITE),
+            (libc::SYS_pread64, k::PH_SYS_PREAD64),
+            (libc::SYS_pwrite64, k::PH_SYS_PWRITE64),
+            (libc::SYS_readv, k::PH_SYS_READV),
+            (libc::SYS_writev, k::PH_SYS_WRITEV),
+            (libc::SYS_close, k::PH_SYS_CLOSE),
+            (libc::SYS_fsync, k::PH_SYS_FSYNC),
+            (libc::SYS_fdatasync, k::PH_SYS_FDATASYNC),
+            (libc::SYS_fstat, k::PH_SYS_NEWFSTAT),
+            (libc::SYS_open, k::PH_SYS_OPEN),
+            (libc::SYS_openat, k::PH_SYS_OPENAT),
+            (libc::SYS_openat2, k::PH_SYS_OPENAT2),
+            (libc::SYS_stat, k::PH_SYS_NEWSTAT),
+            (libc::SYS_lstat, k::PH_SYS_NEWLSTAT),
+            (libc::SYS_newfstatat, k::PH_SYS_NEWFSTATAT),
+            (libc::SYS_statx, k::PH_SYS_STATX),
+            (libc::SYS_unlink, k::PH_SYS_UNLINK),
+            (libc::SYS_unlinkat, k::PH_SYS_UNLINKAT),
+            (libc::SYS_mkdir, k::PH_SYS_MKDIR),
+            (libc::SYS_mkdirat, k::PH_SYS_MKDIRAT),
+            (libc::SYS_rename, k::PH_SYS_RENAME),
+            (libc::SYS_renameat, k::PH_SYS_RENAMEAT),
+            (libc::SYS_renameat2, k::PH_SYS_RENAMEAT2),
+        ];
+        t.iter().map(|(nr, kind)| (*nr, kind.0 as u8)).collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Vec::new()
+    }
+}
+
+/// How system calls are traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyscallMode {
+    /// Two BTF raw tracepoint programs (`tp_btf/sys_enter`, `tp_btf/sys_exit`) dispatching on
+    /// the syscall number.
+    Raw,
+    /// One program pair per system call (`tracepoint/syscalls/sys_{enter,exit}_*`).
+    PerSyscall,
+}
+
+fn is_raw_syscall_sec(sec: &str) -> bool {
+    sec == "tp_btf/sys_enter" || sec == "tp_btf/sys_exit"
+}
+
+fn is_enter_sec(sec: &str) -> bool {
+    sec == "tp_btf/sys_enter" || sec.contains("sys_enter_") || sec.starts_with("raw_tp/block_rq_issue")
+}
+
 /// The loaded and attached tracer.
 pub struct Tracer<'obj> {
     skel: IotraceSkel<'obj>,
@@ -108,32 +167,87 @@ pub struct Tracer<'obj> {
     /// Programs switched off because their tracepoint is missing on this kernel.
     pub disabled: Vec<String>,
     pub attached: usize,
+    pub mode: SyscallMode,
 }
 
 impl<'obj> Tracer<'obj> {
     /// Opens, configures and loads the object. Errors name the failing step.
-    pub fn load(storage: &'obj mut MaybeUninit<OpenObject>, cfg: &Config) -> Result<Tracer<'obj>> {
+    ///
+    /// System calls are traced by the two raw tracepoint programs when they load and attach
+    /// here (the attachment is tried and undone), else, with `fallback` as the object's
+    /// storage, by the per-syscall tracepoints. PHAROS_SYSCALL_TRACEPOINTS=1 forces the latter.
+    pub fn load(
+        storage: &'obj mut MaybeUninit<OpenObject>,
+        fallback: &'obj mut MaybeUninit<OpenObject>,
+        cfg: &Config,
+    ) -> Result<Tracer<'obj>> {
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, libbpf_print)));
+        if cfg.roots.len() > MAX_ROOTS {
+            return Err(anyhow!("at most {MAX_ROOTS} watched cgroup roots"));
+        }
+        let table = syscall_table();
+        let forced = std::env::var_os("PHAROS_SYSCALL_TRACEPOINTS").is_some_and(|v| v != "0" && !v.is_empty());
+        let reason = if forced {
+            "PHAROS_SYSCALL_TRACEPOINTS set".to_string()
+        } else if table.is_empty() {
+            "no syscall number table for this architecture".to_string()
+        } else {
+            match Self::load_mode(storage, cfg, SyscallMode::Raw, &table).and_then(|mut t| {
+                t.try_attach_raw()?;
+                Ok(t)
+            }) {
+                Ok(t) => return Ok(t),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        if forced || table.is_empty() {
+            log::debug!("raw syscall tracepoints not used ({reason}): per-syscall tracepoints");
+        } else {
+            log::warn!("raw syscall tracepoints unusable ({reason}): per-syscall tracepoints instead");
+        }
+        Self::load_mode(fallback, cfg, SyscallMode::PerSyscall, &table)
+    }
+
+    fn load_mode(
+        storage: &'obj mut MaybeUninit<OpenObject>,
+        cfg: &Config,
+        mode: SyscallMode,
+        table: &[(i64, u8)],
+    ) -> Result<Tracer<'obj>> {
         let tracefs = tracefs()?;
         let mut open = IotraceSkelBuilder::default()
             .open(storage)
             .map_err(|e| anyhow!("opening the BPF object failed: {e}"))?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("no .rodata in the BPF object")?;
-        if cfg.roots.len() > MAX_ROOTS {
-            return Err(anyhow!("at most {MAX_ROOTS} watched cgroup roots"));
-        }
         for (i, (id, level)) in cfg.roots.iter().enumerate() {
             rodata.roots[i] = ph_root { id: *id, level: *level, pad: 0 };
         }
         rodata.nroots = cfg.roots.len() as u32;
         rodata.block_all = cfg.block_all;
+        if mode == SyscallMode::Raw {
+            for &(nr, kind) in table {
+                if let Some(slot) = usize::try_from(nr).ok().and_then(|n| rodata.sys_kind.get_mut(n)) {
+                    *slot = kind;
+                }
+            }
+        }
 
-        // Attach type chosen at run time: programs whose tracepoint this kernel lacks are
-        // switched off so the rest still loads.
+        // Attach type chosen at run time: the syscall programs of the other mode, and those
+        // whose tracepoint this kernel lacks, are switched off so the rest still loads.
         let mut disabled = Vec::new();
         for mut prog in open.open_object_mut().progs_mut() {
             let sec = prog.section().to_string_lossy().into_owned();
-            let present = if let Some(tp) = sec.strip_prefix("tracepoint/") {
+            if is_raw_syscall_sec(&sec) {
+                prog.set_autoload(mode == SyscallMode::Raw);
+                continue;
+            }
+            let present = if let Some(tp) = sec.strip_prefix("tracepoint/syscalls/") {
+                if mode == SyscallMode::Raw {
+                    prog.set_autoload(false);
+                    continue;
+                }
+                tracefs.join("events/syscalls").join(tp).is_dir()
+            } else if let Some(tp) = sec.strip_prefix("tracepoint/") {
                 tracefs.join("events").join(tp).is_dir()
             } else if let Some(tp) = sec.strip_prefix("raw_tp/") {
                 tracefs.join("events/block").join(tp).is_dir()
@@ -149,7 +263,32 @@ impl<'obj> Tracer<'obj> {
             let hint = load_failure_hint();
             anyhow!("loading eBPF programs failed: {e}{}{hint}", if hint.is_empty() { "" } else { ": " })
         })?;
-        Ok(Tracer { skel, enter_links: Vec::new(), exit_links: Vec::new(), disabled, attached: 0 })
+        Ok(Tracer {
+            skel,
+            enter_links: Vec::new(),
+            exit_links: Vec::new(),
+            disabled,
+            attached: 0,
+            mode,
+        })
+    }
+
+    /// Attaches the raw syscall programs (exit first) and detaches them again: proves that
+    /// they can be used before the per-syscall ones are given up.
+    fn try_attach_raw(&mut self) -> Result<()> {
+        let obj = self.skel.object();
+        let mut links = Vec::new();
+        for want in ["tp_btf/sys_exit", "tp_btf/sys_enter"] {
+            let prog = obj
+                .progs_mut()
+                .find(|p| p.section().to_string_lossy() == want)
+                .ok_or_else(|| anyhow!("no {want} program in the object"))?;
+            links.push(prog.attach().map_err(|e| anyhow!("attaching {want} failed: {e}"))?);
+        }
+        while let Some(l) = links.pop() {
+            drop(l); // enter first
+        }
+        Ok(())
     }
 
     /// Attaches every loaded program but the sweeper; exits before enters so that no call is
@@ -158,14 +297,16 @@ impl<'obj> Tracer<'obj> {
         let obj = self.skel.object();
         let mut enters = Vec::new();
         let mut exits = Vec::new();
-        for prog in obj.progs_mut() {
+        let mut progs: Vec<_> = obj.progs_mut().collect();
+        progs.sort_by_key(|p| is_enter_sec(&p.section().to_string_lossy()));
+        for prog in progs {
             let sec = prog.section().to_string_lossy().into_owned();
             let name = prog.name().to_string_lossy().into_owned();
             if !prog.autoload() || sec == "raw_tp" {
                 continue;
             }
             let link = prog.attach().map_err(|e| anyhow!("attaching {name} ({sec}) failed: {e}"))?;
-            if sec.contains("sys_enter_") || sec.starts_with("raw_tp/block_rq_issue") {
+            if is_enter_sec(&sec) {
                 enters.push(link);
             } else {
                 exits.push(link);

@@ -1,17 +1,26 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /* Pharos I/O tracer, kernel side.
  *
- * Syscall tracepoints (sys_enter_* / sys_exit_*) of the read/write family and of metadata
- * operations, filtered in the kernel to tasks below the watched root cgroups, plus block-layer
- * device requests (raw tracepoints block_rq_issue / block_rq_complete).
+ * System calls of the read/write family and of metadata operations, filtered in the kernel to
+ * tasks below the watched root cgroups, plus block-layer device requests (raw tracepoints
+ * block_rq_issue / block_rq_complete).
  *
- * Beacon's online compression (Yang et al., NSDI'19, section 3): per thread one pending
- * record; a read/write-family request merges into it when op, fd, file, size and result are
- * equal, result >= 0 and the offset is contiguous. The pending entry is guarded by a cmpxchg
+ * System calls are seen through two BTF raw tracepoint programs (tp_btf/sys_enter and
+ * tp_btf/sys_exit) that dispatch on the syscall number through `sys_kind`, a table the loader
+ * fills for its architecture. No perf trace buffer is built per event, and a task outside the
+ * watched cgroups costs a table load and a cgroup check. Where those cannot be used (no table
+ * for the architecture, load or attach failure), the loader falls back to the per-syscall
+ * tracepoints (tracepoint/syscalls/sys_enter_* / sys_exit_*), which share all the code below.
+ *
+ * Per-thread state lives in task local storage (map `tstate`): the call in flight (stashed at
+ * entry, the least possible work there) and the pending record of Beacon's online compression
+ * (Yang et al., NSDI'19, section 3): a read/write-family request merges into it when op, fd,
+ * file, size and result are equal, result >= 0 and the offset is contiguous. The file behind
+ * the fd (identity, f_pos) is read at exit only. The pending record is guarded by a cmpxchg
  * word (`state`): the owning thread takes 0 -> 1, the periodic sweeper (program `sweep`, run by
- * user space through BPF_PROG_TEST_RUN) takes 0 -> 2. Whoever holds it may emit and reset the
- * pending record; an owner that finds it held emits its own request standalone. Hence every
- * request is emitted exactly once.
+ * user space through BPF_PROG_TEST_RUN, which walks every thread with a task iterator) takes
+ * 0 -> 2. Whoever holds it may emit and reset the pending record; an owner that finds it held
+ * emits its own request standalone. Hence every request is emitted exactly once.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -26,36 +35,33 @@ char LICENSE[] SEC("license") = "GPL";
 #define AT_FDCWD_ (-100)
 #define REQ_OP_MASK_ 0xff
 #define MAX_IOV 16
+#define TS_COMPAT_ 0x0002 /* x86 thread_info.status: in a 32-bit (ia32) system call */
 
 /* Set by the loader before load. */
 const volatile struct ph_root roots[PH_MAX_ROOTS] = {};
 const volatile __u32 nroots = 0;
 const volatile bool block_all = true; /* record block requests of tasks outside jobs too */
+/* Syscall number -> enum ph_sys (0: not traced), for tp_btf/sys_enter and sys_exit. */
+const volatile __u8 sys_kind[PH_NR_SYSCALLS] = {};
 
 /* Makes the event types visible in the skeleton's BTF-generated types. */
 struct ph_path_event ph_path_event_type_ = {};
 struct ph_pending ph_pending_type_ = {};
 struct ph_counters ph_counters_type_ = {};
+enum ph_sys ph_sys_type_ = PH_SYS_NONE;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 * 1024 * 1024);
 } events SEC(".maps");
 
+/* Per-thread state: call in flight and pending record. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct ph_pending);
-} pending SEC(".maps");
-
-/* Call state of threads that found `pending` full: never merged. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct ph_pending);
-} overflow SEC(".maps");
+} tstate SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -91,18 +97,41 @@ struct {
 	__type(value, struct ph_path_event);
 } scratch SEC(".maps");
 
-static const struct ph_pending zero_pending;
+extern int bpf_iter_task_new(struct bpf_iter_task *it, struct task_struct *task,
+			     unsigned int flags) __weak __ksym;
+extern struct task_struct *bpf_iter_task_next(struct bpf_iter_task *it) __weak __ksym;
+extern void bpf_iter_task_destroy(struct bpf_iter_task *it) __weak __ksym;
+
 static const struct ph_counters zero_counters;
 
-static __always_inline bool traced(void)
+/* True when `t` (the current task) is below a watched root: its cgroup v2 ancestor at
+ * roots[i].level has id roots[i].id. Same test as bpf_get_current_ancestor_cgroup_id(), with
+ * direct loads instead of a helper call (the levels are load-time constants). */
+static __always_inline bool traced_task(struct task_struct *t)
 {
+	struct cgroup *cg = t->cgroups->dfl_cgrp;
+
+	if (!cg)
+		return false;
 	for (int i = 0; i < PH_MAX_ROOTS; i++) {
 		if (i >= nroots)
 			break;
-		if (bpf_get_current_ancestor_cgroup_id(roots[i].level) == roots[i].id)
+		struct cgroup *anc;
+
+		if (roots[i].level > cg->level)
+			continue;
+		/* cg->ancestors[level]: a flexible array, read through a pointer-sized type */
+		anc = (struct cgroup *)bpf_core_cast(&cg->ancestors[roots[i].level],
+						     struct llist_node)->next;
+		if (anc && bpf_core_cast(anc, struct cgroup)->kn->id == roots[i].id)
 			return true;
 	}
 	return false;
+}
+
+static __always_inline bool traced(void)
+{
+	return traced_task(bpf_get_current_task_btf());
 }
 
 static __always_inline struct ph_counters *counters_of(__u64 cgid)
@@ -133,20 +162,19 @@ static __always_inline void emit(struct ph_event *ev)
 		count_drop(ev->cgroup_id);
 }
 
-/* struct file * behind `fd` of the current task, NULL if none. BTF pointers are read
- * directly (exception-handled loads, cheaper than bpf_probe_read_kernel calls). */
-static __always_inline struct file *fd_file(int fd)
+/* struct file * behind `fd` of the current task, NULL if none. Only exception-handled direct
+ * loads (BTF pointers and bpf_core_cast), no bpf_probe_read_kernel call. */
+static __always_inline struct file *fd_file(struct task_struct *t, int fd)
 {
-	struct task_struct *t = bpf_get_current_task_btf();
 	struct fdtable *fdt = t->files->fdt;
-	struct file **arr;
-	struct file *f = NULL;
+	__u64 slot;
 
 	if (!fdt || fd < 0 || (unsigned int)fd >= fdt->max_fds)
 		return NULL;
-	arr = fdt->fd;
-	bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]);
-	return f;
+	/* fdt->fd is a pointer to pointers: a scalar to the verifier. Read the slot through a
+	 * kernel type whose first member is a pointer. */
+	slot = (__u64)fdt->fd + (__u64)fd * sizeof(void *);
+	return (struct file *)bpf_core_cast((void *)slot, struct llist_node)->next;
 }
 
 /* Caches the identity (dev, ino, mode) of `f` in `p`; re-read when the file or inode changes. */
@@ -173,46 +201,30 @@ static __always_inline void file_identity(struct ph_pending *p, struct file *f)
 	p->file_mode = ino->i_mode;
 }
 
-/* The calling thread's state: its `pending` entry, or an `overflow` entry when `pending` is
- * full (*ovf = true). */
-static __always_inline struct ph_pending *thread_state(__u32 tid, bool create, bool *ovf)
+/* The calling thread's state, created on first use (NULL only if that fails). */
+static __always_inline struct ph_pending *thread_state(struct task_struct *t, bool create)
 {
-	struct ph_pending *p = bpf_map_lookup_elem(&pending, &tid);
-
-	*ovf = false;
-	if (p || !create)
-		goto out;
-	bpf_map_update_elem(&pending, &tid, &zero_pending, BPF_NOEXIST);
-	p = bpf_map_lookup_elem(&pending, &tid);
-out:
-	if (p)
-		return p;
-	*ovf = true;
-	p = bpf_map_lookup_elem(&overflow, &tid);
-	if (p || !create)
-		return p;
-	bpf_map_update_elem(&overflow, &tid, &zero_pending, BPF_ANY);
-	return bpf_map_lookup_elem(&overflow, &tid);
+	return bpf_task_storage_get(&tstate, t, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
-static __always_inline int enter_fd(__u32 op, int fd, __u64 size, __u64 off, bool use_pos)
+/* A traced call whose state could not be created: counted, as it is never emitted. */
+static __always_inline void lost_call(void)
 {
-	struct ph_pending *p;
-	struct file *f;
-	bool ovf;
-	__u32 tid;
+	count_drop(bpf_get_current_cgroup_id());
+}
 
-	if (!traced())
+/* Entry of a read/write-family call: stash the arguments only; the file is read at exit.
+ * `off` is the offset argument, or ~0 for calls at the file position (read at exit). */
+static __always_inline int enter_rw(struct task_struct *t, __u32 op, int fd, __u64 size,
+				    __u64 off)
+{
+	struct ph_pending *p = thread_state(t, true);
+
+	if (!p) {
+		lost_call();
 		return 0;
-	tid = (__u32)bpf_get_current_pid_tgid();
-	p = thread_state(tid, true, &ovf);
-	if (!p)
-		return 0;
-	if (ovf) /* fresh entry: no valid cache */
-		p->cur_file = 0;
-	f = fd_file(fd);
-	file_identity(p, f);
-	p->cur_offset = use_pos && f ? bpf_core_cast(f, struct file)->f_pos : off;
+	}
+	p->cur_offset = off;
 	p->cur_arg0 = 0;
 	p->cur_fd = fd;
 	p->cur_size = size;
@@ -221,18 +233,34 @@ static __always_inline int enter_fd(__u32 op, int fd, __u64 size, __u64 off, boo
 	return 0;
 }
 
-static __always_inline int enter_path(__u32 op, int dirfd, const void *upath)
+/* Entry of an fd-based metadata call: the file is read now (close removes the fd). */
+static __always_inline int enter_meta_fd(struct task_struct *t, __u32 op, int fd)
 {
-	struct ph_pending *p;
-	bool ovf;
-	__u32 tid;
+	struct ph_pending *p = thread_state(t, true);
 
-	if (!traced())
+	if (!p) {
+		lost_call();
 		return 0;
-	tid = (__u32)bpf_get_current_pid_tgid();
-	p = thread_state(tid, true, &ovf);
-	if (!p)
+	}
+	file_identity(p, fd_file(t, fd));
+	p->cur_offset = 0;
+	p->cur_arg0 = 0;
+	p->cur_fd = fd;
+	p->cur_size = 0;
+	p->cur_op = op;
+	p->cur_start_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline int enter_path(struct task_struct *t, __u32 op, int dirfd,
+				      const void *upath)
+{
+	struct ph_pending *p = thread_state(t, true);
+
+	if (!p) {
+		lost_call();
 		return 0;
+	}
 	file_identity(p, NULL); /* no file: path-based */
 	p->cur_arg0 = (__u64)upath;
 	p->cur_fd = dirfd;
@@ -271,7 +299,13 @@ static __always_inline void fill(struct ph_event *e, struct ph_pending *p, __u32
 
 static __always_inline void unlock(struct ph_pending *p)
 {
+#if defined(__TARGET_ARCH_x86)
+	/* x86 stores are release stores: the record's updates are visible before it */
+	asm volatile("" ::: "memory");
+	*(volatile __u32 *)&p->state = 0;
+#else
 	__sync_fetch_and_and(&p->state, 0);
+#endif
 }
 
 /* Emits the pending record of `p` if the lock can be taken (else its holder emits it). */
@@ -286,29 +320,26 @@ static __always_inline void flush_own(struct ph_pending *p)
 	unlock(p);
 }
 
-static __always_inline int exit_rw(__u32 op, long ret)
+static __always_inline int exit_rw(struct task_struct *t, __u32 op, long ret)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct ph_pending *p;
+	struct ph_pending *p = thread_state(t, false);
 	struct ph_event *e;
 	struct ph_event single;
+	struct file *f;
 	__u64 now;
-	bool ovf;
 
-	p = thread_state(tid, false, &ovf);
 	if (!p || p->cur_op != op)
 		return 0;
 	p->cur_op = 0;
 	now = bpf_ktime_get_ns();
-	if (ovf) {
-		struct ph_counters *c;
+	f = fd_file(t, p->cur_fd);
+	file_identity(p, f);
+	if (p->cur_offset == ~0ULL) {
+		/* at the file position: where it ended minus what was transferred (also right
+		 * for O_APPEND); files without a position (pipes, sockets) keep 0 */
+		__u64 pos = f ? bpf_core_cast(f, struct file)->f_pos : 0;
 
-		fill(&single, p, op, now, ret);
-		emit(&single);
-		c = counters_of(single.cgroup_id);
-		if (c)
-			__sync_fetch_and_add(&c->unmerged_fallbacks, 1);
-		return 0;
+		p->cur_offset = ret > 0 && pos >= (__u64)ret ? pos - ret : pos;
 	}
 	if (__sync_val_compare_and_swap(&p->state, 0, 1) != 0) {
 		/* The sweeper holds the pending record: emit this request on its own. */
@@ -401,28 +432,24 @@ static __always_inline __u32 dentry_path(struct ph_path_event *pe, struct file *
 	return w.off;
 }
 
-static __always_inline int exit_meta(__u32 op, long ret)
+static __always_inline int exit_meta(struct task_struct *t, __u32 op, long ret)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct ph_pending *p = thread_state(t, false);
 	struct ph_path_event *pe;
-	struct ph_pending *p;
 	__u32 zero = 0, len = 0;
 	__u64 now;
-	bool ovf;
 
-	p = thread_state(tid, false, &ovf);
 	if (!p || p->cur_op != op)
 		return 0;
 	p->cur_op = 0;
 	now = bpf_ktime_get_ns();
-	if (!ovf)
-		flush_own(p); /* keep per-thread order: the pending run goes first */
+	flush_own(p); /* keep per-thread order: the pending run goes first */
 	pe = bpf_map_lookup_elem(&scratch, &zero);
 	if (!pe)
 		return 0;
 	fill(&pe->ev, p, op, now, ret);
 	if (op == PH_OP_OPEN && ret >= 0) {
-		struct file *f = fd_file((int)ret);
+		struct file *f = fd_file(t, (int)ret);
 
 		p->cur_file = 0;
 		file_identity(p, f);
@@ -455,33 +482,8 @@ static __always_inline int exit_meta(__u32 op, long ret)
 	pe->ev.path_len = len;
 	if (bpf_ringbuf_output(&events, pe, sizeof(struct ph_event) + len, wakeup_flag()))
 		count_drop(pe->ev.cgroup_id);
-	if (ovf) {
-		struct ph_counters *c = counters_of(pe->ev.cgroup_id);
-		if (c)
-			__sync_fetch_and_add(&c->unmerged_fallbacks, 1);
-	}
 	return 0;
 }
-
-#define ARG(i) (ctx->args[i])
-
-/* read/write family */
-#define RW(name, OP, FD, SIZE, OFF, USEPOS)                                            \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                                       \
-	int enter_##name(struct trace_event_raw_sys_enter *ctx)                           \
-	{                                                                                 \
-		return enter_fd(OP, (int)(FD), (SIZE), (OFF), USEPOS);                        \
-	}                                                                                 \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                                        \
-	int exit_##name(struct trace_event_raw_sys_exit *ctx)                             \
-	{                                                                                 \
-		return exit_rw(OP, ctx->ret);                                                 \
-	}
-
-RW(read, PH_OP_READ, ARG(0), ARG(2), 0, true)
-RW(write, PH_OP_WRITE, ARG(0), ARG(2), 0, true)
-RW(pread64, PH_OP_PREAD, ARG(0), ARG(2), ARG(3), false)
-RW(pwrite64, PH_OP_PWRITE, ARG(0), ARG(2), ARG(3), false)
 
 static __always_inline __u64 iov_bytes(const struct iovec *iov, unsigned long n)
 {
@@ -499,113 +501,224 @@ static __always_inline __u64 iov_bytes(const struct iovec *iov, unsigned long n)
 	return total;
 }
 
-RW(readv, PH_OP_READV, ARG(0), iov_bytes((const void *)ARG(1), ARG(2)), 0, true)
-RW(writev, PH_OP_WRITEV, ARG(0), iov_bytes((const void *)ARG(1), ARG(2)), 0, true)
+/* Operation of each traced system call (enum ph_sys -> enum ph_op). */
+static __always_inline __u32 sys_op(__u32 kind)
+{
+	switch (kind) {
+	case PH_SYS_READ: return PH_OP_READ;
+	case PH_SYS_WRITE: return PH_OP_WRITE;
+	case PH_SYS_PREAD64: return PH_OP_PREAD;
+	case PH_SYS_PWRITE64: return PH_OP_PWRITE;
+	case PH_SYS_READV: return PH_OP_READV;
+	case PH_SYS_WRITEV: return PH_OP_WRITEV;
+	case PH_SYS_CLOSE: return PH_OP_CLOSE;
+	case PH_SYS_FSYNC: return PH_OP_FSYNC;
+	case PH_SYS_FDATASYNC: return PH_OP_FDATASYNC;
+	case PH_SYS_NEWFSTAT:
+	case PH_SYS_NEWSTAT:
+	case PH_SYS_NEWLSTAT:
+	case PH_SYS_NEWFSTATAT:
+	case PH_SYS_STATX: return PH_OP_STAT;
+	case PH_SYS_OPEN:
+	case PH_SYS_OPENAT:
+	case PH_SYS_OPENAT2: return PH_OP_OPEN;
+	case PH_SYS_UNLINK:
+	case PH_SYS_UNLINKAT: return PH_OP_UNLINK;
+	case PH_SYS_MKDIR:
+	case PH_SYS_MKDIRAT: return PH_OP_MKDIR;
+	case PH_SYS_RENAME:
+	case PH_SYS_RENAMEAT:
+	case PH_SYS_RENAMEAT2: return PH_OP_RENAME;
+	}
+	return 0;
+}
 
+#define POS (~0ULL) /* enter_rw: at the file position */
+
+/* Entry of traced system call `kind` with arguments a0..a3 (the caller checked the filter). */
+static __always_inline int enter_sys(struct task_struct *t, __u32 kind, __u64 a0, __u64 a1,
+				     __u64 a2, __u64 a3)
+{
+	switch (kind) {
+	case PH_SYS_READ: return enter_rw(t, PH_OP_READ, (int)a0, a2, POS);
+	case PH_SYS_WRITE: return enter_rw(t, PH_OP_WRITE, (int)a0, a2, POS);
+	case PH_SYS_PREAD64: return enter_rw(t, PH_OP_PREAD, (int)a0, a2, a3);
+	case PH_SYS_PWRITE64: return enter_rw(t, PH_OP_PWRITE, (int)a0, a2, a3);
+	case PH_SYS_READV:
+		return enter_rw(t, PH_OP_READV, (int)a0, iov_bytes((const void *)a1, a2), POS);
+	case PH_SYS_WRITEV:
+		return enter_rw(t, PH_OP_WRITEV, (int)a0, iov_bytes((const void *)a1, a2), POS);
+	case PH_SYS_CLOSE: return enter_meta_fd(t, PH_OP_CLOSE, (int)a0);
+	case PH_SYS_FSYNC: return enter_meta_fd(t, PH_OP_FSYNC, (int)a0);
+	case PH_SYS_FDATASYNC: return enter_meta_fd(t, PH_OP_FDATASYNC, (int)a0);
+	case PH_SYS_NEWFSTAT: return enter_meta_fd(t, PH_OP_STAT, (int)a0);
+	/* path-based ops: (dirfd, user path) */
+	case PH_SYS_OPEN: return enter_path(t, PH_OP_OPEN, AT_FDCWD_, (const void *)a0);
+	case PH_SYS_NEWSTAT:
+	case PH_SYS_NEWLSTAT: return enter_path(t, PH_OP_STAT, AT_FDCWD_, (const void *)a0);
+	case PH_SYS_UNLINK: return enter_path(t, PH_OP_UNLINK, AT_FDCWD_, (const void *)a0);
+	case PH_SYS_MKDIR: return enter_path(t, PH_OP_MKDIR, AT_FDCWD_, (const void *)a0);
+	case PH_SYS_RENAME: return enter_path(t, PH_OP_RENAME, AT_FDCWD_, (const void *)a0);
+	case PH_SYS_OPENAT:
+	case PH_SYS_OPENAT2: return enter_path(t, PH_OP_OPEN, (int)a0, (const void *)a1);
+	case PH_SYS_NEWFSTATAT:
+	case PH_SYS_STATX: return enter_path(t, PH_OP_STAT, (int)a0, (const void *)a1);
+	case PH_SYS_UNLINKAT: return enter_path(t, PH_OP_UNLINK, (int)a0, (const void *)a1);
+	case PH_SYS_MKDIRAT: return enter_path(t, PH_OP_MKDIR, (int)a0, (const void *)a1);
+	case PH_SYS_RENAMEAT:
+	case PH_SYS_RENAMEAT2: return enter_path(t, PH_OP_RENAME, (int)a0, (const void *)a1);
+	}
+	return 0;
+}
+
+static __always_inline int exit_sys(__u32 kind, long ret)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	__u32 op = sys_op(kind);
+
+	if (op == 0)
+		return 0;
+	if (op <= PH_OP_WRITEV)
+		return exit_rw(t, op, ret);
+	return exit_meta(t, op, ret);
+}
+
+#if defined(__TARGET_ARCH_x86)
+/* Preferred attachment: one program per direction for all system calls (BTF raw
+ * tracepoints; no per-event perf buffer). Filter first: syscall number, then cgroup. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
+{
+	struct task_struct *t;
+	__u32 kind;
+
+	if ((__u64)id >= PH_NR_SYSCALLS)
+		return 0; /* also x32 (__X32_SYSCALL_BIT) */
+	kind = sys_kind[id];
+	if (!kind)
+		return 0;
+	t = bpf_get_current_task_btf();
+	if (!traced_task(t))
+		return 0;
+	/* ia32 system calls have other numbers; the per-syscall tracepoints ignore them too */
+	if (t->thread_info.status & TS_COMPAT_)
+		return 0;
+	return enter_sys(t, kind, regs->di, regs->si, regs->dx, regs->r10);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
+{
+	__u64 nr = regs->orig_ax;
+	__u32 kind;
+
+	if (nr >= PH_NR_SYSCALLS)
+		return 0;
+	kind = sys_kind[nr];
+	if (!kind)
+		return 0;
+	return exit_sys(kind, ret); /* nothing unless this thread's entry stashed the call */
+}
+#endif
+
+/* Fallback: per-syscall tracepoints (one program pair per system call). */
+#define ARG(i) (ctx->args[i])
+
+#define SYS(name, KIND)                                                                \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                                       \
+	int enter_##name(struct trace_event_raw_sys_enter *ctx)                           \
+	{                                                                                 \
+		struct task_struct *t = bpf_get_current_task_btf();                       \
+                                                                                          \
+		if (!traced_task(t))                                                      \
+			return 0;                                                         \
+		return enter_sys(t, KIND, ARG(0), ARG(1), ARG(2), ARG(3));                \
+	}                                                                                 \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                                        \
+	int exit_##name(struct trace_event_raw_sys_exit *ctx)                             \
+	{                                                                                 \
+		return exit_sys(KIND, ctx->ret);                                          \
+	}
+
+/* read/write family */
+SYS(read, PH_SYS_READ)
+SYS(write, PH_SYS_WRITE)
+SYS(pread64, PH_SYS_PREAD64)
+SYS(pwrite64, PH_SYS_PWRITE64)
+SYS(readv, PH_SYS_READV)
+SYS(writev, PH_SYS_WRITEV)
 /* fd-based metadata ops */
-#define META_FD(name, OP)                                                              \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                                       \
-	int enter_##name(struct trace_event_raw_sys_enter *ctx)                           \
-	{                                                                                 \
-		return enter_fd(OP, (int)ARG(0), 0, 0, false);                                \
-	}                                                                                 \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                                        \
-	int exit_##name(struct trace_event_raw_sys_exit *ctx)                             \
-	{                                                                                 \
-		return exit_meta(OP, ctx->ret);                                               \
-	}
+SYS(close, PH_SYS_CLOSE)
+SYS(fsync, PH_SYS_FSYNC)
+SYS(fdatasync, PH_SYS_FDATASYNC)
+SYS(newfstat, PH_SYS_NEWFSTAT)
+/* path-based ops */
+SYS(open, PH_SYS_OPEN)
+SYS(openat, PH_SYS_OPENAT)
+SYS(openat2, PH_SYS_OPENAT2)
+SYS(newstat, PH_SYS_NEWSTAT)
+SYS(newlstat, PH_SYS_NEWLSTAT)
+SYS(newfstatat, PH_SYS_NEWFSTATAT)
+SYS(statx, PH_SYS_STATX)
+SYS(unlink, PH_SYS_UNLINK)
+SYS(unlinkat, PH_SYS_UNLINKAT)
+SYS(mkdir, PH_SYS_MKDIR)
+SYS(mkdirat, PH_SYS_MKDIRAT)
+SYS(rename, PH_SYS_RENAME)
+SYS(renameat, PH_SYS_RENAMEAT)
+SYS(renameat2, PH_SYS_RENAMEAT2)
 
-META_FD(close, PH_OP_CLOSE)
-META_FD(fsync, PH_OP_FSYNC)
-META_FD(fdatasync, PH_OP_FDATASYNC)
-META_FD(newfstat, PH_OP_STAT)
-
-/* path-based ops: (dirfd, user path) */
-#define META_PATH(name, OP, DIRFD, PATH)                                               \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                                       \
-	int enter_##name(struct trace_event_raw_sys_enter *ctx)                           \
-	{                                                                                 \
-		return enter_path(OP, (int)(DIRFD), (const void *)(PATH));                    \
-	}                                                                                 \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                                        \
-	int exit_##name(struct trace_event_raw_sys_exit *ctx)                             \
-	{                                                                                 \
-		return exit_meta(OP, ctx->ret);                                               \
-	}
-
-META_PATH(open, PH_OP_OPEN, AT_FDCWD_, ARG(0))
-META_PATH(openat, PH_OP_OPEN, ARG(0), ARG(1))
-META_PATH(openat2, PH_OP_OPEN, ARG(0), ARG(1))
-META_PATH(newstat, PH_OP_STAT, AT_FDCWD_, ARG(0))
-META_PATH(newlstat, PH_OP_STAT, AT_FDCWD_, ARG(0))
-META_PATH(newfstatat, PH_OP_STAT, ARG(0), ARG(1))
-META_PATH(statx, PH_OP_STAT, ARG(0), ARG(1))
-META_PATH(unlink, PH_OP_UNLINK, AT_FDCWD_, ARG(0))
-META_PATH(unlinkat, PH_OP_UNLINK, ARG(0), ARG(1))
-META_PATH(mkdir, PH_OP_MKDIR, AT_FDCWD_, ARG(0))
-META_PATH(mkdirat, PH_OP_MKDIR, ARG(0), ARG(1))
-META_PATH(rename, PH_OP_RENAME, AT_FDCWD_, ARG(0))
-META_PATH(renameat, PH_OP_RENAME, ARG(0), ARG(1))
-META_PATH(renameat2, PH_OP_RENAME, ARG(0), ARG(1))
-
-/* A thread exits: emit its pending record and free its entry. */
+/* A thread exits: emit its pending record (its storage is freed with the task). */
 SEC("tracepoint/sched/sched_process_exit")
 int on_exit(void *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct ph_pending *p = bpf_map_lookup_elem(&pending, &tid);
+	struct ph_pending *p = thread_state(bpf_get_current_task_btf(), false);
 
-	bpf_map_delete_elem(&overflow, &tid);
 	if (!p)
 		return 0;
+	p->cur_op = 0;
 	for (int i = 0; i < 64; i++) {
 		if (__sync_val_compare_and_swap(&p->state, 0, 1) == 0) {
 			if (p->ev.count > 0) {
 				emit(&p->ev);
 				p->ev.count = 0;
 			}
-			/* never unlocked: a sweeper still holding a stale pointer cannot take it */
-			bpf_map_delete_elem(&pending, &tid);
-			return 0;
+			return 0; /* never unlocked: the thread is gone */
 		}
 	}
-	return 0; /* the sweeper held it throughout: it emits the record; entry stays (count 0) */
-}
-
-struct sweep_ctx {
-	__u64 now;
-	__u64 min_age;
-	__u64 emitted;
-};
-
-static long sweep_one(struct bpf_map *map, __u32 *key, struct ph_pending *p, struct sweep_ctx *c)
-{
-	if (p->ev.count == 0)
-		return 0;
-	if ((__s64)(c->now - p->ev.start_ns) < (__s64)c->min_age)
-		return 0;
-	if (__sync_val_compare_and_swap(&p->state, 0, 2) != 0)
-		return 0;
-	if (p->ev.count > 0) {
-		emit(&p->ev);
-		p->ev.count = 0;
-		c->emitted++;
-	}
-	unlock(p);
-	return 0;
+	return 0; /* the sweeper held it throughout: it emits the record */
 }
 
 /* Sweeper, run from user space with BPF_PROG_TEST_RUN every ~50 ms: emits every pending
- * record whose run started at least args[0] ns ago (0: all). Returns the number emitted. */
+ * record whose run started at least args[0] ns ago (0: all). Returns the number emitted.
+ * Walks all threads (task local storage cannot be iterated as a map). */
 SEC("raw_tp")
 int sweep(struct bpf_raw_tracepoint_args *ctx)
 {
-	struct sweep_ctx c = {};
+	__u64 now = bpf_ktime_get_ns(), min_age = ctx->args[0];
+	struct bpf_iter_task it;
+	struct task_struct *t;
+	int emitted = 0;
 
-	c.now = bpf_ktime_get_ns();
-	c.min_age = ctx->args[0];
-	bpf_for_each_map_elem(&pending, sweep_one, &c, 0);
-	return (int)c.emitted;
+	bpf_iter_task_new(&it, NULL, BPF_TASK_ITER_ALL_THREADS);
+	while ((t = bpf_iter_task_next(&it))) {
+		struct ph_pending *p = bpf_task_storage_get(&tstate, t, 0, 0);
+
+		if (!p || p->ev.count == 0)
+			continue;
+		if ((__s64)(now - p->ev.start_ns) < (__s64)min_age)
+			continue;
+		if (__sync_val_compare_and_swap(&p->state, 0, 2) != 0)
+			continue;
+		if (p->ev.count > 0) {
+			emit(&p->ev);
+			p->ev.count = 0;
+			emitted++;
+		}
+		unlock(p);
+	}
+	bpf_iter_task_destroy(&it);
+	return emitted;
 }
 
 /* Block layer: device requests, keyed by struct request *. */

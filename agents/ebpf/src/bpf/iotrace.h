@@ -31,6 +31,38 @@ enum ph_op {
 	PH_OP_BLOCK_OTHER = 17,
 };
 
+/* Traced system calls, the values of the loader-filled table `sys_kind` (syscall number ->
+ * kind, 0: not traced). Named after their tracepoints (sys_enter_<name>). */
+enum ph_sys {
+	PH_SYS_NONE = 0,
+	PH_SYS_READ = 1,
+	PH_SYS_WRITE = 2,
+	PH_SYS_PREAD64 = 3,
+	PH_SYS_PWRITE64 = 4,
+	PH_SYS_READV = 5,
+	PH_SYS_WRITEV = 6,
+	PH_SYS_CLOSE = 7,
+	PH_SYS_FSYNC = 8,
+	PH_SYS_FDATASYNC = 9,
+	PH_SYS_NEWFSTAT = 10,
+	PH_SYS_OPEN = 11,
+	PH_SYS_OPENAT = 12,
+	PH_SYS_OPENAT2 = 13,
+	PH_SYS_NEWSTAT = 14,
+	PH_SYS_NEWLSTAT = 15,
+	PH_SYS_NEWFSTATAT = 16,
+	PH_SYS_STATX = 17,
+	PH_SYS_UNLINK = 18,
+	PH_SYS_UNLINKAT = 19,
+	PH_SYS_MKDIR = 20,
+	PH_SYS_MKDIRAT = 21,
+	PH_SYS_RENAME = 22,
+	PH_SYS_RENAMEAT = 23,
+	PH_SYS_RENAMEAT2 = 24,
+};
+
+#define PH_NR_SYSCALLS 512      /* size of the syscall number table */
+
 /* ph_event.path_kind: what follows the fixed part of the event (ph_path_event.path). */
 enum ph_path_kind {
 	PH_PATH_NONE = 0,
@@ -73,10 +105,11 @@ struct ph_path_event {
 	char path[PH_PATH_BUF];
 };
 
-/* Per-thread state (map `pending`, keyed by tid).
+/* Per-thread state (task local storage map `tstate`).
  * `state`: 0 free, 1 held by the owning thread, 2 held by the sweeper (cmpxchg lock).
  * `ev` is the pending (mergeable) record, protected by `state`; ev.count == 0 means none.
- * The cur_* fields describe the system call in flight; only the owning thread touches them. */
+ * The cur_* fields describe the system call in flight; only the owning thread touches them.
+ * cur_offset is ~0 from the entry of a call at the file position until its exit. */
 struct ph_pending {
 	unsigned int state;
 	unsigned int cur_op;        /* 0: no call in flight */
@@ -96,7 +129,8 @@ struct ph_pending {
 /* Per-cgroup-id loss counters (map `counters`). */
 struct ph_counters {
 	unsigned long long ringbuf_drops;       /* records bpf_ringbuf_output could not place */
-	unsigned long long unmerged_fallbacks;  /* requests emitted unmerged: per-tid map full */
+	unsigned long long unmerged_fallbacks;  /* requests emitted unmerged (none since per-thread
+						 * state is task local storage; kept for the metric) */
 };
 
 /* A watched root cgroup: a task is traced when its ancestor at `level` has id `id`. */
