@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
 
-from .routers import jobs, system
+from .routers import diagnosis, jobs, system
 from .schemas import API_VERSION
 
 
@@ -31,6 +31,7 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.include_router(system.router)
     app.include_router(jobs.router)
+    app.include_router(diagnosis.router)
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from pharos_pipeline.settings import get_settings
 
+from .cli_diagnose import register as register_diagnose_commands
 from .cli_jobs import register as register_jobs_commands
 
 app = typer.Typer(
@@ -200,6 +201,7 @@ def show_config() -> None:
 
 
 register_jobs_commands(app)
+register_diagnose_commands(app)
 
 
 def main() -> None:

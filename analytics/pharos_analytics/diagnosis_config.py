@@ -1,0 +1,139 @@
+"""Thresholds of the diagnosis (phases and insights): ONE config, every default sourced.
+
+Override any field in the Pharos settings file (``pharos.toml``, or the file named by
+``PHAROS_CONFIG``) under a ``[diagnosis]`` table, or with an environment variable
+``PHAROS_DIAGNOSIS_<FIELD>`` (e.g. ``PHAROS_DIAGNOSIS_SMALL_REQUESTS_ABSOLUTE=100``).
+Precedence: explicit arguments, environment, file, defaults.
+
+Sources of the defaults:
+
+* **Drishti** (Bez et al., "Drishti: Guiding End-Users in the I/O Optimization Journey",
+  PDSW'22; hpc-io/drishti-io ``drishti/includes/config.py`` ``thresholds``):
+  ``small_bytes`` 1 MiB, ``small_requests`` 0.1, ``small_requests_absolute`` 1000,
+  ``misaligned_requests`` 0.1, ``metadata_time_rank`` 30 s, ``random_operations`` 0.2,
+  ``random_operations_absolute`` 1000, ``imbalance_stragglers`` 0.15, ``imbalance_size``
+  0.3, ``interface_stdio`` 0.1, ``imbalance_operations`` 0.1.
+* **Beacon** (Yang et al., NSDI'19): a job is metadata-heavy above 1,000 metadata
+  operations per second.
+* **Pharos**: the rest (phase gap, sustain window, file/fsync/stripe thresholds), chosen
+  here and marked so in the field descriptions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MiB = 1 << 20
+
+
+class DiagnosisConfig(BaseSettings):
+    """Every threshold of :mod:`pharos_analytics.phases` and :mod:`pharos_analytics.insights`."""
+
+    model_config = SettingsConfigDict(env_prefix="PHAROS_DIAGNOSIS_", extra="ignore")
+
+    # -- phases (Pharos) --------------------------------------------------------------
+    phase_gap_s: float = Field(
+        default=1.0, gt=0, description="Pharos. Idle time (s) without any request of the job that ends a phase."
+    )
+    max_phases: int = Field(
+        default=64, ge=1,
+        description="Pharos. At most this many phases: if more gaps exceed phase_gap_s, only the "
+        "max_phases-1 longest gaps split the job (the gap threshold rises).",
+    )
+    # -- request size (Drishti small_bytes / small_requests / small_requests_absolute) --------
+    small_request_bytes: int = Field(default=MiB, ge=1, description="Drishti small_bytes. A request under this many bytes is small.")
+    small_requests_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="Drishti small_requests. Share (0-1) of a direction's requests that are small."
+    )
+    small_requests_absolute: int = Field(
+        default=1000, ge=0, description="Drishti small_requests_absolute. Small requests (count) above which the insight is high severity."
+    )
+    # -- alignment (Drishti misaligned_requests) -----------------------------------------
+    alignment_bytes: int = Field(
+        default=4096, ge=1, description="Pharos. Alignment (bytes) a request offset is checked against (page size)."
+    )
+    misaligned_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="Drishti misaligned_requests. Share (0-1) of data requests at a misaligned offset."
+    )
+    # -- access order (Drishti random_operations / random_operations_absolute) ------------
+    random_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="Drishti random_operations. Share (0-1) of requests that are not sequential."
+    )
+    random_absolute: int = Field(
+        default=1000, ge=0, description="Drishti random_operations_absolute. Random requests (count) needed for the insight."
+    )
+    # -- imbalance (Drishti imbalance_stragglers / imbalance_size) -------------------------
+    imbalance_stragglers: float = Field(
+        default=0.15, ge=0, le=1,
+        description="Drishti imbalance_stragglers. (slowest - fastest rank) / total, of bytes or time, on a shared file.",
+    )
+    imbalance_size: float = Field(
+        default=0.3, ge=0, le=1, description="Drishti imbalance_size. (max - min) / max of the bytes moved per rank."
+    )
+    imbalance_min_ranks: int = Field(default=2, ge=2, description="Pharos. Ranks needed before imbalance is judged.")
+    # -- metadata (Drishti metadata_time_rank; Beacon rate) --------------------------------
+    metadata_time_rank_s: float = Field(
+        default=30.0, ge=0, description="Drishti metadata_time_rank. Seconds one rank spends in metadata operations."
+    )
+    metadata_rate_ops_s: float = Field(
+        default=1000.0, gt=0, description="Beacon (NSDI'19). Metadata operations per second that make I/O metadata-heavy."
+    )
+    metadata_sustained_s: int = Field(
+        default=3, ge=1, description="Pharos. Consecutive seconds above metadata_rate_ops_s that count as sustained."
+    )
+    # -- data direction (Drishti imbalance_operations) ------------------------------------
+    dominance_ratio: float = Field(
+        default=0.1, ge=0, le=1,
+        description="Drishti imbalance_operations. |writes - reads| / all above which I/O is read- or write-dominant.",
+    )
+    # -- files, fsync, striping, redundancy (Pharos) ---------------------------------------
+    many_files_absolute: int = Field(
+        default=1000, ge=1, description="Pharos. Data files, each moving under small_file_bytes, that make 'many small files'."
+    )
+    small_file_bytes: int = Field(default=MiB, ge=1, description="Pharos. A data file moving fewer bytes is small.")
+    fsync_absolute: int = Field(default=100, ge=1, description="Pharos. fsync/fdatasync calls needed for an fsync storm.")
+    fsync_per_write_ratio: float = Field(
+        default=0.1, ge=0, description="Pharos. fsync/fdatasync calls per write request that make a storm."
+    )
+    shared_file_min_ranks: int = Field(
+        default=16, ge=2, description="Pharos. Ranks sharing a file before a single storage target is a bottleneck."
+    )
+    redundant_min_bytes: int = Field(
+        default=MiB, ge=0, description="Pharos. Bytes read more than once (or written then read) needed for the insight."
+    )
+    interface_stdio_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="Drishti interface_stdio. Share (0-1) of the bytes moved through STDIO."
+    )
+    stdio_min_bytes: int = Field(
+        default=MiB, ge=0, description="Pharos. Bytes through STDIO below which its share is not worth an insight."
+    )
+    # -- bounds of the sequential (Python) analyses ----------------------------------------
+    scan_max_records: int = Field(
+        default=500_000, ge=1000,
+        description="Pharos. Most records read into Python for read-after-write detection; the rest is not scanned (reported).",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file, toml_table_header=("diagnosis",)),
+        )

@@ -1,0 +1,46 @@
+"""Insights and phases on real Darshan logs (imported into a real chDB store)."""
+
+from __future__ import annotations
+
+from pharos_darshan_corpus import log
+from pharos_agents.darshan_import import import_log
+from pharos_analytics.diagnosis_config import DiagnosisConfig
+from pharos_analytics.insights import job_insights
+from pharos_analytics.phases import job_phases
+
+
+def test_imbalanced_io_points_at_single_target_striping(store):
+    r = import_log(store, log("imbalanced_io/imbalanced-io.darshan"))
+    ins = {i.id: i for i in job_insights(store, r.job_id).insights}
+    imb = ins["rank_imbalance_bytes"]
+    assert imb.severity == "high" and imb.source == "counters"
+    assert imb.evidence["slowest_rank"] == 0 and imb.evidence["imbalance"] > 0.99
+    assert imb.evidence["stripe_count"] == 1 and "ONE storage target" in imb.message
+    assert "lfs setstripe" in imb.recommendations[0]
+    assert ins["rank_imbalance_time"].evidence["stripe_count"] == 1
+    st = ins["single_target_shared_file"]
+    assert st.evidence["ranks"] == 496 and st.evidence["worst_file"] == imb.evidence["worst_file"]
+    prof = job_phases(store, r.job_id)
+    assert prof.source == "counters" and prof.phases == [] and prof.job.io_ranks == 496
+
+
+def test_one_byte_hdf5_writes_give_the_small_write_insight(store):
+    r = import_log(store, log("hdf5_diagonal_write_only/hdf5_diagonal_write_1_byte_dxt.darshan"))
+    small = {i.id: i for i in job_insights(store, r.job_id).insights}["small_writes"]
+    # All 40 POSIX writes are small; 40 is under Drishti's 1000, so the default severity is info.
+    assert small.evidence["small_requests"] == small.evidence["requests"] == 40
+    assert small.severity == "info"
+    strict = job_insights(store, r.job_id, DiagnosisConfig(small_requests_absolute=10)).insights
+    assert {i.id: i.severity for i in strict}["small_writes"] == "high"
+    # The DXT trace gives the phases: the 1-byte writes are there as requests.
+    jp = job_phases(store, r.job_id)
+    assert jp.source == "trace" and jp.job.writes == 40 and jp.job.size_class == "small"
+    n1 = store.query("SELECT count() AS n FROM io_requests WHERE job_id = {j:String} AND op = 'write' AND size = 1",
+                     {"j": r.job_id})[0]["n"]
+    assert int(n1) == 10
+
+
+def test_empty_log_has_no_insight(store):
+    r = import_log(store, log("empty_log/empty_log.darshan"))
+    ji = job_insights(store, r.job_id)
+    assert ji.insights == [] and ji.phases.source == "none"
