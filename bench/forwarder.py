@@ -1,0 +1,165 @@
+"""Forwarding-layer benchmark: the same fio job through pharos-mount and on the backend
+directory directly, side by side in one run.
+
+Starts one pharos-fwd (8 unlimited targets, --no-kafka: records are produced and counted
+but not shipped) and one pharos-mount on free loopback ports in a tmp dir on the same file
+system as the direct case. Cases (each ≤ 1 GiB of data):
+
+* 1 MiB sequential write, 4 jobs × 256 MiB (psync), with and without end_fsync;
+* 1 MiB sequential read of those files;
+* 4 KiB random read IOPS, 4 jobs, 5 s time-based;
+* file creates per second (open O_CREAT|O_EXCL + close, 2 000 files, one thread).
+
+Prints MB/s, IOPS or ops/s of both and their ratio (mount / direct; target ≥ 0.70 for the
+1 MiB cases). Each fio case runs ROUNDS times, alternating the order (ABBA), and the median
+is reported. The backend's reads are page-cache hits in both columns.
+
+Usage: uv run python bench/forwarder.py [--rounds 3] [--keep]     (root, /dev/fuse, fio)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = REPO / "target" / "release"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and path.stat().st_size:
+            return
+        if proc.poll() is not None:
+            sys.exit(f"{proc.args[0]} exited with {proc.returncode}")
+        time.sleep(0.05)
+    sys.exit(f"{path} not written in {timeout}s")
+
+
+def fio(directory: Path, *args: str) -> dict:
+    cmd = ["fio", "--output-format=json", f"--directory={directory}", "--ioengine=psync", "--group_reporting", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+
+
+def creates(directory: Path, n: int = 2000) -> float:
+    d = directory / f"creates-{time.monotonic_ns()}"
+    d.mkdir()
+    t0 = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    took = time.perf_counter() - t0
+    shutil.rmtree(d)
+    return n / took
+
+
+CASES = [
+    # name, unit, fio args (None = creates), how to read the figure
+    ("1MiB seq write", "MB/s", ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M"], "write_bw"),
+    ("1MiB seq write+fsync", "MB/s", ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M", "--end_fsync=1"], "write_bw"),
+    ("1MiB seq read", "MB/s", ["--name=sw", "--rw=read", "--bs=1M", "--numjobs=4", "--size=256M"], "read_bw"),
+    ("4KiB rand read", "IOPS", ["--name=sw", "--rw=randread", "--bs=4k", "--numjobs=4", "--size=256M", "--time_based", "--runtime=5"], "read_iops"),
+    ("creates", "ops/s", None, "creates"),
+]
+
+
+def figure(job: dict, how: str) -> float:
+    if how == "write_bw":
+        return job["write"]["bw_bytes"] / 1e6
+    if how == "read_bw":
+        return job["read"]["bw_bytes"] / 1e6
+    return job["read"]["iops"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
+    ap.add_argument("--workdir", default="/var/tmp", help="parent of the tmp dir (same fs for both columns)")
+    a = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"], cwd=REPO, check=True)
+    root = Path(tempfile.mkdtemp(prefix="pharos-fwd-bench-", dir=a.workdir))
+    procs: list[subprocess.Popen] = []
+    mnt = root / "mnt"
+    try:
+        mnt.mkdir()
+        direct = root / "direct"
+        direct.mkdir()
+        port, admin, madmin = free_port(), free_port(), free_port()
+        fwd = subprocess.Popen([
+            str(BIN / "pharos-fwd"), "--node-name", "fwd0", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+            "--mdt", str(root / "be" / "mdt"), "--targets-root", str(root / "be"), "--target-count", "8", "--no-kafka",
+            "--ready-file", str(root / "fwd.ready"),
+        ], stdout=(root / "fwd.log").open("w"), stderr=subprocess.STDOUT)
+        procs.append(fwd)
+        wait_ready(root / "fwd.ready", fwd)
+        mount = subprocess.Popen([
+            str(BIN / "pharos-mount"), "--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}",
+            "--admin", f"127.0.0.1:{madmin}", "--ready-file", str(root / "mnt.ready"),
+        ], stdout=(root / "mnt.log").open("w"), stderr=subprocess.STDOUT)
+        procs.append(mount)
+        wait_ready(root / "mnt.ready", mount)
+        print(f"# pharos forwarder bench: {a.rounds} rounds (ABBA), medians; tmp {root}")
+        print(f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7}")
+        for name, unit, args, how in CASES:
+            res: dict[str, list[float]] = {"mount": [], "direct": []}
+            for r in range(a.rounds):
+                order = ["mount", "direct"] if r % 2 == 0 else ["direct", "mount"]
+                for side in order:
+                    base = mnt if side == "mount" else direct
+                    drop_caches()
+                    if args is None:
+                        res[side].append(creates(base))
+                    elif how == "write_bw":
+                        # Fresh files every round: allocation, not overwrite, on both sides.
+                        d = base / f"w{r}"
+                        d.mkdir()
+                        res[side].append(figure(fio(d, *args), how))
+                        shutil.rmtree(d)
+                    else:
+                        # Reads share one laid-out file set per side.
+                        d = base / "reads"
+                        d.mkdir(exist_ok=True)
+                        res[side].append(figure(fio(d, *args), how))
+            m, dr = statistics.median(res["mount"]), statistics.median(res["direct"])
+            print(f"{name:24} {unit:6} {m:10.1f} {dr:10.1f} {m / dr:7.2f}", flush=True)
+        return 0
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+//! `pharos-fwd`: the Pharos forwarding daemon. See forwarder/README.md.
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use pharos_fwd::admin::{self, AdminState};
+use pharos_fwd::backend::{Backend, Placement};
+use pharos_fwd::metrics::MetricsShipper;
+use pharos_fwd::records::RecordSink;
+use pharos_fwd::server::{wall_ns, Config, Server};
+use pharos_wire::sink::{Sink, SinkConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "pharos-fwd", version, about = "Pharos I/O forwarding daemon")]
+struct Cli {
+    /// Request listener (loopback), host:port.
+    #[arg(long, env = "PHAROS_FWD_LISTEN", default_value = "127.0.0.1:7400")]
+    listen: String,
+    /// Admin HTTP listener (loopback), host:port.
+    #[arg(long, env = "PHAROS_FWD_ADMIN", default_value = "127.0.0.1:7401")]
+    admin: String,
+    /// Name of this forwarding node (records, metrics, producer id).
+    #[arg(long, env = "PHAROS_FWD_NODE", default_value = "fwd0")]
+    node_name: String,
+    /// Namespace (MDT) directory; the tree lives in <mdt>/ns.
+    #[arg(long, env = "PHAROS_FWD_MDT")]
+    mdt: PathBuf,
+    /// A storage target NAME=DIR (repeatable).
+    #[arg(long = "target", value_name = "NAME=DIR")]
+    targets: Vec<String>,
+    /// Directory holding targets ost0..ost<N-1> (with --target-count).
+    #[arg(long, env = "PHAROS_FWD_TARGETS_ROOT")]
+    targets_root: Option<PathBuf>,
+    #[arg(long, env = "PHAROS_FWD_TARGET_COUNT", default_value_t = 0)]
+    target_count: usize,
+    /// Token-bucket limit NAME=MB/s of a target (repeatable; shared by all daemons).
+    #[arg(long = "limit", value_name = "NAME=MBPS")]
+    limits: Vec<String>,
+    /// Injected latency NAME=MS added to every request of a target (repeatable).
+    #[arg(long = "latency-ms", value_name = "NAME=MS")]
+    latencies: Vec<String>,
+    /// Injected service-time factor NAME=F (>= 1) of a target (repeatable).
+    #[arg(long = "slowdown", value_name = "NAME=F")]
+    slowdowns: Vec<String>,
+    /// Initial placement document: JSON text, or @FILE.
+    #[arg(long, env = "PHAROS_FWD_PLACEMENT")]
+    placement: Option<String>,
+    /// Worker threads.
+    #[arg(long, env = "PHAROS_FWD_WORKERS", default_value_t = 16)]
+    workers: usize,
+    /// Weights of the metadata, small-data and large-data queues.
+    #[arg(long, env = "PHAROS_FWD_WEIGHTS", default_value = "4,2,1")]
+    weights: String,
+    /// Capacity of each request queue.
+    #[arg(long, env = "PHAROS_FWD_QUEUE_DEPTH", default_value_t = 128)]
+    queue_depth: usize,
+    /// Data requests up to this many bytes are "small".
+    #[arg(long, env = "PHAROS_FWD_SMALL_MAX", default_value_t = 65536)]
+    small_max: u64,
+    /// Connections served at once.
+    #[arg(long, env = "PHAROS_FWD_MAX_CONNS", default_value_t = 512)]
+    max_conns: u32,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "PHAROS_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:19092")]
+    brokers: String,
+    /// Do not ship records and metrics (they are still counted).
+    #[arg(long, env = "PHAROS_FWD_NO_KAFKA")]
+    no_kafka: bool,
+    #[arg(long, env = "PHAROS_FWD_TOPIC", default_value = "pharos.io.requests")]
+    topic: String,
+    #[arg(long, env = "PHAROS_FWD_METRICS_TOPIC", default_value = "pharos.target.metrics")]
+    metrics_topic: String,
+    /// Target metrics interval, ms.
+    #[arg(long, env = "PHAROS_FWD_METRICS_INTERVAL_MS", default_value_t = 1000)]
+    metrics_interval_ms: u32,
+    /// Written (with the listen addresses) once the daemon serves.
+    #[arg(long, env = "PHAROS_FWD_READY_FILE")]
+    ready_file: Option<PathBuf>,
+}
+
+fn kv(s: &str, what: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| format!("{what} {s:?}: expected NAME=VALUE"))
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let mut targets: Vec<(String, PathBuf)> = Vec::new();
+    for t in &cli.targets {
+        let (n, d) = kv(t, "--target")?;
+        targets.push((n, PathBuf::from(d)));
+    }
+    if let Some(root) = &cli.targets_root {
+        if cli.target_count == 0 {
+            return Err("--targets-root needs --target-count > 0".into());
+        }
+        for i in 0..cli.target_count {
+            targets.push((format!("ost{i}"), root.join(format!("ost{i}"))));
+        }
+    }
+    if targets.is_empty() {
+        return Err("no storage targets: give --target NAME=DIR or --targets-root DIR --target-count N".into());
+    }
+    let mut names = std::collections::HashSet::new();
+    for (n, _) in &targets {
+        if !names.insert(n.clone()) {
+            return Err(format!("target {n} given twice"));
+        }
+    }
+    let weights: Vec<u32> = cli.weights.split(',').map(|w| w.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|_| format!("--weights {:?}: expected three integers", cli.weights))?;
+    if weights.len() != 3 || weights.iter().any(|&w| w == 0) {
+        return Err(format!("--weights {:?}: expected three integers >= 1", cli.weights));
+    }
+    if cli.metrics_interval_ms == 0 {
+        return Err("--metrics-interval-ms must be > 0".into());
+    }
+    let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
+    let find = |n: &str| backend.target_index(n).ok_or_else(|| format!("unknown target {n}"));
+    for l in &cli.limits {
+        let (n, v) = kv(l, "--limit")?;
+        let v: f64 = v.parse().map_err(|_| format!("--limit {l}: bad number"))?;
+        backend.targets[find(&n)? as usize].shm.set_max_perf(v);
+    }
+    for l in &cli.latencies {
+        let (n, v) = kv(l, "--latency-ms")?;
+        let v: f64 = v.parse().map_err(|_| format!("--latency-ms {l}: bad number"))?;
+        backend.targets[find(&n)? as usize].shm.set_added_latency_ns((v * 1e6) as u64);
+    }
+    for l in &cli.slowdowns {
+        let (n, v) = kv(l, "--slowdown")?;
+        let v: f64 = v.parse().map_err(|_| format!("--slowdown {l}: bad number"))?;
+        if v < 1.0 {
+            return Err(format!("--slowdown {l}: factor must be >= 1"));
+        }
+        backend.targets[find(&n)? as usize].shm.set_slowdown(v);
+    }
+    if let Some(p) = &cli.placement {
+        let text = match p.strip_prefix('@') {
+            Some(f) => std::fs::read_to_string(f).map_err(|e| format!("--placement {f}: {e}"))?,
+            None => p.clone(),
+        };
+        let pl: Placement = serde_json::from_str(&text).map_err(|e| format!("--placement: {e}"))?;
+        backend.validate_placement(&pl).map_err(|e| format!("--placement: {e}"))?;
+        backend.placement.store(Arc::new(pl));
+    }
+    let listener = TcpListener::bind(&cli.listen).map_err(|e| format!("--listen {}: {e}", cli.listen))?;
+    let admin_l = TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
+    let producer_id = format!("pharos-fwd-{}-{}-{:x}", cli.node_name, std::process::id(), wall_ns());
+    let host = cli.node_name.clone();
+    let brokers = if cli.no_kafka { None } else { Some(cli.brokers.as_str()) };
+    let sink = match brokers {
+        Some(b) => {
+            let mut sc = SinkConfig::new(b, &cli.topic, &producer_id, &host);
+            sc.close_timeout = Duration::from_secs(10);
+            Some(Sink::new(sc).map_err(|e| format!("kafka sink: {e}"))?)
+        }
+        None => None,
+    };
+    let records = Arc::new(RecordSink::new(sink));
+    let mut shipper = MetricsShipper::new(brokers, &cli.metrics_topic, &format!("{producer_id}-metrics"), &host)?;
+    let cfg = Config {
+        node_name: cli.node_name.clone(),
+        workers: cli.workers.max(1),
+        weights: [weights[0], weights[1], weights[2]],
+        queue_depth: [cli.queue_depth, cli.queue_depth, (cli.queue_depth / 2).max(1)],
+        small_max: cli.small_max,
+        max_conns: cli.max_conns,
+    };
+    let server = Server::new(cfg, Arc::new(backend), records.clone());
+    server.start(listener);
+    admin::spawn(admin_l, Arc::new(AdminState { server: server.clone(), metrics_stats: Box::new(shipper.stats_handle()) }));
+
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
+    }
+    if let Some(f) = &cli.ready_file {
+        std::fs::write(f, format!("{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.listen, cli.admin, std::process::id()))
+            .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+    }
+    log::info!("pharos-fwd {} serving on {} (admin {})", cli.node_name, cli.listen, cli.admin);
+    let interval = Duration::from_millis(cli.metrics_interval_ms as u64);
+    let mut next = Instant::now() + interval;
+    let mut start_ns = wall_ns();
+    while !term.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+        if Instant::now() >= next {
+            let m = server.stats.take(&server.backend, &cli.node_name, start_ns, cli.metrics_interval_ms);
+            shipper.ship(m);
+            start_ns = wall_ns();
+            next += interval;
+        }
+    }
+    log::info!("pharos-fwd {}: SIGTERM, flushing records", cli.node_name);
+    server.stop.store(true, Ordering::Relaxed);
+    records.flush(Duration::from_secs(10));
+    shipper.flush(Duration::from_secs(5));
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("pharos-fwd: error: {e}");
+        std::process::exit(2);
+    }
+}

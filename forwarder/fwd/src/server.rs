@@ -1,0 +1,479 @@
+//! The forwarding daemon's request path (LWFS optimisation paper: multi-threaded master,
+//! wait-free queue workers).
+//!
+//! * **Master**: one acceptor thread and one decoder thread per connection. A decoder reads
+//!   frames, decodes [`Request`]s, classifies them (metadata, small data ≤ `small_max`
+//!   bytes, large data) and pushes them into that class's bounded crossbeam channel. A full
+//!   channel blocks the decoder, which stops reading its socket: backpressure reaches the
+//!   client through TCP, memory stays bounded (queue capacity × frame size).
+//! * **Workers** ("slaves"): `workers` threads pop requests with smooth weighted
+//!   round-robin over the classes (default weights metadata 4, small 2, large 1): metadata
+//!   first most of the time, yet every class is served at least once per cycle of
+//!   `sum(weights)` picks, so data never starves. A worker executes the request against
+//!   the [`Backend`], writes the reply on the connection, and emits one `IoRecord`.
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use pharos_fwd_proto::{self as proto, errno, Body, FrameError, Op, Reply, Request};
+use pharos_wire::{FileType, IoRecord, Layer};
+use serde::Serialize;
+
+use crate::backend::{Backend, IoInfo};
+use crate::metrics::TargetStats;
+use crate::records::RecordSink;
+
+/// Request classes, in priority order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Meta = 0,
+    Small = 1,
+    Large = 2,
+}
+
+pub struct Config {
+    pub node_name: String,
+    pub workers: usize,
+    /// Weights of metadata, small data, large data.
+    pub weights: [u32; 3],
+    /// Capacity of each class's queue, requests.
+    pub queue_depth: [usize; 3],
+    /// Data requests up to this many bytes are "small".
+    pub small_max: u64,
+    pub max_conns: u32,
+}
+
+/// Counters of the daemon (admin `/status`).
+#[derive(Default)]
+pub struct Counters {
+    pub served: [AtomicU64; 3],
+    pub errors: AtomicU64,
+    pub bad_frames: AtomicU64,
+    pub rejected_conns: AtomicU64,
+    pub conns: AtomicU32,
+    pub conns_total: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+#[derive(Serialize)]
+pub struct CountersView {
+    pub served_metadata: u64,
+    pub served_small: u64,
+    pub served_large: u64,
+    pub errors: u64,
+    pub bad_frames: u64,
+    pub rejected_conns: u64,
+    pub open_conns: u32,
+    pub conns_total: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub queued: [usize; 3],
+}
+
+struct Conn {
+    w: Mutex<TcpStream>,
+}
+
+impl Conn {
+    fn reply(&self, r: &Reply) {
+        let w = self.w.lock().unwrap();
+        let mut bw = std::io::BufWriter::with_capacity(16 << 10, &*w);
+        // A failed write means the client went away; its reader thread ends the connection.
+        let _ = proto::write_msg(&mut bw, r).and_then(|_| bw.flush());
+    }
+}
+
+struct Work {
+    req: Request,
+    conn: Arc<Conn>,
+    arrival_ns: u64,
+    arrival: Instant,
+    /// Target whose queue depth counts this request.
+    target: Option<u32>,
+}
+
+pub struct Server {
+    pub cfg: Config,
+    pub backend: Arc<Backend>,
+    pub counters: Counters,
+    pub stats: Arc<TargetStats>,
+    pub sink: Arc<RecordSink>,
+    txs: [Sender<Work>; 3],
+    rxs: [Receiver<Work>; 3],
+    /// Idle workers sleep here; a decoder rings after each push (one worker wakes, no herd).
+    bell: Mutex<()>,
+    bell_cv: Condvar,
+    pub stop: AtomicBool,
+}
+
+pub fn wall_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+fn classify(op: &Op, small_max: u64) -> Class {
+    match op {
+        Op::Read { size, .. } if *size as u64 <= small_max => Class::Small,
+        Op::Write { data, .. } if data.len() as u64 <= small_max => Class::Small,
+        Op::Read { .. } | Op::Write { .. } => Class::Large,
+        _ => Class::Meta,
+    }
+}
+
+fn first_target(op: &Op) -> Option<u32> {
+    match op {
+        Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => {
+            let k = layout.targets.len() as u64;
+            if k == 0 || layout.stripe_size == 0 {
+                return None;
+            }
+            Some(layout.targets[((offset / layout.stripe_size) % k) as usize])
+        }
+        _ => None,
+    }
+}
+
+/// The smooth weighted round-robin order of one cycle (nginx's algorithm).
+pub fn wrr_cycle(w: [u32; 3]) -> Vec<usize> {
+    let total: i64 = w.iter().map(|&x| x as i64).sum();
+    let mut cur = [0i64; 3];
+    let mut out = Vec::new();
+    for _ in 0..total {
+        for i in 0..3 {
+            cur[i] += w[i] as i64;
+        }
+        let best = (0..3).max_by_key(|&i| (cur[i], -(i as i64))).unwrap();
+        cur[best] -= total;
+        out.push(best);
+    }
+    out
+}
+
+impl Server {
+    pub fn new(cfg: Config, backend: Arc<Backend>, sink: Arc<RecordSink>) -> Arc<Server> {
+        let (t0, r0) = bounded(cfg.queue_depth[0].max(1));
+        let (t1, r1) = bounded(cfg.queue_depth[1].max(1));
+        let (t2, r2) = bounded(cfg.queue_depth[2].max(1));
+        let stats = Arc::new(TargetStats::new(backend.targets.len()));
+        Arc::new(Server {
+            cfg,
+            backend,
+            counters: Counters::default(),
+            stats,
+            sink,
+            txs: [t0, t1, t2],
+            rxs: [r0, r1, r2],
+            bell: Mutex::new(()),
+            bell_cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    pub fn counters_view(&self) -> CountersView {
+        let c = &self.counters;
+        CountersView {
+            served_metadata: c.served[0].load(Relaxed),
+            served_small: c.served[1].load(Relaxed),
+            served_large: c.served[2].load(Relaxed),
+            errors: c.errors.load(Relaxed),
+            bad_frames: c.bad_frames.load(Relaxed),
+            rejected_conns: c.rejected_conns.load(Relaxed),
+            open_conns: c.conns.load(Relaxed),
+            conns_total: c.conns_total.load(Relaxed),
+            bytes_read: c.bytes_read.load(Relaxed),
+            bytes_written: c.bytes_written.load(Relaxed),
+            queued: [self.rxs[0].len(), self.rxs[1].len(), self.rxs[2].len()],
+        }
+    }
+
+    /// Starts the workers and the acceptor on `listener`.
+    pub fn start(self: &Arc<Self>, listener: TcpListener) {
+        let cycle = Arc::new(wrr_cycle(self.cfg.weights));
+        for i in 0..self.cfg.workers.max(1) {
+            let s = self.clone();
+            let cycle = cycle.clone();
+            std::thread::Builder::new()
+                .name(format!("fwd-worker-{i}"))
+                .spawn(move || s.worker(i, &cycle))
+                .expect("spawn worker");
+        }
+        let s = self.clone();
+        std::thread::Builder::new().name("fwd-accept".into()).spawn(move || s.accept(listener)).expect("spawn acceptor");
+    }
+
+    fn accept(self: Arc<Self>, listener: TcpListener) {
+        for stream in listener.incoming() {
+            if self.stop.load(Relaxed) {
+                return;
+            }
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    log::warn!("accept: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
+                self.counters.rejected_conns.fetch_add(1, Relaxed);
+                let mut s = stream;
+                let _ = s.write_all(&proto::encode(&Reply::err(0, errno::EBUSY, "too many connections")));
+                continue;
+            }
+            self.counters.conns.fetch_add(1, Relaxed);
+            self.counters.conns_total.fetch_add(1, Relaxed);
+            let s = self.clone();
+            let r = std::thread::Builder::new().name("fwd-conn".into()).spawn(move || {
+                s.serve_conn(stream);
+                s.counters.conns.fetch_sub(1, Relaxed);
+            });
+            if let Err(e) = r {
+                log::warn!("spawn connection thread: {e}");
+                self.counters.conns.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    /// The decoder half of the master for one connection.
+    fn serve_conn(&self, stream: TcpStream) {
+        let w = match stream.try_clone() {
+            Ok(w) => w,
+            Err(_) => return,
+        };
+        let conn = Arc::new(Conn { w: Mutex::new(w) });
+        let mut r = BufReader::with_capacity(16 << 10, stream);
+        loop {
+            let payload = match proto::read_frame(&mut r) {
+                Ok(p) => p,
+                Err(FrameError::Eof) => return,
+                Err(FrameError::Io(_)) => return,
+                Err(e) => {
+                    self.counters.bad_frames.fetch_add(1, Relaxed);
+                    conn.reply(&Reply::err(0, e.errno(), e.to_string()));
+                    if e.recoverable() {
+                        continue;
+                    }
+                    // Oversized or truncated: the next frame boundary is unknown.
+                    let _ = conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+            };
+            let req: Request = match proto::decode(&payload) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.counters.bad_frames.fetch_add(1, Relaxed);
+                    conn.reply(&Reply::err(0, e.errno(), e.to_string()));
+                    continue;
+                }
+            };
+            if req.id == 0 {
+                self.counters.bad_frames.fetch_add(1, Relaxed);
+                conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"));
+                continue;
+            }
+            let class = classify(&req.op, self.cfg.small_max);
+            let target = first_target(&req.op).filter(|&t| (t as usize) < self.backend.targets.len());
+            if let Some(t) = target {
+                self.stats.queued(t, 1);
+            }
+            let work = Work { req, conn: conn.clone(), arrival_ns: wall_ns(), arrival: Instant::now(), target };
+            if self.txs[class as usize].send(work).is_err() {
+                return;
+            }
+            let _g = self.bell.lock().unwrap();
+            self.bell_cv.notify_one();
+        }
+    }
+
+    fn next(&self, pos: &mut usize, cycle: &[usize]) -> Option<(Work, Class)> {
+        const CLASSES: [Class; 3] = [Class::Meta, Class::Small, Class::Large];
+        loop {
+            let pref = cycle[*pos % cycle.len()];
+            *pos += 1;
+            if let Ok(w) = self.rxs[pref].try_recv() {
+                return Some((w, CLASSES[pref]));
+            }
+            for i in 0..3 {
+                if let Ok(w) = self.rxs[i].try_recv() {
+                    return Some((w, CLASSES[i]));
+                }
+            }
+            // All empty: sleep until a decoder rings (or re-check the stop flag). The check
+            // under the bell's lock pairs with the decoder's push-then-lock: no lost wakeup.
+            let g = self.bell.lock().unwrap();
+            if self.rxs.iter().all(|r| r.is_empty()) {
+                let _ = self.bell_cv.wait_timeout(g, Duration::from_millis(200)).unwrap();
+            }
+            if self.stop.load(Relaxed) {
+                return None;
+            }
+        }
+    }
+
+    fn worker(self: Arc<Self>, idx: usize, cycle: &[usize]) {
+        let mut pos = idx; // workers start at different points of the cycle
+        while let Some((work, class)) = self.next(&mut pos, cycle) {
+            let started = Instant::now();
+            let queue_wait = started.duration_since(work.arrival);
+            if let Some(t) = work.target {
+                self.stats.queued(t, -1);
+            }
+            let mut info = IoInfo::default();
+            let body = self.execute(&work.req, &mut info);
+            let service = started.elapsed();
+            let (result, size) = match (&body, &work.req.op) {
+                (Ok(Body::Data(d)), Op::Read { size, .. }) => (d.len() as i64, *size as u64),
+                (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, data.len() as u64),
+                (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
+                (Ok(_), Op::Write { data, .. }) => (0, data.len() as u64),
+                (Ok(_), _) => (0, 0),
+                (Err(e), Op::Read { size, .. }) => (-(e.errno as i64), *size as u64),
+                (Err(e), Op::Write { data, .. }) => (-(e.errno as i64), data.len() as u64),
+                (Err(e), _) => (-(e.errno as i64), 0),
+            };
+            let reply = Reply { id: work.req.id, body };
+            work.conn.reply(&reply);
+            self.counters.served[class as usize].fetch_add(1, Relaxed);
+            if result < 0 {
+                self.counters.errors.fetch_add(1, Relaxed);
+            }
+            match &work.req.op {
+                Op::Read { .. } if result > 0 => {
+                    self.counters.bytes_read.fetch_add(result as u64, Relaxed);
+                }
+                Op::Write { .. } if result > 0 => {
+                    self.counters.bytes_written.fetch_add(result as u64, Relaxed);
+                }
+                _ => {}
+            }
+            if let Some(t) = info.target {
+                self.stats.record(t, &work.req.op, result, service, !info.throttled.is_zero());
+            }
+            self.sink.push(self.record(&work, &info, queue_wait, service, result, size));
+        }
+    }
+
+    fn record(&self, w: &Work, info: &IoInfo, queue_wait: Duration, service: Duration, result: i64, size: u64) -> IoRecord {
+        use pharos_wire::Op as WOp;
+        let (op, path, offset, ft) = match &w.req.op {
+            Op::Read { path, offset, .. } => (WOp::Pread, path.as_str(), *offset, FileType::Regular),
+            Op::Write { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
+            Op::Create { path, .. } | Op::Open { path, .. } => (WOp::Open, path.as_str(), 0, FileType::Regular),
+            Op::Release { path, .. } => (WOp::Close, path.as_str(), 0, FileType::Regular),
+            Op::Fsync { path, datasync: false, .. } => (WOp::Fsync, path.as_str(), 0, FileType::Regular),
+            Op::Fsync { path, datasync: true, .. } => (WOp::Fdatasync, path.as_str(), 0, FileType::Regular),
+            Op::Lookup { path } | Op::Getattr { path } => (WOp::Stat, path.as_str(), 0, FileType::Unspecified),
+            Op::Unlink { path } | Op::Rmdir { path } => (WOp::Unlink, path.as_str(), 0, FileType::Unspecified),
+            Op::Mkdir { path, .. } => (WOp::Mkdir, path.as_str(), 0, FileType::Directory),
+            Op::Rename { from, .. } => (WOp::Rename, from.as_str(), 0, FileType::Unspecified),
+            Op::Setattr { path, .. } | Op::Readdir { path } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
+            Op::Statfs | Op::Ping => (WOp::Unspecified, "", 0, FileType::Unspecified),
+        };
+        let mut abs = String::with_capacity(path.len() + 1);
+        if !path.starts_with('/') {
+            abs.push('/');
+        }
+        abs.push_str(path);
+        let target = info.target.map(|t| self.backend.targets[t as usize].name.clone()).unwrap_or_default();
+        let start_ns = w.arrival_ns;
+        IoRecord {
+            start_ns,
+            duration_ns: service.as_nanos() as u64,
+            end_ns: start_ns + (queue_wait + service).as_nanos() as u64,
+            layer: Layer::Forwarder as i32,
+            host: self.cfg.node_name.clone(),
+            job_id: w.req.ctx.job_id.clone(),
+            rank: w.req.ctx.rank,
+            pid: w.req.ctx.pid,
+            tid: 0,
+            comm: String::new(),
+            op: op as i32,
+            dev: 0,
+            inode: 0,
+            path: abs,
+            file_type: ft as i32,
+            fd: -1,
+            offset,
+            size,
+            result,
+            count: 1,
+            compute_node: w.req.ctx.compute_node.clone(),
+            forwarding_node: self.cfg.node_name.clone(),
+            target,
+            object_id: info.oid,
+            queue_wait_ns: queue_wait.as_nanos() as u64,
+        }
+    }
+
+    fn execute(&self, req: &Request, info: &mut IoInfo) -> Result<Body, proto::WireError> {
+        let b = &self.backend;
+        let c = &req.ctx;
+        Ok(match &req.op {
+            Op::Ping => Body::Ok,
+            Op::Lookup { path } | Op::Getattr { path } => Body::Attr(b.getattr(path)?),
+            Op::Setattr { path, set } => Body::Attr(b.setattr(path, set)?),
+            Op::Readdir { path } => Body::Entries(b.readdir(path)?),
+            Op::Mkdir { path, mode } => Body::Attr(b.mkdir(path, *mode, c.uid, c.gid)?),
+            Op::Rmdir { path } => {
+                b.rmdir(path)?;
+                Body::Ok
+            }
+            Op::Unlink { path } => {
+                b.unlink(path)?;
+                Body::Ok
+            }
+            Op::Rename { from, to, noreplace } => {
+                b.rename(from, to, *noreplace)?;
+                Body::Ok
+            }
+            Op::Create { path, mode, excl, token } => {
+                let (attr, layout) = b.create(path, *mode, *excl, *token, &c.job_id, c.uid, c.gid)?;
+                info.target = layout.targets.first().copied();
+                info.oid = layout.oid;
+                Body::Opened { attr, layout }
+            }
+            Op::Open { path, write, truncate } => {
+                let (attr, layout) = b.open(path, *write, *truncate)?;
+                info.target = layout.targets.first().copied();
+                info.oid = layout.oid;
+                Body::Opened { attr, layout }
+            }
+            Op::Release { layout, .. } => {
+                b.release(layout)?;
+                info.target = layout.targets.first().copied();
+                info.oid = layout.oid;
+                Body::Ok
+            }
+            Op::Read { layout, offset, size, .. } => {
+                if *size as usize > proto::MAX_IO {
+                    return Err(proto::WireError { errno: errno::EINVAL, msg: "read larger than MAX_IO".into() });
+                }
+                Body::Data(b.read(layout, *offset, *size, info)?)
+            }
+            Op::Write { layout, offset, data, .. } => Body::Written(b.write(layout, *offset, data, info)?),
+            Op::Fsync { layout, datasync, .. } => {
+                b.fsync(layout, *datasync, info)?;
+                Body::Ok
+            }
+            Op::Statfs => Body::Statfs(b.statfs()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrr_cycle_serves_every_class() {
+        let c = wrr_cycle([4, 2, 1]);
+        assert_eq!(c.len(), 7);
+        assert_eq!(c.iter().filter(|&&x| x == 0).count(), 4);
+        assert_eq!(c.iter().filter(|&&x| x == 2).count(), 1);
+        assert_eq!(c[0], 0);
+    }
+}

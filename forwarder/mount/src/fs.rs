@@ -1,0 +1,602 @@
+//! The FUSE file system: every operation becomes one request to the forwarding layer.
+//!
+//! No data cache: files are opened `FOPEN_DIRECT_IO`, attribute and entry TTLs are
+//! `--attr-ttl-ms` (0 by default). The fuser session thread only decodes; each operation
+//! runs on a bounded pool of `--threads` threads (each with its own connections) and
+//! replies from there, so slow requests do not serialise the mount.
+//!
+//! Inode numbers are the namespace's (the MDT directory's) inode numbers, so every
+//! forwarding node gives the same answer and failover is transparent; the mount keeps
+//! ino → path (with kernel lookup counts) and fh → layout. Data requests carry the layout,
+//! so an open file survives renames.
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Sender;
+use fuser::consts::FOPEN_DIRECT_IO;
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use pharos_fwd_proto::{errno, Attr, Body, Ctx, DirEntry, Kind, Layout, Op, SetAttr, Time};
+
+use crate::rpc::{Conns, Rpc};
+
+pub const ROOT: u64 = 1;
+const STALE: &str = "\0stale";
+
+type Task = Box<dyn FnOnce(&mut Conns) + Send>;
+
+/// Job id and rank of processes, cached per pid (bounded, 30 s TTL against pid reuse).
+pub struct JobCache {
+    m: Mutex<HashMap<u32, (Instant, String, i32)>>,
+}
+
+const JOB_CACHE_MAX: usize = 8192;
+const JOB_TTL: Duration = Duration::from_secs(30);
+
+/// Job id from a /proc/<pid>/cgroup text: the last path component `job_<ID>`.
+pub fn job_from_cgroup(text: &str) -> Option<String> {
+    let mut found = None;
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        for c in path.split('/') {
+            if let Some(id) = c.strip_prefix("job_") {
+                if !id.is_empty() {
+                    found = Some(id.trim_end_matches(".scope").to_string());
+                }
+            }
+        }
+    }
+    found
+}
+
+fn env_of(pid: u32) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    if let Ok(b) = std::fs::read(format!("/proc/{pid}/environ")) {
+        for kv in b.split(|&c| c == 0) {
+            if let Ok(s) = std::str::from_utf8(kv) {
+                if let Some((k, v)) = s.split_once('=') {
+                    if matches!(k, "PHAROS_JOB_ID" | "PHAROS_RANK" | "PMI_RANK" | "OMPI_COMM_WORLD_RANK" | "SLURM_PROCID") {
+                        out.insert(k.to_string(), v.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+impl JobCache {
+    pub fn new() -> JobCache {
+        JobCache { m: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn get(&self, pid: u32) -> (String, i32) {
+        if pid == 0 {
+            return (String::new(), -1);
+        }
+        if let Some((t, j, r)) = self.m.lock().unwrap().get(&pid) {
+            if t.elapsed() < JOB_TTL {
+                return (j.clone(), *r);
+            }
+        }
+        let env = env_of(pid);
+        let job = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|t| job_from_cgroup(&t))
+            .or_else(|| env.get("PHAROS_JOB_ID").cloned())
+            .unwrap_or_default();
+        let rank = ["PHAROS_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+            .iter()
+            .find_map(|k| env.get(*k).and_then(|v| v.parse().ok()))
+            .unwrap_or(-1);
+        let mut m = self.m.lock().unwrap();
+        if m.len() >= JOB_CACHE_MAX {
+            m.clear();
+        }
+        m.insert(pid, (Instant::now(), job.clone(), rank));
+        (job, rank)
+    }
+}
+
+impl Default for JobCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Inode {
+    path: String,
+    nlookup: u64,
+}
+
+struct Open {
+    layout: Layout,
+}
+
+pub struct Shared {
+    pub rpc: Rpc,
+    pub jobs: JobCache,
+    inodes: Mutex<HashMap<u64, Inode>>,
+    files: Mutex<HashMap<u64, Arc<Open>>>,
+    dirs: Mutex<HashMap<u64, Option<Arc<Vec<DirEntry>>>>>,
+    next_fh: AtomicU64,
+    ttl: Duration,
+    pub ops: AtomicU64,
+}
+
+pub struct PharosFs {
+    pub sh: Arc<Shared>,
+    pool: Sender<Task>,
+}
+
+fn ftime(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+fn fattr(a: &Attr, ino: u64) -> FileAttr {
+    FileAttr {
+        ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: ftime(a.atime),
+        mtime: ftime(a.mtime),
+        ctime: ftime(a.ctime),
+        crtime: ftime(a.ctime),
+        kind: match a.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::Symlink => FileType::Symlink,
+            _ => FileType::RegularFile,
+        },
+        perm: (a.perm & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn join(parent: &str, name: &OsStr) -> Result<String, i32> {
+    let name = name.to_str().ok_or(errno::EINVAL)?;
+    if parent == STALE {
+        return Err(errno::ENOENT);
+    }
+    Ok(if parent.is_empty() { name.to_string() } else { format!("{parent}/{name}") })
+}
+
+fn tott(t: Option<TimeOrNow>) -> Option<Option<Time>> {
+    t.map(|t| match t {
+        TimeOrNow::Now => None,
+        TimeOrNow::SpecificTime(st) => {
+            let d = st.duration_since(UNIX_EPOCH).unwrap_or_default();
+            Some(Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() })
+        }
+    })
+}
+
+impl Shared {
+    fn path(&self, ino: u64) -> Result<String, i32> {
+        match self.inodes.lock().unwrap().get(&ino) {
+            Some(i) if i.path != STALE => Ok(i.path.clone()),
+            _ => Err(errno::ENOENT),
+        }
+    }
+
+    /// Remembers `path` for the backend inode `ino` (one more kernel lookup). Returns the
+    /// inode number the kernel sees (the root stays 1).
+    fn learn(&self, ino: u64, path: &str) -> u64 {
+        let mut m = self.inodes.lock().unwrap();
+        let e = m.entry(ino).or_insert(Inode { path: path.to_string(), nlookup: 0 });
+        e.path = path.to_string();
+        e.nlookup += 1;
+        ino
+    }
+
+    fn mark_stale(&self, path: &str, keep: Option<u64>) {
+        let mut m = self.inodes.lock().unwrap();
+        for (ino, i) in m.iter_mut() {
+            if i.path == path && Some(*ino) != keep && *ino != ROOT {
+                i.path = STALE.to_string();
+            }
+        }
+    }
+
+    fn ctx(&self, req: &Request<'_>) -> Ctx {
+        let (job_id, rank) = self.jobs.get(req.pid());
+        Ctx { job_id, rank, pid: req.pid(), uid: req.uid(), gid: req.gid(), compute_node: self.rpc.compute_node.clone() }
+    }
+}
+
+impl PharosFs {
+    pub fn new(rpc: Rpc, threads: usize, ttl: Duration) -> PharosFs {
+        let mut inodes = HashMap::new();
+        inodes.insert(ROOT, Inode { path: String::new(), nlookup: u64::MAX / 2 });
+        let sh = Arc::new(Shared {
+            rpc,
+            jobs: JobCache::new(),
+            inodes: Mutex::new(inodes),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            ttl,
+            ops: AtomicU64::new(0),
+        });
+        let (tx, rx) = crossbeam_channel::bounded::<Task>(threads * 4);
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("mount-io-{i}"))
+                .spawn(move || {
+                    let mut conns = Conns::default();
+                    while let Ok(t) = rx.recv() {
+                        t(&mut conns);
+                    }
+                })
+                .expect("spawn io thread");
+        }
+        PharosFs { sh, pool: tx }
+    }
+
+    /// Runs `f` on the I/O pool (blocks the session thread when the pool is saturated:
+    /// backpressure towards the kernel).
+    fn spawn(&self, f: impl FnOnce(&Shared, &mut Conns) + Send + 'static) {
+        let sh = self.sh.clone();
+        sh.ops.fetch_add(1, Relaxed);
+        let _ = self.pool.send(Box::new(move |c: &mut Conns| f(&sh, c)));
+    }
+}
+
+impl Filesystem for PharosFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_DIO | fuser::consts::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Lookup { path: path.clone() }) {
+            Ok(Body::Attr(a)) => {
+                let ino = sh.learn(a.ino, &path);
+                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let mut m = self.sh.inodes.lock().unwrap();
+        if let Some(i) = m.get_mut(&ino) {
+            i.nlookup = i.nlookup.saturating_sub(nlookup);
+            if i.nlookup == 0 {
+                m.remove(&ino);
+            }
+        }
+    }
+
+    fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let kino = ino;
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Getattr { path }) {
+            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, kino)),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn setattr(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set }) {
+            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Mkdir { path: path.clone(), mode: mode & !umask }) {
+            Ok(Body::Attr(a)) => {
+                let ino = sh.learn(a.ino, &path);
+                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(req, parent, name, reply, false)
+    }
+
+    fn rmdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(req, parent, name, reply, true)
+    }
+
+    fn rename(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32, reply: ReplyEmpty) {
+        let ctx = self.sh.ctx(req);
+        let (from, to) = match (self.sh.path(parent).and_then(|p| join(&p, name)), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        if flags & !(libc::RENAME_NOREPLACE) != 0 {
+            return reply.error(errno::EINVAL);
+        }
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
+            Ok(_) => {
+                let mut m = sh.inodes.lock().unwrap();
+                let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
+                // The entry replaced at `to` (if any) is gone.
+                for (ino, i) in m.iter_mut() {
+                    if i.path == to && !moved.contains(ino) && *ino != ROOT {
+                        i.path = STALE.to_string();
+                    }
+                }
+                let pre = format!("{from}/");
+                for i in m.values_mut() {
+                    if i.path == from {
+                        i.path = to.clone();
+                    } else if let Some(rest) = i.path.strip_prefix(&pre) {
+                        i.path = format!("{to}/{rest}");
+                    }
+                }
+                drop(m);
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let excl = flags & libc::O_EXCL != 0;
+        let token = crate::random_token();
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, excl, token }) {
+            Ok(Body::Opened { attr, layout }) => {
+                let ino = sh.learn(attr.ino, &path);
+                let fh = sh.next_fh.fetch_add(1, Relaxed);
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout }));
+                reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let truncate = flags & libc::O_TRUNC != 0;
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, write, truncate }) {
+            Ok(Body::Opened { layout, .. }) => {
+                let fh = sh.next_fh.fetch_add(1, Relaxed);
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout }));
+                reply.opened(fh, FOPEN_DIRECT_IO)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn read(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, size: u32, _flags: i32, _lock: Option<u64>, reply: ReplyData) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        if offset < 0 {
+            return reply.error(errno::EINVAL);
+        }
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Read { path, layout: f.layout.clone(), offset: offset as u64, size }) {
+            Ok(Body::Data(d)) => reply.data(&d),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn write(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        _wflags: u32,
+        _flags: i32,
+        _lock: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        if offset < 0 {
+            return reply.error(errno::EINVAL);
+        }
+        let data = data.to_vec();
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Write { path, layout: f.layout.clone(), offset: offset as u64, data }) {
+            Ok(Body::Written(n)) => reply.written(n),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
+        // No client-side data cache: nothing to write back.
+        if self.sh.files.lock().unwrap().contains_key(&fh) { reply.ok() } else { reply.error(errno::EBADF) }
+    }
+
+    fn release(&mut self, req: &Request<'_>, ino: u64, fh: u64, _flags: i32, _lock: Option<u64>, _flush: bool, reply: ReplyEmpty) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().remove(&fh) else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        self.spawn(move |sh, c| {
+            // close(2) does not report release errors; the daemon counts failures.
+            let _ = sh.rpc.call(c, &ctx, Op::Release { path, layout: f.layout.clone() });
+            reply.ok()
+        });
+    }
+
+    fn fsync(&mut self, req: &Request<'_>, ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Fsync { path, layout: f.layout.clone(), datasync }) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        if let Err(e) = self.sh.path(ino) {
+            return reply.error(e);
+        }
+        let fh = self.sh.next_fh.fetch_add(1, Relaxed);
+        self.sh.dirs.lock().unwrap().insert(fh, None);
+        reply.opened(fh, 0)
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _flags: i32, reply: ReplyEmpty) {
+        self.sh.dirs.lock().unwrap().remove(&fh);
+        reply.ok()
+    }
+
+    fn readdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let cached = match self.sh.dirs.lock().unwrap().get(&fh) {
+            None => return reply.error(errno::EBADF),
+            Some(c) => c.clone(),
+        };
+        self.spawn(move |sh, c| {
+            // The listing is fetched once per opendir (offset 0) and served from the handle.
+            let entries = match cached {
+                Some(e) if offset > 0 => e,
+                _ => match sh.rpc.call(c, &ctx, Op::Readdir { path }) {
+                    Ok(Body::Entries(e)) => {
+                        let e = Arc::new(e);
+                        if let Some(slot) = sh.dirs.lock().unwrap().get_mut(&fh) {
+                            *slot = Some(e.clone());
+                        }
+                        e
+                    }
+                    Ok(_) => return reply.error(errno::EIO),
+                    Err(e) => return reply.error(e),
+                },
+            };
+            let mut all: Vec<(u64, FileType, &str)> = vec![(ino, FileType::Directory, "."), (ROOT, FileType::Directory, "..")];
+            for e in entries.iter() {
+                let k = if e.kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
+                all.push((e.ino, k, e.name.as_str()));
+            }
+            for (i, (ino, k, name)) in all.iter().enumerate().skip(offset.max(0) as usize) {
+                if reply.add(*ino, (i + 1) as i64, *k, name) {
+                    break;
+                }
+            }
+            reply.ok()
+        });
+    }
+
+    fn statfs(&mut self, req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        let ctx = self.sh.ctx(req);
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Statfs) {
+            Ok(Body::Statfs(s)) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+}
+
+impl PharosFs {
+    fn remove(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty, dir: bool) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| {
+            let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };
+            match sh.rpc.call(c, &ctx, op) {
+                Ok(_) => {
+                    sh.mark_stale(&path, None);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_id_from_cgroup_lines() {
+        let v2 = "0::/pharos/job_1234\n";
+        assert_eq!(job_from_cgroup(v2).as_deref(), Some("1234"));
+        let hybrid = "12:memory:/\n1:name=systemd:/user.slice\n0::/pharos/job_77/step_0\n";
+        assert_eq!(job_from_cgroup(hybrid).as_deref(), Some("77"));
+        assert_eq!(job_from_cgroup("0::/user.slice/session-3.scope\n"), None);
+    }
+}

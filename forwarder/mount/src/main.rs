@@ -1,0 +1,167 @@
+//! `pharos-mount`: the Pharos compute-node FUSE client. See forwarder/README.md.
+mod fs;
+mod rpc;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use clap::Parser;
+use fuser::MountOption;
+use serde_json::{json, Value};
+
+use crate::fs::{PharosFs, Shared};
+use crate::rpc::{Mapping, Rpc};
+
+/// A random non-zero u64 (create tokens).
+pub fn random_token() -> u64 {
+    let mut b = [0u8; 8];
+    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 8, 0) };
+    u64::from_le_bytes(b) | 1
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "pharos-mount", version, about = "Pharos compute-node FUSE client")]
+struct Cli {
+    /// Mount point (an existing empty directory).
+    #[arg(long, env = "PHAROS_MOUNT_POINT")]
+    mountpoint: PathBuf,
+    /// A forwarding node NAME=HOST:PORT (repeatable, in ring order).
+    #[arg(long = "fwd", value_name = "NAME=HOST:PORT", env = "PHAROS_MOUNT_FWD", value_delimiter = ',', required = true)]
+    fwd: Vec<String>,
+    /// Index of this compute node: the default forwarding node is index mod #nodes.
+    #[arg(long, env = "PHAROS_MOUNT_NODE_INDEX", default_value_t = 0)]
+    node_index: usize,
+    /// Name of this compute node (in every request's record).
+    #[arg(long, env = "PHAROS_MOUNT_COMPUTE_NODE")]
+    compute_node: Option<String>,
+    /// Initial per-job mapping JOB=NODE[:NODE...] (repeatable).
+    #[arg(long = "job-map", value_name = "JOB=NODE[:NODE...]")]
+    job_map: Vec<String>,
+    /// Admin HTTP listener (loopback), host:port.
+    #[arg(long, env = "PHAROS_MOUNT_ADMIN", default_value = "127.0.0.1:7501")]
+    admin: String,
+    /// I/O threads (concurrent requests in flight).
+    #[arg(long, env = "PHAROS_MOUNT_THREADS", default_value_t = 16)]
+    threads: usize,
+    /// Attribute and entry TTL, ms (0 = no attribute caching).
+    #[arg(long, env = "PHAROS_MOUNT_ATTR_TTL_MS", default_value_t = 0)]
+    attr_ttl_ms: u64,
+    /// Time a forwarding node may take to answer a request, ms.
+    #[arg(long, env = "PHAROS_MOUNT_RPC_TIMEOUT_MS", default_value_t = 60000)]
+    rpc_timeout_ms: u64,
+    /// Written once the FUSE mount is live.
+    #[arg(long, env = "PHAROS_MOUNT_READY_FILE")]
+    ready_file: Option<PathBuf>,
+}
+
+struct AdminState {
+    sh: Arc<Shared>,
+}
+
+async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
+    let mut v = a.sh.rpc.status();
+    v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
+    v["mapping"] = json!(*a.sh.rpc.mapping.load_full());
+    Json(v)
+}
+
+async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
+    let r = &a.sh.rpc;
+    Json(json!({
+        "jobs": r.mapping.load_full().jobs,
+        "default": r.nodes[r.default_idx].name,
+        "nodes": r.nodes.iter().map(|n| json!({"name": n.name, "addr": n.addr})).collect::<Vec<_>>(),
+    }))
+}
+
+async fn put_mapping(State(a): State<Arc<AdminState>>, Json(m): Json<Mapping>) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
+    a.sh.rpc.validate(&m).map_err(|e| (StatusCode::BAD_REQUEST, Json(json!({"error": e}))))?;
+    a.sh.rpc.mapping.store(Arc::new(m.clone()));
+    Ok(Json(json!(m)))
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let mut nodes = Vec::new();
+    for f in &cli.fwd {
+        let (n, a) = f.split_once('=').ok_or_else(|| format!("--fwd {f:?}: expected NAME=HOST:PORT"))?;
+        if nodes.iter().any(|(m, _): &(String, String)| m == n) {
+            return Err(format!("--fwd: node {n} given twice"));
+        }
+        nodes.push((n.to_string(), a.to_string()));
+    }
+    if !cli.mountpoint.is_dir() {
+        return Err(format!("--mountpoint {}: not a directory", cli.mountpoint.display()));
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    let compute_node = cli.compute_node.clone().unwrap_or_else(|| format!("{host}-cn{}", cli.node_index));
+    let rpc = Rpc::new(nodes, cli.node_index, Duration::from_millis(cli.rpc_timeout_ms.max(1)), compute_node);
+    let mut m = Mapping::default();
+    for j in &cli.job_map {
+        let (job, ns) = j.split_once('=').ok_or_else(|| format!("--job-map {j:?}: expected JOB=NODE[:NODE...]"))?;
+        m.jobs.insert(job.to_string(), ns.split(':').map(String::from).collect());
+    }
+    rpc.validate(&m).map_err(|e| format!("--job-map: {e}"))?;
+    rpc.mapping.store(Arc::new(m));
+    let admin_l = std::net::TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
+
+    let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms));
+    let sh = fs.sh.clone();
+    let opts = [
+        MountOption::FSName("pharos".into()),
+        MountOption::Subtype("pharos".into()),
+        MountOption::AllowOther,
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+    ];
+    let session = fuser::spawn_mount2(fs, &cli.mountpoint, &opts).map_err(|e| format!("mount {}: {e}", cli.mountpoint.display()))?;
+    // The mount is live once a stat of the mount point is answered by this file system.
+    std::fs::metadata(&cli.mountpoint).map_err(|e| format!("mount {} not answering: {e}", cli.mountpoint.display()))?;
+
+    let st = Arc::new(AdminState { sh });
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+        rt.block_on(async move {
+            admin_l.set_nonblocking(true).expect("nonblocking");
+            let l = tokio::net::TcpListener::from_std(admin_l).expect("admin listener");
+            let app = Router::new().route("/status", get(status)).route("/mapping", get(get_mapping).put(put_mapping)).with_state(st);
+            if let Err(e) = axum::serve(l, app).await {
+                log::error!("admin server: {e}");
+            }
+        })
+    });
+
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
+    }
+    if let Some(f) = &cli.ready_file {
+        std::fs::write(f, format!("{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.mountpoint.display(), cli.admin, std::process::id()))
+            .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+    }
+    log::info!("pharos-mount: {} mounted (admin {})", cli.mountpoint.display(), cli.admin);
+    while !term.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    log::info!("pharos-mount: unmounting {}", cli.mountpoint.display());
+    // Lazy unmount first so a busy mount point cannot keep us alive; then end the session.
+    if let Ok(c) = std::ffi::CString::new(cli.mountpoint.as_os_str().as_encoded_bytes()) {
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    drop(session);
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("pharos-mount: error: {e}");
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,224 @@
+"""Starts real pharos-fwd daemons and pharos-mount FUSE clients for the forwarder tests.
+
+Everything binds to loopback on free ports, lives under a tmp dir and is stopped with
+SIGTERM (then SIGKILL and a lazy unmount as a fallback) when the cluster closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / "target" / "release"
+
+
+def build_binaries() -> None:
+    subprocess.run(
+        ["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"],
+        cwd=REPO,
+        check=True,
+        timeout=1800,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size > 0:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before ready")
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} not written within {timeout}s")
+
+
+def http(method: str, url: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@dataclass
+class Daemon:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    admin_port: int
+    log: Path
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def status(self) -> dict:
+        return http("GET", self.admin + "/status")
+
+
+@dataclass
+class Mount:
+    path: Path
+    proc: subprocess.Popen
+    admin_port: int
+    log: Path
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def status(self) -> dict:
+        return http("GET", self.admin + "/status")
+
+
+@dataclass
+class Cluster:
+    root: Path
+    n_targets: int = 8
+    daemons: list[Daemon] = field(default_factory=list)
+    mounts: list[Mount] = field(default_factory=list)
+
+    @property
+    def backend(self) -> Path:
+        return self.root / "backend"
+
+    @property
+    def ns(self) -> Path:
+        return self.backend / "mdt" / "ns"
+
+    def start_daemon(self, name: str, *extra: str, kafka: str | None = None) -> Daemon:
+        port, admin = free_port(), free_port()
+        ready = self.root / f"{name}.ready"
+        log = self.root / f"{name}.log"
+        args = [
+            str(BIN / "pharos-fwd"),
+            "--node-name", name,
+            "--listen", f"127.0.0.1:{port}",
+            "--admin", f"127.0.0.1:{admin}",
+            "--mdt", str(self.backend / "mdt"),
+            "--targets-root", str(self.backend),
+            "--target-count", str(self.n_targets),
+            "--ready-file", str(ready),
+            *(["--brokers", kafka] if kafka else ["--no-kafka"]),
+            *extra,
+        ]
+        proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        wait_file(ready, proc)
+        d = Daemon(name, proc, port, admin, log)
+        self.daemons.append(d)
+        return d
+
+    def start_mount(self, daemons: list[Daemon], node_index: int = 0, *extra: str) -> Mount:
+        mp = self.root / f"mnt{len(self.mounts)}"
+        mp.mkdir()
+        admin = free_port()
+        ready = self.root / f"{mp.name}.ready"
+        log = self.root / f"{mp.name}.log"
+        args = [
+            str(BIN / "pharos-mount"),
+            "--mountpoint", str(mp),
+            "--node-index", str(node_index),
+            "--compute-node", f"cn{node_index}",
+            "--admin", f"127.0.0.1:{admin}",
+            "--ready-file", str(ready),
+            *[a for d in daemons for a in ("--fwd", f"{d.name}={d.addr}")],
+            *extra,
+        ]
+        proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        wait_file(ready, proc)
+        m = Mount(mp, proc, admin, log)
+        self.mounts.append(m)
+        return m
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen, timeout: float = 15) -> int | None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+    def close(self) -> None:
+        for m in self.mounts:
+            self._stop(m.proc)
+            if os.path.ismount(m.path):
+                subprocess.run(["umount", "-l", str(m.path)], check=False)
+        for d in self.daemons:
+            self._stop(d.proc)
+
+
+def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
+    """Runs fio with JSON output; raises with fio's output when it fails."""
+    cmd = ["fio", "--output-format=json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise AssertionError(f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    out = r.stdout[r.stdout.index("{"):]
+    return json.loads(out)
+
+
+# --- raw protocol frames (bincode 1, fixint, little endian; see forwarder/fwd-proto) ---
+
+VERSION = 1
+
+
+def _s(x: str) -> bytes:
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "") -> bytes:
+    """A `Request` payload: id, Ctx, then `Op` variant index and its fields."""
+    ctx = _s(job) + struct.pack("<iIII", -1, 0, 0, 0) + _s("test")
+    return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields
+
+
+def frame(payload: bytes, version: int = VERSION) -> bytes:
+    return struct.pack("<I", len(payload) + 1) + bytes([version]) + payload
+
+
+OP_PING, OP_LOOKUP, OP_GETATTR = 0, 1, 2
+OP_MKDIR = 5
+
+
+def read_reply(sock: socket.socket) -> tuple[int, int | None, bytes]:
+    """Reads one reply frame: (id, errno or None when Ok, rest of the payload)."""
+
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
+            buf += chunk
+        return buf
+
+    (n,) = struct.unpack("<I", exact(4))
+    body = exact(n)
+    assert body[0] == VERSION
+    rid, variant = struct.unpack("<QI", body[1:13])
+    if variant == 1:
+        (err,) = struct.unpack("<i", body[13:17])
+        return rid, err, body[17:]
+    return rid, None, body[13:]
