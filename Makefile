@@ -5,7 +5,7 @@ export PATH := $(HOME)/.cargo/bin:$(HOME)/.local/bin:$(PATH)
 
 STAMPS := build/.stamps
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev fuse3 libfuse3-dev \
-	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps
+	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps prometheus-alertmanager
 UV := uv
 RUN := $(UV) run --frozen
 
@@ -39,8 +39,8 @@ proto: python ## Generate the wire contract's Python code (Rust generates at bui
 	@$(RUN) python -m grpc_tools.protoc -I proto --python_out=pipeline/pharos_pipeline/wire \
 	  --pyi_out=pipeline/pharos_pipeline/wire proto/pharos/v1/io.proto
 
-build: deps ## Build the eBPF agent (Rust, libbpf-rs) in release mode
-	@cargo build --release --quiet -p pharos-agent
+build: deps ## Build the eBPF agent, forwarding daemon and FUSE client (Rust, release)
+	@cargo build --release --quiet -p pharos-agent -p pharos-fwd -p pharos-mount
 
 kafka: deps ## Fetch the pinned Kafka jars with Maven into build/kafka (git-ignored)
 	@bash pipeline/kafka/fetch.sh build/kafka
@@ -53,8 +53,9 @@ test: setup ## All tests: Rust (incl. root eBPF tests) and Python (unit + end-to
 	@cargo test --release --quiet -p pharos-agent -- --ignored
 	@$(RUN) pytest -q
 
-bench: setup ## Benchmarks (agent overhead: fio with vs without the agent)
+bench: setup ## Benchmarks: agent overhead (fio with vs without), forwarding layer vs direct
 	@$(RUN) python bench/agent_overhead.py
+	@$(RUN) python bench/forwarder.py
 
 down: ## Stop a stack left running by `make demo`
 	@$(RUN) pharos down

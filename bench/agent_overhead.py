@@ -85,7 +85,7 @@ def main() -> int:
     print(f"starting a private stack in {state} ...", flush=True)
     stack.start(settings)
     events = JobEventProducer(settings)
-    agent = next(c for c in stack.COMPONENTS if c.name == "agent")
+    agent = next(c for c in stack.components(settings) if c.name == "agent")
     rows = []
     try:
         for label, bs in CASES:

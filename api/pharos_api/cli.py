@@ -159,19 +159,80 @@ def agent(
     binary = settings.agent_binary
     if not binary.exists():
         fail(f"agent binary {binary} not built: run `make build`", 2)
-    run_dir = settings.state_dir / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from .stack import ready_file
+
+    ready_file(settings, "agent").parent.mkdir(parents=True, exist_ok=True)
     argv = [
         str(binary),
         "--brokers", settings.kafka_bootstrap,
         "--topic", settings.topic_requests,
         "--cgroup-parent", settings.cgroup_parent,
-        "--ready-file", str(run_dir / "agent.ready"),
+        "--ready-file", str(ready_file(settings, "agent")),
         "--metrics-addr", settings.agent_metrics_addr,
         "--block-jobs-only",
         *(extra or []),
     ]
     os.execv(argv[0], argv)
+
+
+@app.command()
+def fwd(
+    index: Annotated[int, typer.Option("--index", "-i", min=0, help="Forwarding node number: fwd<INDEX>.")] = 0,
+    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-fwd.")] = None,
+) -> None:
+    """Run forwarding daemon fwd<INDEX> (LWFS-style) on the shared storage targets."""
+    from .stack import ready_file
+
+    s = get_settings()
+    if not s.fwd_binary.exists():
+        fail(f"forwarding daemon {s.fwd_binary} not built: run `make build`", 2)
+    port = lambda k: 0 if s.fwd_port_base == 0 else s.fwd_port_base + 10 * index + k  # noqa: E731
+    (s.fwd_backend / "mdt").mkdir(parents=True, exist_ok=True)
+    ready_file(s, f"fwd{index}").parent.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(s.fwd_binary), "--node-name", f"fwd{index}",
+        "--listen", f"127.0.0.1:{port(0)}", "--admin", f"127.0.0.1:{port(1)}",
+        "--mdt", str(s.fwd_backend / "mdt"), "--targets-root", str(s.fwd_backend),
+        "--target-count", str(s.fwd_targets),
+        "--brokers", s.kafka_bootstrap, "--topic", s.topic_requests, "--metrics-topic", s.topic_target_metrics,
+        "--ready-file", str(ready_file(s, f"fwd{index}")),
+    ]
+    for t, limit in enumerate(s.fwd_target_limits_mb_s[: s.fwd_targets]):
+        if limit > 0:
+            argv += ["--limit", f"ost{t}={limit:g}"]
+    os.execv(argv[0], argv + list(extra or []))
+
+
+@app.command()
+def mount(
+    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-mount.")] = None,
+) -> None:
+    """Mount the forwarding layer (FUSE client) at <state_dir>/mnt, on the running fwd daemons."""
+    import subprocess
+
+    from .stack import ready_file
+
+    s = get_settings()
+    if not s.mount_binary.exists():
+        fail(f"FUSE client {s.mount_binary} not built: run `make build`", 2)
+    nodes = []
+    for i in range(s.fwd_nodes):
+        f = ready_file(s, f"fwd{i}")
+        if not f.exists():
+            fail(f"forwarding daemon fwd{i} is not running (no {f}): start it with `pharos up`", 2)
+        nodes += ["--fwd", f"fwd{i}={json.loads(f.read_text())['listen']}"]
+    mp = s.mount_point
+    try:
+        mp.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a stale FUSE mount left by a crash: "Transport endpoint is not connected"
+        subprocess.run(["fusermount3", "-uz", str(mp)], check=False)
+        mp.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(s.mount_binary), "--mountpoint", str(mp), *nodes,
+        "--node-index", str(s.compute_node_index), "--admin", f"127.0.0.1:{s.mount_admin_port}",
+        "--ready-file", str(ready_file(s, "mount")),
+    ]
+    os.execv(argv[0], argv + list(extra or []))
 
 
 @app.command()

@@ -1,10 +1,13 @@
 """``pharos demo`` (the main job): trace three real fio jobs end to end and report them.
 
-Starts the embedded stack (``pharos up``), runs an N-N job (4 ranks, a file each), an N-1
-job (4 ranks, one shared file, disjoint offsets) and a 1-1 job (1 rank) through
-``pharos run``, then prints each job's summary from the API next to what fio itself
-reported in its JSON output. Exit code 0 only if every pattern is right and every job's
-``bytes_written`` equals fio's bytes exactly.
+Starts the embedded stack (``pharos up``: broker, eBPF agent, forwarding daemons, the
+FUSE mount, pipeline + API), runs an N-N job (4 ranks, a file each), an N-1 job (4 ranks,
+one shared file, disjoint offsets) and a 1-1 job (1 rank) through ``pharos run`` on the
+forwarding layer's mount, then prints each job's summary from the API, as the eBPF agent
+saw it on the compute node (client layer) and as the forwarding daemons served it
+(forwarder layer), next to what fio itself reported in its JSON output. Exit code 0 only if
+every pattern is right and every job's ``bytes_written`` equals fio's bytes exactly on
+every layer.
 """
 
 from __future__ import annotations
@@ -68,15 +71,16 @@ def fio_totals(outputs: list[Path]) -> dict[str, int]:
     return totals
 
 
-def wait_for_summary(api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0) -> dict | None:
-    """Poll ``GET /v1/jobs/{job_id}`` until the job is finished and its bytes_written has
+def wait_for_summary(api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0,
+                     layer: str = "client") -> dict | None:
+    """Poll ``GET /v1/jobs/{job_id}?layer=...`` until the job is finished and its bytes_written has
     reached ``expect_bytes`` and stayed unchanged for a second (late records settle), or
     until the timeout. Returns the last summary seen, or None if the job never appeared."""
     deadline = time.monotonic() + timeout_s
     last, stable_since = None, None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", timeout=5)
+            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", params={"layer": layer}, timeout=5)
         except httpx.HTTPError:
             r = None
         if r is not None and r.status_code == 200:
@@ -102,7 +106,8 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
     console.rule("[bold]Pharos demo: starting the embedded stack")
     stack.start(settings, progress=lambda s: console.print(f"  {s}"))
     stamp = time.strftime("%y%m%d%H%M%S")
-    base = settings.state_dir / "demo" / stamp
+    on_mount = settings.fwd_nodes > 0
+    base = (settings.mount_point if on_mount else settings.state_dir) / "demo" / stamp
     results = []
     for job in DEMO_JOBS:
         job_id = f"{job.kind.lower().replace('-', '')}-{stamp}"
@@ -115,22 +120,26 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
                       output_dir=settings.state_dir / "demo-output" / job_id)
         if res.exit_code != 0:
             console.print(f"[red]  fio failed with exit code {res.exit_code}[/]")
-            results.append((job, job_id, None, None))
+            results.append((job, job_id, None, None, None))
             continue
         fio = fio_totals(res.outputs)
         summary = wait_for_summary(settings.api_url, job_id, fio["bytes_written"])
-        results.append((job, job_id, fio, summary))
+        fwd = (wait_for_summary(settings.api_url, job_id, fio["bytes_written"], layer="forwarder")
+               if on_mount else None)
+        results.append((job, job_id, fio, summary, fwd))
         shutil.rmtree(data_dir, ignore_errors=True)
 
     console.rule("[bold]Pharos per-job summaries vs fio's own JSON")
     ok_all = True
-    for job, job_id, fio, s in results:
+    for job, job_id, fio, s, fwd in results:
         if fio is None or s is None:
             ok_all = False
             console.print(f"[red]NO [/] {job_id}: {'fio failed' if fio is None else 'no summary from the API'}")
             continue
         writes = sum(v for k, v in s["ops"].items() if k in ("write", "pwrite", "writev"))
         ok = s["pattern"] == job.kind and s["bytes_written"] == fio["bytes_written"] and writes == fio["writes"]
+        if on_mount:
+            ok &= fwd is not None and fwd["bytes_written"] == fio["bytes_written"] and fwd["pattern"] == job.kind
         ok_all &= ok
         mark = "[green]OK [/]" if ok else "[red]NO [/]"
         console.print(f"{mark} [bold]{job_id}[/]  pattern [bold]{s['pattern']}[/] (expected {job.kind}), "
@@ -139,6 +148,9 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
                       f"writes {writes} (fio: {fio['writes']})", highlight=False)
         console.print(f"    {s['data_records']} record(s) for {s['data_requests']} data requests after merging, "
                       f"{_mib(s['bytes_written'])}, dropped records: {s['dropped_records']}", highlight=False)
+        if fwd is not None:
+            console.print(f"    forwarding layer: {fwd['bytes_written']} bytes written in {fwd['data_requests']} "
+                          f"requests, pattern {fwd['pattern']}", highlight=False)
     console.print(f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
                   f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)")
     if keep_running:

@@ -1,7 +1,8 @@
 """The embedded stack: Kafka broker, eBPF agent, and pipeline + analytics + API (chDB).
 
 ``pharos up`` starts each component as its own long-running process (``pharos broker``,
-``pharos agent``, ``pharos serve``) in a new session, with a pid file in
+``pharos agent``, ``pharos fwd --index I`` for each forwarding node, ``pharos mount``,
+``pharos serve``) in a new session, with a pid file in
 ``<state_dir>/run/`` and a log in ``<state_dir>/logs/``, and waits until each is ready.
 ``pharos down`` stops them (SIGTERM, then SIGKILL after a grace period);
 ``pharos status`` reports them. Starting is idempotent: a running component is kept.
@@ -29,10 +30,13 @@ class StackError(RuntimeError):
 
 @dataclass(frozen=True)
 class Component:
+    """One process of the stack; ``ready_file`` (in <state>/run) is removed before a start."""
+
     name: str
     argv: list[str]
     ready: Callable[[Settings], bool]
     timeout_s: float
+    ready_file: str | None = None
 
 
 def _pharos(*args: str) -> list[str]:
@@ -50,8 +54,13 @@ def broker_ready(settings: Settings) -> bool:
     return all(t in md.topics for t in (settings.topic_requests, settings.topic_jobs, settings.topic_deadletter))
 
 
-def agent_ready(settings: Settings) -> bool:
-    return (settings.state_dir / "run" / "agent.ready").exists()
+def ready_file(settings: Settings, name: str) -> Path:
+    """The file a component writes once it serves (its content: JSON with its addresses)."""
+    return settings.state_dir / "run" / f"{name}.ready"
+
+
+def _file_ready(name: str) -> Callable[[Settings], bool]:
+    return lambda settings: ready_file(settings, name).exists()
 
 
 def api_ready(settings: Settings) -> bool:
@@ -61,11 +70,18 @@ def api_ready(settings: Settings) -> bool:
         return False
 
 
-COMPONENTS = [
-    Component("broker", _pharos("broker"), broker_ready, 120),
-    Component("agent", _pharos("agent"), agent_ready, 60),
-    Component("serve", _pharos("serve"), api_ready, 90),
-]
+def components(settings: Settings) -> list[Component]:
+    """The stack's processes in start order (reverse for stop)."""
+    comps = [
+        Component("broker", _pharos("broker"), broker_ready, 120),
+        Component("agent", _pharos("agent"), _file_ready("agent"), 60, "agent"),
+    ]
+    for i in range(settings.fwd_nodes):
+        comps.append(Component(f"fwd{i}", _pharos("fwd", "--index", str(i)), _file_ready(f"fwd{i}"), 30, f"fwd{i}"))
+    if settings.fwd_nodes:
+        comps.append(Component("mount", _pharos("mount"), _file_ready("mount"), 30, "mount"))
+    comps.append(Component("serve", _pharos("serve"), api_ready, 90))
+    return comps
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -111,11 +127,11 @@ def start(settings: Settings, progress: Callable[[str], None] = lambda s: None) 
     """
     if settings.state_dir.exists() is False:
         settings.state_dir.mkdir(parents=True)
-    for comp in COMPONENTS:
+    for comp in components(settings):
         if pid_of(settings, comp.name) is None:
             progress(f"starting {comp.name}")
-            if comp.name == "agent":
-                (_run_dir(settings) / "agent.ready").unlink(missing_ok=True)
+            if comp.ready_file:
+                ready_file(settings, comp.ready_file).unlink(missing_ok=True)
             log = open(_log_path(settings, comp.name), "ab")
             env = dict(os.environ, **settings_env(settings))
             p = subprocess.Popen(comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -146,7 +162,7 @@ def _exited(name: str, settings: Settings) -> bool:
 
 def stop(settings: Settings, grace_s: float = 20.0, progress: Callable[[str], None] = lambda s: None) -> None:
     """Stop the components in reverse order: SIGTERM, then SIGKILL after ``grace_s``."""
-    for comp in reversed(COMPONENTS):
+    for comp in reversed(components(settings)):
         stop_component(settings, comp.name, grace_s, progress)
 
 
@@ -196,5 +212,5 @@ def status(settings: Settings) -> list[dict]:
     return [
         {"name": c.name, "pid": pid_of(settings, c.name), "ready": c.ready(settings),
          "log": str(_log_path(settings, c.name))}
-        for c in COMPONENTS
+        for c in components(settings)
     ]

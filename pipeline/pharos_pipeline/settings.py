@@ -68,6 +68,24 @@ class Settings(BaseSettings):
     agent_metrics_addr: str = Field(
         default="127.0.0.1:9435", description="Loopback address of the agent's Prometheus metrics ('' = off)."
     )
+    fwd_binary: Path = Field(default=REPO_ROOT / "target" / "release" / "pharos-fwd",
+                             description="The forwarding daemon built by `make build`.")
+    mount_binary: Path = Field(default=REPO_ROOT / "target" / "release" / "pharos-mount",
+                               description="The FUSE client built by `make build`.")
+    fwd_nodes: int = Field(default=2, ge=0, description="Forwarding daemons `pharos up` starts (0: no forwarding layer).")
+    fwd_port_base: int = Field(
+        default=7400, ge=0,
+        description="Forwarding node i listens on base+10i and serves admin HTTP on base+10i+1 (loopback); 0: free ports.",
+    )
+    fwd_targets: int = Field(default=8, ge=1, description="Storage targets (OSTs) behind the forwarding daemons.")
+    fwd_target_limits_mb_s: list[float] = Field(
+        default_factory=list,
+        description="Token-bucket limit of each target in MB/s (ost0, ost1, ...; 0 or missing: unlimited).",
+    )
+    mount_admin_port: int = Field(default=7501, ge=0, description="Admin HTTP port of the FUSE client (0: a free port).")
+    compute_node_index: int = Field(
+        default=0, ge=0, description="This compute node's index: its default forwarding node is index mod fwd_nodes."
+    )
     cgroup_parent: str = Field(
         default="pharos",
         description="cgroup v2 folder (relative to the cgroup2 mount) under which `pharos run` creates job_<id>.",
@@ -76,6 +94,16 @@ class Settings(BaseSettings):
     @property
     def chdb_path(self) -> Path:
         return self.state_dir / "chdb"
+
+    @property
+    def mount_point(self) -> Path:
+        """Where `pharos up` mounts the forwarding layer (the FUSE client)."""
+        return self.state_dir / "mnt"
+
+    @property
+    def fwd_backend(self) -> Path:
+        """The storage targets (ost0..) and namespace (mdt) the forwarding daemons share."""
+        return self.state_dir / "fwd"
 
     @property
     def api_url(self) -> str:

@@ -1,8 +1,10 @@
-"""End to end with real components: the Kafka broker, the eBPF agent on this kernel,
-the pipeline on chDB, the API, and real fio jobs launched by ``pharos run``.
+"""End to end with real components: the Kafka broker, the eBPF agent on this kernel, the
+forwarding daemons and the FUSE mount, the pipeline on chDB, the API, and real fio jobs
+launched by ``pharos run`` on the mount.
 
 Asserts, per job, exact bytes and operation counts against fio's own JSON output, and the
-job's I/O pattern. Needs root (eBPF, cgroups); without root it is skipped with that reason.
+job's I/O pattern, on the client layer (eBPF) and on the forwarder layer (pharos-fwd's
+per-request records). Needs root (eBPF, cgroups, FUSE); without root it is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def live_stack(tmp_path_factory):
     settings = Settings(
         state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
         cgroup_parent="pharos-test", agent_metrics_addr=f"127.0.0.1:{free_port()}",
+        fwd_port_base=0, mount_admin_port=0,
     )
     try:
         stack.start(settings)
@@ -49,7 +52,7 @@ def live_stack(tmp_path_factory):
 def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
     settings = live_stack
     job_id = f"e2e-{job.kind.lower().replace('-', '')}-{os.getpid()}"
-    data_dir = tmp_path / "data"
+    data_dir = settings.mount_point / job_id
     data_dir.mkdir()
     res = run_job(settings, job_id, fio_command(job, data_dir, job.kind), ranks=job.ranks,
                   output_dir=tmp_path / "out")
@@ -73,4 +76,12 @@ def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
     assert s["n_files"] == expected_files
     assert all(f["path"].startswith(str(data_dir)) for f in s["files"])
     # Beacon's online compression: sequential same-size requests arrive merged.
-    assert s["records"] < s["requests"]
+    assert s["data_records"] < s["data_requests"] == fio["writes"]
+
+    # the same job as the forwarding daemons served it
+    f = wait_for_summary(settings.api_url, job_id, fio["bytes_written"], timeout_s=60, layer="forwarder")
+    assert f is not None, "no forwarder-layer records"
+    assert f["bytes_written"] == fio["bytes_written"]
+    assert f["pattern"] == job.kind
+    assert f["io_ranks"] == job.ranks
+    assert f["n_files"] == expected_files

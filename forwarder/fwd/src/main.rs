@@ -146,6 +146,9 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let listener = TcpListener::bind(&cli.listen).map_err(|e| format!("--listen {}: {e}", cli.listen))?;
     let admin_l = TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
+    // Port 0 asks the kernel for a free port: the ready file carries the bound addresses.
+    let listen_addr = listener.local_addr().map_err(|e| format!("--listen {}: {e}", cli.listen))?;
+    let admin_addr = admin_l.local_addr().map_err(|e| format!("--admin {}: {e}", cli.admin))?;
     let producer_id = format!("pharos-fwd-{}-{}-{:x}", cli.node_name, std::process::id(), wall_ns());
     let host = cli.node_name.clone();
     let brokers = if cli.no_kafka { None } else { Some(cli.brokers.as_str()) };
@@ -176,10 +179,10 @@ fn run(cli: Cli) -> Result<(), String> {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
     }
     if let Some(f) = &cli.ready_file {
-        std::fs::write(f, format!("{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.listen, cli.admin, std::process::id()))
+        std::fs::write(f, format!("{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", listen_addr, admin_addr, std::process::id()))
             .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
     }
-    log::info!("pharos-fwd {} serving on {} (admin {})", cli.node_name, cli.listen, cli.admin);
+    log::info!("pharos-fwd {} serving on {} (admin {})", cli.node_name, listen_addr, admin_addr);
     let interval = Duration::from_millis(cli.metrics_interval_ms as u64);
     let mut next = Instant::now() + interval;
     let mut start_ns = wall_ns();

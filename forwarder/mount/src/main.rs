@@ -109,6 +109,7 @@ fn run(cli: Cli) -> Result<(), String> {
     rpc.validate(&m).map_err(|e| format!("--job-map: {e}"))?;
     rpc.mapping.store(Arc::new(m));
     let admin_l = std::net::TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
+    let admin_addr = admin_l.local_addr().map_err(|e| format!("--admin {}: {e}", cli.admin))?;
 
     let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms));
     let sh = fs.sh.clone();
@@ -141,10 +142,10 @@ fn run(cli: Cli) -> Result<(), String> {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
     }
     if let Some(f) = &cli.ready_file {
-        std::fs::write(f, format!("{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.mountpoint.display(), cli.admin, std::process::id()))
+        std::fs::write(f, format!("{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.mountpoint.display(), admin_addr, std::process::id()))
             .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
     }
-    log::info!("pharos-mount: {} mounted (admin {})", cli.mountpoint.display(), cli.admin);
+    log::info!("pharos-mount: {} mounted (admin {})", cli.mountpoint.display(), admin_addr);
     while !term.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
     }
