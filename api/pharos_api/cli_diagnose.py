@@ -1,6 +1,7 @@
 """``pharos diagnose JOB`` and ``pharos import darshan LOG...``.
 
-``diagnose`` asks the API (like ``pharos job``): ``GET /v1/jobs/{id}/insights``.
+``diagnose`` asks the API (like ``pharos job``): ``GET /v1/jobs/{id}/insights``, then
+``GET /v1/jobs/{id}/interference`` (printed when the server has it; not in ``--json``).
 
 ``import darshan`` works with or without the stack. chDB allows one process per data
 directory, so: if the API answers (``pharos serve`` / ``pharos up`` holds the store), the
@@ -145,7 +146,16 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(r.text)
             return
-        render_diagnosis(Console(), r.json())
+        console = Console()
+        render_diagnosis(console, r.json())
+        # the interference the job suffered (forwarder-layer data; optional: older servers lack it)
+        try:
+            inter = api_get(url, f"/v1/jobs/{quote(job_id, safe='')}/interference").json()
+        except (ApiError, ValueError):
+            return
+        from .cli_system import render_interference
+
+        render_interference(console, inter)
 
     imp = typer.Typer(help="Import I/O records from other tools.", no_args_is_help=True)
     app.add_typer(imp, name="import")

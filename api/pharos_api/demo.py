@@ -29,16 +29,31 @@ from . import stack
 
 @dataclass(frozen=True)
 class FioJob:
-    """One demo job: ``fio_args`` is a shell word list; ``$PHAROS_RANK`` expands per rank."""
+    """One demo job: ``fio_args`` is a shell word list; ``$PHAROS_RANK`` expands per rank.
+
+    ``shared_file``: (name, bytes) of a file the job's ranks share, created at its final
+    size before the ranks start, as an MPI application's collective create would. Without
+    it, each independent fio process that finds the file shorter than its own offset +
+    size unlinks and re-creates it (fio's layout step), racing the other ranks.
+    """
 
     kind: str
     ranks: int
     fio_args: str
+    shared_file: tuple[str, int] | None = None
+
+    def prepare(self, data_dir: Path) -> None:
+        """Create the job's shared file, if any, at its final size (sparse)."""
+        if self.shared_file is not None:
+            name, size = self.shared_file
+            with open(data_dir / name, "wb") as f:
+                f.truncate(size)
 
 
 DEMO_JOBS = [
     FioJob("N-N", 4, "--rw=write --bs=1m --size=32m --filename={dir}/data.$PHAROS_RANK"),
-    FioJob("N-1", 4, "--rw=write --bs=256k --size=16m --filename={dir}/shared --offset=$((PHAROS_RANK*16))m"),
+    FioJob("N-1", 4, "--rw=write --bs=256k --size=16m --filename={dir}/shared --offset=$((PHAROS_RANK*16))m",
+           shared_file=("shared", 4 * 16 * 2**20)),
     FioJob("1-1", 1, "--rw=write --bs=4k --size=32m --filename={dir}/single"),
 ]
 
@@ -114,6 +129,7 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         data_dir = base / job_id
         data_dir.mkdir(parents=True, exist_ok=True)
         console.rule(f"[bold]{job.kind} job {job_id}: {job.ranks} rank(s) of fio")
+        job.prepare(data_dir)
         cmd = fio_command(job, data_dir, job.kind)
         console.print("  " + " ".join(cmd))
         res = run_job(settings, job_id, cmd, ranks=job.ranks, name=f"fio-{job.kind}",

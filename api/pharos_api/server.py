@@ -34,6 +34,11 @@ def serve(settings: Settings) -> None:
     consumer.start()
     app = create_app(store, settings)
     app.state.pipeline = pipeline
+    # system-side diagnosis: fail-slow + interference every [diagnosis] detect_period_s, alerts
+    from pharos_analytics.alerts import DetectionLoop
+
+    sysdiag = DetectionLoop(store, generator_url=settings.api_url + "/v1/anomalies").start()
+    app.state.sysdiag = sysdiag
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning")
     server = uvicorn.Server(config)
     log.info("API on %s (OpenAPI at %s/docs)", settings.api_url, settings.api_url)
@@ -41,6 +46,7 @@ def serve(settings: Settings) -> None:
         server.run()
     finally:
         stop.set()
+        sysdiag.stop()
         consumer.join(timeout=30)
         store.close()
         log.info("stopped")

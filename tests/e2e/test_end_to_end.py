@@ -54,6 +54,7 @@ def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
     job_id = f"e2e-{job.kind.lower().replace('-', '')}-{os.getpid()}"
     data_dir = settings.mount_point / job_id
     data_dir.mkdir()
+    job.prepare(data_dir)
     res = run_job(settings, job_id, fio_command(job, data_dir, job.kind), ranks=job.ranks,
                   output_dir=tmp_path / "out")
     assert res.exit_code == 0, f"fio failed: {res.rank_exit_codes}"
