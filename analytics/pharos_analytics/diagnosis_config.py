@@ -15,8 +15,10 @@ Sources of the defaults:
   0.3, ``interface_stdio`` 0.1, ``imbalance_operations`` 0.1.
 * **Beacon** (Yang et al., NSDI'19): a job is metadata-heavy above 1,000 metadata
   operations per second.
-* **Pharos**: the rest (phase gap, sustain window, file/fsync/stripe thresholds), chosen
-  here and marked so in the field descriptions.
+* **Beacon §5.3** (slow node detection): ``failslow_bw_ratio`` 0.5, ``failslow_volume_ratio``
+  0.6, ``failslow_windows_s`` 1 h, 4 h, 12 h, 96 h.
+* **Pharos**: the rest (phase gap, sustain window, file/fsync/stripe thresholds, the fail-slow
+  model, interference, alerting), chosen here and marked so in the field descriptions.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ MiB = 1 << 20
 
 
 class DiagnosisConfig(BaseSettings):
-    """Every threshold of :mod:`pharos_analytics.phases` and :mod:`pharos_analytics.insights`."""
+    """Every threshold of :mod:`pharos_analytics.phases`, :mod:`pharos_analytics.insights` and the
+    system-side diagnosis (:mod:`~pharos_analytics.failslow`, :mod:`~pharos_analytics.interference`,
+    :mod:`~pharos_analytics.alerts`)."""
 
     model_config = SettingsConfigDict(env_prefix="PHAROS_DIAGNOSIS_", extra="ignore")
 
@@ -120,6 +124,86 @@ class DiagnosisConfig(BaseSettings):
     scan_max_records: int = Field(
         default=500_000, ge=1000,
         description="Pharos. Most records read into Python for read-after-write detection; the rest is not scanned (reported).",
+    )
+
+    # -- system-side diagnosis: fail-slow nodes (Beacon NSDI'19 §5.3; Pharos) ------------
+    failslow_windows_s: list[float] = Field(
+        default=[3600.0, 14400.0, 43200.0, 345600.0], min_length=1,
+        description="Beacon §5.3 (1 h, 4 h, 12 h, 96 h). Widening look-back windows (s) of fail-slow "
+        "detection: flagged in every window = persistent, in the shortest only = transient.",
+    )
+    failslow_bw_ratio: float = Field(
+        default=0.5, gt=0, le=1,
+        description="Beacon §5.3. A node is slow when its average AND maximum bandwidth are below this "
+        "share of the peers' mean maximum bandwidth ...",
+    )
+    failslow_volume_ratio: float = Field(
+        default=0.6, ge=0,
+        description="Beacon §5.3. ... while it serves more than this share of the peers' mean volume (bytes).",
+    )
+    failslow_z: float = Field(
+        default=3.5, gt=0,
+        description="Pharos (Iglewicz-Hoaglin cut-off). Robust z-score (median/IQR scaled to a standard "
+        "deviation, on log features) above which a node's service time is an outlier among its peers.",
+    )
+    failslow_min_ratio: float = Field(
+        default=2.0, gt=1,
+        description="Pharos. The outlier must also be this many times slower (service time per byte, against "
+        "the peers' median) so that a tight peer group does not turn small differences into alerts.",
+    )
+    failslow_min_ops: int = Field(
+        default=20, ge=1, description="Pharos. Requests a node must have served in a window to be judged (load guard)."
+    )
+    failslow_min_busy_share: float = Field(
+        default=0.3, ge=0, le=1,
+        description="Pharos. Share (0-1) of the window's intervals in which the node served requests (load guard).",
+    )
+    failslow_min_peers: int = Field(
+        default=3, ge=2, description="Pharos. Nodes (including the judged one) needed for a peer comparison."
+    )
+    failslow_critical_ratio: float = Field(
+        default=4.0, gt=1, description="Pharos. Slowdown (x peers' median) at which a fail-slow anomaly is critical, else warning."
+    )
+    # -- interference (Pharos) -------------------------------------------------------------
+    interference_window_s: float = Field(
+        default=60.0, gt=0, description="Pharos. Width (s) of the windows in which a job's co-located jobs are compared."
+    )
+    interference_lookback_s: float = Field(
+        default=3600.0, gt=0,
+        description="Pharos. History (s) the periodic detection reads for interference (quiet baselines + current windows).",
+    )
+    interference_latency_ratio: float = Field(
+        default=1.5, gt=1,
+        description="Pharos. Rise of a job's mean latency (queue wait + service, per request) against its "
+        "quiet baseline that counts as interference.",
+    )
+    interference_min_added_ms: float = Field(
+        default=1.0, ge=0, description="Pharos. Minimum rise (ms per request) of the job's latency to count as interference."
+    )
+    interference_min_requests: int = Field(
+        default=10, ge=1, description="Pharos. Requests a job needs in a window (and in its baseline) to be judged."
+    )
+    # -- alerts and the periodic detection of the server (Pharos) -------------------------------
+    alertmanager_url: str = Field(
+        default="", description="Pharos. Alertmanager base URL (http://host:9093); '' = do not send to Alertmanager."
+    )
+    alert_webhook_url: str = Field(
+        default="", description="Pharos. Generic JSON webhook receiving the same alerts; '' = off."
+    )
+    alert_resend_s: float = Field(
+        default=60.0, gt=0,
+        description="Pharos. An open alert is re-sent (same labels) at least this often so Alertmanager keeps it firing.",
+    )
+    alert_ends_after_s: float = Field(
+        default=300.0, gt=0,
+        description="Pharos. endsAt of a firing alert is now + this: if Pharos stops re-sending, Alertmanager resolves it.",
+    )
+    detect_period_s: float = Field(
+        default=10.0, ge=0,
+        description="Pharos. Period (s) of the server's fail-slow + interference detection and alerting; 0 = off.",
+    )
+    status_window_s: float = Field(
+        default=60.0, gt=0, description="Pharos. Look-back (s) of the 'recent' numbers of /v1/targets and /v1/forwarders."
     )
 
     @classmethod

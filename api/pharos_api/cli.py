@@ -27,6 +27,7 @@ from pharos_pipeline.settings import get_settings
 
 from .cli_diagnose import register as register_diagnose_commands
 from .cli_jobs import register as register_jobs_commands
+from .cli_system import register as register_system_commands
 
 app = typer.Typer(
     help="Pharos: end-to-end I/O monitoring and diagnosis for HPC storage.",
@@ -263,6 +264,7 @@ def show_config() -> None:
 
 register_jobs_commands(app)
 register_diagnose_commands(app)
+register_system_commands(app)
 
 
 def main() -> None:

@@ -1,0 +1,425 @@
+"""Fail-slow storage targets and forwarding nodes: peer comparison under comparable load.
+
+Inputs are the tables only: ``target_metrics`` (per interval, per (target, forwarding node),
+read with FINAL) for targets, forwarder-layer ``io_requests`` (``forwarding_node``,
+``target``, ``bytes``, ``duration_ns`` = service time, ``queue_wait_ns``) for forwarding
+nodes. Every window ``(now - w, now]`` of :attr:`DiagnosisConfig.failslow_windows_s` is
+judged on its own; the same node flagged in every window is *persistent*, otherwise
+*transient* (Beacon, NSDI'19 §5.3: widening windows separate lasting faults from bursts).
+
+Two detectors are computed on the same windows and both are reported per node:
+
+* **Beacon's rule** (NSDI'19 §5.3, "slow node detection"): a node is slow when its average
+  AND its maximum bandwidth (bytes/s per busy interval; maximum over intervals) are below
+  ``failslow_bw_ratio`` (0.5) of the peers' mean maximum bandwidth while it serves more than
+  ``failslow_volume_ratio`` (0.6) of the peers' mean volume (bytes in the window). Peers are
+  the other nodes of the same kind. It assumes homogeneous nodes.
+* **The model** (Pharos): a robust z-score (scikit-learn ``RobustScaler``: median and IQR,
+  scaled to a standard deviation) of the log of the node's *relative service time per
+  byte* among its peers. For targets that is service time per byte (ns/B, from the
+  interval p50 latency x ops / bytes) times the target's configured rate
+  (``max_perf_mb_s``): 1 = served exactly at its configured rate, whatever that rate is,
+  so a 10 MB/s target is not an outlier for being configured slow. (When some target has
+  no limit, the raw ns/B is compared: homogeneous targets assumed.) For forwarding nodes it
+  is, per target, the node's ns/B over the median ns/B of all forwarding nodes on the same
+  target, averaged in log space weighted by bytes: the comparison is always on the same
+  storage, so a slow target does not make its forwarders look slow. Both features are the
+  *median over the window's intervals* (1 s, or window/600 for forwarders), not the mean, so
+  a short burst does not flag a long window: that is what separates persistent from transient.
+
+**Which decides**: the model, with a load guard taken from Beacon's idea that a node is only
+judged under load (``failslow_min_ops`` requests and ``failslow_min_busy_share`` of the
+intervals busy), and an effect-size guard (``failslow_min_ratio`` x the peers' median).
+Beacon's rule alone misses slow nodes whose degraded bandwidth is still comparable to
+slower-configured peers (a 50 MB/s target slowed 4x still moves 12.5 MB/s, more than the
+10 and 20 MB/s targets), and its volume clause fails once clients block on the slow node
+(closed loop): its verdict is kept as evidence (``beacon_slow``) and in the per-window table
+for comparison (tests/systemdiag print both precision/recall figures).
+
+Units: bandwidth bytes/s, service time ns, service per byte ns/B, ratios dimensionless.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import numpy as np
+from pharos_pipeline.store import Store, ns_to_datetime64
+from sklearn.preprocessing import RobustScaler
+
+from .diagnosis_config import DiagnosisConfig
+
+NodeKind = Literal["target", "forwarder"]
+KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
+_MIN_LOG_SCALE = 0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
+
+#: Per target over one window: intervals are summed over forwarding nodes first.
+TARGET_WINDOW_SQL = """
+SELECT
+    target                                              AS node,
+    count()                                             AS intervals,
+    countIf(o > 0)                                      AS busy,
+    sum(b)                                              AS bytes,
+    sum(o)                                              AS ops,
+    sum(b) / greatest(sumIf(secs, o > 0), 1e-9)         AS bw_avg,
+    max(b / secs)                                       AS bw_max,
+    sum(svc) / greatest(sum(b), 1)                      AS svc_ns_per_byte,
+    quantileExactIf(0.5)(svc / b, b > 0)                AS svc_ns_per_byte_median,
+    quantileExactIf(0.5)(p99, o > 0)                    AS p99_ns,
+    max(p99)                                            AS p99_max_ns,
+    sum(b) / greatest(sum(o), 1)                        AS req_bytes,
+    avg(qd)                                             AS queue_depth,
+    avgIf(thr, o > 0)                                   AS throttled_share,
+    max(perf)                                           AS max_perf_mb_s,
+    max(slow)                                           AS injected_slowdown,
+    toUnixTimestamp64Nano(min(time))                    AS first_ns,
+    toUnixTimestamp64Nano(max(time))                    AS last_ns
+FROM
+(
+    SELECT target, time,
+           greatest(max(interval_ms), 1) / 1000                 AS secs,
+           sum(bytes_read + bytes_written)                      AS b,
+           sum(read_ops + write_ops + metadata_ops)             AS o,
+           sum(latency_p50_ns * (read_ops + write_ops + metadata_ops)) AS svc,
+           max(latency_p99_ns)                                  AS p99,
+           sum(queue_depth)                                     AS qd,
+           max(throttled)                                       AS thr,
+           max(max_perf_mb_s)                                   AS perf,
+           max(slowdown)                                        AS slow
+    FROM target_metrics FINAL
+    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+    GROUP BY target, time
+)
+GROUP BY target
+ORDER BY target
+"""
+
+#: Per target and interval (for the onset of a fault).
+TARGET_INTERVALS_SQL = """
+SELECT target AS node, toUnixTimestamp64Nano(time) AS t_ns,
+       sum(latency_p50_ns * (read_ops + write_ops + metadata_ops)) / greatest(sum(bytes_read + bytes_written), 1) AS ns_per_byte,
+       sum(read_ops + write_ops + metadata_ops) AS ops,
+       max(max_perf_mb_s) AS perf
+FROM target_metrics FINAL
+WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+GROUP BY target, time
+ORDER BY t_ns
+"""
+
+#: Per (forwarding node, target, bucket of ``bucket_ns``) over one window, from forwarder-layer requests.
+FWD_PAIRS_SQL = """
+SELECT forwarding_node AS node, target, intDiv(toUnixTimestamp64Nano(start), {bucket_ns:UInt64}) AS bucket,
+       sum(count) AS ops, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
+FROM io_requests
+WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+GROUP BY node, target, bucket
+"""
+FWD_BUCKETS_PER_WINDOW = 600  # the forwarders' median is taken over at most this many intervals per window
+
+#: Per forwarding node over one window: bandwidth per busy second, tail service time, queue wait.
+FWD_WINDOW_SQL = """
+SELECT node,
+       count() AS busy,
+       sum(b) AS bytes,
+       sum(o) AS ops,
+       sum(b) / greatest(count(), 1) AS bw_avg,
+       max(b) AS bw_max,
+       sum(qw) / greatest(sum(o), 1) AS queue_wait_ns,
+       max(p99) AS p99_max_ns,
+       quantileExact(0.5)(p99) AS p99_ns,
+       length(groupUniqArrayArray(js)) AS jobs
+FROM
+(
+    SELECT forwarding_node AS node, toStartOfSecond(start) AS sec,
+           sum(bytes) AS b, sum(count) AS o, sum(queue_wait_ns) AS qw,
+           quantile(0.99)(duration_ns) AS p99, groupUniqArray(job_id) AS js
+    FROM io_requests
+    WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+    GROUP BY node, sec
+)
+GROUP BY node
+ORDER BY node
+"""
+
+#: Per (forwarding node, second, target): for the onset of a forwarder fault.
+FWD_INTERVALS_SQL = """
+SELECT forwarding_node AS node, target, toUnixTimestamp64Nano(toStartOfSecond(start)) AS t_ns,
+       sum(duration_ns) / greatest(sum(bytes), 1) AS ns_per_byte, sum(count) AS ops
+FROM io_requests
+WHERE layer = 'forwarder' AND forwarding_node = {node:String} AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+GROUP BY node, target, t_ns
+ORDER BY t_ns
+"""
+
+
+@dataclass
+class NodeVerdict:
+    """One node in one window: its features and both detectors' verdicts.
+
+    Units: bandwidth bytes/s, latency ns, ``rel_service`` dimensionless (x peers' median)."""
+
+    kind: NodeKind
+    node: str
+    window_s: float
+    judged: bool  # passed the load guard (and enough peers)
+    rel_service: float | None  # node's service time per byte / peers' median (model feature)
+    z: float | None  # robust z-score of log(rel_service) among peers
+    model_slow: bool
+    beacon_slow: bool
+    features: dict = field(default_factory=dict)
+
+    @property
+    def slow(self) -> bool:
+        """The decision: the model (load- and effect-size-guarded)."""
+        return self.model_slow
+
+
+@dataclass
+class Anomaly:
+    """A fail-slow node (source: Beacon §5.3 windows; Pharos model). Times in ns since the epoch."""
+
+    kind: str  # fail_slow_target | fail_slow_forwarder
+    node: str
+    node_type: NodeKind
+    persistence: Literal["persistent", "transient"]
+    active: bool  # flagged in the shortest window (the condition holds now)
+    severity: Literal["critical", "warning"]
+    window_s: float  # the longest window in which the node is flagged
+    windows_flagged: list[float]
+    rel_service: float  # in the shortest flagged window
+    z: float
+    beacon_slow: bool  # Beacon's rule agreed (shortest flagged window)
+    onset_ns: int | None  # first interval of the current slow run (active anomalies)
+    detected_ns: int
+    evidence: dict
+    rule_source: str = "Pharos model (robust z of service time per byte vs peers) + Beacon NSDI'19 §5.3 windows"
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.node}"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"key": self.key}
+
+
+@dataclass
+class FailSlowReport:
+    now_ns: int
+    windows_s: list[float]
+    anomalies: list[Anomaly]
+    verdicts: list[NodeVerdict]  # every (node, window): the comparison table of both detectors
+
+
+def _robust_z(values: dict[str, float]) -> dict[str, float]:
+    """Robust z-scores of log(values): (x - median) / (IQR / 1.349) via RobustScaler, scale floored."""
+    names = list(values)
+    x = np.log(np.array([max(values[n], 1e-12) for n in names])).reshape(-1, 1)
+    sc = RobustScaler(unit_variance=True).fit(x)
+    scale = max(float(sc.scale_[0]), _MIN_LOG_SCALE)
+    return {n: float((x[i, 0] - sc.center_[0]) / scale) for i, n in enumerate(names)}
+
+
+def beacon_rule(node: str, feats: dict[str, dict], cfg: DiagnosisConfig) -> bool:
+    """Beacon NSDI'19 §5.3: avg AND max bandwidth < bw_ratio x peers' mean max bandwidth, while the
+    node's volume > volume_ratio x the peers' mean volume. ``feats``: node -> {bw_avg, bw_max, bytes}
+    (bytes/s, bytes) of every node in the window."""
+    peers = [f for n, f in feats.items() if n != node]
+    if not peers:
+        return False
+    me = feats[node]
+    peer_max = sum(p["bw_max"] for p in peers) / len(peers)
+    peer_vol = sum(p["bytes"] for p in peers) / len(peers)
+    return (me["bw_avg"] < cfg.failslow_bw_ratio * peer_max and me["bw_max"] < cfg.failslow_bw_ratio * peer_max
+            and me["bytes"] > cfg.failslow_volume_ratio * peer_vol)
+
+
+def _judge(kind: NodeKind, window_s: float, feats: dict[str, dict], rel: dict[str, float], cfg: DiagnosisConfig,
+           n_intervals: float) -> list[NodeVerdict]:
+    """Model + rule for every node of one kind in one window."""
+    loaded = {
+        n for n, f in feats.items()
+        if n in rel and f["ops"] >= cfg.failslow_min_ops and f["busy"] >= cfg.failslow_min_busy_share * n_intervals
+    }
+    z = _robust_z({n: rel[n] for n in loaded}) if len(loaded) >= cfg.failslow_min_peers else {}
+    med = float(np.median([rel[n] for n in loaded])) if loaded else 1.0
+    out = []
+    for n, f in feats.items():
+        judged = n in z
+        r = rel.get(n) / med if n in rel and med > 0 else None
+        model = judged and z[n] >= cfg.failslow_z and r is not None and r >= cfg.failslow_min_ratio
+        out.append(NodeVerdict(kind, n, window_s, judged, r, z.get(n), bool(model), beacon_rule(n, feats, cfg), f))
+    return out
+
+
+def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str, dict], dict[str, float]]:
+    rows = store.query(TARGET_WINDOW_SQL, {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
+    feats = {r["node"]: {k: (float(v) if isinstance(v, (int, float, str)) and k not in ("node",) else v)
+                         for k, v in r.items() if k != "node"} for r in rows}
+    limited = feats and all(f["max_perf_mb_s"] > 0 for f in feats.values())
+    rel = {}
+    for n, f in feats.items():
+        if f["bytes"] <= 0:
+            continue
+        # ns/B x (MB/s -> B/ns): 1 = paced exactly at the configured rate
+        rel[n] = f["svc_ns_per_byte_median"] * (f["max_perf_mb_s"] * 1e6 / 1e9 if limited else 1.0)
+        f["norm_service"] = rel[n]
+        f["normalised_by_limit"] = bool(limited)
+    return feats, rel
+
+
+def _fwd_relative(pairs: list[dict], min_ops: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per forwarding node: the median over intervals of exp(bytes-weighted mean over targets of
+    log(its ns/B on the target / the median ns/B of the forwarding nodes on that target)); and the
+    per-target medians (ns/B over the window)."""
+    tot: dict[tuple[str, str], list[float]] = {}
+    for p in pairs:
+        t = tot.setdefault((p["node"], p["target"]), [0.0, 0.0, 0.0])
+        t[0] += p["ops"]
+        t[1] += p["bytes"]
+        t[2] += p["svc_ns"]
+    by_t: dict[str, list[float]] = {}
+    for (n, t), (ops, b, svc) in tot.items():
+        if ops >= max(3, min_ops // 10) and b > 0:
+            by_t.setdefault(t, []).append(svc / b)
+    med = {t: float(np.median(v)) for t, v in by_t.items() if len(v) >= 2}
+    acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for p in pairs:
+        t = p["target"]
+        if t in med and p["bytes"] > 0 and med[t] > 0:
+            acc.setdefault((p["node"], int(p["bucket"])), []).append(
+                (math.log(max(p["svc_ns"] / p["bytes"], 1e-12) / med[t]), float(p["bytes"])))
+    per_node: dict[str, list[float]] = {}
+    for (n, _), xs in acc.items():
+        per_node.setdefault(n, []).append(math.exp(float(np.average([x for x, _ in xs], weights=[w for _, w in xs]))))
+    rel = {n: float(np.median(v)) for n, v in per_node.items()}
+    return rel, med
+
+
+def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig) -> tuple[dict, dict, dict]:
+    bucket_ns = max(1_000_000_000, (until_ns - since_ns) // FWD_BUCKETS_PER_WINDOW // 1_000_000_000 * 1_000_000_000)
+    p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
+    pairs = [{k: (float(v) if k not in ("node", "target") else v) for k, v in r.items()}
+             for r in store.query(FWD_PAIRS_SQL, p | {"bucket_ns": bucket_ns})]
+    feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(FWD_WINDOW_SQL, p)}
+    rel, med = _fwd_relative(pairs, cfg.failslow_min_ops)
+    for n, f in feats.items():
+        f["svc_ns_per_byte"] = (sum(q["svc_ns"] for q in pairs if q["node"] == n)
+                                / max(1.0, sum(q["bytes"] for q in pairs if q["node"] == n)))
+        if n in rel:
+            f["rel_service_raw"] = rel[n]
+    return feats, rel, med
+
+
+def _onset_target(store: Store, node: str, since_ns: int, until_ns: int, cfg: DiagnosisConfig, limited: bool) -> int | None:
+    rows = store.query(TARGET_INTERVALS_SQL, {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
+    by_t: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if float(r["ops"]) <= 0:
+            continue
+        v = float(r["ns_per_byte"]) * (float(r["perf"]) * 1e-3 if limited else 1.0)
+        by_t.setdefault(int(r["t_ns"]), {})[r["node"]] = v
+    return _onset(by_t, node, cfg)
+
+
+def _onset(by_t: dict[int, dict[str, float]], node: str, cfg: DiagnosisConfig) -> int | None:
+    """Start of the last run of intervals in which ``node`` was >= min_ratio x the other nodes'
+    median (idle intervals of the node do not break the run)."""
+    onset = None
+    for t in sorted(by_t):
+        vals = by_t[t]
+        if node not in vals:
+            continue
+        others = [v for n, v in vals.items() if n != node]
+        if not others:
+            continue
+        slow = vals[node] >= cfg.failslow_min_ratio * float(np.median(others))
+        if slow and onset is None:
+            onset = t
+        elif not slow:
+            onset = None
+    return onset
+
+
+def _onset_forwarder(store: Store, node: str, since_ns: int, until_ns: int, med: dict[str, float],
+                     cfg: DiagnosisConfig) -> int | None:
+    rows = store.query(FWD_INTERVALS_SQL, {"node": node, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
+    onset = None
+    per_t: dict[int, list[float]] = {}
+    for r in rows:
+        if r["target"] in med and med[r["target"]] > 0:
+            per_t.setdefault(int(r["t_ns"]), []).append(float(r["ns_per_byte"]) / med[r["target"]])
+    for t in sorted(per_t):
+        slow = float(np.median(per_t[t])) >= cfg.failslow_min_ratio
+        if slow and onset is None:
+            onset = t
+        elif not slow:
+            onset = None
+    return onset
+
+
+def detect_failslow(store: Store, cfg: DiagnosisConfig | None = None, now_ns: int | None = None,
+                    kinds: tuple[NodeKind, ...] = ("target", "forwarder")) -> FailSlowReport:
+    """Judge every target and forwarding node in each window ``(now - w, now]`` of
+    ``cfg.failslow_windows_s`` (s); ``now_ns`` defaults to the wall clock.
+
+    Returns the anomalies (one per flagged node: persistent when flagged in every window,
+    active when flagged in the shortest) and every (node, window) verdict of both detectors.
+    """
+    cfg = cfg or DiagnosisConfig()
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    windows = sorted(cfg.failslow_windows_s)
+    verdicts: list[NodeVerdict] = []
+    ctx: dict = {}
+    for w in windows:
+        since = now_ns - int(w * 1e9)
+        if "target" in kinds:
+            feats, rel = _target_window(store, since, now_ns)
+            n_int = max((f["intervals"] for f in feats.values()), default=0.0)
+            verdicts += _judge("target", w, feats, rel, cfg, n_int)
+            ctx[("target", w)] = any(f.get("normalised_by_limit") for f in feats.values())
+        if "forwarder" in kinds:
+            feats, rel, med = _fwd_window(store, since, now_ns, cfg)
+            n_int = min(w, max((f["busy"] for f in feats.values()), default=0.0))
+            verdicts += _judge("forwarder", w, feats, rel, cfg, n_int)
+            ctx[("forwarder", w)] = med
+    anomalies = []
+    nodes = {(v.kind, v.node) for v in verdicts}
+    for kind, node in sorted(nodes):
+        vs = {v.window_s: v for v in verdicts if v.kind == kind and v.node == node}
+        flagged = [w for w in windows if w in vs and vs[w].slow]
+        if not flagged:
+            continue
+        first = vs[flagged[0]]
+        active = flagged[0] == windows[0]
+        onset = None
+        if active:  # the run of slow intervals may have begun before the longest flagged window
+            longest = windows[-1]
+            since = now_ns - int(longest * 1e9)
+            if kind == "target":
+                onset = _onset_target(store, node, since, now_ns, cfg, ctx[("target", longest)])
+            else:
+                onset = _onset_forwarder(store, node, since, now_ns, ctx[("forwarder", longest)], cfg)
+        anomalies.append(Anomaly(
+            kind=KIND_NAME[kind], node=node, node_type=kind,
+            persistence="persistent" if flagged == windows else "transient",
+            active=active,
+            severity="critical" if (first.rel_service or 0) >= cfg.failslow_critical_ratio else "warning",
+            window_s=flagged[-1], windows_flagged=flagged, rel_service=round(first.rel_service or 0.0, 3),
+            z=round(first.z or 0.0, 2), beacon_slow=first.beacon_slow, onset_ns=onset, detected_ns=now_ns,
+            evidence={str(int(w) if float(w).is_integer() else w): _evidence(vs[w]) for w in windows if w in vs},
+        ))
+    return FailSlowReport(now_ns, windows, anomalies, verdicts)
+
+
+def _evidence(v: NodeVerdict) -> dict:
+    f = v.features
+    keep = ("bytes", "ops", "bw_avg", "bw_max", "svc_ns_per_byte", "svc_ns_per_byte_median", "p99_ns", "p99_max_ns", "queue_depth",
+            "queue_wait_ns", "max_perf_mb_s", "throttled_share", "busy")
+    out = {k: round(float(f[k]), 3) for k in keep if k in f and f[k] is not None}
+    out |= {"rel_service": None if v.rel_service is None else round(v.rel_service, 3),
+            "z": None if v.z is None else round(v.z, 2), "model_slow": v.model_slow, "beacon_slow": v.beacon_slow,
+            "judged": v.judged}
+    return out

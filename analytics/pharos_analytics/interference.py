@@ -1,0 +1,328 @@
+"""Interference between jobs on shared forwarding nodes and storage targets (Pharos).
+
+Input: forwarder-layer ``io_requests`` only (``job_id``, ``forwarding_node``, ``target``,
+``start`` = arrival, ``duration_ns`` = service time, ``queue_wait_ns``, ``bytes``, ``count``).
+Time is cut into windows of ``interference_window_s`` aligned on the epoch. In each window a
+job *shares* a resource (a forwarding node or a target it used) when another job used it in
+the same window; a window in which no other job touched any of its resources is *quiet*.
+
+For each shared window the job's mean latency per request (queue wait + service, ns) is
+compared with its baseline: the median over its own quiet windows, or, when it had none,
+over the quiet windows of the most recent earlier run of the same job name
+(``job_events.name``), or, failing both (a busy system leaves no job alone on its targets),
+over its *least shared* windows (the quarter with the fewest co-located bytes on its
+resources). A window is interfered when the latency rose by at least
+``interference_latency_ratio`` x and ``interference_min_added_ms``. The likely culprit is
+the co-located job with the most bytes (then requests) on one of the job's resources in that
+window beyond what it already moved there in the baseline windows (so a steady background
+job is not blamed for a newcomer), and that resource is named. Interfered windows with the
+same culprit, consecutive or one window apart, merge into one event; its resource is the one
+where the culprit moved the most over the event.
+
+Units: ns in the fields ending ``_ns``, ms in those ending ``_ms``, bytes, ratios dimensionless.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Literal
+
+from pharos_pipeline.store import Store, ns_to_datetime64
+
+from .diagnosis_config import DiagnosisConfig
+
+#: Per (job, window, resource): requests, bytes, service and queue-wait sums.
+WINDOW_USAGE_SQL = """
+SELECT job_id, w, r.1 AS rtype, r.2 AS res,
+       sum(count) AS n, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
+FROM
+(
+    SELECT job_id, intDiv(toUnixTimestamp64Nano(start), {win:UInt64}) AS w, count, bytes, duration_ns, queue_wait_ns,
+           arrayJoin([('forwarding_node', forwarding_node), ('target', target)]) AS r
+    FROM io_requests
+    WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:DateTime64(9)}
+      __JOBS__
+)
+WHERE r.2 != ''
+GROUP BY job_id, w, rtype, res
+"""
+
+#: Per (job, window): the job's own latency (each request once, not once per resource).
+WINDOW_JOB_SQL = """
+SELECT job_id, intDiv(toUnixTimestamp64Nano(start), {win:UInt64}) AS w,
+       sum(count) AS n, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
+FROM io_requests
+WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:DateTime64(9)}
+  __JOBS__
+GROUP BY job_id, w
+"""
+
+JOB_SPAN_SQL = """
+SELECT toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(start)) AS last_ns, count() AS n
+FROM io_requests WHERE job_id = {job_id:String} AND layer = 'forwarder'
+"""
+
+PREVIOUS_RUNS_SQL = """
+SELECT e.job_id AS job_id, toUnixTimestamp64Nano(min(r.start)) AS first_ns, toUnixTimestamp64Nano(max(r.start)) AS last_ns
+FROM (SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND name = {name:String} AND name != ''
+      AND job_id != {job_id:String}) AS e
+INNER JOIN (SELECT job_id, start FROM io_requests WHERE layer = 'forwarder') AS r ON r.job_id = e.job_id
+GROUP BY e.job_id
+HAVING last_ns < {before:Int64}
+ORDER BY last_ns DESC
+LIMIT 1
+"""
+
+JOB_NAME_SQL = "SELECT anyIf(name, kind = 'start') AS name FROM job_events FINAL WHERE job_id = {job_id:String}"
+
+
+@dataclass
+class InterferenceEvent:
+    """A job slowed by co-located jobs on a shared forwarding node or target (Pharos)."""
+
+    job_id: str
+    culprit_job: str
+    resource_type: Literal["forwarding_node", "target"]
+    resource: str
+    start_ns: int
+    end_ns: int
+    windows: int
+    latency_ms: float  # mean per request (queue wait + service) in the interfered windows
+    baseline_latency_ms: float
+    latency_ratio: float
+    queue_wait_ms: float
+    baseline_queue_wait_ms: float
+    queue_wait_ratio: float | None
+    service_ms: float
+    baseline_service_ms: float
+    culprit_bytes: int  # on the shared resource, in the interfered windows
+    culprit_requests: int
+    job_bytes_on_resource: int
+    co_located: list[str]
+    baseline_source: str  # 'quiet_windows' | 'previous_run:<job_id>' | 'least_shared_windows'
+    baseline_windows: int
+    severity: Literal["critical", "warning"]
+    active: bool = False  # the last interfered window is the newest window of the detection range
+    detected_ns: int = 0
+    rule_source: str = "Pharos (quiet-window baseline, culprit = largest co-located bytes on the shared resource)"
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"interference:{self.job_id}:{self.culprit_job}:{self.resource_type}:{self.resource}"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"key": self.key}
+
+
+def _jobs_clause(job_ids: list[str] | None) -> str:
+    return "" if job_ids is None else "AND job_id IN {jobs:Array(String)}"
+
+
+def _usage(store: Store, since_ns: int, until_ns: int, win_ns: int, job_ids: list[str] | None = None):
+    p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns), "win": win_ns}
+    if job_ids is not None:
+        p["jobs"] = job_ids
+    use = store.query(WINDOW_USAGE_SQL.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    own = store.query(WINDOW_JOB_SQL.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
+    by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
+    for r in use:
+        by_w.setdefault(int(r["w"]), {}).setdefault((r["rtype"], r["res"]), {})[r["job_id"]] = {
+            "n": int(r["n"]), "bytes": int(r["bytes"])}
+    jobw = {(r["job_id"], int(r["w"])): {k: int(r[k]) for k in ("n", "bytes", "svc_ns", "qw_ns")} for r in own}
+    return by_w, jobw
+
+
+def _resources(by_w, job: str, w: int) -> list[tuple[str, str]]:
+    return [res for res, jobs in by_w.get(w, {}).items() if job in jobs]
+
+
+def _others(by_w, job: str, w: int) -> set[str]:
+    out: set[str] = set()
+    for res in _resources(by_w, job, w):
+        out |= set(by_w[w][res]) - {job}
+    return out
+
+
+def _co_bytes(by_w, job: str, w: int) -> int:
+    """Bytes other jobs moved on the job's resources in window w."""
+    return sum(st["bytes"] for res in _resources(by_w, job, w) for o, st in by_w[w][res].items() if o != job)
+
+
+def _baseline_of(jobw, job: str, ws: list[int]) -> dict:
+    ss = [jobw[(job, w)] for w in ws]
+    return {
+        "lat_ns": median((s["svc_ns"] + s["qw_ns"]) / s["n"] for s in ss),
+        "qw_ns": median(s["qw_ns"] / s["n"] for s in ss),
+        "svc_ns": median(s["svc_ns"] / s["n"] for s in ss),
+        "windows": len(ss), "w": ws,
+    }
+
+
+def _quiet_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict | None:
+    quiet = [w for (j, w), s in jobw.items() if j == job and s["n"] >= cfg.interference_min_requests and not _others(by_w, j, w)]
+    return _baseline_of(jobw, job, sorted(quiet)) if quiet else None
+
+
+def _least_shared_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict | None:
+    """The job's windows with the least co-located bytes (bottom quarter, at least 2 windows): a
+    busy system leaves no job alone on its targets."""
+    ws = sorted((_co_bytes(by_w, job, w), w) for (j, w), s in jobw.items() if j == job and s["n"] >= cfg.interference_min_requests)
+    if len(ws) < 4:
+        return None
+    cut = ws[max(1, len(ws) // 4) - 1][0]
+    low = [w for b, w in ws if b <= cut]
+    return _baseline_of(jobw, job, sorted(low)) if len(low) >= 2 else None
+
+
+def _previous_run_baseline(store: Store, job: str, before_ns: int, cfg: DiagnosisConfig) -> tuple[dict, str] | None:
+    name = store.query(JOB_NAME_SQL, {"job_id": job})
+    name = name[0]["name"] if name else ""
+    if not name:
+        return None
+    prev = store.query(PREVIOUS_RUNS_SQL, {"name": name, "job_id": job, "before": before_ns})
+    if not prev:
+        return None
+    pj = prev[0]["job_id"]
+    win_ns = int(cfg.interference_window_s * 1e9)
+    by_w, jobw = _usage(store, int(prev[0]["first_ns"]), int(prev[0]["last_ns"]) + 1, win_ns)
+    b = _quiet_baseline(by_w, jobw, pj, cfg)
+    return (b, f"previous_run:{pj}") if b else None
+
+
+def _events_for(store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, last_w: int | None,
+                now_ns: int) -> list[InterferenceEvent]:
+    base = _quiet_baseline(by_w, jobw, job, cfg)
+    source = "quiet_windows"
+    if base is None:
+        first_w = min(w for (j, w) in jobw if j == job)
+        prev = _previous_run_baseline(store, job, first_w * win_ns, cfg)
+        if prev is not None:
+            base, source = prev
+        else:
+            base, source = _least_shared_baseline(by_w, jobw, job, cfg), "least_shared_windows"
+            if base is None:
+                return []
+    # what co-located jobs already moved on each resource in the baseline (0 when it was quiet)
+    usual: dict[tuple[str, tuple[str, str]], float] = {}
+    if source == "least_shared_windows":
+        for w in base["w"]:
+            for res in _resources(by_w, job, w):
+                for o, st in by_w[w][res].items():
+                    usual[(o, res)] = usual.get((o, res), 0.0) + st["bytes"] / base["windows"]
+    hits = []  # (w, culprit, res, stats)
+    for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
+        if j != job or s["n"] < cfg.interference_min_requests:
+            continue
+        others = _others(by_w, job, w)
+        if not others:
+            continue
+        lat = (s["svc_ns"] + s["qw_ns"]) / s["n"]
+        if lat < cfg.interference_latency_ratio * base["lat_ns"] or lat - base["lat_ns"] < cfg.interference_min_added_ms * 1e6:
+            continue
+        best = None
+        for res in _resources(by_w, job, w):
+            for o, st in by_w[w][res].items():
+                if o == job:
+                    continue
+                cand = (st["bytes"] - usual.get((o, res), 0.0), st["n"], o, res)
+                if best is None or cand[:2] > best[:2]:
+                    best = cand
+        hits.append((w, best[2], best[3], s, others))
+    events: list[InterferenceEvent] = []
+    run: list = []
+
+    def flush():
+        if not run:
+            return
+        culprit = run[0][1]
+        moved: dict[tuple[str, str], int] = {}  # the culprit's bytes per shared resource over the run
+        for h in run:
+            for r_ in _resources(by_w, job, h[0]):
+                if culprit in by_w[h[0]][r_]:
+                    moved[r_] = moved.get(r_, 0) + by_w[h[0]][r_][culprit]["bytes"] - int(usual.get((culprit, r_), 0.0))
+        res = max(moved, key=lambda r_: (moved[r_], r_[0] == "forwarding_node"))
+        n = sum(h[3]["n"] for h in run)
+        svc = sum(h[3]["svc_ns"] for h in run) / n
+        qw = sum(h[3]["qw_ns"] for h in run) / n
+        lat = svc + qw
+        ratio = lat / base["lat_ns"] if base["lat_ns"] > 0 else float("inf")
+        cb = sum(by_w[h[0]][res][culprit]["bytes"] for h in run if culprit in by_w[h[0]].get(res, {}))
+        cn = sum(by_w[h[0]][res][culprit]["n"] for h in run if culprit in by_w[h[0]].get(res, {}))
+        jb = sum(by_w[h[0]][res][job]["bytes"] for h in run if job in by_w[h[0]].get(res, {}))
+        co = sorted(set().union(*(h[4] for h in run)))
+        events.append(InterferenceEvent(
+            job_id=job, culprit_job=culprit, resource_type=res[0], resource=res[1],
+            start_ns=run[0][0] * win_ns, end_ns=(run[-1][0] + 1) * win_ns, windows=len(run),
+            latency_ms=round(lat / 1e6, 3), baseline_latency_ms=round(base["lat_ns"] / 1e6, 3),
+            latency_ratio=round(ratio, 2), queue_wait_ms=round(qw / 1e6, 3),
+            baseline_queue_wait_ms=round(base["qw_ns"] / 1e6, 3),
+            queue_wait_ratio=round(qw / base["qw_ns"], 2) if base["qw_ns"] > 0 else None,
+            service_ms=round(svc / 1e6, 3), baseline_service_ms=round(base["svc_ns"] / 1e6, 3),
+            culprit_bytes=cb, culprit_requests=cn, job_bytes_on_resource=jb, co_located=co,
+            baseline_source=source, baseline_windows=base["windows"],
+            severity="critical" if ratio >= 3 else "warning",
+            active=last_w is not None and run[-1][0] >= last_w - 1, detected_ns=now_ns,
+            evidence={"window_s": cfg.interference_window_s, "requests": n,
+                      "per_window": [{"start_ns": h[0] * win_ns, "latency_ms": round((h[3]["svc_ns"] + h[3]["qw_ns"]) / h[3]["n"] / 1e6, 3),
+                                      "requests": h[3]["n"]} for h in run][:50]},
+        ))
+        run.clear()
+
+    for h in hits:  # one event per culprit and run of windows (one quiet window may separate them)
+        if run and (h[0] > run[-1][0] + 2 or h[1] != run[0][1]):
+            flush()
+        run.append(h)
+    flush()
+    return events
+
+
+def detect_interference(store: Store, cfg: DiagnosisConfig | None = None, since_ns: int | None = None,
+                        until_ns: int | None = None, job_ids: list[str] | None = None) -> list[InterferenceEvent]:
+    """Interference events of every job with forwarder-layer requests in ``[since, until)`` (ns since
+    the epoch; default: the last ``interference_lookback_s`` up to now), or of ``job_ids`` only
+    (their co-located jobs are still read). ``active``: the event reaches the newest complete window."""
+    cfg = cfg or DiagnosisConfig()
+    now_ns = time.time_ns()
+    until_ns = now_ns if until_ns is None else until_ns
+    since_ns = until_ns - int(cfg.interference_lookback_s * 1e9) if since_ns is None else since_ns
+    win_ns = int(cfg.interference_window_s * 1e9)
+    by_w, jobw = _usage(store, since_ns, until_ns, win_ns)
+    last_w = (until_ns - 1) // win_ns
+    jobs = sorted({j for j, _ in jobw}) if job_ids is None else [j for j in job_ids if any(k[0] == j for k in jobw)]
+    out: list[InterferenceEvent] = []
+    for j in jobs:
+        out += _events_for(store, by_w, jobw, j, cfg, win_ns, last_w, until_ns)
+    return out
+
+
+def job_interference(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) -> dict:
+    """A job's interference over its whole forwarder-layer span: events, and per window the
+    jobs that shared its forwarding nodes or targets. Empty when the job has no such rows."""
+    cfg = cfg or DiagnosisConfig()
+    span = store.query(JOB_SPAN_SQL, {"job_id": job_id})
+    if not span or int(span[0]["n"]) == 0:
+        return {"job_id": job_id, "window_s": cfg.interference_window_s, "events": [], "shared_windows": [],
+                "note": "no forwarder-layer requests for this job"}
+    win_ns = int(cfg.interference_window_s * 1e9)
+    first, last = int(span[0]["first_ns"]), int(span[0]["last_ns"])
+    since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
+    by_w, jobw = _usage(store, since, until, win_ns)
+    events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns())
+    shared = []
+    for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
+        if j != job_id:
+            continue
+        shared.append({
+            "start_ns": w * win_ns, "requests": s["n"], "bytes": s["bytes"],
+            "latency_ms": round((s["svc_ns"] + s["qw_ns"]) / max(s["n"], 1) / 1e6, 3),
+            "queue_wait_ms": round(s["qw_ns"] / max(s["n"], 1) / 1e6, 3),
+            "shared": [{"resource_type": res[0], "resource": res[1],
+                        "jobs": {o: st["bytes"] for o, st in by_w[w][res].items() if o != job_id}}
+                       for res in _resources(by_w, job_id, w) if len(by_w[w][res]) > 1],
+        })
+    return {"job_id": job_id, "window_s": cfg.interference_window_s, "events": [e.to_dict() for e in events],
+            "shared_windows": shared, "note": ""}

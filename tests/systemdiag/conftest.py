@@ -1,0 +1,126 @@
+"""Real chDB stores for the system-side diagnosis tests; the simulator lives in pharos_sysdiag_sim."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from pharos_pipeline.settings import Settings
+from pharos_pipeline.store import migrate, open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = open_store(Settings(state_dir=tmp_path_factory.mktemp("sysdiag")))
+    migrate(s)
+    yield s
+    s.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AM_CONFIG = """\
+route:
+  receiver: pharos-null
+  group_by: ['alertname']
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: pharos-null
+    webhook_configs:
+      - url: "__RECEIVER__"
+        send_resolved: true
+"""
+
+
+class Receiver:
+    """A real loopback HTTP server recording the JSON bodies POSTed to it (Alertmanager's
+    webhook notifications, Pharos's generic webhook)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.bodies: list[tuple[str, dict]] = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                outer.bodies.append((self.path, json.loads(self.rfile.read(n) or b"null")))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory, receiver):
+    """The real Alertmanager (Debian prometheus-alertmanager) on a free loopback port, no
+    clustering, storage in tmp; stopped (SIGTERM, then SIGKILL) at the module's end."""
+    import subprocess
+    import time
+
+    import httpx
+
+    if not Path(ALERTMANAGER).exists():
+        pytest.fail(f"{ALERTMANAGER} missing: apt-get install prometheus-alertmanager")
+    d = tmp_path_factory.mktemp("alertmanager")
+    (d / "am.yml").write_text(AM_CONFIG.replace("__RECEIVER__", receiver.url + "/am"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(d / "am.log", "wb")
+    proc = subprocess.Popen(
+        [ALERTMANAGER, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"alertmanager did not start: {(d / 'am.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()

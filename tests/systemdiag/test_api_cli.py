@@ -1,0 +1,146 @@
+"""GET /v1/anomalies, /v1/targets, /v1/forwarders, /v1/jobs/{id}/interference, /v1/profiles and
+`pharos anomalies|targets|forwarders|diagnose` on a real chDB store and a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pharos_sysdiag_sim as sim
+import pytest
+import typer
+import uvicorn
+from conftest import free_port
+from fastapi.testclient import TestClient
+from pharos_analytics.alerts import DetectionLoop
+from pharos_analytics.diagnosis_config import DiagnosisConfig
+from pharos_api.app import create_app
+from pharos_api.cli_diagnose import register as register_diagnose
+from pharos_api.cli_system import register
+from pharos_api.routers import system_diag
+from pharos_pipeline.settings import Settings
+from typer.testing import CliRunner
+
+T0 = 1_730_000_000 * sim.NS
+END = T0 + 90 * sim.NS
+
+
+@pytest.fixture(scope="module")
+def app(store, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("PHAROS_DIAGNOSIS_FAILSLOW_WINDOWS_S", "[5, 20, 60]")
+    monkeypatch_module.setenv("PHAROS_DIAGNOSIS_INTERFERENCE_WINDOW_S", "5")
+    cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1"], fwd_capacity_mb_s=150)
+    jobs = [sim.SimJob("light", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1"], name="lightapp"),
+            sim.SimJob("heavy", ["fwd0"], 200, start_s=30, name="heavyapp"),
+            sim.SimJob("bg", ["fwd1"], 60, name="bgapp")]
+    rows = sim.simulate(cl, jobs, T0, 90, seed=4, faults=[sim.Fault("target", "ost6", 4.0)])
+    sim.insert(store, rows)
+    a = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api")))
+    a.include_router(system_diag.router)  # what app.py gets
+    return a
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+def test_targets_and_forwarders(client):
+    t = client.get("/v1/targets").json()
+    assert t["state_source"] == "live" and len(t["items"]) == 8
+    by = {x["target"]: x for x in t["items"]}
+    assert by["ost6"]["state"] == "fail_slow" and by["ost6"]["fail_slow"]["persistence"] == "persistent"
+    assert {k for k, v in by.items() if v["state"] != "ok"} == {"ost6"}
+    assert by["ost5"]["limits"]["max_perf_mb_s"] == 10 and by["ost6"]["faults"]["slowdown"] == 4
+    f = client.get("/v1/forwarders", params={"window_s": 30}).json()
+    fw = {x["node"]: x for x in f["items"]}
+    assert set(fw) == {"fwd0", "fwd1"} and all(x["state"] == "ok" for x in fw.values())
+    assert [j["job_id"] for j in fw["fwd0"]["jobs"]] == ["heavy", "light"]
+    assert fw["fwd0"]["queue_wait_ns"] > 100 * fw["fwd1"]["queue_wait_ns"]
+
+
+def test_interference_endpoint(client):
+    d = client.get("/v1/jobs/light/interference").json()
+    assert [(e["culprit_job"], e["resource"], e["baseline_source"]) for e in d["events"]] == [
+        ("heavy", "fwd0", "least_shared_windows")]  # bg shares its targets all along: never alone
+    assert d["events"][0]["start"].startswith("2024-10-27T03:33:50")
+    assert client.get("/v1/jobs/nope/interference").status_code == 404
+
+
+def test_anomalies_live_and_from_detector(client, app):
+    live = client.get("/v1/anomalies", params={"live": "true"}).json()
+    kinds = {(a["kind"], a["node"]) for a in live["items"]}
+    assert ("fail_slow_target", "ost6") in kinds and ("interference", "fwd0") in kinds
+    assert client.get("/v1/anomalies").json()["items"] == []  # nothing stored yet
+    loop = DetectionLoop(app.state.store, DiagnosisConfig)
+    loop.run_once(now_ns=END)
+    app.state.sysdiag = loop
+    try:
+        d = client.get("/v1/anomalies", params={"since_s": 1e9}).json()
+        assert d["source"] == "detector" and d["detector"]["cycles"] == 1
+        cur = {(a["kind"], a["node"], a["job_id"], a["culprit_job"]) for a in d["items"] if a["current"]}
+        # light slowed on fwd0; bg (never alone: no quiet window) slowed on the targets heavy saturates
+        assert cur == {("fail_slow_target", "ost6", "", ""), ("interference", "fwd0", "light", "heavy"),
+                       ("interference", "ost2", "bg", "heavy")}
+        only = client.get("/v1/anomalies", params={"since_s": 1e9, "kind": "interference", "job": "heavy"}).json()
+        assert sorted(a["job_id"] for a in only["items"]) == ["bg", "light"]
+        assert client.get("/v1/targets").json()["state_source"] == "detector"
+    finally:
+        app.state.sysdiag = None
+
+
+def test_profiles(client):
+    p = {x["name"]: x for x in client.get("/v1/profiles").json()["items"]}
+    assert set(p) == {"lightapp", "heavyapp", "bgapp"}
+    assert p["lightapp"]["stats"]["targets"]["mean"] == 2 and p["heavyapp"]["stats"]["forwarding_nodes"]["mean"] == 1
+    assert p["bgapp"]["runs"] == 1 and p["bgapp"]["stats"]["bandwidth_b_s"]["mean"] > 40e6
+
+
+@pytest.fixture(scope="module")
+def api_url(app):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    th.join(10)
+
+
+def _cli():
+    app = typer.Typer()
+    register(app)
+    register_diagnose(app)
+    return app
+
+
+def test_cli_tables_and_json(api_url):
+    r = CliRunner().invoke(_cli(), ["targets", "--api", api_url], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    line = next(l for l in r.output.splitlines() if l.strip().startswith("ost6"))
+    assert "FAIL-SLOW persistent" in line and "slowdown 4x" in line
+    assert "FAIL-SLOW" not in "".join(l for l in r.output.splitlines() if not l.strip().startswith("ost6"))
+    r = CliRunner().invoke(_cli(), ["forwarders", "--api", api_url, "--json"])
+    assert r.exit_code == 0 and {x["node"] for x in json.loads(r.output)["items"]} == {"fwd0", "fwd1"}
+    r = CliRunner().invoke(_cli(), ["anomalies", "--api", api_url, "--live"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0 and "fail_slow_target" in r.output and "light <- heavy" in r.output and "bg <- heavy" in r.output
+    r = CliRunner().invoke(_cli(), ["diagnose", "light", "--api", api_url], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    assert "interference (1)" in r.output and "by job heavy on forwarding node fwd0" in r.output
+
+
+def test_cli_api_down(tmp_path):
+    r = CliRunner().invoke(_cli(), ["anomalies", "--api", f"http://127.0.0.1:{free_port()}"])
+    assert r.exit_code == 1 and "not reachable" in r.output

@@ -1,0 +1,79 @@
+"""Fail-slow detection on real chDB, simulated target_metrics + forwarder io_requests:
+8 targets limited to 50,30,50,20,30,10,50,20 MB/s, proportionate load, one target slowed 4x."""
+
+from __future__ import annotations
+
+import pharos_sysdiag_sim as sim
+import pytest
+from pharos_analytics.diagnosis_config import DiagnosisConfig
+from pharos_analytics.failslow import detect_failslow
+
+CFG = DiagnosisConfig(failslow_windows_s=[5, 20, 60])
+DURATION = 70
+# (seed, slowed target): 50, 30, 20, 50 and 30 MB/s targets in turn
+RUNS = [(11, "ost2"), (12, "ost1"), (13, "ost3"), (14, "ost6"), (15, "ost4")]
+
+
+def _run(store, k: int, seed: int, faults, cluster=None, util=0.6):
+    cl = cluster or sim.Cluster()
+    t0 = (1_700_000_000 + k * 7200) * sim.NS  # each run in its own time range of the one store
+    jobs = sim.proportionate_jobs(f"fs{k}", util * sum(cl.targets.values()), cl.fwd_nodes)
+    sim.insert(store, sim.simulate(cl, jobs, t0, DURATION, seed=seed, faults=faults))
+    return t0, detect_failslow(store, CFG, now_ns=t0 + DURATION * sim.NS)
+
+
+def _pr(tp, fp, fn):
+    return (tp / (tp + fp) if tp + fp else 1.0), (tp / (tp + fn) if tp + fn else 1.0)
+
+
+def test_slowed_target_flagged_healthy_not_over_5_seeds(store):
+    tp = fp = fn = btp = bfp = bfn = 0
+    for k, (seed, slow) in enumerate(RUNS):
+        _, rep = _run(store, k, seed, [sim.Fault("target", slow, 4.0)])
+        flagged = {a.node for a in rep.anomalies if a.kind == "fail_slow_target"}
+        beacon = {v.node for v in rep.verdicts if v.kind == "target" and v.beacon_slow}
+        tp += slow in flagged
+        fn += slow not in flagged
+        fp += len(flagged - {slow})
+        btp += slow in beacon
+        bfn += slow not in beacon
+        bfp += len(beacon - {slow})
+        assert "ost5" not in flagged  # 10 MB/s by configuration, proportionate load: not fail-slow
+        assert not [a for a in rep.anomalies if a.kind == "fail_slow_forwarder"]
+        a = next(a for a in rep.anomalies if a.node == slow)
+        assert a.persistence == "persistent" and a.active and a.rel_service >= 4
+        print(f"seed {seed}: slowed {slow} ({sim.LIMITS[int(slow[3:])]} MB/s) -> model {sorted(flagged)}, "
+              f"beacon rule {sorted(beacon)}, rel_service {a.rel_service}, z {a.z}")
+    p, r = _pr(tp, fp, fn)
+    bp, br = _pr(btp, bfp, bfn)
+    print(f"fail-slow targets over {len(RUNS)} seeds: model precision {p:.2f} recall {r:.2f}; "
+          f"Beacon rule (NSDI'19 §5.3, raw bandwidth) precision {bp:.2f} recall {br:.2f}")
+    assert (p, r) == (1.0, 1.0)
+
+
+def test_healthy_cluster_has_no_anomaly(store):
+    _, rep = _run(store, 10, 21, [])
+    assert rep.anomalies == []
+    judged = [v for v in rep.verdicts if v.judged]
+    assert len({v.node for v in judged if v.kind == "target"}) == 8  # every target was judged, none flagged
+
+
+def test_persistent_fault_vs_transient_burst(store):
+    _, rep = _run(store, 20, 31, [sim.Fault("target", "ost0", 4.0)])
+    (a,) = [a for a in rep.anomalies if a.node == "ost0"]
+    assert a.persistence == "persistent" and a.windows_flagged == [5, 20, 60]
+    # a 6 s burst at the end: flagged in the 5 s window only
+    _, rep = _run(store, 21, 32, [sim.Fault("target", "ost0", 4.0, start_s=DURATION - 6)])
+    (b,) = [a for a in rep.anomalies if a.node == "ost0"]
+    assert b.persistence == "transient" and b.active and 60 not in b.windows_flagged
+    assert b.onset_ns is not None
+    print(f"persistent: windows {a.windows_flagged}; burst: windows {b.windows_flagged}")
+
+
+def test_slow_forwarding_node(store):
+    t0, rep = _run(store, 30, 41, [sim.Fault("forwarder", "fwd2", 4.0)])
+    kinds = {(a.kind, a.node) for a in rep.anomalies}
+    assert kinds == {("fail_slow_forwarder", "fwd2")}
+    (a,) = rep.anomalies
+    assert a.persistence == "persistent" and 3 <= a.rel_service <= 5.5
+    assert a.onset_ns is not None and a.onset_ns <= t0 + (DURATION - 59) * sim.NS
