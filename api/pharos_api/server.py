@@ -12,6 +12,7 @@ import threading
 
 import uvicorn
 
+from pharos_analytics.alerts import DetectionLoop
 from pharos_pipeline.ingest import Pipeline
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
@@ -35,8 +36,6 @@ def serve(settings: Settings) -> None:
     app = create_app(store, settings)
     app.state.pipeline = pipeline
     # system-side diagnosis: fail-slow + interference every [diagnosis] detect_period_s, alerts
-    from pharos_analytics.alerts import DetectionLoop
-
     sysdiag = DetectionLoop(store, generator_url=settings.api_url + "/v1/anomalies").start()
     app.state.sysdiag = sysdiag
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning")
