@@ -250,8 +250,12 @@ def demo(
 ) -> None:
     """The main job: start the stack, trace three real fio jobs (N-N, N-1, 1-1), report them."""
     from .demo import run_demo
+    from .stack import StackError
 
-    code = run_demo(get_settings(), console, keep_running=keep_running)
+    try:
+        code = run_demo(get_settings(), console, keep_running=keep_running)
+    except StackError as exc:
+        fail(str(exc))
     raise typer.Exit(code)
 
 
