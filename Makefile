@@ -56,6 +56,7 @@ test: setup ## All tests: Rust (incl. root eBPF tests) and Python (unit + end-to
 bench: setup ## Benchmarks: agent overhead (fio with vs without), forwarding layer vs direct
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
+	@$(RUN) python bench/placement.py
 
 down: ## Stop a stack left running by `make demo`
 	@$(RUN) pharos down

@@ -5,10 +5,12 @@
 target, so the 10 MB/s target sets the finish time. The performance-aware pool places
 each new file on the target maximising max_perf / (open_count + 1).
 
-With 32 equal files and whole-file placement, the best possible makespan is that of the
-D'Hondt allocation (7 files on one 50 MB/s target), i.e. 0.879 of the summed bandwidth;
-the test prints both ratios and the achievable optimum and checks the pool gets ≥ 0.95 of
-that optimum while round-robin stays near its bottleneck (32/(4·8·10/260) ≈ 0.31).
+The tests check the placement decisions, which do not depend on the machine's load: the
+pool's allocation has the best possible makespan for whole-file placement of equal files
+(the D'Hondt allocation), round-robin puts 4 files everywhere and is held back by its
+slowest target. The bandwidth each policy reaches is a performance figure: the
+benchmark `bench/placement.py` measures and prints both ratios (with 32 equal files the
+best whole-file allocation reaches 0.879 of the summed bandwidth).
 """
 
 from __future__ import annotations
@@ -28,12 +30,7 @@ FILE_MIB = 16
 
 def optimum_ratio(limits: list[int], files: int) -> float:
     """Summed-bandwidth fraction of the best whole-file allocation of equal files."""
-    alloc = [0] * len(limits)
-    for _ in range(files):
-        i = max(range(len(limits)), key=lambda i: limits[i] / (alloc[i] + 1))
-        alloc[i] += 1
-    makespan = max(a / p for a, p in zip(alloc, limits))
-    return files / makespan / sum(limits)
+    return files / optimum_makespan(limits, files) / sum(limits)
 
 
 def run_case(cluster, pool: bool) -> tuple[float, Counter]:
@@ -70,12 +67,27 @@ def test_round_robin_hits_slowest_target(cluster):
     assert ratio < expected * 1.15
 
 
+def makespan(alloc: dict[int, int]) -> float:
+    """Finish time, in units of one file's bytes per MB/s, of files per target index."""
+    return max(n / LIMITS[i] for i, n in alloc.items() if n)
+
+
+def optimum_makespan(limits: list[int], files: int) -> float:
+    """Makespan of the best whole-file allocation of equal files (D'Hondt)."""
+    alloc = [0] * len(limits)
+    for _ in range(files):
+        i = max(range(len(limits)), key=lambda i: limits[i] / (alloc[i] + 1))
+        alloc[i] += 1
+    return max(a / p for a, p in zip(alloc, limits))
+
+
 @pytest.mark.timeout(120)
-def test_performance_aware_pool_reaches_summed_bandwidth(cluster):
-    best = optimum_ratio(LIMITS, RANKS)
+def test_performance_aware_pool_places_for_the_best_makespan(cluster):
     ratio, per_target = run_case(cluster, pool=True)
-    print(f"performance-aware: {ratio:.3f} of summed bandwidth; whole-file optimum {best:.3f}; "
-          f"{ratio / best:.3f} of the optimum")
-    # More files on faster targets.
+    alloc = {int(name[3:]): n for name, n in per_target.items()}
+    assert sum(alloc.values()) == RANKS
+    # More files on faster targets, and the allocation is as good as whole-file placement gets.
     assert per_target["ost0"] > per_target["ost3"] > per_target["ost5"] >= 1
-    assert ratio >= 0.95 * best
+    assert makespan(alloc) == pytest.approx(optimum_makespan(LIMITS, RANKS))
+    print(f"performance-aware: {ratio:.3f} of summed bandwidth (whole-file optimum "
+          f"{optimum_ratio(LIMITS, RANKS):.3f}; measured by bench/placement.py)")
