@@ -1,8 +1,10 @@
 """cgroup v2 helpers: find the mount, create a job's cgroup, move processes into it.
 
 A job runs in ``<cgroup2 mount>/<parent>/job_<ID>`` (``parent`` is Settings.cgroup_parent,
-"pharos" by default). The eBPF agent traces exactly the processes below ``<parent>`` (and
-Slurm's ``job_<id>/step_<n>`` cgroups) and takes the job id from the ``job_<ID>`` component.
+"pharos" by default), rank r in its child ``rank_<r>``. The eBPF agent traces exactly the
+processes below ``<parent>`` (and Slurm's ``job_<id>/step_<n>/.../task_<r>`` cgroups) and
+takes the job id from the ``job_<ID>`` component and the rank from ``rank_<r>`` (the
+cgroup outlives a short rank, its environment does not).
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ def job_cgroup(job_id: str, parent: str = "pharos") -> Path:
     return path
 
 
+def rank_cgroup(job_cg: Path, rank: int) -> Path:
+    """Create (if needed) and return rank ``rank``'s cgroup under a job cgroup. Raises CgroupError."""
+    path = job_cg / f"rank_{rank}"
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise CgroupError(f"cannot create cgroup {path}: {exc.strerror}") from exc
+    return path
+
+
 def join_cgroup(path: Path, pid: int = 0) -> None:
     """Move ``pid`` (0: the calling process) into the cgroup. Raises OSError."""
     with open(path / "cgroup.procs", "w") as f:
@@ -57,8 +69,12 @@ def join_cgroup(path: Path, pid: int = 0) -> None:
 
 
 def remove_cgroup(path: Path, timeout: float = 5.0) -> bool:
-    """Remove an empty job cgroup, waiting up to ``timeout`` s for exiting tasks to leave."""
+    """Remove a job cgroup and its rank cgroups once empty, waiting up to ``timeout`` s for
+    exiting tasks to leave. Returns False if it is still busy then."""
     deadline = time.monotonic() + timeout
+    for child in sorted(path.glob("rank_*")) if path.is_dir() else []:
+        if not remove_cgroup(child, max(0.0, deadline - time.monotonic())):
+            return False
     while True:
         try:
             os.rmdir(path)

@@ -25,7 +25,7 @@ from confluent_kafka import KafkaException, Producer
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.wire import JobEvent, SCHEMA_VERSION, io_pb2
 
-from .cgroups import join_cgroup, job_cgroup, remove_cgroup, validate_job_id, cgroup2_mount
+from .cgroups import cgroup2_mount, join_cgroup, job_cgroup, rank_cgroup, remove_cgroup, validate_job_id
 
 
 class RunError(RuntimeError):
@@ -135,9 +135,10 @@ def run_job(
     for rank in range(ranks):
         env = dict(os.environ, PHAROS_JOB_ID=job_id, PHAROS_RANK=str(rank), PHAROS_NRANKS=str(ranks))
         stdout = subprocess.PIPE if output_dir is not None else None
+        rank_cg = rank_cgroup(cg, rank)
         p = subprocess.Popen(
             [exe, *command[1:]], env=env, stdout=stdout,
-            preexec_fn=lambda: join_cgroup(cg),  # noqa: PLW0108 - runs in the child before exec
+            preexec_fn=lambda rank_cg=rank_cg: join_cgroup(rank_cg),  # runs in the child before exec
         )
         procs.append(p)
         if output_dir is not None:

@@ -4,8 +4,10 @@
 //! * cgroup v2 ids equal the inode number of the cgroup's directory; on a miss the watched
 //!   roots are walked and every directory seen is cached. The job id is the `job_<ID>` path
 //!   component (`pharos run`: `<root>/job_<ID>`; Slurm: `.../job_<id>/step_<n>`).
-//! * rank: first of PHAROS_RANK, SLURM_PROCID, PMI_RANK, OMPI_COMM_WORLD_RANK in
-//!   /proc/<pid>/environ, -1 when unknown; cached per (pid, cgroup id).
+//! * rank: the `rank_<r>` component of the cgroup path (`pharos run` starts rank r in
+//!   `<root>/job_<ID>/rank_<r>`; Slurm: `task_<r>`), which stays readable after a short-lived
+//!   rank has exited; else the first of PHAROS_RANK, SLURM_PROCID, PMI_RANK,
+//!   OMPI_COMM_WORLD_RANK in /proc/<pid>/environ; -1 when unknown; cached per (pid, cgroup id).
 //! * files: (dev, inode) → path from OPEN records, and (pid, fd) → (dev, inode, path).
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -29,6 +31,8 @@ pub struct Registry {
     /// cgroup id → job id ("" = known cgroup, no job; None = not below a watched root).
     cgroups: HashMap<u64, Option<String>>,
     ranks: HashMap<(u32, u64), i32>,
+    /// cgroup id → rank from its path (`rank_<r>` / Slurm `task_<r>`), for cgroups that have one.
+    cgroup_ranks: HashMap<u64, i32>,
     files: HashMap<(u64, u64), String>,
     fds: HashMap<(u32, i32), FdEntry>,
 }
@@ -46,6 +50,16 @@ pub fn job_of_path(p: &Path) -> String {
         .last()
         .unwrap_or("")
         .to_string()
+}
+
+/// Rank from a cgroup path: the last `rank_<r>` (pharos run) or `task_<r>` (Slurm) component.
+pub fn rank_of_path(p: &Path) -> Option<i32> {
+    p.components()
+        .filter_map(|c| {
+            let s = c.as_os_str().to_str()?;
+            s.strip_prefix("rank_").or_else(|| s.strip_prefix("task_"))?.parse::<i32>().ok()
+        })
+        .last()
 }
 
 /// Rank from a NUL-separated environment block.
@@ -69,7 +83,14 @@ pub fn rank_of_environ(env: &[u8]) -> i32 {
 
 impl Registry {
     pub fn new(roots: Vec<PathBuf>) -> Self {
-        Registry { roots, cgroups: HashMap::new(), ranks: HashMap::new(), files: HashMap::new(), fds: HashMap::new() }
+        Registry {
+            roots,
+            cgroups: HashMap::new(),
+            ranks: HashMap::new(),
+            cgroup_ranks: HashMap::new(),
+            files: HashMap::new(),
+            fds: HashMap::new(),
+        }
     }
 
     /// Walks the watched roots, caching every cgroup directory's id → job; calls `f` on each.
@@ -78,6 +99,9 @@ impl Registry {
         while let Some(dir) = stack.pop() {
             let Ok(meta) = std::fs::metadata(&dir) else { continue };
             self.cgroups.insert(meta.ino(), Some(job_of_path(&dir)));
+            if let Some(r) = rank_of_path(&dir) {
+                self.cgroup_ranks.insert(meta.ino(), r);
+            }
             f(&dir);
             if let Ok(rd) = std::fs::read_dir(&dir) {
                 for e in rd.flatten() {
@@ -99,6 +123,7 @@ impl Registry {
         }
         if self.cgroups.len() > MAX_PROCS {
             self.cgroups.clear();
+            self.cgroup_ranks.clear();
         }
         self.walk(|_| {});
         self.cgroups.entry(cgroup_id).or_insert(None).clone().unwrap_or_default()
@@ -110,6 +135,10 @@ impl Registry {
             return -1;
         }
         if let Some(r) = self.ranks.get(&(pid, cgroup_id)) {
+            return *r;
+        }
+        self.job(cgroup_id); // resolves (walks) the cgroup if it is new
+        if let Some(r) = self.cgroup_ranks.get(&cgroup_id) {
             return *r;
         }
         let r = match std::fs::read(format!("/proc/{pid}/environ")) {
@@ -208,6 +237,14 @@ mod tests {
             "17"
         );
         assert_eq!(job_of_path(Path::new("/sys/fs/cgroup/pharos")), "");
+    }
+
+    #[test]
+    fn ranks_from_paths() {
+        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42/rank_3")), Some(3));
+        assert_eq!(rank_of_path(Path::new("/x/slurmstepd.scope/job_17/step_0/user/task_5")), Some(5));
+        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42")), None);
+        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42/rank_x")), None);
     }
 
     #[test]
