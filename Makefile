@@ -9,7 +9,7 @@ APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev f
 UV := uv
 RUN := $(UV) run --frozen
 
-.PHONY: help setup deps python proto build kafka demo test test-rust test-python bench down clean
+.PHONY: help setup deps python proto build kafka demo test evaluate bench down clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -52,6 +52,9 @@ test: setup ## All tests: Rust (incl. root eBPF tests) and Python (unit + end-to
 	@cargo test --release --quiet --workspace
 	@cargo test --release --quiet -p pharos-agent -- --ignored
 	@$(RUN) pytest -q
+
+evaluate: setup ## Detection-quality evaluations on a live stack (fail-slow precision/recall over 5 runs)
+	@$(RUN) pytest -q -s -m evaluation tests/live
 
 bench: setup ## Benchmarks: agent overhead (fio with vs without), forwarding layer vs direct
 	@$(RUN) python bench/agent_overhead.py

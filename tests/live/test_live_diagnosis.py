@@ -279,6 +279,7 @@ def test_pattern_through_mount(live: Live, kind: str, tmp_path: Path):
 FAILSLOW_RUNS = [1, 4, 6, 2, 7]  # the slow target of each run (ost3 is kept for the latency test)
 
 
+@pytest.mark.evaluation  # timing-dependent on 2 shared cores: `make evaluate`, not `make test`
 @pytest.mark.timeout(200)
 def test_failslow_precision_recall(live: Live, tmp_path: Path):
     t_all = time.monotonic()
