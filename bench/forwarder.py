@@ -11,10 +11,12 @@ system as the direct case. Cases (each ≤ 1 GiB of data):
 * file creates per second (open O_CREAT|O_EXCL + close, 2 000 files, one thread).
 
 Prints MB/s, IOPS or ops/s of both and their ratio (mount / direct; target ≥ 0.70 for the
-1 MiB cases). Each fio case runs ROUNDS times, alternating the order (ABBA), and the median
+1 MiB cases). Each fio case runs ROUNDS times, rotating and alternating the order, and the median
 is reported. The backend's reads are page-cache hits in both columns.
 
-Usage: uv run python bench/forwarder.py [--rounds 3] [--keep]     (root, /dev/fuse, fio)
+Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
+                                         [--baseline-bin DIR]
+(--baseline-bin: a second stack from older binaries in the same rounds, extra columns.)     (root, /dev/fuse, fio)
 """
 
 from __future__ import annotations
@@ -94,42 +96,71 @@ def figure(job: dict, how: str) -> float:
     return job["read"]["iops"]
 
 
+def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen]) -> Path:
+    """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir`; returns the mount."""
+    mnt = root / f"mnt{tag}"
+    mnt.mkdir()
+    port, admin, madmin = free_port(), free_port(), free_port()
+    fwd = subprocess.Popen([
+        str(bin_dir / "pharos-fwd"), "--node-name", "fwd0", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+        "--mdt", str(root / f"be{tag}" / "mdt"), "--targets-root", str(root / f"be{tag}"), "--target-count", "8", "--no-kafka",
+        "--ready-file", str(root / f"fwd{tag}.ready"),
+    ], stdout=(root / f"fwd{tag}.log").open("w"), stderr=subprocess.STDOUT)
+    procs.append(fwd)
+    wait_ready(root / f"fwd{tag}.ready", fwd)
+    mount = subprocess.Popen([
+        str(bin_dir / "pharos-mount"), "--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}",
+        "--admin", f"127.0.0.1:{madmin}", "--ready-file", str(root / f"mnt{tag}.ready"),
+    ], stdout=(root / f"mnt{tag}.log").open("w"), stderr=subprocess.STDOUT)
+    procs.append(mount)
+    wait_ready(root / f"mnt{tag}.ready", mount)
+    return mnt
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--workdir", default="/var/tmp", help="parent of the tmp dir (same fs for both columns)")
+    ap.add_argument("--bin", type=Path, default=None, help="use pharos-fwd/pharos-mount from this dir (no build)")
+    ap.add_argument("--baseline-bin", type=Path, default=None,
+                    help="also run a second stack from these binaries (e.g. a copy of an older build) in the same rounds")
+    ap.add_argument("--cases", default="", help="comma list of case-name prefixes to run (default: all)")
     a = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"], cwd=REPO, check=True)
+    global BIN
+    if a.bin is not None:
+        BIN = a.bin.resolve()
+    else:
+        subprocess.run(["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"], cwd=REPO, check=True)
     root = Path(tempfile.mkdtemp(prefix="pharos-fwd-bench-", dir=a.workdir))
     procs: list[subprocess.Popen] = []
-    mnt = root / "mnt"
+    mounts: list[Path] = []
     try:
-        mnt.mkdir()
         direct = root / "direct"
         direct.mkdir()
-        port, admin, madmin = free_port(), free_port(), free_port()
-        fwd = subprocess.Popen([
-            str(BIN / "pharos-fwd"), "--node-name", "fwd0", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-            "--mdt", str(root / "be" / "mdt"), "--targets-root", str(root / "be"), "--target-count", "8", "--no-kafka",
-            "--ready-file", str(root / "fwd.ready"),
-        ], stdout=(root / "fwd.log").open("w"), stderr=subprocess.STDOUT)
-        procs.append(fwd)
-        wait_ready(root / "fwd.ready", fwd)
-        mount = subprocess.Popen([
-            str(BIN / "pharos-mount"), "--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}",
-            "--admin", f"127.0.0.1:{madmin}", "--ready-file", str(root / "mnt.ready"),
-        ], stdout=(root / "mnt.log").open("w"), stderr=subprocess.STDOUT)
-        procs.append(mount)
-        wait_ready(root / "mnt.ready", mount)
-        print(f"# pharos forwarder bench: {a.rounds} rounds (ABBA), medians; tmp {root}")
-        print(f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7}")
+        bases = {"mount": start_stack(BIN, root, "", procs)}
+        mounts.append(bases["mount"])
+        if a.baseline_bin is not None:
+            bases["baseline"] = start_stack(a.baseline_bin.resolve(), root, "-base", procs)
+            mounts.append(bases["baseline"])
+        bases["direct"] = direct
+        sides = list(bases)
+        print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
+        head = f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7}"
+        if "baseline" in bases:
+            head += f" {'baseline':>10} {'b.ratio':>7}"
+        print(head)
+        wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
         for name, unit, args, how in CASES:
-            res: dict[str, list[float]] = {"mount": [], "direct": []}
+            if wanted and not any(name.startswith(w) for w in wanted):
+                continue
+            res: dict[str, list[float]] = {s: [] for s in sides}
             for r in range(a.rounds):
-                order = ["mount", "direct"] if r % 2 == 0 else ["direct", "mount"]
+                order = sides[r % len(sides):] + sides[:r % len(sides)]
+                if r % 2:
+                    order.reverse()
                 for side in order:
-                    base = mnt if side == "mount" else direct
+                    base = bases[side]
                     drop_caches()
                     if args is None:
                         res[side].append(creates(base))
@@ -144,8 +175,11 @@ def main() -> int:
                         d = base / "reads"
                         d.mkdir(exist_ok=True)
                         res[side].append(figure(fio(d, *args), how))
-            m, dr = statistics.median(res["mount"]), statistics.median(res["direct"])
-            print(f"{name:24} {unit:6} {m:10.1f} {dr:10.1f} {m / dr:7.2f}", flush=True)
+            med = {s: statistics.median(v) for s, v in res.items()}
+            line = f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f}"
+            if "baseline" in med:
+                line += f" {med['baseline']:10.1f} {med['baseline'] / med['direct']:7.2f}"
+            print(line, flush=True)
         return 0
     finally:
         for p in reversed(procs):
@@ -155,8 +189,9 @@ def main() -> int:
                     p.wait(15)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        for mnt in mounts:
+            if os.path.ismount(mnt):
+                subprocess.run(["umount", "-l", str(mnt)], check=False)
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
 

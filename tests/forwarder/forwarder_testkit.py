@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / "target" / "release"
+# PHAROS_FWD_BIN_DIR: run against other builds (e.g. to show a test fails on an older one).
+BIN = Path(os.environ.get("PHAROS_FWD_BIN_DIR", REPO / "target" / "release"))
 
 
 def build_binaries() -> None:
@@ -178,9 +179,10 @@ def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     return json.loads(out)
 
 
-# --- raw protocol frames (bincode 1, fixint, little endian; see forwarder/fwd-proto) ---
+# --- raw protocol frames (v2: bincode 1 header, fixint, little endian, then a raw data
+# segment; see forwarder/fwd-proto) ---
 
-VERSION = 1
+VERSION = 2
 
 
 def _s(x: str) -> bytes:
@@ -189,21 +191,28 @@ def _s(x: str) -> bytes:
 
 
 def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "") -> bytes:
-    """A `Request` payload: id, Ctx, then `Op` variant index and its fields."""
+    """A `Request` header: id, Ctx, then `Op` variant index and its fields."""
     ctx = _s(job) + struct.pack("<iIII", -1, 0, 0, 0) + _s("test")
     return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields
 
 
-def frame(payload: bytes, version: int = VERSION) -> bytes:
-    return struct.pack("<I", len(payload) + 1) + bytes([version]) + payload
+def frame(header: bytes, data: bytes = b"", version: int = VERSION, header_len: int | None = None) -> bytes:
+    """[u32 L][u8 version][u32 header length][header][data]."""
+    hl = len(header) if header_len is None else header_len
+    return struct.pack("<I", 1 + 4 + len(header) + len(data)) + bytes([version]) + struct.pack("<I", hl) + header + data
 
 
 OP_PING, OP_LOOKUP, OP_GETATTR = 0, 1, 2
 OP_MKDIR = 5
+OP_CREATE, OP_OPEN, OP_RELEASE, OP_READ, OP_WRITE = 9, 10, 11, 12, 13
 
 
-def read_reply(sock: socket.socket) -> tuple[int, int | None, bytes]:
-    """Reads one reply frame: (id, errno or None when Ok, rest of the payload)."""
+def layout(oid: int, stripe_size: int, targets: list[int]) -> bytes:
+    return struct.pack("<QQQ", oid, stripe_size, len(targets)) + b"".join(struct.pack("<I", t) for t in targets)
+
+
+def read_reply(sock: socket.socket) -> tuple[int, int | None, bytes, bytes]:
+    """Reads one reply frame: (id, errno or None when Ok, rest of the header, data segment)."""
 
     def exact(n: int) -> bytes:
         buf = b""
@@ -217,8 +226,10 @@ def read_reply(sock: socket.socket) -> tuple[int, int | None, bytes]:
     (n,) = struct.unpack("<I", exact(4))
     body = exact(n)
     assert body[0] == VERSION
-    rid, variant = struct.unpack("<QI", body[1:13])
+    (hl,) = struct.unpack("<I", body[1:5])
+    hdr, data = body[5 : 5 + hl], body[5 + hl :]
+    rid, variant = struct.unpack("<QI", hdr[:12])
     if variant == 1:
-        (err,) = struct.unpack("<i", body[13:17])
-        return rid, err, body[17:]
-    return rid, None, body[13:]
+        (err,) = struct.unpack("<i", hdr[12:16])
+        return rid, err, hdr[16:], data
+    return rid, None, hdr[12:], data

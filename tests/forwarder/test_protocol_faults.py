@@ -9,7 +9,20 @@ import struct
 
 import pytest
 
-from forwarder_testkit import OP_LOOKUP, OP_MKDIR, OP_PING, _s, frame, read_reply, request
+from forwarder_testkit import (
+    OP_CREATE,
+    OP_LOOKUP,
+    OP_MKDIR,
+    OP_PING,
+    OP_READ,
+    OP_RELEASE,
+    OP_WRITE,
+    _s,
+    frame,
+    layout,
+    read_reply,
+    request,
+)
 
 MAX_FRAME = (8 << 20) + (64 << 10)
 
@@ -27,7 +40,7 @@ def connect(d) -> socket.socket:
 def ping_ok(d) -> None:
     with connect(d) as s:
         s.sendall(frame(request(99, OP_PING)))
-        rid, e, _ = read_reply(s)
+        rid, e, *_ = read_reply(s)
         assert (rid, e) == (99, None)
 
 
@@ -42,7 +55,7 @@ def test_valid_ping_and_lookup(daemon):
 def test_malformed_payload_gets_error_and_connection_goes_on(daemon):
     with connect(daemon) as s:
         s.sendall(frame(b"\xff" * 37))  # undecodable body
-        rid, e, _ = read_reply(s)
+        rid, e, *_ = read_reply(s)
         assert rid == 0 and e == errno.EPROTO
         s.sendall(frame(request(7, OP_PING), version=9))  # unknown version
         assert read_reply(s)[:2] == (0, errno.EPROTO)
@@ -56,7 +69,7 @@ def test_truncated_frame_gets_error(daemon):
         f = frame(request(9, OP_LOOKUP, _s("abc")))
         s.sendall(f[:-2])
         s.shutdown(socket.SHUT_WR)
-        rid, e, _ = read_reply(s)
+        rid, e, *_ = read_reply(s)
         assert rid == 0 and e == errno.EPROTO
     ping_ok(daemon)
 
@@ -64,7 +77,7 @@ def test_truncated_frame_gets_error(daemon):
 def test_oversized_frame_gets_error_without_reading_it(daemon):
     with connect(daemon) as s:
         s.sendall(struct.pack("<I", MAX_FRAME + 1) + b"\x01")
-        rid, e, _ = read_reply(s)
+        rid, e, *_ = read_reply(s)
         assert rid == 0 and e == errno.EMSGSIZE
     ping_ok(daemon)
     assert daemon.proc.poll() is None
@@ -80,3 +93,48 @@ def test_path_escaping_namespace_rejected(daemon, cluster, path):
     assert not (cluster.backend / "evil").exists()
     assert not (cluster.root / "evil").exists()
     ping_ok(daemon)
+
+
+def test_v2_frame_faults_get_eproto_and_connection_goes_on(daemon):
+    with connect(daemon) as s:
+        s.sendall(frame(request(20, OP_PING), data=b"stray"))  # data on a request without data
+        assert read_reply(s)[:2] == (0, errno.EPROTO)
+        s.sendall(frame(request(21, OP_PING), header_len=10_000))  # header length beyond the frame
+        assert read_reply(s)[:2] == (0, errno.EPROTO)
+        hdr = request(22, OP_PING)
+        s.sendall(struct.pack("<I", len(hdr) + 1) + b"\x01" + hdr)  # a version-1 frame
+        assert read_reply(s)[:2] == (0, errno.EPROTO)
+        s.sendall(struct.pack("<I", 3) + bytes([2, 0, 0]))  # too short for a header length
+        assert read_reply(s)[:2] == (0, errno.EPROTO)
+        s.sendall(frame(request(23, OP_PING)))
+        assert read_reply(s)[:2] == (23, None)
+    assert daemon.status()["counters"]["bad_frames"] == 4
+
+
+def test_raw_data_segment_write_then_read(daemon, cluster):
+    data = bytes(range(256)) * 1024 + b"tail"  # 256 KiB + 4: a large request, unaligned end
+    with connect(daemon) as s:
+        s.sendall(frame(request(30, OP_CREATE, _s("raw") + struct.pack("<I?Q", 0o644, True, 77))))
+        rid, e, rest, seg = read_reply(s)
+        assert (rid, e, seg) == (30, None, b"")
+        (variant,) = struct.unpack("<I", rest[:4])
+        assert variant == 3  # Body::Opened { attr, layout, handle }
+        lay = rest[4 + 80 :]
+        oid, ss, n = struct.unpack("<QQQ", lay[:24])
+        targets = list(struct.unpack(f"<{n}I", lay[24 : 24 + 4 * n]))
+        handle = lay[24 + 4 * n :]
+        assert len(handle) == 16
+        lo = layout(oid, ss, targets)
+        s.sendall(frame(request(31, OP_WRITE, _s("raw") + lo + struct.pack("<Q", 4096)), data=data))
+        rid, e, rest, seg = read_reply(s)
+        assert (rid, e, seg) == (31, None, b"")
+        assert struct.unpack("<II", rest) == (5, len(data))  # Body::Written(n)
+        s.sendall(frame(request(32, OP_READ, _s("raw") + lo + struct.pack("<QI", 4096, 1 << 20))))
+        rid, e, rest, seg = read_reply(s)
+        assert (rid, e) == (32, None)
+        assert rest == struct.pack("<I", 4)  # Body::Data: no header fields, bytes in the segment
+        assert seg == data
+        s.sendall(frame(request(33, OP_RELEASE, _s("raw") + lo + handle)))
+        assert read_reply(s)[:2] == (33, None)
+    obj = [p for p in cluster.backend.glob("ost*/*.0") if p.stat().st_size == 4096 + len(data)]
+    assert len(obj) == 1 and obj[0].read_bytes()[4096:] == data

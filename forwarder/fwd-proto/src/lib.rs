@@ -1,23 +1,39 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame is
-//! `[u32 little-endian length L][u8 version][L-1 bytes of bincode payload]`, where `L`
-//! counts the version byte and the payload and must be in `1..=MAX_FRAME`. The client
-//! sends [`Request`] payloads, the daemon answers each with one [`Reply`] carrying the same
-//! `id`. A frame with another version, an undecodable payload, or `L > MAX_FRAME` gets a
-//! [`Reply`] with `id = 0` and an error (`EPROTO`, `EMSGSIZE`); after an oversized or
-//! truncated frame the daemon closes the connection because it cannot find the next
-//! frame boundary. Decoding never allocates more than the frame length (bincode limit).
+//! A connection carries frames in both directions. A frame (version 2) is
+//!
+//! ```text
+//! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
+//! ```
+//!
+//! where `L` counts everything after the length prefix and must be in `5..=MAX_FRAME`
+//! (1..=MAX_FRAME is accepted by the length check; shorter frames are decode errors). The
+//! header is a bincode [`Request`] or [`Reply`]; the raw data segment carries the bytes of
+//! a write request ([`Op::Write`]'s `data`) or of a read reply ([`Body::Data`]) and is
+//! empty for every other message. Data never goes through serde: it is read straight into
+//! the destination buffer and written from the source buffer with one vectored write.
+//!
+//! The client sends requests, the daemon answers each with one [`Reply`] carrying the same
+//! `id`. A frame with another version, an undecodable header, a header length beyond the
+//! frame, or a data segment on a message that takes none gets a [`Reply`] with `id = 0` and
+//! `EPROTO`; `L > MAX_FRAME` gets `EMSGSIZE`. After an oversized or truncated frame the
+//! daemon closes the connection because it cannot find the next frame boundary; the other
+//! errors leave the stream at a frame boundary. Decoding never allocates more than the
+//! frame length (bincode limit), and a frame announcing a large data segment costs memory
+//! only as its bytes arrive (beyond [`PREALLOC_MAX`]).
+//!
+//! Version history: 1 = whole message bincode (data as a byte field); 2 = header + raw
+//! data segment, open handles in `Opened`/`Release` (unlink of open files, see the daemon).
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Largest frame (version byte + payload), bytes: 8 MiB + 64 KiB of header room.
 pub const MAX_FRAME: usize = (8 << 20) + (64 << 10);
 /// Largest data payload of one read or write request, bytes.
@@ -149,13 +165,15 @@ pub enum Op {
     /// replay of the same create idempotent.
     Create { path: String, mode: u32, excl: bool, token: u64 },
     Open { path: String, write: bool, truncate: bool },
-    Release { path: String, layout: Layout },
+    /// Closes the open `handle` (returned by create/open) of the file with `layout`.
+    Release { path: String, layout: Layout, handle: OpenHandle },
     Read { path: String, layout: Layout, offset: u64, size: u32 },
     Write {
         path: String,
         layout: Layout,
         offset: u64,
-        #[serde(with = "serde_bytes")]
+        /// Travels as the frame's raw data segment, not in the bincode header.
+        #[serde(skip)]
         data: Vec<u8>,
     },
     Fsync { path: String, layout: Layout, datasync: bool },
@@ -208,13 +226,26 @@ pub struct WireError {
     pub msg: String,
 }
 
+/// One open of a file, as the daemon that served the open recorded it: `daemon` is that
+/// daemon instance's id, `id` the open's. The release names it so that any daemon can drop
+/// the open (an unlinked file's data lives until its last open is released).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct OpenHandle {
+    pub daemon: u64,
+    pub id: u64,
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Body {
     Ok,
     Attr(Attr),
     Entries(Vec<DirEntry>),
-    Opened { attr: Attr, layout: Layout },
-    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    Opened { attr: Attr, layout: Layout, handle: OpenHandle },
+    /// Read data: travels as the frame's raw data segment, not in the bincode header.
+    Data {
+        #[serde(skip)]
+        data: Vec<u8>,
+    },
     Written(u32),
     Statfs(StatFs),
 }
@@ -283,14 +314,109 @@ fn opts() -> impl Options {
         .reject_trailing_bytes()
 }
 
+/// A message with an optional raw data segment (see the module docs).
+pub trait Payload {
+    /// The bytes sent as the frame's data segment (empty for most messages).
+    fn data(&self) -> &[u8];
+    /// Where a received data segment goes; `None` = this message takes no data segment.
+    fn data_slot(&mut self) -> Option<&mut Vec<u8>>;
+}
+
+impl Payload for Request {
+    fn data(&self) -> &[u8] {
+        match &self.op {
+            Op::Write { data, .. } => data,
+            _ => &[],
+        }
+    }
+    fn data_slot(&mut self) -> Option<&mut Vec<u8>> {
+        match &mut self.op {
+            Op::Write { data, .. } => Some(data),
+            _ => None,
+        }
+    }
+}
+
+impl Payload for Reply {
+    fn data(&self) -> &[u8] {
+        match &self.body {
+            Ok(Body::Data { data }) => data,
+            _ => &[],
+        }
+    }
+    fn data_slot(&mut self) -> Option<&mut Vec<u8>> {
+        match &mut self.body {
+            Ok(Body::Data { data }) => Some(data),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes before the header: length, version, header length.
+const PREFIX: usize = 9;
+
+fn prefix(hdr_len: usize, data_len: usize) -> [u8; PREFIX] {
+    let l = (1 + 4 + hdr_len + data_len) as u32;
+    let mut p = [0u8; PREFIX];
+    p[..4].copy_from_slice(&l.to_le_bytes());
+    p[4] = VERSION;
+    p[5..].copy_from_slice(&(hdr_len as u32).to_le_bytes());
+    p
+}
+
+fn header<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    opts().serialize(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+}
+
 /// Encodes `msg` as one frame (length prefix included).
-pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    let n = opts().serialized_size(msg).expect("serializable") as usize;
-    let mut out = Vec::with_capacity(5 + n);
-    out.extend_from_slice(&((n + 1) as u32).to_le_bytes());
-    out.push(VERSION);
-    opts().serialize_into(&mut out, msg).expect("serializable");
+pub fn encode<T: Serialize + Payload>(msg: &T) -> Vec<u8> {
+    let hdr = header(msg).expect("serializable");
+    let data = msg.data();
+    let mut out = Vec::with_capacity(PREFIX + hdr.len() + data.len());
+    out.extend_from_slice(&prefix(hdr.len(), data.len()));
+    out.extend_from_slice(&hdr);
+    out.extend_from_slice(data);
     out
+}
+
+/// Writes all of `bufs` (vectored: one `writev` for the whole frame in the common case).
+pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "failed to write whole frame")),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Encodes and writes one frame to `w`: the header is serialized into a small buffer, the
+/// data segment is written from the message's own buffer (no copy). Give an unbuffered
+/// stream (or flush a buffered one).
+pub fn write_msg<T: Serialize + Payload>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    let hdr = header(msg)?;
+    let data = msg.data();
+    if 1 + 4 + hdr.len() + data.len() > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than MAX_FRAME"));
+    }
+    let p = prefix(hdr.len(), data.len());
+    write_all_vectored(w, &mut [IoSlice::new(&p), IoSlice::new(&hdr), IoSlice::new(data)])
+}
+
+/// Prefix and header of a frame for `msg` whose data segment (`data_len` bytes, instead of
+/// `msg.data()`) the caller sends itself right after, e.g. with `sendfile(2)`.
+pub fn encode_head<T: Serialize>(msg: &T, data_len: usize) -> io::Result<Vec<u8>> {
+    let hdr = header(msg)?;
+    if 1 + 4 + hdr.len() + data_len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than MAX_FRAME"));
+    }
+    let mut out = Vec::with_capacity(PREFIX + hdr.len());
+    out.extend_from_slice(&prefix(hdr.len(), data_len));
+    out.extend_from_slice(&hdr);
+    Ok(out)
 }
 
 /// Reads exactly `buf.len()` bytes; returns how many were read before EOF.
@@ -307,69 +433,191 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-/// Frames up to this size are read into one allocation of their announced length; larger
-/// ones grow with the data actually received, so a peer announcing [`MAX_FRAME`] and
-/// sending nothing costs at most this much memory.
-const PREALLOC_MAX: usize = (1 << 20) + (64 << 10);
+/// Data segments up to this size get their buffer reserved at once; beyond, the buffer
+/// grows with the bytes actually received, so a peer announcing [`MAX_FRAME`] and sending
+/// nothing costs at most this much memory.
+pub const PREALLOC_MAX: usize = (1 << 20) + (64 << 10);
 
-/// Reads one frame and returns its payload (version checked and stripped, not decoded).
-pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
-    let mut hdr = [0u8; 5];
-    let got = read_full(r, &mut hdr).map_err(FrameError::Io)?;
+/// A byte stream a frame can be read from. `read_append` fills a buffer's spare capacity
+/// without zeroing it first (receive buffers are reused, never memset).
+pub trait FrameRead: Read {
+    /// Appends up to `max` bytes to `buf` within its spare capacity (the caller reserves);
+    /// returns how many (0 = EOF).
+    fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize>;
+}
+
+impl FrameRead for io::BufReader<std::net::TcpStream> {
+    fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        use io::BufRead;
+        let max = max.min(buf.capacity() - buf.len());
+        if max == 0 {
+            return Ok(0);
+        }
+        // Bytes already buffered first, then straight from the socket into `buf`.
+        let have = self.buffer();
+        if !have.is_empty() {
+            let k = have.len().min(max);
+            buf.extend_from_slice(&have[..k]);
+            self.consume(k);
+            return Ok(k);
+        }
+        use std::os::fd::AsRawFd;
+        let fd = self.get_ref().as_raw_fd();
+        loop {
+            // SAFETY: writes at most `max` bytes into the reserved, unused capacity of
+            // `buf` through a raw pointer; the length grows only by what recv reported.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().add(buf.len()) as *mut libc::c_void, max, 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            unsafe { buf.set_len(buf.len() + n as usize) };
+            return Ok(n as usize);
+        }
+    }
+}
+
+impl<T: AsRef<[u8]>> FrameRead for io::Cursor<T> {
+    fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let pos = (self.position() as usize).min(self.get_ref().as_ref().len());
+        let src = &self.get_ref().as_ref()[pos..];
+        let k = src.len().min(max).min(buf.capacity() - buf.len());
+        buf.extend_from_slice(&src[..k]);
+        self.set_position((pos + k) as u64);
+        Ok(k)
+    }
+}
+
+impl FrameRead for &[u8] {
+    fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let k = self.len().min(max).min(buf.capacity() - buf.len());
+        buf.extend_from_slice(&self[..k]);
+        *self = &self[k..];
+        Ok(k)
+    }
+}
+
+/// Reads `n` bytes into `buf` (cleared first; its capacity is reused, nothing is zeroed).
+/// Returns the bytes read (< n only at EOF).
+fn read_into(r: &mut impl FrameRead, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
+    buf.clear();
+    buf.reserve(n.min(PREALLOC_MAX));
+    while buf.len() < n {
+        if buf.capacity() == buf.len() {
+            buf.reserve((n - buf.len()).min(PREALLOC_MAX));
+        }
+        match r.read_append(buf, n - buf.len()) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf.len())
+}
+
+/// Skips `n` bytes; returns how many were there.
+fn skip(r: &mut impl Read, n: usize) -> io::Result<usize> {
+    Ok(io::copy(&mut r.take(n as u64), &mut io::sink())? as usize)
+}
+
+/// One received frame: the bincode header and the raw data segment. Reuse one `Frame`
+/// (and give its `data` a pooled buffer) to read without allocating.
+#[derive(Debug, Default)]
+pub struct Frame {
+    pub hdr: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+/// Reads one frame into `f` (version checked; header and data split, not decoded).
+pub fn read_frame_into(r: &mut impl FrameRead, f: &mut Frame) -> Result<(), FrameError> {
+    f.hdr.clear();
+    f.data.clear();
+    let mut pre = [0u8; 5];
+    let got = read_full(r, &mut pre).map_err(FrameError::Io)?;
     if got == 0 {
         return Err(FrameError::Eof);
     }
     if got >= 4 {
-        let n = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+        let n = u32::from_le_bytes([pre[0], pre[1], pre[2], pre[3]]) as usize;
         if n == 0 || n > MAX_FRAME {
             return Err(FrameError::BadLength(n as u64));
         }
     }
     if got < 5 {
-        let want = if got >= 4 { u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize + 4 } else { 5 };
+        let want = if got >= 4 { u32::from_le_bytes([pre[0], pre[1], pre[2], pre[3]]) as usize + 4 } else { 5 };
         return Err(FrameError::Truncated { got, want });
     }
-    let n = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize - 1;
-    let (mut buf, got) = if n <= PREALLOC_MAX {
-        // One exact allocation, filled by reads straight into it.
-        let mut buf = vec![0u8; n];
-        let got = read_full(r, &mut buf).map_err(FrameError::Io)?;
-        (buf, got)
-    } else {
-        let mut buf = Vec::with_capacity(PREALLOC_MAX);
-        let got = r.take(n as u64).read_to_end(&mut buf).map_err(FrameError::Io)?;
-        (buf, got)
-    };
-    buf.truncate(got);
-    if got < n {
-        return Err(FrameError::Truncated { got: got + 5, want: n + 5 });
+    let total = u32::from_le_bytes([pre[0], pre[1], pre[2], pre[3]]) as usize + 4;
+    let rest = total - 5; // bytes after the version byte
+    let mut pos = 5;
+    let truncated = |pos: usize| FrameError::Truncated { got: pos, want: total };
+    if pre[4] != VERSION || rest < 4 {
+        let k = skip(r, rest).map_err(FrameError::Io)?;
+        if k < rest {
+            return Err(truncated(pos + k));
+        }
+        if pre[4] != VERSION {
+            return Err(FrameError::Version(pre[4]));
+        }
+        return Err(FrameError::Decode(format!("frame of {rest} bytes after the version: no header length")));
     }
-    if hdr[4] != VERSION {
-        return Err(FrameError::Version(hdr[4]));
+    let mut hl = [0u8; 4];
+    let k = read_full(r, &mut hl).map_err(FrameError::Io)?;
+    pos += k;
+    if k < 4 {
+        return Err(truncated(pos));
     }
-    Ok(buf)
+    let hdr_len = u32::from_le_bytes(hl) as usize;
+    let rest = rest - 4;
+    if hdr_len > rest {
+        let k = skip(r, rest).map_err(FrameError::Io)?;
+        if k < rest {
+            return Err(truncated(pos + k));
+        }
+        return Err(FrameError::Decode(format!("header length {hdr_len} beyond the frame ({rest} bytes)")));
+    }
+    let k = read_into(r, &mut f.hdr, hdr_len).map_err(FrameError::Io)?;
+    pos += k;
+    if k < hdr_len {
+        return Err(truncated(pos));
+    }
+    let dlen = rest - hdr_len;
+    let k = read_into(r, &mut f.data, dlen).map_err(FrameError::Io)?;
+    pos += k;
+    if k < dlen {
+        return Err(truncated(pos));
+    }
+    Ok(())
 }
 
-/// Decodes a payload returned by [`read_frame`].
-pub fn decode<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, FrameError> {
-    opts().deserialize(payload).map_err(|e| FrameError::Decode(e.to_string()))
+/// Reads one frame.
+pub fn read_frame(r: &mut impl FrameRead) -> Result<Frame, FrameError> {
+    let mut f = Frame::default();
+    read_frame_into(r, &mut f)?;
+    Ok(f)
+}
+
+/// Decodes a frame returned by [`read_frame`]; the data segment moves into the message
+/// (no copy), leaving `f.data` empty.
+pub fn decode<T: for<'de> Deserialize<'de> + Payload>(f: &mut Frame) -> Result<T, FrameError> {
+    let mut msg: T = opts().deserialize(&f.hdr).map_err(|e| FrameError::Decode(e.to_string()))?;
+    match msg.data_slot() {
+        Some(slot) => *slot = std::mem::take(&mut f.data),
+        None if !f.data.is_empty() => {
+            return Err(FrameError::Decode(format!("{}-byte data segment on a message that takes none", f.data.len())))
+        }
+        None => {}
+    }
+    Ok(msg)
 }
 
 /// Reads and decodes one frame.
-pub fn read_msg<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameError> {
-    decode(&read_frame(r)?)
-}
-
-/// Encodes and writes one frame straight into `w` (no intermediate buffer: give a
-/// `BufWriter`, large byte fields then bypass its buffer).
-pub fn write_msg<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
-    let n = opts().serialized_size(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))? as usize;
-    if n + 1 > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than MAX_FRAME"));
-    }
-    w.write_all(&((n + 1) as u32).to_le_bytes())?;
-    w.write_all(&[VERSION])?;
-    opts().serialize_into(w, msg).map_err(|e| io::Error::other(e.to_string()))
+pub fn read_msg<T: for<'de> Deserialize<'de> + Payload>(r: &mut impl FrameRead) -> Result<T, FrameError> {
+    decode(&mut read_frame(r)?)
 }
 
 /// Checks a request path and returns its components. Rejects `..`, `.`, empty components
@@ -420,7 +668,9 @@ mod tests {
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
             Op::Create { path: "f".into(), mode: 0o644, excl: true, token: 77 },
             Op::Write { path: "f".into(), layout: l.clone(), offset: 4096, data: vec![1, 2, 3] },
-            Op::Read { path: "f".into(), layout: l, offset: 0, size: 3 },
+            Op::Write { path: "f".into(), layout: l.clone(), offset: 0, data: vec![] },
+            Op::Read { path: "f".into(), layout: l.clone(), offset: 0, size: 3 },
+            Op::Release { path: "f".into(), layout: l, handle: OpenHandle { daemon: 5, id: 6 } },
             Op::Statfs,
         ];
         for op in ops {
@@ -429,9 +679,137 @@ mod tests {
             let back: Request = read_msg(&mut Cursor::new(frame)).unwrap();
             assert_eq!(back, r);
         }
-        let rep = Reply { id: 7, body: Ok(Body::Data(vec![9; 100])) };
+        let rep = Reply { id: 7, body: Ok(Body::Data { data: vec![9; 100] }) };
         let back: Reply = read_msg(&mut Cursor::new(encode(&rep))).unwrap();
         assert_eq!(back, rep);
+        // write_msg (vectored) produces the same bytes as encode, and so does a head sent
+        // before its data segment.
+        let mut out = Vec::new();
+        write_msg(&mut out, &rep).unwrap();
+        assert_eq!(out, encode(&rep));
+        let mut head = encode_head(&Reply { id: 7, body: Ok(Body::Data { data: vec![] }) }, 100).unwrap();
+        head.extend_from_slice(&[9; 100]);
+        assert_eq!(head, encode(&rep));
+    }
+
+    #[test]
+    fn data_travels_as_raw_segment_after_the_header() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let l = Layout { oid: 1, stripe_size: 4096, targets: vec![0] };
+        let r = req(Op::Write { path: "f".into(), layout: l, offset: 0, data: data.clone() });
+        let frame = encode(&r);
+        let total = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(total + 4, frame.len());
+        assert_eq!(frame[4], VERSION);
+        let hl = u32::from_le_bytes(frame[5..9].try_into().unwrap()) as usize;
+        // The frame ends with the data bytes verbatim, after the header.
+        assert_eq!(&frame[9 + hl..], &data[..]);
+        assert!(hl < 200, "header {hl} bytes: data must not be serialized into it");
+        // Reading into a reused frame reuses its buffers.
+        let mut f = Frame { hdr: Vec::new(), data: Vec::with_capacity(1 << 16) };
+        let cap = f.data.capacity();
+        let ptr = f.data.as_ptr();
+        read_frame_into(&mut Cursor::new(&frame), &mut f).unwrap();
+        assert_eq!((f.data.as_ptr(), f.data.capacity()), (ptr, cap));
+        assert_eq!(f.data, data);
+        let back: Request = decode(&mut f).unwrap();
+        assert_eq!(back, r);
+        assert!(f.data.is_empty());
+        // A frame without data keeps the buffer's capacity for the next one.
+        f.data = Vec::with_capacity(1 << 16);
+        read_frame_into(&mut Cursor::new(encode(&req(Op::Ping))), &mut f).unwrap();
+        assert_eq!((f.data.len(), f.data.capacity()), (0, 1 << 16));
+        assert_eq!(decode::<Request>(&mut f).unwrap(), req(Op::Ping));
+        read_frame_into(&mut Cursor::new(&frame), &mut f).unwrap();
+        assert_eq!(decode::<Request>(&mut f).unwrap(), r);
+    }
+
+    #[test]
+    fn frames_read_from_a_socket_without_zeroing_buffers() {
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let lay = Layout { oid: 1, stripe_size: 1 << 20, targets: vec![0] };
+        let msgs = vec![
+            req(Op::Write { path: "f".into(), layout: lay.clone(), offset: 0, data: data.clone() }),
+            req(Op::Ping),
+            req(Op::Write { path: "f".into(), layout: lay, offset: 0, data: data[..10].to_vec() }),
+        ];
+        let to_send = msgs.clone();
+        let t = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            for m in &to_send {
+                write_msg(&mut s, m).unwrap();
+            }
+        });
+        let (s, _) = l.accept().unwrap();
+        let mut r = io::BufReader::with_capacity(16 << 10, s);
+        let mut f = Frame::default();
+        for m in &msgs {
+            read_frame_into(&mut r, &mut f).unwrap();
+            let got: Request = decode(&mut f).unwrap();
+            assert_eq!(&got, m);
+        }
+        t.join().unwrap();
+        assert!(matches!(read_frame(&mut r), Err(FrameError::Eof)));
+    }
+
+    fn raw_frame(version: u8, hdr: &[u8], data: &[u8], hdr_len: u32) -> Vec<u8> {
+        let mut f = ((1 + 4 + hdr.len() + data.len()) as u32).to_le_bytes().to_vec();
+        f.push(version);
+        f.extend_from_slice(&hdr_len.to_le_bytes());
+        f.extend_from_slice(hdr);
+        f.extend_from_slice(data);
+        f
+    }
+
+    #[test]
+    fn malformed_v2_frames_are_recoverable_decode_errors() {
+        let hdr = opts().serialize(&req(Op::Statfs)).unwrap();
+        // A data segment on a request that takes none.
+        let f = raw_frame(VERSION, &hdr, b"xyz", hdr.len() as u32);
+        let mut c = Cursor::new(f);
+        let e = read_msg::<Request>(&mut c).unwrap_err();
+        assert!(matches!(e, FrameError::Decode(_)) && e.recoverable(), "{e}");
+        // A header length beyond the frame: the frame is skipped whole, next one reads.
+        let mut f = raw_frame(VERSION, &hdr, b"", 1_000_000);
+        let next = encode(&req(Op::Ping));
+        f.extend_from_slice(&next);
+        let mut c = Cursor::new(f);
+        let e = read_msg::<Request>(&mut c).unwrap_err();
+        assert!(matches!(e, FrameError::Decode(_)) && e.recoverable(), "{e}");
+        assert_eq!(read_msg::<Request>(&mut c).unwrap(), req(Op::Ping));
+        // Too short to hold a header length.
+        let mut f = 3u32.to_le_bytes().to_vec();
+        f.extend_from_slice(&[VERSION, 0, 0]);
+        f.extend_from_slice(&next);
+        let mut c = Cursor::new(f);
+        assert!(matches!(read_msg::<Request>(&mut c).unwrap_err(), FrameError::Decode(_)));
+        assert_eq!(read_msg::<Request>(&mut c).unwrap(), req(Op::Ping));
+        // A version-1 frame (whole bincode message) is refused as a version error.
+        let mut f = raw_frame(1, &hdr, b"", hdr.len() as u32);
+        f.extend_from_slice(&next);
+        let mut c = Cursor::new(f);
+        assert!(matches!(read_msg::<Request>(&mut c).unwrap_err(), FrameError::Version(1)));
+        assert_eq!(read_msg::<Request>(&mut c).unwrap(), req(Op::Ping));
+        // Truncated inside the data segment.
+        let w = encode(&req(Op::Write { path: "f".into(), layout: Layout { oid: 1, stripe_size: 1, targets: vec![0] }, offset: 0, data: vec![7; 100] }));
+        let e = read_frame(&mut Cursor::new(&w[..w.len() - 10])).unwrap_err();
+        assert!(matches!(e, FrameError::Truncated { .. }) && !e.recoverable(), "{e}");
+    }
+
+    #[test]
+    fn large_announced_data_grows_with_received_bytes() {
+        // Announces MAX_FRAME but sends 10 bytes: the buffer stays within PREALLOC_MAX.
+        let mut f = (MAX_FRAME as u32).to_le_bytes().to_vec();
+        f.push(VERSION);
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&[1; 10]);
+        let mut fr = Frame::default();
+        let e = read_frame_into(&mut Cursor::new(f), &mut fr).unwrap_err();
+        assert!(matches!(e, FrameError::Truncated { .. }));
+        assert!(fr.data.capacity() <= 2 * PREALLOC_MAX, "{}", fr.data.capacity());
     }
 
     #[test]
@@ -463,18 +841,15 @@ mod tests {
         let e = read_frame(&mut Cursor::new(frame)).unwrap_err();
         assert!(matches!(e, FrameError::Version(99)) && e.recoverable());
         // A vec length prefix claiming 2^60 elements must fail, not allocate.
-        let mut body = vec![VERSION];
-        body.extend_from_slice(&7u64.to_le_bytes());
-        body.extend_from_slice(&[0xff; 40]);
-        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&body);
+        let mut hdr = 7u64.to_le_bytes().to_vec();
+        hdr.extend_from_slice(&[0xff; 40]);
+        let frame = raw_frame(VERSION, &hdr, b"", hdr.len() as u32);
         let e = read_msg::<Request>(&mut Cursor::new(frame)).unwrap_err();
         assert!(matches!(e, FrameError::Decode(_)) && e.recoverable(), "{e}");
-        // Trailing bytes after a valid message are rejected too.
-        let mut frame = encode(&req(Op::Statfs));
-        frame.push(0);
-        let n = (frame.len() - 4) as u32;
-        frame[..4].copy_from_slice(&n.to_le_bytes());
+        // Trailing bytes after a valid header are rejected too.
+        let mut hdr = opts().serialize(&req(Op::Statfs)).unwrap();
+        hdr.push(0);
+        let frame = raw_frame(VERSION, &hdr, b"", hdr.len() as u32);
         assert!(read_msg::<Request>(&mut Cursor::new(frame)).is_err());
     }
 

@@ -9,6 +9,18 @@
 //!   Striping is RAID-0 over the layout's targets in units of `stripe_size`.
 //! * Open counts, token buckets and faults live in each target's shared state
 //!   ([`crate::shm`]), so every daemon on the machine sees the same values.
+//! * **Open files survive unlink** (POSIX). Every open (create, open) leaves a marker file
+//!   `<mdt>/open/<oid:016x>/<daemon:016x>.<id:016x>` named by its [`OpenHandle`]; release
+//!   (on any daemon) removes it. When a file's name goes (unlink, rename over it), its
+//!   layout is written to `<mdt>/orphans/<oid:016x>` and its objects are deleted only if
+//!   no marker exists; otherwise the release that removes the last marker deletes them and
+//!   the orphan record. (Name removal happens before the marker check, marker removal
+//!   before the orphan check, so one of the two always sees the other.) An open re-checks
+//!   after placing its marker that the name still holds the same object, so an open racing
+//!   an unlink either keeps the data alive or fails with ENOENT.
+//! * **Daemon liveness**: each daemon holds an exclusive `flock` on
+//!   `<mdt>/daemons/<daemon:016x>` for its lifetime. At start, a daemon garbage-collects:
+//!   markers of daemons whose lock can be taken (dead), then orphans left without markers.
 //!
 //! Placement at create time (see [`Placement`]): round-robin over all targets by default;
 //! with a pool, the performance-aware rule of the Sunway lessons §5: the target maximising
@@ -24,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pharos_fwd_proto::{errno, validate_path, Attr, DirEntry, Kind, Layout, SetAttr, StatFs, Time, WireError};
+use pharos_fwd_proto::{errno, validate_path, Attr, DirEntry, Kind, Layout, OpenHandle, SetAttr, StatFs, Time, WireError};
 use serde::{Deserialize, Serialize};
 
 use crate::shm::TargetShm;
@@ -87,13 +99,49 @@ pub struct IoInfo {
 
 const FD_CACHE_MAX: usize = 4096;
 
+/// Bytes `[off, off+len)` of one object file (see [`Backend::read_span`]).
+pub struct FileSpan {
+    pub file: Arc<File>,
+    pub off: u64,
+    pub len: usize,
+    pub target: u32,
+}
+
 pub struct Backend {
     ns: PathBuf,
     tmp: PathBuf,
+    open_dir: PathBuf,
+    orphan_dir: PathBuf,
     pub targets: Vec<Target>,
     pub placement: ArcSwap<Placement>,
     rr: AtomicU64,
     fds: Mutex<HashMap<(u32, u64, u32), Arc<File>>>,
+    /// This daemon instance's id (open handles, liveness lock).
+    pub daemon_id: u64,
+    open_seq: AtomicU64,
+    /// Holds the exclusive flock on `<mdt>/daemons/<daemon_id>` while the daemon lives.
+    _alive: File,
+}
+
+/// What a garbage collection found (daemon start).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct GcStats {
+    pub dead_daemons: u64,
+    pub stale_markers: u64,
+    pub orphans_reaped: u64,
+    pub orphans_kept: u64,
+}
+
+fn marker_name(h: OpenHandle) -> String {
+    format!("{:016x}.{:016x}", h.daemon, h.id)
+}
+
+fn flock_nb(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn random_u64() -> u64 {
@@ -212,21 +260,185 @@ impl Backend {
         }
         let ns = mdt.join("ns");
         let tmp = mdt.join("tmp");
-        fs::create_dir_all(&ns)?;
-        fs::create_dir_all(&tmp)?;
+        let open_dir = mdt.join("open");
+        let orphan_dir = mdt.join("orphans");
+        let daemons = mdt.join("daemons");
+        for d in [&ns, &tmp, &open_dir, &orphan_dir, &daemons] {
+            fs::create_dir_all(d)?;
+        }
         let mut ts = Vec::new();
         for (name, dir) in targets {
             fs::create_dir_all(dir)?;
             ts.push(Target { name: name.clone(), dir: dir.clone(), shm: TargetShm::open(dir)? });
         }
+        // Liveness: lock a fresh file, then link it into daemons/ (never visible unlocked).
+        let daemon_id = random_u64() | 1;
+        let staged = tmp.join(format!("daemon-{daemon_id:016x}"));
+        let alive = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&staged)?;
+        flock_nb(&alive)?;
+        let linked = fs::hard_link(&staged, daemons.join(format!("{daemon_id:016x}")));
+        let _ = fs::remove_file(&staged);
+        linked?;
         Ok(Backend {
             ns,
             tmp,
+            open_dir,
+            orphan_dir,
             targets: ts,
             placement: ArcSwap::from_pointee(Placement::default()),
             rr: AtomicU64::new(random_u64() % 1024),
             fds: Mutex::new(HashMap::new()),
+            daemon_id,
+            open_seq: AtomicU64::new(1),
+            _alive: alive,
         })
+    }
+
+    fn daemons_dir(&self) -> PathBuf {
+        self.open_dir.with_file_name("daemons")
+    }
+
+    fn marker_dir(&self, oid: u64) -> PathBuf {
+        self.open_dir.join(format!("{oid:016x}"))
+    }
+
+    fn orphan_path(&self, oid: u64) -> PathBuf {
+        self.orphan_dir.join(format!("{oid:016x}"))
+    }
+
+    /// Records one open of object `oid`; returns its handle.
+    fn add_marker(&self, oid: u64) -> Res<OpenHandle> {
+        let h = OpenHandle { daemon: self.daemon_id, id: self.open_seq.fetch_add(1, Relaxed) };
+        let d = self.marker_dir(oid);
+        let m = d.join(marker_name(h));
+        for _ in 0..100 {
+            match fs::create_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(werr(e)),
+            }
+            match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&m) {
+                Ok(_) => return Ok(h),
+                // The directory was removed by a concurrent last release: make it again.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(werr(e)),
+            }
+        }
+        Err(eno(errno::EIO, "cannot place open marker"))
+    }
+
+    fn remove_marker(&self, oid: u64, h: OpenHandle) {
+        let d = self.marker_dir(oid);
+        let _ = fs::remove_file(d.join(marker_name(h)));
+        let _ = fs::remove_dir(&d); // fails (ENOTEMPTY) while other opens remain
+    }
+
+    /// True when any open of `oid` is recorded (errors other than "no such dir" count as
+    /// open: never delete data on doubt).
+    fn has_markers(&self, oid: u64) -> bool {
+        match fs::read_dir(self.marker_dir(oid)) {
+            Ok(mut it) => it.next().is_some(),
+            Err(e) => e.kind() != io::ErrorKind::NotFound,
+        }
+    }
+
+    /// Number of recorded opens of `oid` (all daemons).
+    pub fn open_markers(&self, oid: u64) -> usize {
+        fs::read_dir(self.marker_dir(oid)).map(|it| it.count()).unwrap_or(0)
+    }
+
+    /// True when the objects of `oid` wait for their last close.
+    pub fn is_orphan(&self, oid: u64) -> bool {
+        self.orphan_path(oid).exists()
+    }
+
+    /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
+    /// an orphan until the last open is released.
+    fn drop_file(&self, l: &Layout) {
+        let rec = self.orphan_path(l.oid);
+        if let Err(e) = fs::write(&rec, layout_text(l, 0)) {
+            log::warn!("orphan record {}: {e}", rec.display());
+        }
+        if !self.has_markers(l.oid) {
+            self.reap(l.oid);
+        }
+    }
+
+    /// Deletes the objects of orphan `oid` and its record.
+    fn reap(&self, oid: u64) -> bool {
+        let rec = self.orphan_path(oid);
+        let Ok(text) = fs::read_to_string(&rec) else { return false };
+        match parse_layout(&text) {
+            Some((l, _)) if l.oid == oid && self.check_layout(&l).is_ok() => self.remove_objects(&l),
+            _ => log::warn!("corrupt orphan record {}", rec.display()),
+        }
+        let _ = fs::remove_file(&rec);
+        let _ = fs::remove_dir(self.marker_dir(oid));
+        true
+    }
+
+    /// Start-time garbage collection: markers of dead daemons, then orphans nobody holds.
+    pub fn gc(&self) -> GcStats {
+        let mut st = GcStats::default();
+        let started = std::time::SystemTime::now();
+        let mut dead = std::collections::HashSet::new();
+        let mut live = std::collections::HashSet::new();
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        if let Ok(it) = fs::read_dir(self.daemons_dir()) {
+            for e in it.flatten() {
+                let Some(id) = e.file_name().to_str().and_then(hex) else { continue };
+                if id == self.daemon_id {
+                    live.insert(id);
+                    continue;
+                }
+                match OpenOptions::new().read(true).open(e.path()) {
+                    Ok(f) => match flock_nb(&f) {
+                        Ok(()) => {
+                            dead.insert(id);
+                            let _ = fs::remove_file(e.path()); // still holding its lock
+                        }
+                        Err(_) => {
+                            live.insert(id);
+                        }
+                    },
+                    Err(_) => {
+                        dead.insert(id);
+                    }
+                }
+            }
+        }
+        st.dead_daemons = dead.len() as u64;
+        if let Ok(it) = fs::read_dir(&self.open_dir) {
+            for d in it.flatten() {
+                let Ok(ms) = fs::read_dir(d.path()) else { continue };
+                for m in ms.flatten() {
+                    let name = m.file_name();
+                    let owner = name.to_str().and_then(|n| n.split('.').next()).and_then(hex);
+                    let stale = match owner {
+                        Some(o) if live.contains(&o) => false,
+                        Some(o) if dead.contains(&o) => true,
+                        // Unknown owner (its lock file already gone): stale unless it was
+                        // made after this scan began (a daemon that registered meanwhile).
+                        _ => m.metadata().and_then(|md| md.modified()).map(|t| t < started).unwrap_or(false),
+                    };
+                    if stale && fs::remove_file(m.path()).is_ok() {
+                        st.stale_markers += 1;
+                    }
+                }
+                let _ = fs::remove_dir(d.path());
+            }
+        }
+        if let Ok(it) = fs::read_dir(&self.orphan_dir) {
+            for e in it.flatten() {
+                let Some(oid) = e.file_name().to_str().and_then(hex) else { continue };
+                if self.has_markers(oid) {
+                    st.orphans_kept += 1;
+                } else if self.reap(oid) {
+                    st.orphans_reaped += 1;
+                }
+            }
+        }
+        st
     }
 
     pub fn target_index(&self, name: &str) -> Option<u32> {
@@ -468,7 +680,7 @@ impl Backend {
         fs::remove_file(&p).map_err(werr)?;
         if let Some((l, _)) = layout {
             if md.nlink() <= 1 {
-                self.remove_objects(&l);
+                self.drop_file(&l);
             }
         }
         Ok(())
@@ -494,15 +706,15 @@ impl Backend {
         if let Some(l) = replaced {
             // The replaced file's objects go, unless the rename was a no-op on one file.
             if self.read_layout(&b).map(|(nl, _)| nl.oid != l.oid).unwrap_or(true) {
-                self.remove_objects(&l);
+                self.drop_file(&l);
             }
         }
         Ok(())
     }
 
-    /// Creates (or, when `!excl` and it exists, opens) a regular file. Returns its attr and
-    /// layout, and counts it open on its targets.
-    pub fn create(&self, path: &str, mode: u32, excl: bool, token: u64, job: &str, uid: u32, gid: u32) -> Res<(Attr, Layout)> {
+    /// Creates (or, when `!excl` and it exists, opens) a regular file. Returns its attr,
+    /// layout and open handle, and counts it open on its targets.
+    pub fn create(&self, path: &str, mode: u32, excl: bool, token: u64, job: &str, uid: u32, gid: u32) -> Res<(Attr, Layout, OpenHandle)> {
         let p = self.ns_path(path)?;
         if p == self.ns {
             return Err(eno(errno::EISDIR, "namespace root"));
@@ -530,6 +742,15 @@ impl Backend {
                 }
             }
         }
+        // The open is recorded before the name appears: an unlink right after the link
+        // already sees it.
+        let h = match self.add_marker(l.oid) {
+            Ok(h) => h,
+            Err(e) => {
+                cleanup(&made);
+                return Err(e);
+            }
+        };
         let tmp = self.tmp.join(format!("{:016x}", l.oid));
         let res = (|| -> io::Result<()> {
             let mut f = OpenOptions::new().write(true).create_new(true).mode(mode & 0o7777).open(&tmp)?;
@@ -540,6 +761,7 @@ impl Backend {
         })();
         let _ = fs::remove_file(&tmp);
         if let Err(e) = res {
+            self.remove_marker(l.oid, h);
             cleanup(&made);
             if e.raw_os_error() == Some(errno::EEXIST) {
                 // A replay of this very create (same token) succeeded earlier: open it.
@@ -558,35 +780,80 @@ impl Backend {
         for &ti in &l.targets {
             self.targets[ti as usize].shm.add_open(1);
         }
-        Ok((self.getattr(path)?, l))
+        match self.getattr(path) {
+            Ok(a) => Ok((a, l, h)),
+            Err(e) => {
+                let _ = self.release(&l, h);
+                Err(e)
+            }
+        }
     }
 
-    /// Opens an existing regular file: returns attr and layout and counts it open.
-    pub fn open(&self, path: &str, _write: bool, truncate: bool) -> Res<(Attr, Layout)> {
+    /// Opens an existing regular file: returns attr, layout and open handle, and counts it
+    /// open. The open is recorded (marker) before it is reported, so a later unlink keeps
+    /// the data until [`Backend::release`].
+    pub fn open(&self, path: &str, _write: bool, truncate: bool) -> Res<(Attr, Layout, OpenHandle)> {
         let p = self.ns_path(path)?;
-        let md = fs::symlink_metadata(&p).map_err(werr)?;
-        if md.is_dir() {
-            return Err(eno(errno::EISDIR, "is a directory"));
+        for _ in 0..16 {
+            let md = fs::symlink_metadata(&p).map_err(werr)?;
+            if md.is_dir() {
+                return Err(eno(errno::EISDIR, "is a directory"));
+            }
+            if !md.is_file() {
+                return Err(eno(errno::EINVAL, "not a regular file"));
+            }
+            let (l, _) = self.read_layout(&p)?;
+            self.check_layout(&l)?;
+            let h = self.add_marker(l.oid)?;
+            // Still the same file under this name? Else an unlink or rename raced us: the
+            // objects may already be going; drop this open and look again.
+            match self.read_layout(&p) {
+                Ok((now, _)) if now.oid == l.oid => {}
+                Ok(_) => {
+                    self.unmark(&l, h);
+                    continue;
+                }
+                Err(e) => {
+                    self.unmark(&l, h);
+                    return Err(e);
+                }
+            }
+            for &ti in &l.targets {
+                self.targets[ti as usize].shm.add_open(1);
+            }
+            let done = (|| {
+                if truncate {
+                    self.truncate(&l, 0)?;
+                }
+                self.attr_of(&p, &md)
+            })();
+            return match done {
+                Ok(a) => Ok((a, l, h)),
+                Err(e) => {
+                    let _ = self.release(&l, h);
+                    Err(e)
+                }
+            };
         }
-        if !md.is_file() {
-            return Err(eno(errno::EINVAL, "not a regular file"));
-        }
-        let (l, _) = self.read_layout(&p)?;
-        self.check_layout(&l)?;
-        if truncate {
-            self.truncate(&l, 0)?;
-        }
-        for &ti in &l.targets {
-            self.targets[ti as usize].shm.add_open(1);
-        }
-        Ok((self.attr_of(&p, &md)?, l))
+        Err(eno(errno::EIO, "file replaced too often during open"))
     }
 
-    pub fn release(&self, l: &Layout) -> Res<()> {
+    /// Drops open `h` of `l` and deletes the objects when that was the last open of an
+    /// unlinked file.
+    fn unmark(&self, l: &Layout, h: OpenHandle) {
+        self.remove_marker(l.oid, h);
+        if self.is_orphan(l.oid) && !self.has_markers(l.oid) {
+            self.reap(l.oid);
+        }
+    }
+
+    /// Releases open `h` (served by any daemon) of the file with layout `l`.
+    pub fn release(&self, l: &Layout, h: OpenHandle) -> Res<()> {
         self.check_layout(l)?;
         for &ti in &l.targets {
             self.targets[ti as usize].shm.add_open(-1);
         }
+        self.unmark(l, h);
         Ok(())
     }
 
@@ -650,14 +917,43 @@ impl Backend {
     }
 
     /// Injected slowdown: stretch the measured service time by the target's factor.
-    fn stretch(&self, ti: u32, took: Duration) {
+    pub fn stretch(&self, ti: u32, took: Duration) {
         let f = self.targets[ti as usize].shm.slowdown();
         if f > 1.0 {
             std::thread::sleep(took.mul_f64(f - 1.0));
         }
     }
 
+    /// A read of a single-target file served straight from its object (the caller sends
+    /// the bytes with `sendfile(2)`, no copy through user space): the object's fd, offset
+    /// and the byte count, clamped to the object's size now. Token bucket and injected
+    /// latency are applied here; the caller applies [`Backend::stretch`] after sending.
+    /// `None` for striped layouts (holes and pieces: use [`Backend::read_into`]).
+    pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
+        self.check_layout(l)?;
+        if l.targets.len() != 1 {
+            return Ok(None);
+        }
+        info.oid = l.oid;
+        let ti = l.targets[0];
+        info.target.get_or_insert(ti);
+        let file = self.obj_fd(l, 0)?;
+        let osize = file.metadata().map_err(werr)?.len();
+        let len = (size as u64).min(osize.saturating_sub(off));
+        if len > 0 {
+            self.gate(ti, len, info);
+        }
+        Ok(Some(FileSpan { file, off, len: len as usize, target: ti }))
+    }
+
     pub fn read(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_into(l, off, size, info, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again).
+    pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
         let mut len = size as u64;
@@ -665,7 +961,13 @@ impl Backend {
             let (fsize, _, _) = self.data_stat(l)?;
             len = len.min(fsize.saturating_sub(off));
         }
-        let mut buf = vec![0u8; len as usize];
+        if buf.len() < len as usize {
+            buf.resize(len as usize, 0);
+        }
+        if l.targets.len() > 1 {
+            // Holes inside the size read as zeros: a reused buffer must not show old bytes.
+            buf[..len as usize].fill(0);
+        }
         let mut got_end = 0u64;
         for pc in pieces(l, off, len) {
             let ti = l.targets[pc.stripe as usize];
@@ -695,7 +997,7 @@ impl Backend {
             }
         }
         buf.truncate(got_end as usize);
-        Ok(buf)
+        Ok(())
     }
 
     pub fn write(&self, l: &Layout, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
@@ -790,7 +1092,7 @@ mod tests {
     fn striped_file_roundtrip_and_truncate() {
         let (_d, b) = backend(4);
         b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
-        let (_, l) = b.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, l, _) = b.create("f", 0o644, true, 1, "", 0, 0).unwrap();
         assert_eq!(l.targets.len(), 3);
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let mut info = IoInfo::default();
@@ -808,6 +1110,118 @@ mod tests {
         assert_eq!(r.len(), 20_000);
         assert_eq!(&r[1000..5000], &data[..4000]);
         assert!(r[5000..].iter().all(|&x| x == 0));
+    }
+
+    fn obj_count(d: &tempfile::TempDir) -> usize {
+        (0..4)
+            .map(|i| fs::read_dir(d.path().join(format!("ost{i}"))).map(|it| it.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()).unwrap_or(0))
+            .sum()
+    }
+
+    fn backend_on(d: &tempfile::TempDir, n: usize) -> Backend {
+        let ts: Vec<(String, PathBuf)> = (0..n).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
+        Backend::new(&d.path().join("mdt"), &ts).unwrap()
+    }
+
+    #[test]
+    fn unlinked_open_file_keeps_data_until_last_release_on_any_daemon() {
+        let (d, a) = backend(2);
+        let b = backend_on(&d, 2); // a second daemon on the same backend
+        let mut info = IoInfo::default();
+        let (_, l, h1) = a.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, l2, h2) = b.open("f", false, false).unwrap();
+        assert_eq!(l, l2);
+        a.write(&l, 0, b"hello", &mut info).unwrap();
+        assert_eq!(a.open_markers(l.oid), 2);
+        b.unlink("f").unwrap();
+        assert_eq!(a.getattr("f").unwrap_err().errno, errno::ENOENT);
+        assert!(a.is_orphan(l.oid));
+        // Both opens still read and write the orphan.
+        a.write(&l, 5, b" world", &mut info).unwrap();
+        assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
+        // A new file under the same name is another object.
+        let (_, n, hn) = b.create("f", 0o644, true, 2, "", 0, 0).unwrap();
+        assert_ne!(n.oid, l.oid);
+        // Releases may come through either daemon: the last one deletes the data.
+        b.release(&l, h1).unwrap();
+        assert!(a.is_orphan(l.oid) && obj_count(&d) == 2);
+        a.release(&l, h2).unwrap();
+        assert!(!a.is_orphan(l.oid));
+        assert_eq!(obj_count(&d), 1, "only the new file's object remains");
+        // Rename over an open file: same rules.
+        let (_, o, ho) = a.create("g", 0o644, true, 3, "", 0, 0).unwrap();
+        b.rename("f", "g", false).unwrap();
+        assert!(a.is_orphan(o.oid));
+        a.write(&o, 0, b"still here", &mut info).unwrap();
+        assert_eq!(a.read(&o, 0, 100, &mut info).unwrap(), b"still here");
+        b.release(&n, hn).unwrap(); // the moved file stays: it has a name
+        assert!(!a.is_orphan(n.oid) && a.getattr("g").is_ok());
+        a.release(&o, ho).unwrap();
+        assert!(!a.is_orphan(o.oid));
+        assert_eq!(obj_count(&d), 1);
+        // A closed file unlinked: objects go at once, no orphan record.
+        b.unlink("g").unwrap();
+        assert_eq!(obj_count(&d), 0);
+        assert_eq!(fs::read_dir(d.path().join("mdt/orphans")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(d.path().join("mdt/open")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn start_gc_drops_opens_of_dead_daemons_only() {
+        let d = tempfile::tempdir().unwrap();
+        let live = backend_on(&d, 2);
+        let dead = backend_on(&d, 2);
+        let (_, lx, _hx) = dead.create("x", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, ly, hy) = live.create("y", 0o644, true, 2, "", 0, 0).unwrap();
+        let (_, lz, _hz) = dead.open("y", false, false).unwrap();
+        assert_eq!(lz, ly);
+        live.unlink("x").unwrap();
+        live.unlink("y").unwrap();
+        assert!(live.is_orphan(lx.oid) && live.is_orphan(ly.oid));
+        drop(dead); // killed: its flock goes with its fd
+        let fresh = backend_on(&d, 2);
+        let st = fresh.gc();
+        assert_eq!(st.dead_daemons, 1);
+        assert_eq!(st.stale_markers, 2);
+        assert_eq!(st.orphans_reaped, 1, "{st:?}");
+        assert_eq!(st.orphans_kept, 1, "{st:?}");
+        assert!(!fresh.is_orphan(lx.oid));
+        assert!(fresh.is_orphan(ly.oid), "the live daemon's open keeps y");
+        assert_eq!(obj_count(&d), 1);
+        // Another gc finds nothing more; the live daemon's release ends y.
+        let st = fresh.gc();
+        assert_eq!((st.dead_daemons, st.stale_markers, st.orphans_reaped), (0, 0, 0));
+        live.release(&ly, hy).unwrap();
+        assert_eq!(obj_count(&d), 0);
+    }
+
+    #[test]
+    fn open_racing_unlink_never_returns_deleted_data() {
+        let (_d, b) = backend(2);
+        let b = Arc::new(b);
+        for i in 0..200 {
+            let name = format!("r{i}");
+            let (_, l, h) = b.create(&name, 0o644, true, 0, "", 0, 0).unwrap();
+            b.release(&l, h).unwrap();
+            let b2 = b.clone();
+            let n2 = name.clone();
+            let t = std::thread::spawn(move || b2.unlink(&n2));
+            match b.open(&name, true, false) {
+                Ok((_, l, h)) => {
+                    // Opened: the data must stay readable and writable until release.
+                    let mut info = IoInfo::default();
+                    b.write(&l, 0, b"x", &mut info).unwrap();
+                    t.join().unwrap().unwrap();
+                    assert_eq!(b.read(&l, 0, 1, &mut info).unwrap(), b"x");
+                    b.release(&l, h).unwrap();
+                    assert!(!b.is_orphan(l.oid));
+                }
+                Err(e) => {
+                    assert_eq!(e.errno, errno::ENOENT);
+                    t.join().unwrap().unwrap();
+                }
+            }
+        }
     }
 
     #[test]
@@ -831,7 +1245,7 @@ mod tests {
         b.placement.store(Arc::new(p));
         let mut counts = [0; 3];
         for i in 0..12 {
-            let (_, l) = b.create(&format!("f{i}"), 0o644, true, 0, "", 0, 0).unwrap();
+            let (_, l, _) = b.create(&format!("f{i}"), 0o644, true, 0, "", 0, 0).unwrap();
             counts[l.targets[0] as usize] += 1;
         }
         // D'Hondt allocation of 12 files over 10:30:20.

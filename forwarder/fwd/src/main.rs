@@ -116,6 +116,9 @@ fn run(cli: Cli) -> Result<(), String> {
         return Err("--metrics-interval-ms must be > 0".into());
     }
     let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
+    // Opens of daemons that died are dropped; unlinked files nobody holds open go.
+    let gc = backend.gc();
+    log::info!("pharos-fwd {}: daemon id {:016x}; start gc: {gc:?}", cli.node_name, backend.daemon_id);
     let find = |n: &str| backend.target_index(n).ok_or_else(|| format!("unknown target {n}"));
     for l in &cli.limits {
         let (n, v) = kv(l, "--limit")?;

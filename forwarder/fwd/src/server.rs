@@ -11,6 +11,11 @@
 //!   first most of the time, yet every class is served at least once per cycle of
 //!   `sum(weights)` picks, so data never starves. A worker executes the request against
 //!   the [`Backend`], writes the reply on the connection, and emits one `IoRecord`.
+//! * **Data path**: a write's data segment is read from the socket straight into a pooled
+//!   buffer (no zeroing) that moves (no copy) through the queue to the worker. A large read
+//!   of a single-target file goes page cache → socket with `sendfile(2)` after the reply
+//!   header; other reads fill a pooled buffer sent with one vectored write after the
+//!   header. Buffers go back to the pool, so steady-state large I/O allocates nothing.
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -22,7 +27,7 @@ use pharos_fwd_proto::{self as proto, errno, Body, FrameError, Op, Reply, Reques
 use pharos_wire::{FileType, IoRecord, Layer};
 use serde::Serialize;
 
-use crate::backend::{Backend, IoInfo};
+use crate::backend::{Backend, FileSpan, IoInfo};
 use crate::metrics::TargetStats;
 use crate::records::RecordSink;
 
@@ -72,6 +77,8 @@ pub struct CountersView {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub queued: [usize; 3],
+    /// Data buffers allocated because the pool was empty.
+    pub buffer_pool_misses: u64,
 }
 
 struct Conn {
@@ -81,9 +88,99 @@ struct Conn {
 impl Conn {
     fn reply(&self, r: &Reply) {
         let w = self.w.lock().unwrap();
-        let mut bw = std::io::BufWriter::with_capacity(16 << 10, &*w);
+        // One vectored write: prefix, header, data (from the reply's own buffer).
         // A failed write means the client went away; its reader thread ends the connection.
-        let _ = proto::write_msg(&mut bw, r).and_then(|_| bw.flush());
+        let _ = proto::write_msg(&mut &*w, r);
+    }
+
+    /// Sends a read reply whose data segment comes straight from `span`'s file
+    /// (`sendfile(2)`: page cache to socket without a copy through user space). Should the
+    /// file have shrunk meanwhile, the rest of the announced segment is zeros (the frame
+    /// length is already on the wire).
+    fn reply_file(&self, id: u64, span: &FileSpan) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let head = proto::encode_head(&Reply { id, body: Ok(Body::Data { data: Vec::new() }) }, span.len)?;
+        let w = self.w.lock().unwrap();
+        let sock = w.as_raw_fd();
+        let mut sent = 0;
+        while sent < head.len() {
+            let n = unsafe { libc::send(sock, head[sent..].as_ptr() as *const libc::c_void, head.len() - sent, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            sent += n as usize;
+        }
+        let mut off = span.off as libc::off_t;
+        let mut left = span.len;
+        while left > 0 {
+            let n = unsafe { libc::sendfile(sock, span.file.as_raw_fd(), &mut off, left) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                // The object shrank: keep the framing with zeros.
+                let zeros = vec![0u8; left.min(1 << 20)];
+                while left > 0 {
+                    let k = left.min(zeros.len());
+                    (&*w).write_all(&zeros[..k])?;
+                    left -= k;
+                }
+                break;
+            }
+            left -= n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// Reusable data buffers (write data from the decoders, read data of the workers).
+pub struct BufPool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+    max: usize,
+    /// Times `get` found the pool empty (a new buffer gets allocated).
+    pub misses: AtomicU64,
+}
+
+impl BufPool {
+    pub fn new(max: usize) -> BufPool {
+        BufPool { bufs: Mutex::new(Vec::new()), max, misses: AtomicU64::new(0) }
+    }
+    pub fn get(&self) -> Vec<u8> {
+        self.bufs.lock().unwrap().pop().unwrap_or_else(|| {
+            self.misses.fetch_add(1, Relaxed);
+            Vec::new()
+        })
+    }
+    pub fn put(&self, b: Vec<u8>) {
+        if b.capacity() < 4096 || b.capacity() > proto::MAX_FRAME {
+            return;
+        }
+        let mut m = self.bufs.lock().unwrap();
+        if m.len() < self.max {
+            m.push(b);
+        }
+    }
+}
+
+/// Socket buffer size of data connections (both directions), bytes.
+pub const SOCK_BUF: usize = 4 << 20;
+
+/// Sets SO_SNDBUF and SO_RCVBUF of `s` (best effort).
+pub fn set_sock_bufs(s: &TcpStream, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let v = bytes as libc::c_int;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        unsafe {
+            libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+        }
     }
 }
 
@@ -108,6 +205,7 @@ pub struct Server {
     bell: Mutex<()>,
     bell_cv: Condvar,
     pub stop: AtomicBool,
+    pub bufs: BufPool,
 }
 
 pub fn wall_ns() -> u64 {
@@ -169,6 +267,7 @@ impl Server {
             bell: Mutex::new(()),
             bell_cv: Condvar::new(),
             stop: AtomicBool::new(false),
+            bufs: BufPool::new(64),
         })
     }
 
@@ -186,6 +285,7 @@ impl Server {
             bytes_read: c.bytes_read.load(Relaxed),
             bytes_written: c.bytes_written.load(Relaxed),
             queued: [self.rxs[0].len(), self.rxs[1].len(), self.rxs[2].len()],
+            buffer_pool_misses: self.bufs.misses.load(Relaxed),
         }
     }
 
@@ -218,6 +318,9 @@ impl Server {
                 }
             };
             let _ = stream.set_nodelay(true);
+            if SOCK_BUF > 0 {
+                set_sock_bufs(&stream, SOCK_BUF);
+            }
             if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
                 self.counters.rejected_conns.fetch_add(1, Relaxed);
                 let mut s = stream;
@@ -246,9 +349,13 @@ impl Server {
         };
         let conn = Arc::new(Conn { w: Mutex::new(w) });
         let mut r = BufReader::with_capacity(16 << 10, stream);
+        let mut frame = proto::Frame::default();
         loop {
-            let payload = match proto::read_frame(&mut r) {
-                Ok(p) => p,
+            if frame.data.capacity() == 0 {
+                frame.data = self.bufs.get();
+            }
+            match proto::read_frame_into(&mut r, &mut frame) {
+                Ok(()) => {}
                 Err(FrameError::Eof) => return,
                 Err(FrameError::Io(_)) => return,
                 Err(e) => {
@@ -262,7 +369,7 @@ impl Server {
                     return;
                 }
             };
-            let req: Request = match proto::decode(&payload) {
+            let req: Request = match proto::decode(&mut frame) {
                 Ok(r) => r,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
@@ -323,10 +430,26 @@ impl Server {
                 self.stats.queued(t, -1);
             }
             let mut info = IoInfo::default();
-            let body = self.execute(&work.req, &mut info);
-            let service = started.elapsed();
+            // Large single-target reads go page cache → socket with sendfile(2); small ones
+            // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
+            let mut span = None;
+            let body = match &work.req.op {
+                Op::Read { layout, offset, size, .. } if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max => {
+                    match self.backend.read_span(layout, *offset, *size, &mut info) {
+                        Ok(Some(s)) => {
+                            span = Some(s);
+                            Ok(Body::Data { data: Vec::new() })
+                        }
+                        Ok(None) => self.execute(&work.req, &mut info),
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => self.execute(&work.req, &mut info),
+            };
+            let mut service = started.elapsed();
             let (result, size) = match (&body, &work.req.op) {
-                (Ok(Body::Data(d)), Op::Read { size, .. }) => (d.len() as i64, *size as u64),
+                (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => (span.as_ref().unwrap().len as i64, *size as u64),
+                (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
                 (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, data.len() as u64),
                 (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
                 (Ok(_), Op::Write { data, .. }) => (0, data.len() as u64),
@@ -336,7 +459,20 @@ impl Server {
                 (Err(e), _) => (-(e.errno as i64), 0),
             };
             let reply = Reply { id: work.req.id, body };
-            work.conn.reply(&reply);
+            if let Some(s) = &span {
+                let t0 = Instant::now();
+                if work.conn.reply_file(work.req.id, s).is_err() {
+                    // Half a frame may be out: the stream is unusable, let the client see EOF.
+                    let _ = work.conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
+                }
+                self.backend.stretch(s.target, t0.elapsed());
+                service = started.elapsed();
+            } else {
+                work.conn.reply(&reply);
+            }
+            if let Ok(Body::Data { data }) = reply.body {
+                self.bufs.put(data);
+            }
             self.counters.served[class as usize].fetch_add(1, Relaxed);
             if result < 0 {
                 self.counters.errors.fetch_add(1, Relaxed);
@@ -354,6 +490,9 @@ impl Server {
                 self.stats.record(t, &work.req.op, result, service, !info.throttled.is_zero());
             }
             self.sink.push(self.record(&work, &info, queue_wait, service, result, size));
+            if let Op::Write { data, .. } = work.req.op {
+                self.bufs.put(data);
+            }
         }
     }
 
@@ -431,19 +570,19 @@ impl Server {
                 Body::Ok
             }
             Op::Create { path, mode, excl, token } => {
-                let (attr, layout) = b.create(path, *mode, *excl, *token, &c.job_id, c.uid, c.gid)?;
+                let (attr, layout, handle) = b.create(path, *mode, *excl, *token, &c.job_id, c.uid, c.gid)?;
                 info.target = layout.targets.first().copied();
                 info.oid = layout.oid;
-                Body::Opened { attr, layout }
+                Body::Opened { attr, layout, handle }
             }
             Op::Open { path, write, truncate } => {
-                let (attr, layout) = b.open(path, *write, *truncate)?;
+                let (attr, layout, handle) = b.open(path, *write, *truncate)?;
                 info.target = layout.targets.first().copied();
                 info.oid = layout.oid;
-                Body::Opened { attr, layout }
+                Body::Opened { attr, layout, handle }
             }
-            Op::Release { layout, .. } => {
-                b.release(layout)?;
+            Op::Release { layout, handle, .. } => {
+                b.release(layout, *handle)?;
                 info.target = layout.targets.first().copied();
                 info.oid = layout.oid;
                 Body::Ok
@@ -452,7 +591,14 @@ impl Server {
                 if *size as usize > proto::MAX_IO {
                     return Err(proto::WireError { errno: errno::EINVAL, msg: "read larger than MAX_IO".into() });
                 }
-                Body::Data(b.read(layout, *offset, *size, info)?)
+                let mut buf = self.bufs.get();
+                match b.read_into(layout, *offset, *size, info, &mut buf) {
+                    Ok(()) => Body::Data { data: buf },
+                    Err(e) => {
+                        self.bufs.put(buf);
+                        return Err(e);
+                    }
+                }
             }
             Op::Write { layout, offset, data, .. } => Body::Written(b.write(layout, *offset, data, info)?),
             Op::Fsync { layout, datasync, .. } => {

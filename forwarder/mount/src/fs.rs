@@ -9,19 +9,18 @@
 //! forwarding node gives the same answer and failover is transparent; the mount keeps
 //! ino → path (with kernel lookup counts) and fh → layout. Data requests carry the layout,
 //! so an open file survives renames.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::Sender;
 use fuser::consts::FOPEN_DIRECT_IO;
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
-use pharos_fwd_proto::{errno, Attr, Body, Ctx, DirEntry, Kind, Layout, Op, SetAttr, Time};
+use pharos_fwd_proto::{errno, Attr, Body, Ctx, DirEntry, Kind, Layout, Op, OpenHandle, SetAttr, Time};
 
 use crate::rpc::{Conns, Rpc};
 
@@ -116,6 +115,8 @@ struct Inode {
 
 struct Open {
     layout: Layout,
+    /// The daemon's record of this open (released with it; keeps unlinked data alive).
+    handle: OpenHandle,
 }
 
 pub struct Shared {
@@ -131,7 +132,7 @@ pub struct Shared {
 
 pub struct PharosFs {
     pub sh: Arc<Shared>,
-    pool: Sender<Task>,
+    pool: Arc<TaskQueue>,
 }
 
 fn ftime(t: Time) -> SystemTime {
@@ -231,20 +232,20 @@ impl PharosFs {
             ttl,
             ops: AtomicU64::new(0),
         });
-        let (tx, rx) = crossbeam_channel::bounded::<Task>(threads * 4);
+        let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
         for i in 0..threads.max(1) {
-            let rx = rx.clone();
+            let q = pool.clone();
             std::thread::Builder::new()
                 .name(format!("mount-io-{i}"))
                 .spawn(move || {
                     let mut conns = Conns::default();
-                    while let Ok(t) = rx.recv() {
+                    while let Some(t) = q.pop() {
                         t(&mut conns);
                     }
                 })
                 .expect("spawn io thread");
         }
-        PharosFs { sh, pool: tx }
+        PharosFs { sh, pool }
     }
 
     /// Runs `f` on the I/O pool (blocks the session thread when the pool is saturated:
@@ -252,7 +253,62 @@ impl PharosFs {
     fn spawn(&self, f: impl FnOnce(&Shared, &mut Conns) + Send + 'static) {
         let sh = self.sh.clone();
         sh.ops.fetch_add(1, Relaxed);
-        let _ = self.pool.send(Box::new(move |c: &mut Conns| f(&sh, c)));
+        self.pool.push(Box::new(move |c: &mut Conns| f(&sh, c)));
+    }
+}
+
+impl Drop for PharosFs {
+    fn drop(&mut self) {
+        self.pool.close();
+    }
+}
+
+/// The I/O pool's bounded task queue: idle threads block on a condition variable (no
+/// spinning or yielding while waiting, unlike a spin-then-park channel: with many idle
+/// threads that burned CPU on every wakeup), one thread is woken per task.
+pub struct TaskQueue {
+    q: Mutex<(VecDeque<Task>, bool)>,
+    ready: Condvar,
+    room: Condvar,
+    cap: usize,
+}
+
+impl TaskQueue {
+    fn new(cap: usize) -> TaskQueue {
+        TaskQueue { q: Mutex::new((VecDeque::new(), false)), ready: Condvar::new(), room: Condvar::new(), cap: cap.max(1) }
+    }
+
+    /// Queues `t`; blocks while the queue is full (backpressure towards the kernel).
+    fn push(&self, t: Task) {
+        let mut g = self.q.lock().unwrap();
+        while g.0.len() >= self.cap && !g.1 {
+            g = self.room.wait(g).unwrap();
+        }
+        g.0.push_back(t);
+        drop(g);
+        self.ready.notify_one();
+    }
+
+    /// Next task; `None` once closed and drained.
+    fn pop(&self) -> Option<Task> {
+        let mut g = self.q.lock().unwrap();
+        loop {
+            if let Some(t) = g.0.pop_front() {
+                drop(g);
+                self.room.notify_one();
+                return Some(t);
+            }
+            if g.1 {
+                return None;
+            }
+            g = self.ready.wait(g).unwrap();
+        }
+    }
+
+    fn close(&self) {
+        self.q.lock().unwrap().1 = true;
+        self.ready.notify_all();
+        self.room.notify_all();
     }
 }
 
@@ -407,10 +463,10 @@ impl Filesystem for PharosFs {
         let excl = flags & libc::O_EXCL != 0;
         let token = crate::random_token();
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, excl, token }) {
-            Ok(Body::Opened { attr, layout }) => {
+            Ok(Body::Opened { attr, layout, handle }) => {
                 let ino = sh.learn(attr.ino, &path);
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout }));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
                 reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -427,9 +483,9 @@ impl Filesystem for PharosFs {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let truncate = flags & libc::O_TRUNC != 0;
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, write, truncate }) {
-            Ok(Body::Opened { layout, .. }) => {
+            Ok(Body::Opened { layout, handle, .. }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout }));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
                 reply.opened(fh, FOPEN_DIRECT_IO)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -445,7 +501,10 @@ impl Filesystem for PharosFs {
             return reply.error(errno::EINVAL);
         }
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Read { path, layout: f.layout.clone(), offset: offset as u64, size }) {
-            Ok(Body::Data(d)) => reply.data(&d),
+            Ok(Body::Data { data }) => {
+                reply.data(&data);
+                sh.rpc.bufs.put(data);
+            }
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
         });
@@ -469,7 +528,11 @@ impl Filesystem for PharosFs {
         if offset < 0 {
             return reply.error(errno::EINVAL);
         }
-        let data = data.to_vec();
+        // One copy out of the session's buffer into a pooled one (no allocation, no faults).
+        let mut buf = self.sh.rpc.bufs.get();
+        buf.clear();
+        buf.extend_from_slice(data);
+        let data = buf;
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Write { path, layout: f.layout.clone(), offset: offset as u64, data }) {
             Ok(Body::Written(n)) => reply.written(n),
             Ok(_) => reply.error(errno::EIO),
@@ -488,7 +551,7 @@ impl Filesystem for PharosFs {
         let path = self.sh.path(ino).unwrap_or_default();
         self.spawn(move |sh, c| {
             // close(2) does not report release errors; the daemon counts failures.
-            let _ = sh.rpc.call(c, &ctx, Op::Release { path, layout: f.layout.clone() });
+            let _ = sh.rpc.call(c, &ctx, Op::Release { path, layout: f.layout.clone(), handle: f.handle });
             reply.ok()
         });
     }

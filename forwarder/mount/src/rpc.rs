@@ -10,15 +10,20 @@
 //! The failed request is replayed on the next candidate when that is safe: always when
 //! it was never sent, otherwise only when [`Op::idempotent`] (reads, writes at explicit
 //! offsets, attribute ops, creates with their token); else the caller gets EIO.
+//!
+//! Data path: a write's data goes out with one vectored write (prefix, header, data) from
+//! a pooled buffer; a read reply's data segment is read straight into a pooled buffer that
+//! the caller hands back with [`BufPool::put`] once the kernel has it.
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufReader, BufWriter, Write};
+use std::io::BufReader;
+use std::sync::Mutex;
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Op, Reply, Request};
+use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Frame, Op, Reply, Request};
 use serde::{Deserialize, Serialize};
 
 const DOWN_FOR: Duration = Duration::from_secs(2);
@@ -38,7 +43,35 @@ pub struct Mapping {
     pub jobs: BTreeMap<String, Vec<String>>,
 }
 
+/// Reusable data buffers (write payloads, read replies).
+pub struct BufPool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+    max: usize,
+}
+
+impl BufPool {
+    pub fn new(max: usize) -> BufPool {
+        BufPool { bufs: Mutex::new(Vec::new()), max }
+    }
+    pub fn get(&self) -> Vec<u8> {
+        self.bufs.lock().unwrap().pop().unwrap_or_default()
+    }
+    pub fn put(&self, b: Vec<u8>) {
+        if b.capacity() < 4096 || b.capacity() > proto::MAX_FRAME {
+            return;
+        }
+        let mut m = self.bufs.lock().unwrap();
+        if m.len() < self.max {
+            m.push(b);
+        }
+    }
+}
+
+/// Socket buffer size of forwarding connections (both directions), bytes.
+const SOCK_BUF: libc::c_int = 4 << 20;
+
 pub struct Rpc {
+    pub bufs: BufPool,
     pub nodes: Vec<Node>,
     pub default_idx: usize,
     pub mapping: ArcSwap<Mapping>,
@@ -53,7 +86,8 @@ pub struct Rpc {
 /// One thread's connections, by node index.
 #[derive(Default)]
 pub struct Conns {
-    m: HashMap<usize, (BufReader<TcpStream>, BufWriter<TcpStream>)>,
+    m: HashMap<usize, (BufReader<TcpStream>, TcpStream)>,
+    frame: Frame,
 }
 
 enum Fail {
@@ -67,6 +101,7 @@ impl Rpc {
     pub fn new(nodes: Vec<(String, String)>, node_index: usize, timeout: Duration, compute_node: String) -> Rpc {
         let n = nodes.len();
         Rpc {
+            bufs: BufPool::new(64),
             nodes: nodes
                 .into_iter()
                 .map(|(name, addr)| Node { name, addr, down_until_ms: AtomicU64::new(0), requests: AtomicU64::new(0), failures: AtomicU64::new(0) })
@@ -128,19 +163,28 @@ impl Rpc {
         self.nodes[i].down_until_ms.load(Relaxed) > self.now_ms()
     }
 
-    /// Sends `op` on behalf of `ctx` and returns the reply body or an errno.
+    /// Sends `op` on behalf of `ctx` and returns the reply body or an errno. A write's data
+    /// buffer goes back to [`Rpc::bufs`]; give a read's `Body::Data` buffer back there too.
     pub fn call(&self, conns: &mut Conns, ctx: &Ctx, op: Op) -> Result<Body, i32> {
-        let order = self.order(&ctx.job_id);
+        let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op };
+        let r = self.call_req(conns, &req);
+        if let Op::Write { data, .. } = req.op {
+            self.bufs.put(data);
+        }
+        r
+    }
+
+    fn call_req(&self, conns: &mut Conns, req: &Request) -> Result<Body, i32> {
+        let order = self.order(&req.ctx.job_id);
         // Up nodes first, in mapping order; down ones only as a last resort.
         let mut tries: Vec<usize> = order.iter().copied().filter(|&i| !self.is_down(i)).collect();
         tries.extend(order.iter().copied().filter(|&i| self.is_down(i)));
-        let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op };
         for (k, &i) in tries.iter().enumerate() {
             if k > 0 {
                 self.failovers.fetch_add(1, Relaxed);
             }
             self.nodes[i].requests.fetch_add(1, Relaxed);
-            match self.once(conns, i, &req) {
+            match self.once(conns, i, req) {
                 Ok(Reply { body: Ok(b), .. }) => return Ok(b),
                 Ok(Reply { body: Err(e), .. }) => return Err(e.errno),
                 Err(f) => {
@@ -165,15 +209,23 @@ impl Rpc {
         Err(errno::EIO)
     }
 
-    fn connect(&self, i: usize) -> Result<(BufReader<TcpStream>, BufWriter<TcpStream>), String> {
+    fn connect(&self, i: usize) -> Result<(BufReader<TcpStream>, TcpStream), String> {
         let n = &self.nodes[i];
         let addr = n.addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
         s.set_nodelay(true).ok();
+        {
+            use std::os::fd::AsRawFd;
+            for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+                unsafe {
+                    libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &SOCK_BUF as *const _ as *const libc::c_void, 4);
+                }
+            }
+        }
         s.set_read_timeout(Some(self.timeout)).ok();
         s.set_write_timeout(Some(self.timeout)).ok();
         let w = s.try_clone().map_err(|e| e.to_string())?;
-        Ok((BufReader::with_capacity(16 << 10, s), BufWriter::with_capacity(64 << 10, w)))
+        Ok((BufReader::with_capacity(16 << 10, s), w))
     }
 
     fn once(&self, conns: &mut Conns, i: usize, req: &Request) -> Result<Reply, Fail> {
@@ -181,9 +233,14 @@ impl Rpc {
         if let std::collections::hash_map::Entry::Vacant(e) = conns.m.entry(i) {
             e.insert(self.connect(i).map_err(Fail::NotSent)?);
         }
-        let (r, w) = conns.m.get_mut(&i).unwrap();
-        proto::write_msg(w, req).and_then(|_| w.flush()).map_err(|e| Fail::Sent(format!("send: {e}")))?;
-        let rep: Reply = proto::read_msg(r).map_err(|e| Fail::Sent(format!("reply: {e}")))?;
+        let Conns { m, frame } = conns;
+        let (r, w) = m.get_mut(&i).unwrap();
+        proto::write_msg(w, req).map_err(|e| Fail::Sent(format!("send: {e}")))?;
+        if frame.data.capacity() == 0 {
+            frame.data = self.bufs.get();
+        }
+        proto::read_frame_into(r, frame).map_err(|e| Fail::Sent(format!("reply: {e}")))?;
+        let rep: Reply = proto::decode(frame).map_err(|e| Fail::Sent(format!("reply: {e}")))?;
         if rep.id != id {
             return Err(Fail::Sent(format!("reply id {} for request {id}", rep.id)));
         }
