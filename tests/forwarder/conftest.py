@@ -1,6 +1,6 @@
 """Fixtures of the forwarder tests: the release binaries (built once per session), a
-cluster of real daemons and FUSE mounts per test, and a real Kafka broker (KRaft,
-loopback, free ports) for the tests that check shipped records.
+cluster of real daemons and FUSE mounts per test, and settings on the session's real Kafka
+broker (``kafka_broker`` in tests/conftest.py) for the tests that check shipped records.
 
 Skips when /dev/fuse, root or fio is missing (the mount needs all three).
 """
@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import uuid
 
 import pytest
 
-from forwarder_testkit import Cluster, build_binaries, free_port
+from forwarder_testkit import Cluster, build_binaries
 
 
 def _fuse_usable() -> str | None:
@@ -40,30 +39,6 @@ def cluster(binaries, tmp_path):
     c = Cluster(tmp_path)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory):
-    if shutil.which("java") is None:
-        pytest.skip("Java is not installed: the real Kafka broker needs Java 17")
-    from pharos_pipeline.broker import KafkaBroker
-    from pharos_pipeline.settings import REPO_ROOT, Settings
-
-    kafka_home = REPO_ROOT / "build" / "kafka"
-    if not any((kafka_home / "libs").glob("kafka_2.13-*.jar")):
-        subprocess.run(["bash", str(REPO_ROOT / "pipeline/kafka/fetch.sh"), str(kafka_home)], check=True)
-    port, ctl = free_port(), free_port()
-    while ctl == port:
-        ctl = free_port()
-    settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_home=kafka_home,
-        state_dir=tmp_path_factory.mktemp("pharos-state"),
-    )
-    broker = KafkaBroker(settings, tmp_path_factory.mktemp("kafka"), controller_port=ctl)
-    broker.start(timeout=90)
-    yield broker
-    broker.stop()
 
 
 @pytest.fixture
