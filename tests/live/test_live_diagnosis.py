@@ -26,7 +26,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,11 +38,11 @@ from pharos_agents.runner import run_job
 from pharos_api import stack
 from pharos_api.demo import fio_totals, wait_for_summary
 from pharos_pipeline.settings import Settings
+from pharos_testkit import free_port, running_alertmanager
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent, job cgroups and FUSE need root")]
 
-ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 N_TARGETS = 8
 MiB = 1 << 20
 FIO = "fio --ioengine=psync --output-format=json --disk_util=0"
@@ -56,49 +55,15 @@ DIAG_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- fixtures ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory):
     """The real Alertmanager on a free loopback port (no cluster, a receiver without sinks)."""
-    if not Path(ALERTMANAGER).exists():
-        pytest.fail(f"{ALERTMANAGER} missing: apt-get install prometheus-alertmanager")
     d = tmp_path_factory.mktemp("alertmanager")
-    (d / "am.yml").write_text("route:\n  receiver: pharos-null\n  group_wait: 1s\n  group_interval: 1s\n"
-                              "receivers:\n  - name: pharos-null\n")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(d / "am.log", "wb")
-    proc = subprocess.Popen(
-        [ALERTMANAGER, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"alertmanager did not start: {(d / 'am.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+    with running_alertmanager(d, "route:\n  receiver: pharos-null\n  group_wait: 1s\n  group_interval: 1s\n"
+                                 "receivers:\n  - name: pharos-null\n") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
 
 
 class Live:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
+from pharos_testkit import free_port, running_alertmanager  # noqa: F401 - free_port is re-exported to tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -20,15 +21,6 @@ def store(tmp_path_factory):
     s.close()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 AM_CONFIG = """\
 route:
   receiver: pharos-null
@@ -87,40 +79,6 @@ def receiver():
 def alertmanager(tmp_path_factory, receiver):
     """The real Alertmanager (Debian prometheus-alertmanager) on a free loopback port, no
     clustering, storage in tmp; stopped (SIGTERM, then SIGKILL) at the module's end."""
-    import subprocess
-    import time
-
-    import httpx
-
-    if not Path(ALERTMANAGER).exists():
-        pytest.fail(f"{ALERTMANAGER} missing: apt-get install prometheus-alertmanager")
     d = tmp_path_factory.mktemp("alertmanager")
-    (d / "am.yml").write_text(AM_CONFIG.replace("__RECEIVER__", receiver.url + "/am"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(d / "am.log", "wb")
-    proc = subprocess.Popen(
-        [ALERTMANAGER, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"alertmanager did not start: {(d / 'am.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+    with running_alertmanager(d, AM_CONFIG.replace("__RECEIVER__", receiver.url + "/am")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
