@@ -98,6 +98,13 @@ pub struct IoInfo {
 }
 
 const FD_CACHE_MAX: usize = 4096;
+/// Shortest sleep of the injected slowdown; smaller stretches accumulate per thread.
+pub const STRETCH_MIN_SLEEP: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// Slowdown owed by this worker thread, ns (negative: an overshoot credited).
+    static STRETCH_DEBT_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
 
 /// Bytes `[off, off+len)` of one object file (see [`Backend::read_span`]).
 pub struct FileSpan {
@@ -916,11 +923,25 @@ impl Backend {
         }
     }
 
-    /// Injected slowdown: stretch the measured service time by the target's factor.
+    /// Injected slowdown of a piece's backing I/O: its service time `took` becomes `f x took`
+    /// (the token bucket applies the same factor to the rate, see `TargetShm::reserve`).
+    /// The extra `(f - 1) x took` is owed per worker thread and slept once it reaches
+    /// [`STRETCH_MIN_SLEEP`], minus what the sleeps overshot: sub-millisecond page-cache
+    /// writes get the factor on average instead of the timer's granularity.
     pub fn stretch(&self, ti: u32, took: Duration) {
         let f = self.targets[ti as usize].shm.slowdown();
         if f > 1.0 {
-            std::thread::sleep(took.mul_f64(f - 1.0));
+            STRETCH_DEBT_NS.with(|debt| {
+                let owed = debt.get() + took.as_nanos() as f64 * (f - 1.0);
+                if owed >= STRETCH_MIN_SLEEP.as_nanos() as f64 {
+                    let t0 = Instant::now();
+                    std::thread::sleep(Duration::from_nanos(owed as u64));
+                    // an overshoot is credited, bounded so that one long stall is not repaid by many fast requests
+                    debt.set((owed - t0.elapsed().as_nanos() as f64).max(-(STRETCH_MIN_SLEEP.as_nanos() as f64)));
+                } else {
+                    debt.set(owed);
+                }
+            });
         }
     }
 

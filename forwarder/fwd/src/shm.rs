@@ -114,13 +114,15 @@ impl TargetShm {
     }
 
     /// Reserves `bytes` of the target's bandwidth; returns how long the caller must wait
-    /// before doing the I/O (zero when unlimited or within the burst).
+    /// before doing the I/O (zero when unlimited or within the burst). An injected slowdown
+    /// `f` divides the rate: a fail-slow target delivers `max_perf / f` MB/s.
     pub fn reserve(&self, bytes: u64) -> Duration {
         let mb_s = self.max_perf();
         if mb_s <= 0.0 || bytes == 0 {
             return Duration::ZERO;
         }
-        let cost = (bytes as f64 * 1000.0 / mb_s) as u64; // ns: bytes / (mb_s * 1e6 B/s) * 1e9
+        // ns: bytes / (mb_s * 1e6 B/s) * 1e9, times the slowdown factor
+        let cost = (bytes as f64 * 1000.0 / mb_s * self.slowdown()) as u64;
         let burst = self.burst_ns();
         let tat = &self.l().tat_ns;
         let now = mono_ns();
@@ -167,6 +169,18 @@ mod tests {
         assert_eq!(a.open_count(), 0);
         a.set_slowdown(0.5);
         assert_eq!(b.slowdown(), 1.0);
+    }
+
+    #[test]
+    fn slowdown_divides_the_rate() {
+        let d = tempfile::tempdir().unwrap();
+        let a = TargetShm::open(d.path()).unwrap();
+        a.set_max_perf(10.0);
+        a.set_burst_ns(1);
+        a.set_slowdown(4.0);
+        // 1 MB at 10 MB/s / 4 = 2.5 MB/s: 400 ms
+        let w = a.reserve(1_000_000);
+        assert!(w > Duration::from_millis(390) && w < Duration::from_millis(410), "{w:?}");
     }
 
     #[test]
