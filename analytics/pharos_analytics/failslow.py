@@ -16,9 +16,10 @@ Two detectors are computed on the same windows and both are reported per node:
   the other nodes of the same kind. It assumes homogeneous nodes.
 * **The model** (Pharos): a robust z-score (scikit-learn ``RobustScaler``: median and IQR,
   scaled to a standard deviation) of the log of the node's *relative service time per
-  byte* among its peers. For targets that is service time per byte (ns/B, from the
-  interval p50 latency x ops / bytes) times the target's configured rate
-  (``max_perf_mb_s``): 1 = served exactly at its configured rate, whatever that rate is,
+  byte* among its peers. For targets that is service time per byte (ns/B: the interval's
+  summed service time ``service_ns_sum`` / bytes; p50 latency x ops for rows without it)
+  times the target's configured rate (``max_perf_mb_s``): 1 = served exactly at its
+  configured rate, whatever that rate is,
   so a 10 MB/s target is not an outlier for being configured slow. (When some target has
   no limit, the raw ns/B is compared: homogeneous targets assumed.) For forwarding nodes it
   is, per target, the node's ns/B over the median ns/B of all forwarding nodes on the same
@@ -56,6 +57,10 @@ NodeKind = Literal["target", "forwarder"]
 KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
 _MIN_LOG_SCALE = 0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
 
+#: Busy time of a target in one interval row, ns: the reported sum of service times, or for rows
+#: of producers without it (service_ns_sum = 0) the p50 x ops estimate.
+_SERVICE_NS = "if(service_ns_sum > 0, service_ns_sum, latency_p50_ns * (read_ops + write_ops + metadata_ops))"
+
 #: Per target over one window: intervals are summed over forwarding nodes first.
 TARGET_WINDOW_SQL = """
 SELECT
@@ -83,7 +88,7 @@ FROM
            greatest(max(interval_ms), 1) / 1000                 AS secs,
            sum(bytes_read + bytes_written)                      AS b,
            sum(read_ops + write_ops + metadata_ops)             AS o,
-           sum(latency_p50_ns * (read_ops + write_ops + metadata_ops)) AS svc,
+           sum({svc}) AS svc,
            max(latency_p99_ns)                                  AS p99,
            sum(queue_depth)                                     AS qd,
            max(throttled)                                       AS thr,
@@ -95,19 +100,19 @@ FROM
 )
 GROUP BY target
 ORDER BY target
-"""
+""".replace("{svc}", _SERVICE_NS)
 
 #: Per target and interval (for the onset of a fault).
 TARGET_INTERVALS_SQL = """
 SELECT target AS node, toUnixTimestamp64Nano(time) AS t_ns,
-       sum(latency_p50_ns * (read_ops + write_ops + metadata_ops)) / greatest(sum(bytes_read + bytes_written), 1) AS ns_per_byte,
+       sum({svc}) / greatest(sum(bytes_read + bytes_written), 1) AS ns_per_byte,
        sum(read_ops + write_ops + metadata_ops) AS ops,
        max(max_perf_mb_s) AS perf
 FROM target_metrics FINAL
 WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
 GROUP BY target, time
 ORDER BY t_ns
-"""
+""".replace("{svc}", _SERVICE_NS)
 
 #: Per (forwarding node, target, bucket of ``bucket_ns``) over one window, from forwarder-layer requests.
 FWD_PAIRS_SQL = """

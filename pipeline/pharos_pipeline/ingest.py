@@ -253,7 +253,7 @@ def target_metrics_rows(b: TargetMetricsBatch) -> list[dict[str, Any]]:
             "latency_p50_ns": m.latency_p50_ns, "latency_p95_ns": m.latency_p95_ns,
             "latency_p99_ns": m.latency_p99_ns, "latency_max_ns": m.latency_max_ns,
             "queue_depth": m.queue_depth, "throttled": int(m.throttled), "max_perf_mb_s": m.max_perf_mb_s,
-            "slowdown": m.slowdown, "added_latency_ns": m.added_latency_ns,
+            "slowdown": m.slowdown, "added_latency_ns": m.added_latency_ns, "service_ns_sum": m.service_ns_sum,
             "producer_id": b.producer_id, "seq": b.seq, "host": b.host,
         }
         for m in b.metrics

@@ -54,7 +54,7 @@ def vectors():
                 bytes_read=1 << 20, bytes_written=50 << 20, read_ops=1, write_ops=50, metadata_ops=4,
                 latency_p50_ns=900_000, latency_p95_ns=4_000_000, latency_p99_ns=9_000_000,
                 latency_max_ns=12_000_000, queue_depth=7, throttled=True, max_perf_mb_s=50.0,
-                slowdown=4.0, added_latency_ns=1_000_000,
+                slowdown=4.0, added_latency_ns=1_000_000, service_ns_sum=95_000_000,
             ),
             io_pb2.TargetMetrics(target="ost0", forwarding_node="fwd0", time_ns=1_763_700_002_000_000_000,
                                  interval_ms=1000, slowdown=1.0),

@@ -12,7 +12,7 @@ VECTOR = REPO_ROOT / "proto" / "vectors" / "metrics_basic.binpb"
 
 Q = """
 SELECT target, forwarding_node, toUnixTimestamp64Nano(time) AS time_ns, bytes_written, write_ops,
-       latency_p99_ns, queue_depth, throttled, max_perf_mb_s, slowdown, added_latency_ns, seq
+       latency_p99_ns, queue_depth, throttled, max_perf_mb_s, slowdown, added_latency_ns, service_ns_sum, seq
 FROM target_metrics FINAL ORDER BY target
 """
 
@@ -40,3 +40,4 @@ def test_target_metrics_stored_once(pipeline_settings, store):
         "fwd0", m.time_ns, m.bytes_written, m.write_ops)
     assert (ost3["latency_p99_ns"], ost3["queue_depth"], ost3["throttled"]) == (9_000_000, 7, 1)
     assert (ost3["max_perf_mb_s"], ost3["slowdown"], ost3["added_latency_ns"], ost3["seq"]) == (50.0, 4.0, 1_000_000, 3)
+    assert ost3["service_ns_sum"] == 95_000_000

@@ -177,7 +177,8 @@ def simulate(cluster: Cluster, jobs: list[SimJob], t0_ns: int, duration_s: int, 
                     "latency_p99_ns": pct(0.99), "latency_max_ns": int(svc.max() * NS) if len(svc) else 0,
                     "queue_depth": int(q_t[x] / (1 << 20) * share), "throttled": int(q_t[x] > 0),
                     "max_perf_mb_s": cluster.targets[x], "slowdown": slow("target", x, t),
-                    "added_latency_ns": 0, "producer_id": f"sim:{f}", "seq": seq, "host": f,
+                    "added_latency_ns": 0, "service_ns_sum": int(svc.sum() * NS * share) if len(svc) else 0,
+                    "producer_id": f"sim:{f}", "seq": seq, "host": f,
                 })
     ev_rows = []
     for j in jobs:

@@ -33,6 +33,7 @@ struct Interval {
     samples: Vec<u64>,
     seen: u64,
     max_ns: u64,
+    service_ns_sum: u64,
     throttled: bool,
 }
 
@@ -75,6 +76,7 @@ impl TargetStats {
         }
         m.seen += 1;
         m.max_ns = m.max_ns.max(ns);
+        m.service_ns_sum += ns;
         m.throttled |= throttled;
     }
 
@@ -111,6 +113,7 @@ impl TargetStats {
                 max_perf_mb_s: t.shm.max_perf(),
                 slowdown: t.shm.slowdown(),
                 added_latency_ns: t.shm.added_latency_ns(),
+                service_ns_sum: iv.service_ns_sum,
             });
         }
         out

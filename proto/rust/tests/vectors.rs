@@ -104,6 +104,7 @@ fn metrics_basic() {
     let m = &b.metrics[0];
     assert_eq!((m.target.as_str(), m.queue_depth, m.throttled), ("ost3", 7, true));
     assert_eq!((m.max_perf_mb_s, m.slowdown), (50.0, 4.0));
+    assert_eq!(m.service_ns_sum, 95_000_000);
 }
 
 #[test]
