@@ -53,8 +53,8 @@ test: setup ## All tests: Rust (incl. root eBPF tests) and Python (unit + end-to
 	@cargo test --release --quiet -p pharos-agent -- --ignored
 	@$(RUN) pytest -q
 
-evaluate: setup ## Detection-quality evaluations on a live stack (fail-slow precision/recall over 5 runs)
-	@$(RUN) pytest -q -s -m evaluation tests/live
+evaluate: setup ## Live detection figures: patterns, fail-slow precision/recall over 5 runs, interference, fault-to-alert latency (also in make test)
+	@$(RUN) pytest -q -s tests/live
 
 bench: setup ## Benchmarks: agent overhead (fio with vs without), forwarding layer vs direct
 	@$(RUN) python bench/agent_overhead.py

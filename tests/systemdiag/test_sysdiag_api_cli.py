@@ -11,7 +11,7 @@ import pharos_sysdiag_sim as sim
 import pytest
 import typer
 import uvicorn
-from conftest import free_port
+from pharos_testkit import free_port
 from fastapi.testclient import TestClient
 from pharos_analytics.alerts import DetectionLoop
 from pharos_analytics.diagnosis_config import DiagnosisConfig
@@ -61,6 +61,9 @@ def test_targets_and_forwarders(client):
     assert by["ost6"]["state"] == "fail_slow" and by["ost6"]["fail_slow"]["persistence"] == "persistent"
     assert {k for k, v in by.items() if v["state"] != "ok"} == {"ost6"}
     assert by["ost5"]["limits"]["max_perf_mb_s"] == 10 and by["ost6"]["faults"]["slowdown"] == 4
+    # mean service time per request from the summed busy time: the slowed 50 MB/s target
+    # is slower per request than its healthy 50 MB/s peers
+    assert by["ost6"]["latency_mean_ns"] > 2 * max(by[x]["latency_mean_ns"] for x in ("ost0", "ost2"))
     f = client.get("/v1/forwarders", params={"window_s": 30}).json()
     fw = {x["node"]: x for x in f["items"]}
     assert set(fw) == {"fwd0", "fwd1"} and all(x["state"] == "ok" for x in fw.values())

@@ -56,7 +56,7 @@ SELECT target,
        sum(br) AS bytes_read, sum(bw) AS bytes_written, sum(o) AS ops,
        sum(br + bw) / {window_s:Float64} AS bandwidth_b_s, max((br + bw) / secs) AS peak_b_s,
        quantileExactIf(0.5)(p50, o > 0) AS latency_p50_ns, quantileExactIf(0.5)(p99, o > 0) AS latency_p99_ns,
-       max(pmax) AS latency_max_ns, avg(qd) AS queue_depth, avgIf(thr, o > 0) AS throttled_share,
+       max(pmax) AS latency_max_ns, sum(svc) / greatest(sumIf(o, svc > 0), 1) AS latency_mean_ns, avg(qd) AS queue_depth, avgIf(thr, o > 0) AS throttled_share,
        max(perf) AS max_perf_mb_s, max(slow) AS slowdown, max(added) AS added_latency_ns,
        groupUniqArrayArray(fwds) AS forwarding_nodes, toUnixTimestamp64Nano(max(time)) AS last_ns
 FROM
@@ -64,7 +64,7 @@ FROM
     SELECT target, time, greatest(max(interval_ms), 1) / 1000 AS secs,
            sum(bytes_read) AS br, sum(bytes_written) AS bw, sum(bytes_read + bytes_written) AS b,
            sum(read_ops + write_ops + metadata_ops) AS o, max(latency_p50_ns) AS p50, max(latency_p99_ns) AS p99,
-           max(latency_max_ns) AS pmax, sum(queue_depth) AS qd, max(throttled) AS thr, max(max_perf_mb_s) AS perf,
+           max(latency_max_ns) AS pmax, sum(service_ns_sum) AS svc, sum(queue_depth) AS qd, max(throttled) AS thr, max(max_perf_mb_s) AS perf,
            max(slowdown) AS slow, max(added_latency_ns) AS added, groupUniqArrayIf(forwarding_node, read_ops + write_ops + metadata_ops > 0) AS fwds
     FROM target_metrics FINAL
     WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
@@ -176,7 +176,8 @@ def list_targets(store: StoreDep, request: Request, window_s: float | None = Que
             "target": r["target"], "bandwidth_b_s": float(r["bandwidth_b_s"]), "peak_b_s": float(r["peak_b_s"]),
             "bytes_read": int(r["bytes_read"]), "bytes_written": int(r["bytes_written"]), "ops": int(r["ops"]),
             "latency_p50_ns": int(float(r["latency_p50_ns"])), "latency_p99_ns": int(float(r["latency_p99_ns"])),
-            "latency_max_ns": int(r["latency_max_ns"]), "queue_depth": float(r["queue_depth"]),
+            "latency_max_ns": int(r["latency_max_ns"]), "latency_mean_ns": int(float(r["latency_mean_ns"])),
+            "queue_depth": float(r["queue_depth"]),
             "throttled_share": float(r["throttled_share"] or 0),
             "limits": {"max_perf_mb_s": float(r["max_perf_mb_s"])},
             "faults": {"slowdown": float(r["slowdown"]), "added_latency_ns": int(r["added_latency_ns"])},
