@@ -169,6 +169,22 @@ class Cluster:
             self._stop(d.proc)
 
 
+def open_counts(backend: Path, n_targets: int) -> list[int]:
+    """open_count of each target ost0..ost{n-1}: the first field (i64) of its shared state
+    file `.pharos-target` (forwarder/fwd/src/shm.rs)."""
+    return [struct.unpack("<q", (backend / f"ost{i}" / ".pharos-target").read_bytes()[:8])[0] for i in range(n_targets)]
+
+
+def wait_for(pred, timeout: float = 10.0) -> bool:
+    """Polls `pred` until it holds (True) or `timeout` seconds pass (its last value)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
 def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     """Runs fio with JSON output; raises with fio's output when it fails."""
     cmd = ["fio", "--output-format=json", *args]
@@ -179,10 +195,10 @@ def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     return json.loads(out)
 
 
-# --- raw protocol frames (v2: bincode 1 header, fixint, little endian, then a raw data
+# --- raw protocol frames (v3: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 2
+VERSION = 3
 
 
 def _s(x: str) -> bytes:
@@ -207,8 +223,24 @@ OP_MKDIR = 5
 OP_CREATE, OP_OPEN, OP_RELEASE, OP_READ, OP_WRITE = 9, 10, 11, 12, 13
 
 
-def layout(oid: int, stripe_size: int, targets: list[int]) -> bytes:
-    return struct.pack("<QQQ", oid, stripe_size, len(targets)) + b"".join(struct.pack("<I", t) for t in targets)
+def layout(oid: int, stripe_size: int, targets: list[int], component_size: int = 0, perf: list[float] = ()) -> bytes:
+    """A `Layout`: oid, stripe_size, targets, component_size (0 = classic), perf (MB/s)."""
+    return (
+        struct.pack("<QQQ", oid, stripe_size, len(targets))
+        + b"".join(struct.pack("<I", t) for t in targets)
+        + struct.pack("<QQ", component_size, len(perf))
+        + b"".join(struct.pack("<d", p) for p in perf)
+    )
+
+
+def parse_layout(b: bytes) -> tuple[tuple[int, int, list[int], int, list[float]], bytes]:
+    """Decodes a `Layout` at the start of `b`: ((oid, stripe_size, targets, component_size, perf), rest)."""
+    oid, ss, n = struct.unpack("<QQQ", b[:24])
+    targets = list(struct.unpack(f"<{n}I", b[24 : 24 + 4 * n]))
+    b = b[24 + 4 * n :]
+    cs, m = struct.unpack("<QQ", b[:16])
+    perf = list(struct.unpack(f"<{m}d", b[16 : 16 + 8 * m]))
+    return (oid, ss, targets, cs, perf), b[16 + 8 * m :]
 
 
 def read_reply(sock: socket.socket) -> tuple[int, int | None, bytes, bytes]:

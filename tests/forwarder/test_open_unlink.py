@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from forwarder_testkit import wait_for
 
 
 @pytest.fixture
@@ -29,15 +30,6 @@ def objects(c) -> set[str]:
 def orphans(c) -> list[str]:
     d = c.backend / "mdt" / "orphans"
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 def other_process(*cmd: str) -> None:

@@ -17,9 +17,11 @@ from forwarder_testkit import (
     OP_READ,
     OP_RELEASE,
     OP_WRITE,
+    VERSION,
     _s,
     frame,
     layout,
+    parse_layout,
     read_reply,
     request,
 )
@@ -104,7 +106,7 @@ def test_v2_frame_faults_get_eproto_and_connection_goes_on(daemon):
         hdr = request(22, OP_PING)
         s.sendall(struct.pack("<I", len(hdr) + 1) + b"\x01" + hdr)  # a version-1 frame
         assert read_reply(s)[:2] == (0, errno.EPROTO)
-        s.sendall(struct.pack("<I", 3) + bytes([2, 0, 0]))  # too short for a header length
+        s.sendall(struct.pack("<I", 3) + bytes([VERSION, 0, 0]))  # too short for a header length
         assert read_reply(s)[:2] == (0, errno.EPROTO)
         s.sendall(frame(request(23, OP_PING)))
         assert read_reply(s)[:2] == (23, None)
@@ -119,13 +121,11 @@ def test_raw_data_segment_write_then_read(daemon, cluster):
         assert (rid, e, seg) == (30, None, b"")
         (variant,) = struct.unpack("<I", rest[:4])
         assert variant == 3  # Body::Opened { attr, layout, handle }
-        lay = rest[4 + 80 :]
-        oid, ss, n = struct.unpack("<QQQ", lay[:24])
-        targets = list(struct.unpack(f"<{n}I", lay[24 : 24 + 4 * n]))
-        handle = lay[24 + 4 * n :]
+        (oid, ss, targets, cs, perf), handle = parse_layout(rest[4 + 80 :])
+        assert (cs, perf) == (0, [])  # round-robin: a classic layout
         assert len(handle) == 16
         lo = layout(oid, ss, targets)
-        s.sendall(frame(request(31, OP_WRITE, _s("raw") + lo + struct.pack("<Q", 4096)), data=data))
+        s.sendall(frame(request(31, OP_WRITE, _s("raw") + lo + struct.pack("<Q", 4096) + handle), data=data))
         rid, e, rest, seg = read_reply(s)
         assert (rid, e, seg) == (31, None, b"")
         assert struct.unpack("<II", rest) == (5, len(data))  # Body::Written(n)

@@ -1,6 +1,6 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame (version 2) is
+//! A connection carries frames in both directions. A frame (version 3) is
 //!
 //! ```text
 //! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
@@ -23,7 +23,9 @@
 //! only as its bytes arrive (beyond [`PREALLOC_MAX`]).
 //!
 //! Version history: 1 = whole message bincode (data as a byte field); 2 = header + raw
-//! data segment, open handles in `Opened`/`Release` (unlink of open files, see the daemon).
+//! data segment, open handles in `Opened`/`Release` (unlink of open files, see the daemon);
+//! 3 = progressive layouts ([`Layout::component_size`], [`Layout::perf`]) and the open
+//! handle in `Write` (the daemon counts the component each open is writing).
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
@@ -33,7 +35,7 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Largest frame (version byte + payload), bytes: 8 MiB + 64 KiB of header room.
 pub const MAX_FRAME: usize = (8 << 20) + (64 << 10);
 /// Largest data payload of one read or write request, bytes.
@@ -76,13 +78,39 @@ pub struct Ctx {
     pub compute_node: String,
 }
 
-/// Where a file's data lives: object `oid` striped round-robin over `targets` (target
-/// indexes of the backend) in units of `stripe_size` bytes. One target = no striping.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+/// Where a file's data lives.
+///
+/// * Classic (`component_size == 0`): object `oid` striped round-robin over `targets`
+///   (target indexes of the backend) in units of `stripe_size` bytes. One target = no
+///   striping.
+/// * Progressive (`component_size > 0`, Lustre-PFL-like): byte range
+///   `[k*component_size, (k+1)*component_size)` is component `k`, one object on one target
+///   chosen among the candidates `targets` when the file is first written there
+///   (performance-aware, Sunway lessons §5); the daemon records the choice in its namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct Layout {
     pub oid: u64,
+    /// Stripe unit, bytes (classic layouts).
     pub stripe_size: u64,
+    /// Classic: the targets striped over. Progressive: the candidate targets of components.
     pub targets: Vec<u32>,
+    /// Component size, bytes; 0 = classic layout.
+    pub component_size: u64,
+    /// Progressive: planned performance of each candidate in `targets`, MB/s (10^6 B/s);
+    /// 0, or an empty list, = the target's token-bucket limit when the component is placed.
+    pub perf: Vec<f64>,
+}
+
+impl Layout {
+    /// A classic layout: `oid` striped over `targets` in units of `stripe_size` bytes.
+    pub fn striped(oid: u64, stripe_size: u64, targets: Vec<u32>) -> Layout {
+        Layout { oid, stripe_size, targets, ..Default::default() }
+    }
+
+    /// True for a progressive layout (components placed at first write).
+    pub fn is_progressive(&self) -> bool {
+        self.component_size > 0
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,10 +196,13 @@ pub enum Op {
     /// Closes the open `handle` (returned by create/open) of the file with `layout`.
     Release { path: String, layout: Layout, handle: OpenHandle },
     Read { path: String, layout: Layout, offset: u64, size: u32 },
+    /// `handle` is the open the write comes through (from create/open; default = none):
+    /// the daemon counts, per open, the component it is writing (progressive layouts).
     Write {
         path: String,
         layout: Layout,
         offset: u64,
+        handle: OpenHandle,
         /// Travels as the frame's raw data segment, not in the bincode header.
         #[serde(skip)]
         data: Vec<u8>,
@@ -660,15 +691,22 @@ mod tests {
 
     #[test]
     fn roundtrip_every_op_kind() {
-        let l = Layout { oid: 9, stripe_size: 1 << 20, targets: vec![1, 2] };
+        let l = Layout::striped(9, 1 << 20, vec![1, 2]);
         let ops = vec![
             Op::Ping,
             Op::Lookup { path: "a/b".into() },
             Op::Setattr { path: "a".into(), set: SetAttr { size: Some(5), mtime: Some(None), ..Default::default() } },
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
             Op::Create { path: "f".into(), mode: 0o644, excl: true, token: 77 },
-            Op::Write { path: "f".into(), layout: l.clone(), offset: 4096, data: vec![1, 2, 3] },
-            Op::Write { path: "f".into(), layout: l.clone(), offset: 0, data: vec![] },
+            Op::Write { path: "f".into(), layout: l.clone(), offset: 4096, handle: OpenHandle::default(), data: vec![1, 2, 3] },
+            Op::Write { path: "f".into(), layout: l.clone(), offset: 0, handle: OpenHandle::default(), data: vec![] },
+            Op::Write {
+                path: "f".into(),
+                layout: Layout { oid: 3, stripe_size: 1 << 20, targets: vec![0, 2], component_size: 4 << 20, perf: vec![50.0, 0.0] },
+                offset: 1,
+                handle: OpenHandle { daemon: 1, id: 2 },
+                data: vec![4; 9],
+            },
             Op::Read { path: "f".into(), layout: l.clone(), offset: 0, size: 3 },
             Op::Release { path: "f".into(), layout: l, handle: OpenHandle { daemon: 5, id: 6 } },
             Op::Statfs,
@@ -695,8 +733,8 @@ mod tests {
     #[test]
     fn data_travels_as_raw_segment_after_the_header() {
         let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-        let l = Layout { oid: 1, stripe_size: 4096, targets: vec![0] };
-        let r = req(Op::Write { path: "f".into(), layout: l, offset: 0, data: data.clone() });
+        let l = Layout::striped(1, 4096, vec![0]);
+        let r = req(Op::Write { path: "f".into(), layout: l, offset: 0, handle: OpenHandle::default(), data: data.clone() });
         let frame = encode(&r);
         let total = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(total + 4, frame.len());
@@ -730,11 +768,11 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
-        let lay = Layout { oid: 1, stripe_size: 1 << 20, targets: vec![0] };
+        let lay = Layout::striped(1, 1 << 20, vec![0]);
         let msgs = vec![
-            req(Op::Write { path: "f".into(), layout: lay.clone(), offset: 0, data: data.clone() }),
+            req(Op::Write { path: "f".into(), layout: lay.clone(), offset: 0, handle: OpenHandle::default(), data: data.clone() }),
             req(Op::Ping),
-            req(Op::Write { path: "f".into(), layout: lay, offset: 0, data: data[..10].to_vec() }),
+            req(Op::Write { path: "f".into(), layout: lay, offset: 0, handle: OpenHandle::default(), data: data[..10].to_vec() }),
         ];
         let to_send = msgs.clone();
         let t = std::thread::spawn(move || {
@@ -794,7 +832,7 @@ mod tests {
         assert!(matches!(read_msg::<Request>(&mut c).unwrap_err(), FrameError::Version(1)));
         assert_eq!(read_msg::<Request>(&mut c).unwrap(), req(Op::Ping));
         // Truncated inside the data segment.
-        let w = encode(&req(Op::Write { path: "f".into(), layout: Layout { oid: 1, stripe_size: 1, targets: vec![0] }, offset: 0, data: vec![7; 100] }));
+        let w = encode(&req(Op::Write { path: "f".into(), layout: Layout::striped(1, 1, vec![0]), offset: 0, handle: OpenHandle::default(), data: vec![7; 100] }));
         let e = read_frame(&mut Cursor::new(&w[..w.len() - 10])).unwrap_err();
         assert!(matches!(e, FrameError::Truncated { .. }) && !e.recoverable(), "{e}");
     }
@@ -867,7 +905,7 @@ mod tests {
 
     #[test]
     fn idempotence_classes() {
-        assert!(Op::Write { path: "a".into(), layout: Layout { oid: 1, stripe_size: 1, targets: vec![0] }, offset: 0, data: vec![] }.idempotent());
+        assert!(Op::Write { path: "a".into(), layout: Layout::striped(1, 1, vec![0]), offset: 0, handle: OpenHandle::default(), data: vec![] }.idempotent());
         assert!(!Op::Unlink { path: "a".into() }.idempotent());
         assert!(!Op::Rename { from: "a".into(), to: "b".into(), noreplace: false }.idempotent());
     }

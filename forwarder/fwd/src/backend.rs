@@ -7,6 +7,19 @@
 //!   decided by the kernel) and other daemons never see a half-written layout.
 //! * The data of stripe `s` of object `oid` is the file `<target dir>/<oid:016x>.<s>`.
 //!   Striping is RAID-0 over the layout's targets in units of `stripe_size`.
+//! * **Progressive layouts** (a pool with `component_size` C, Lustre-PFL-like; sidecar
+//!   `pharos-layout v2 .. component_size=C perf=..`): bytes `[k*C, (k+1)*C)` are component
+//!   `k`, the object `<target dir>/<oid:016x>.<k>` on one target. The target is chosen at the
+//!   first write (or truncate) reaching the component, among the layout's candidate targets,
+//!   by the performance-aware rule below, and recorded as the file
+//!   `<mdt>/components/<oid:016x>/<k>` holding the target index, staged in `<mdt>/tmp` and
+//!   linked into place without replacing (several daemons may place the same component at
+//!   once: the first link wins, the others read the winner's). Records are immutable while
+//!   the file exists, so resolved components are cached per daemon (absence never is).
+//!   An object may be missing (never written, or instantiated by a truncate): its range reads
+//!   as zeros inside the file size, the size being the largest `k*C + object size` over
+//!   non-empty objects. The component directory is made at create and removed with the
+//!   objects; a write to a file whose directory is gone gets ENOENT.
 //! * Open counts, token buckets and faults live in each target's shared state
 //!   ([`crate::shm`]), so every daemon on the machine sees the same values.
 //! * **Open files survive unlink** (POSIX). Every open (create, open) leaves a marker file
@@ -22,9 +35,20 @@
 //!   `<mdt>/daemons/<daemon:016x>` for its lifetime. At start, a daemon garbage-collects:
 //!   markers of daemons whose lock can be taken (dead), then orphans left without markers.
 //!
-//! Placement at create time (see [`Placement`]): round-robin over all targets by default;
-//! with a pool, the performance-aware rule of the Sunway lessons §5: the target maximising
-//! `max_perf / (open_count + 1)` among the pool's targets.
+//! Placement (see [`Placement`]): round-robin over all targets by default, at create; with a
+//! pool, the performance-aware rule of the Sunway lessons §5: the target maximising
+//! `max_perf / (open_count + 1)` among the pool's targets, at create for the whole file, or
+//! per component at its first write when the pool has a `component_size`.
+//!
+//! `open_count` (shared, [`crate::shm`]) counts what is being written on a target: a classic
+//! file counts on each of its targets from open to release; a progressive file counts, per
+//! open handle, only on the target of the component that handle is writing now. The handle
+//! enters a component at its first write there (count +1), leaves it when it writes another
+//! component (-1 before the next one is placed, so placement sees the other writers only)
+//! or at release. The counted target is kept in the handle's open marker (so a release or a
+//! write arriving through another daemon after a failover decrements the right target), and
+//! start-time garbage collection decrements the target of every dead daemon's marker it
+//! removes. Reads do not count.
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -58,7 +82,15 @@ pub struct Pool {
     /// Targets per file (striping), default 1.
     #[serde(default)]
     pub stripe_count: Option<u32>,
+    /// Bytes per component of a progressive layout (a multiple of [`COMPONENT_ALIGN`]);
+    /// none = whole-file placement at create.
+    #[serde(default)]
+    pub component_size: Option<u64>,
 }
+
+/// Component sizes are multiples of this (bytes): the page size, so components never share
+/// a page.
+pub const COMPONENT_ALIGN: u64 = 4096;
 
 /// Placement settings, replaced as a whole (atomically) by the admin interface.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -98,6 +130,8 @@ pub struct IoInfo {
 }
 
 const FD_CACHE_MAX: usize = 4096;
+/// Entries of the component cache and of the per-handle table before they are cleared.
+const COMP_CACHE_MAX: usize = 1 << 16;
 /// Shortest sleep of the injected slowdown; smaller stretches accumulate per thread.
 pub const STRETCH_MIN_SLEEP: Duration = Duration::from_millis(1);
 
@@ -119,10 +153,17 @@ pub struct Backend {
     tmp: PathBuf,
     open_dir: PathBuf,
     orphan_dir: PathBuf,
+    comp_dir: PathBuf,
     pub targets: Vec<Target>,
     pub placement: ArcSwap<Placement>,
     rr: AtomicU64,
-    fds: Mutex<HashMap<(u32, u64, u32), Arc<File>>>,
+    /// Open object files by (target, oid, stripe or component).
+    fds: Mutex<HashMap<(u32, u64, u64), Arc<File>>>,
+    /// Resolved components (immutable records): (oid, component) -> target.
+    comps: Mutex<HashMap<(u64, u64), u32>>,
+    /// Component each open handle of a progressive file wrote last through this daemon (a
+    /// fast path: the handle's marker holds the counted target, see [`Backend::enter`]).
+    writing: Mutex<HashMap<OpenHandle, (u64, u64)>>,
     /// This daemon instance's id (open handles, liveness lock).
     pub daemon_id: u64,
     open_seq: AtomicU64,
@@ -141,6 +182,11 @@ pub struct GcStats {
 
 fn marker_name(h: OpenHandle) -> String {
     format!("{:016x}.{:016x}", h.daemon, h.id)
+}
+
+/// The counted target written in an open marker (empty: none).
+fn marker_target(p: &Path) -> Option<u32> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
 fn flock_nb(f: &File) -> io::Result<()> {
@@ -178,50 +224,66 @@ fn t(sec: i64, nsec: i64) -> Time {
     Time { sec, nsec: nsec as u32 }
 }
 
-/// Encodes a layout sidecar.
-pub fn layout_text(l: &Layout, token: u64) -> String {
-    let ts: Vec<String> = l.targets.iter().map(|t| t.to_string()).collect();
-    format!("pharos-layout v1 oid={:016x} stripe_size={} targets={} token={}\n", l.oid, l.stripe_size, ts.join(","), token)
+fn join<T: ToString>(xs: &[T]) -> String {
+    xs.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// Decodes a layout sidecar; returns the layout and the create token.
+/// Encodes a layout sidecar: `v1` for classic layouts (unchanged format), `v2` for
+/// progressive ones (`component_size=<bytes> perf=<MB/s,..>` added), which older daemons
+/// refuse instead of reading them as classic.
+pub fn layout_text(l: &Layout, token: u64) -> String {
+    let head = format!("oid={:016x} stripe_size={} targets={} token={}", l.oid, l.stripe_size, join(&l.targets), token);
+    if l.is_progressive() {
+        format!("pharos-layout v2 {head} component_size={} perf={}\n", l.component_size, join(&l.perf))
+    } else {
+        format!("pharos-layout v1 {head}\n")
+    }
+}
+
+/// Decodes a layout sidecar (v1 or v2); returns the layout and the create token.
 pub fn parse_layout(s: &str) -> Option<(Layout, u64)> {
     let mut it = s.split_whitespace();
-    if it.next()? != "pharos-layout" || it.next()? != "v1" {
+    if it.next()? != "pharos-layout" || !matches!(it.next()?, "v1" | "v2") {
         return None;
     }
-    let (mut oid, mut ss, mut targets, mut token) = (None, None, None, 0);
+    fn list<T: std::str::FromStr>(v: &str) -> Option<Vec<T>> {
+        v.split(',').filter(|x| !x.is_empty()).map(|x| x.parse().ok()).collect()
+    }
+    let (mut oid, mut ss, mut targets, mut token, mut cs, mut perf) = (None, None, None, 0, 0, Vec::new());
     for kv in it {
         let (k, v) = kv.split_once('=')?;
         match k {
             "oid" => oid = u64::from_str_radix(v, 16).ok(),
             "stripe_size" => ss = v.parse().ok(),
-            "targets" => targets = v.split(',').map(|x| x.parse().ok()).collect::<Option<Vec<u32>>>(),
+            "targets" => targets = list(v),
             "token" => token = v.parse().ok()?,
+            "component_size" => cs = v.parse().ok()?,
+            "perf" => perf = list(v)?,
             _ => {}
         }
     }
-    let l = Layout { oid: oid?, stripe_size: ss?, targets: targets? };
-    if l.stripe_size == 0 || l.targets.is_empty() {
+    let l = Layout { oid: oid?, stripe_size: ss?, targets: targets?, component_size: cs, perf };
+    if l.stripe_size == 0 || l.targets.is_empty() || !(l.perf.is_empty() || l.perf.len() == l.targets.len()) {
         return None;
     }
     Some((l, token))
 }
 
-/// One contiguous piece of a logical byte range inside one stripe object.
+/// One contiguous piece of a logical byte range inside one object.
 #[derive(Debug, PartialEq)]
 pub struct Piece {
-    pub stripe: u32,
+    /// Object index: the stripe (classic layout) or the component (progressive layout).
+    pub obj: u64,
     pub obj_off: u64,
     pub len: u64,
     /// Offset of the piece within the request buffer.
     pub buf_off: u64,
 }
 
-/// Splits `[off, off+len)` of a file with layout `l` into per-object pieces (RAID-0).
+/// Splits `[off, off+len)` of a file with layout `l` into per-object pieces: RAID-0 over
+/// the targets (classic), or one piece per component (progressive).
 pub fn pieces(l: &Layout, off: u64, len: u64) -> Vec<Piece> {
-    let k = l.targets.len() as u64;
-    let ss = l.stripe_size;
+    let (k, ss) = (l.targets.len() as u64, if l.is_progressive() { l.component_size } else { l.stripe_size });
     let mut out = Vec::new();
     let mut pos = off;
     let end = off + len;
@@ -229,10 +291,17 @@ pub fn pieces(l: &Layout, off: u64, len: u64) -> Vec<Piece> {
         let unit = pos / ss;
         let within = pos % ss;
         let n = (ss - within).min(end - pos);
-        out.push(Piece { stripe: (unit % k) as u32, obj_off: (unit / k) * ss + within, len: n, buf_off: pos - off });
+        let (obj, obj_off) = if l.is_progressive() { (unit, within) } else { (unit % k, (unit / k) * ss + within) };
+        out.push(Piece { obj, obj_off, len: n, buf_off: pos - off });
         pos += n;
     }
     out
+}
+
+/// Logical file size implied by component `k` (of `component_size` bytes) holding `s`
+/// bytes: 0 when empty.
+pub fn logical_from_component(component_size: u64, k: u64, s: u64) -> u64 {
+    if s == 0 { 0 } else { k * component_size + s }
 }
 
 /// Size of stripe object `i` when the file is `size` bytes long.
@@ -270,7 +339,8 @@ impl Backend {
         let open_dir = mdt.join("open");
         let orphan_dir = mdt.join("orphans");
         let daemons = mdt.join("daemons");
-        for d in [&ns, &tmp, &open_dir, &orphan_dir, &daemons] {
+        let comp_dir = mdt.join("components");
+        for d in [&ns, &tmp, &open_dir, &orphan_dir, &daemons, &comp_dir] {
             fs::create_dir_all(d)?;
         }
         let mut ts = Vec::new();
@@ -291,10 +361,13 @@ impl Backend {
             tmp,
             open_dir,
             orphan_dir,
+            comp_dir,
             targets: ts,
             placement: ArcSwap::from_pointee(Placement::default()),
             rr: AtomicU64::new(random_u64() % 1024),
             fds: Mutex::new(HashMap::new()),
+            comps: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashMap::new()),
             daemon_id,
             open_seq: AtomicU64::new(1),
             _alive: alive,
@@ -332,6 +405,27 @@ impl Backend {
             }
         }
         Err(eno(errno::EIO, "cannot place open marker"))
+    }
+
+    fn marker_path(&self, oid: u64, h: OpenHandle) -> PathBuf {
+        self.marker_dir(oid).join(marker_name(h))
+    }
+
+    /// The target open `h` of `oid` is counted on (progressive files), from its marker.
+    fn counted_target(&self, oid: u64, h: OpenHandle) -> Option<u32> {
+        marker_target(&self.marker_path(oid, h))
+    }
+
+    /// Records in the marker of open `h` the target it is counted on; false when the marker
+    /// is gone (a dead daemon's open removed by the start-time GC: the open is not counted).
+    fn set_counted_target(&self, oid: u64, h: OpenHandle, t: Option<u32>) -> bool {
+        let Ok(f) = OpenOptions::new().write(true).open(self.marker_path(oid, h)) else { return false };
+        // Fixed width, written in place: a concurrent reader sees the old or the new index.
+        let r = match t {
+            Some(t) => f.write_all_at(format!("{t:010}\n").as_bytes(), 0),
+            None => f.set_len(0),
+        };
+        r.is_ok()
     }
 
     fn remove_marker(&self, oid: u64, h: OpenHandle) {
@@ -428,8 +522,15 @@ impl Backend {
                         // made after this scan began (a daemon that registered meanwhile).
                         _ => m.metadata().and_then(|md| md.modified()).map(|t| t < started).unwrap_or(false),
                     };
-                    if stale && fs::remove_file(m.path()).is_ok() {
-                        st.stale_markers += 1;
+                    if stale {
+                        let counted = marker_target(&m.path());
+                        if fs::remove_file(m.path()).is_ok() {
+                            st.stale_markers += 1;
+                            // The dead open no longer writes its component.
+                            if let Some(t) = counted.and_then(|t| self.targets.get(t as usize)) {
+                                t.shm.add_open(-1);
+                            }
+                        }
                     }
                 }
                 let _ = fs::remove_dir(d.path());
@@ -468,6 +569,14 @@ impl Backend {
                     return Err(format!("pool {name}: stripe_count {c} outside 1..={}", pool.targets.len()));
                 }
             }
+            if let Some(cs) = pool.component_size {
+                if cs == 0 || cs % COMPONENT_ALIGN != 0 {
+                    return Err(format!("pool {name}: component_size {cs} must be a positive multiple of {COMPONENT_ALIGN}"));
+                }
+                if pool.stripe_count.is_some_and(|c| c > 1) {
+                    return Err(format!("pool {name}: component_size and stripe_count > 1 exclude each other"));
+                }
+            }
         }
         for pool in p.default_pool.iter().chain(p.job_pools.values()) {
             if !p.pools.contains_key(pool) {
@@ -485,39 +594,51 @@ impl Backend {
         Ok(())
     }
 
-    /// Chooses the targets of a new file of job `job`.
+    /// The performance-aware rule (Sunway lessons §5): the `k` candidates with the highest
+    /// `max_perf / (open_count + 1)`, ties to the lower index. A candidate is `(target
+    /// index, planned MB/s)`; a plan of 0 means the target's token-bucket limit (or 1 when
+    /// unlimited).
+    fn best_targets(&self, candidates: impl Iterator<Item = (u32, f64)>, k: usize) -> Vec<u32> {
+        let mut scored: Vec<(f64, u32)> = candidates
+            .map(|(i, plan)| {
+                let t = &self.targets[i as usize];
+                let perf = if plan > 0.0 { plan } else { Some(t.shm.max_perf()).filter(|&m| m > 0.0).unwrap_or(1.0) };
+                (perf / (t.shm.open_count() as f64 + 1.0), i)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.into_iter().take(k.max(1)).map(|(_, i)| i).collect()
+    }
+
+    /// Chooses the layout of a new file of job `job`: round-robin, or the pool's rule for
+    /// the whole file, or (pool with `component_size`) a progressive layout whose candidate
+    /// targets are the pool's.
     pub fn place(&self, job: &str) -> Layout {
         let p = self.placement.load();
         let stripe_size = p.stripe_size.unwrap_or(1 << 20);
         let pool = p.job_pools.get(job).or(p.default_pool.as_ref()).and_then(|n| p.pools.get(n));
-        let targets = match pool {
+        let oid = random_u64();
+        match pool {
             Some(pool) => {
-                let k = pool.stripe_count.unwrap_or(1) as usize;
-                let mut scored: Vec<(f64, u32)> = pool
+                let cands: Vec<(u32, f64)> = pool
                     .targets
                     .iter()
-                    .filter_map(|n| self.target_index(n))
-                    .map(|i| {
-                        let t = &self.targets[i as usize];
-                        let perf = pool.max_perf.get(&t.name).copied().unwrap_or_else(|| {
-                            let m = t.shm.max_perf();
-                            if m > 0.0 { m } else { 1.0 }
-                        });
-                        (perf / (t.shm.open_count() as f64 + 1.0), i)
-                    })
+                    .filter_map(|n| Some((self.target_index(n)?, pool.max_perf.get(n).copied().unwrap_or(0.0))))
                     .collect();
-                // Highest score first; ties go to the lower open count then lower index.
-                scored.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
-                scored.into_iter().take(k.max(1)).map(|(_, i)| i).collect()
+                if let Some(cs) = pool.component_size {
+                    let (targets, perf) = cands.into_iter().unzip();
+                    return Layout { oid, stripe_size, targets, component_size: cs, perf };
+                }
+                let k = pool.stripe_count.unwrap_or(1) as usize;
+                Layout::striped(oid, stripe_size, self.best_targets(cands.into_iter(), k))
             }
             None => {
                 let n = self.targets.len() as u64;
                 let k = p.stripe_count.unwrap_or(1).max(1) as u64;
                 let first = self.rr.fetch_add(k, Relaxed);
-                (0..k).map(|j| ((first + j) % n) as u32).collect()
+                Layout::striped(oid, stripe_size, (0..k).map(|j| ((first + j) % n) as u32).collect())
             }
-        };
-        Layout { oid: random_u64(), stripe_size, targets }
+        }
     }
 
     /// Resolves a request path inside the namespace.
@@ -530,10 +651,9 @@ impl Backend {
         Ok(p)
     }
 
-    fn obj_path(&self, l: &Layout, stripe: u32) -> Res<PathBuf> {
-        let ti = *l.targets.get(stripe as usize).ok_or_else(|| eno(errno::EINVAL, "stripe outside layout"))?;
-        let t = self.targets.get(ti as usize).ok_or_else(|| eno(errno::EINVAL, format!("unknown target index {ti}")))?;
-        Ok(t.dir.join(format!("{:016x}.{stripe}", l.oid)))
+    /// Object `idx` (stripe or component) of `oid` on target `ti`.
+    fn obj_path(&self, ti: u32, oid: u64, idx: u64) -> PathBuf {
+        self.targets[ti as usize].dir.join(format!("{oid:016x}.{idx}"))
     }
 
     fn check_layout(&self, l: &Layout) -> Res<()> {
@@ -543,15 +663,21 @@ impl Backend {
         if l.targets.iter().any(|&t| t as usize >= self.targets.len()) {
             return Err(eno(errno::EINVAL, "layout names an unknown target"));
         }
+        if !(l.perf.is_empty() || l.perf.len() == l.targets.len()) {
+            return Err(eno(errno::EINVAL, "layout perf does not match its targets"));
+        }
         Ok(())
     }
 
-    fn obj_fd(&self, l: &Layout, stripe: u32) -> Res<Arc<File>> {
-        let key = (l.targets[stripe as usize], l.oid, stripe);
+    /// The open object file `idx` of `oid` on target `ti`; `create` makes it when missing
+    /// (components are made by their first write), else a missing object is ENOENT.
+    fn obj_fd(&self, ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
+        let key = (ti, oid, idx);
         if let Some(f) = self.fds.lock().unwrap().get(&key) {
             return Ok(f.clone());
         }
-        let f = Arc::new(OpenOptions::new().read(true).write(true).open(self.obj_path(l, stripe)?).map_err(werr)?);
+        let f = OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(self.obj_path(ti, oid, idx));
+        let f = Arc::new(f.map_err(werr)?);
         let mut m = self.fds.lock().unwrap();
         if m.len() >= FD_CACHE_MAX {
             m.clear();
@@ -560,10 +686,126 @@ impl Backend {
         Ok(f)
     }
 
-    fn forget_fds(&self, l: &Layout) {
-        let mut m = self.fds.lock().unwrap();
-        for (s, &t) in l.targets.iter().enumerate() {
-            m.remove(&(t, l.oid, s as u32));
+    /// Like [`Backend::obj_fd`] without create, but a missing object is `None`.
+    fn existing_obj(&self, ti: u32, oid: u64, idx: u64) -> Res<Option<Arc<File>>> {
+        match self.obj_fd(ti, oid, idx, false) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.errno == errno::ENOENT => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn comp_dir(&self, oid: u64) -> PathBuf {
+        self.comp_dir.join(format!("{oid:016x}"))
+    }
+
+    /// The target of component `k` of progressive layout `l`: from the cache, else from its
+    /// record; when there is none and `place` is set, chosen now by the performance-aware
+    /// rule over the layout's candidates and recorded (the first record linked wins; a
+    /// loser returns the winner's choice). `None`: not placed yet (and `!place`).
+    pub fn component(&self, l: &Layout, k: u64, place: bool) -> Res<Option<u32>> {
+        if let Some(&t) = self.comps.lock().unwrap().get(&(l.oid, k)) {
+            return Ok(Some(t));
+        }
+        let rec = self.comp_dir(l.oid).join(k.to_string());
+        let t = match fs::read_to_string(&rec) {
+            Ok(text) => text.trim().parse().ok().filter(|&t: &u32| (t as usize) < self.targets.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && place => {
+                let cands = l.targets.iter().enumerate().map(|(j, &t)| (t, l.perf.get(j).copied().unwrap_or(0.0)));
+                let t = self.best_targets(cands, 1)[0];
+                let mut staged = tempfile::Builder::new().prefix("component-").tempfile_in(&self.tmp).map_err(werr)?;
+                staged.write_all(format!("{t}\n").as_bytes()).map_err(werr)?;
+                match staged.persist_noclobber(&rec) {
+                    Ok(_) => Some(t),
+                    // Another daemon (or thread) placed it first: its choice holds.
+                    Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => return self.component(l, k, false),
+                    // No component directory: the file's objects were deleted.
+                    Err(e) => return Err(werr(e.error)),
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(werr(e)),
+        };
+        let t = t.ok_or_else(|| eno(errno::EIO, format!("corrupt component record {}", rec.display())))?;
+        let mut m = self.comps.lock().unwrap();
+        if m.len() >= COMP_CACHE_MAX {
+            m.clear();
+        }
+        m.insert((l.oid, k), t);
+        Ok(Some(t))
+    }
+
+    /// The target of component `k`, placing it if needed.
+    fn placed(&self, l: &Layout, k: u64) -> Res<u32> {
+        self.component(l, k, true)?.ok_or_else(|| eno(errno::EIO, "component not placed"))
+    }
+
+    /// The data objects a layout may have, as (object index, target): every stripe of a
+    /// classic layout; the recorded components of a progressive one (whose objects may
+    /// still be missing).
+    fn objects(&self, l: &Layout) -> Res<Vec<(u64, u32)>> {
+        if !l.is_progressive() {
+            return Ok(l.targets.iter().enumerate().map(|(s, &t)| (s as u64, t)).collect());
+        }
+        let it = match fs::read_dir(self.comp_dir(l.oid)) {
+            Ok(it) => it,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(werr(e)),
+        };
+        let mut out = Vec::new();
+        for e in it {
+            let Some(k) = e.map_err(werr)?.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+            if let Some(t) = self.component(l, k, false)? {
+                out.push((k, t));
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Targets a classic file counts as open on from open to release (progressive files
+    /// count per written component instead, see [`Backend::enter`]).
+    fn whole_file_targets(l: &Layout) -> &[u32] {
+        if l.is_progressive() { &[] } else { &l.targets }
+    }
+
+    /// Open `h` of progressive file `l` is about to write component `k`: returns its target
+    /// (placing the component if needed) and moves the handle's open count there. The count
+    /// of the component it wrote before (from its marker, wherever that was) is dropped
+    /// first, so the placement sees the other writers only. `h` = default (no handle):
+    /// placement without counting.
+    fn enter(&self, l: &Layout, h: OpenHandle, k: u64) -> Res<u32> {
+        if h == OpenHandle::default() {
+            return self.placed(l, k);
+        }
+        let mut writing = self.writing.lock().unwrap();
+        if writing.get(&h) == Some(&(l.oid, k)) {
+            drop(writing);
+            return self.placed(l, k);
+        }
+        if let Some(prev) = self.counted_target(l.oid, h) {
+            self.targets[prev as usize].shm.add_open(-1);
+            self.set_counted_target(l.oid, h, None);
+        }
+        let t = self.placed(l, k)?;
+        if self.set_counted_target(l.oid, h, Some(t)) {
+            self.targets[t as usize].shm.add_open(1);
+        }
+        if writing.len() >= COMP_CACHE_MAX {
+            writing.clear();
+        }
+        writing.insert(h, (l.oid, k));
+        Ok(t)
+    }
+
+    /// Target of the first byte of `l`, as far as known without I/O (records, metrics).
+    pub fn first_target(&self, l: &Layout, off: u64) -> Option<u32> {
+        self.check_layout(l).ok()?;
+        let pc = pieces(l, off, 1).pop()?;
+        if l.is_progressive() {
+            self.comps.lock().unwrap().get(&(l.oid, pc.obj)).copied()
+        } else {
+            l.targets.get(pc.obj as usize).copied()
         }
     }
 
@@ -605,13 +847,11 @@ impl Backend {
     fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time)> {
         self.check_layout(l)?;
         let (mut size, mut blocks, mut mt) = (0u64, 0u64, t(0, 0));
-        for s in 0..l.targets.len() as u32 {
-            let md = match self.obj_fd(l, s) {
-                Ok(f) => f.metadata().map_err(werr)?,
-                Err(e) if e.errno == errno::ENOENT => continue,
-                Err(e) => return Err(e),
-            };
-            size = size.max(logical_from_obj(l, s, md.size()));
+        for (idx, ti) in self.objects(l)? {
+            let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
+            let md = f.metadata().map_err(werr)?;
+            let end = if l.is_progressive() { logical_from_component(l.component_size, idx, md.size()) } else { logical_from_obj(l, idx as u32, md.size()) };
+            size = size.max(end);
             blocks += md.blocks();
             let m = t(md.mtime(), md.mtime_nsec());
             if (m.sec, m.nsec) > (mt.sec, mt.nsec) {
@@ -668,12 +908,23 @@ impl Backend {
         fs::remove_dir(&p).map_err(werr)
     }
 
+    /// Deletes the objects of `l` (and the component records of a progressive layout).
     fn remove_objects(&self, l: &Layout) {
-        self.forget_fds(l);
-        for s in 0..l.targets.len() as u32 {
-            if let Ok(p) = self.obj_path(l, s) {
-                let _ = fs::remove_file(p);
-            }
+        let objs = self.objects(l).unwrap_or_else(|e| {
+            log::warn!("objects of {:016x}: {}", l.oid, e.msg);
+            Vec::new()
+        });
+        let mut fds = self.fds.lock().unwrap();
+        for &(idx, ti) in &objs {
+            fds.remove(&(ti, l.oid, idx));
+        }
+        drop(fds);
+        for (idx, ti) in objs {
+            let _ = fs::remove_file(self.obj_path(ti, l.oid, idx));
+        }
+        if l.is_progressive() {
+            let _ = fs::remove_dir_all(self.comp_dir(l.oid));
+            self.comps.lock().unwrap().retain(|&(oid, _), _| oid != l.oid);
         }
     }
 
@@ -735,19 +986,23 @@ impl Backend {
         let l = self.place(job);
         let mut made = Vec::new();
         let cleanup = |made: &Vec<PathBuf>| {
-            for m in made {
-                let _ = fs::remove_file(m);
+            for m in made.iter().rev() {
+                let _ = if m.is_dir() { fs::remove_dir(m) } else { fs::remove_file(m) };
             }
         };
-        for s in 0..l.targets.len() as u32 {
-            let op = self.obj_path(&l, s)?;
-            match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&op) {
-                Ok(_) => made.push(op),
-                Err(e) => {
-                    cleanup(&made);
-                    return Err(werr(e));
-                }
+        if l.is_progressive() {
+            // Components are placed by their first write; their records go here.
+            let d = self.comp_dir(l.oid);
+            fs::create_dir(&d).map_err(werr)?;
+            made.push(d);
+        }
+        for &(s, ti) in &self.objects(&l)? {
+            let op = self.obj_path(ti, l.oid, s);
+            if let Err(e) = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&op) {
+                cleanup(&made);
+                return Err(werr(e));
             }
+            made.push(op);
         }
         // The open is recorded before the name appears: an unlink right after the link
         // already sees it.
@@ -784,7 +1039,7 @@ impl Backend {
             }
             return Err(werr(e));
         }
-        for &ti in &l.targets {
+        for &ti in Self::whole_file_targets(&l) {
             self.targets[ti as usize].shm.add_open(1);
         }
         match self.getattr(path) {
@@ -825,7 +1080,7 @@ impl Backend {
                     return Err(e);
                 }
             }
-            for &ti in &l.targets {
+            for &ti in Self::whole_file_targets(&l) {
                 self.targets[ti as usize].shm.add_open(1);
             }
             let done = (|| {
@@ -857,16 +1112,42 @@ impl Backend {
     /// Releases open `h` (served by any daemon) of the file with layout `l`.
     pub fn release(&self, l: &Layout, h: OpenHandle) -> Res<()> {
         self.check_layout(l)?;
-        for &ti in &l.targets {
+        for &ti in Self::whole_file_targets(l) {
             self.targets[ti as usize].shm.add_open(-1);
+        }
+        if l.is_progressive() {
+            // The component this open was writing (recorded by whichever daemon served it).
+            let mut writing = self.writing.lock().unwrap();
+            writing.remove(&h);
+            if let Some(t) = self.counted_target(l.oid, h) {
+                self.set_counted_target(l.oid, h, None);
+                self.targets[t as usize].shm.add_open(-1);
+            }
         }
         self.unmark(l, h);
         Ok(())
     }
 
     fn truncate(&self, l: &Layout, size: u64) -> Res<()> {
-        for s in 0..l.targets.len() as u32 {
-            self.obj_fd(l, s)?.set_len(obj_size(l, size, s)).map_err(werr)?;
+        if !l.is_progressive() {
+            for (s, ti) in self.objects(l)? {
+                self.obj_fd(ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
+            }
+            return Ok(());
+        }
+        // The component holding the last byte gets exactly the bytes up to the size (placed
+        // now if needed, so that the size reads back); the ones after it are emptied. Their
+        // records stay: components keep their targets while the file exists.
+        let last = size.checked_sub(1).map(|b| b / l.component_size);
+        if let Some(k) = last {
+            self.obj_fd(self.placed(l, k)?, l.oid, k, true)?.set_len(size - k * l.component_size).map_err(werr)?;
+        }
+        for (k, ti) in self.objects(l)? {
+            if last.is_none_or(|last| k > last) {
+                if let Some(f) = self.existing_obj(ti, l.oid, k)? {
+                    f.set_len(0).map_err(werr)?;
+                }
+            }
         }
         Ok(())
     }
@@ -895,14 +1176,16 @@ impl Backend {
             let times = [ts(&set.atime), ts(&set.mtime)];
             let mut paths = vec![p.clone()];
             if let Some(l) = &layout {
-                for s in 0..l.targets.len() as u32 {
-                    paths.push(self.obj_path(l, s)?);
-                }
+                paths.extend(self.objects(l)?.into_iter().map(|(idx, ti)| self.obj_path(ti, l.oid, idx)));
             }
             for q in paths {
                 let c = CString::new(q.as_os_str().as_encoded_bytes()).map_err(|_| eno(errno::EINVAL, "NUL"))?;
                 if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
-                    return Err(werr(io::Error::last_os_error()));
+                    let e = io::Error::last_os_error();
+                    // A component placed but never written has no object yet.
+                    if !(e.kind() == io::ErrorKind::NotFound && q != p) {
+                        return Err(werr(e));
+                    }
                 }
             }
         }
@@ -949,16 +1232,17 @@ impl Backend {
     /// the bytes with `sendfile(2)`, no copy through user space): the object's fd, offset
     /// and the byte count, clamped to the object's size now. Token bucket and injected
     /// latency are applied here; the caller applies [`Backend::stretch`] after sending.
-    /// `None` for striped layouts (holes and pieces: use [`Backend::read_into`]).
+    /// `None` for striped and progressive layouts (holes and pieces: use
+    /// [`Backend::read_into`]).
     pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
         self.check_layout(l)?;
-        if l.targets.len() != 1 {
+        if l.targets.len() != 1 || l.is_progressive() {
             return Ok(None);
         }
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
-        let file = self.obj_fd(l, 0)?;
+        let file = self.obj_fd(ti, l.oid, 0, false)?;
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
         if len > 0 {
@@ -977,24 +1261,40 @@ impl Backend {
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
+        let single = l.targets.len() == 1 && !l.is_progressive();
         let mut len = size as u64;
-        if l.targets.len() > 1 {
+        if l.targets.len() > 1 && !l.is_progressive() {
             let (fsize, _, _) = self.data_stat(l)?;
             len = len.min(fsize.saturating_sub(off));
         }
         if buf.len() < len as usize {
             buf.resize(len as usize, 0);
         }
-        if l.targets.len() > 1 {
+        if !single {
             // Holes inside the size read as zeros: a reused buffer must not show old bytes.
             buf[..len as usize].fill(0);
         }
         let mut got_end = 0u64;
+        // Progressive: a missing or short component is a hole or the end of the file; the
+        // size (one stat per component) is looked at only then.
+        let mut short = false;
         for pc in pieces(l, off, len) {
-            let ti = l.targets[pc.stripe as usize];
+            let (ti, f) = if l.is_progressive() {
+                let found = match self.component(l, pc.obj, false)? {
+                    Some(ti) => self.existing_obj(ti, l.oid, pc.obj)?.map(|f| (ti, f)),
+                    None => None,
+                };
+                let Some(found) = found else {
+                    short = true;
+                    continue;
+                };
+                found
+            } else {
+                let ti = l.targets[pc.obj as usize];
+                (ti, self.obj_fd(ti, l.oid, pc.obj, false)?)
+            };
             info.target.get_or_insert(ti);
             self.gate(ti, pc.len, info);
-            let f = self.obj_fd(l, pc.stripe)?;
             let t0 = Instant::now();
             let dst = &mut buf[pc.buf_off as usize..(pc.buf_off + pc.len) as usize];
             let mut n = 0usize;
@@ -1007,31 +1307,37 @@ impl Backend {
                 }
             }
             self.stretch(ti, t0.elapsed());
-            if l.targets.len() == 1 {
+            if single {
                 // Single object: a short read is the end of the file.
                 got_end = pc.buf_off + n as u64;
                 if n < pc.len as usize {
                     break;
                 }
             } else {
+                short |= n < pc.len as usize;
                 got_end = pc.buf_off + pc.len; // holes inside the size read as zeros
             }
+        }
+        if l.is_progressive() {
+            got_end = if short { len.min(self.data_stat(l)?.0.saturating_sub(off)) } else { len };
         }
         buf.truncate(got_end as usize);
         Ok(())
     }
 
-    pub fn write(&self, l: &Layout, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+    /// Writes `data` at `off` through open `h` (the default handle = none: progressive
+    /// components are then placed but the write is not counted on their targets).
+    pub fn write(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
         self.check_layout(l)?;
         info.oid = l.oid;
         if off.checked_add(data.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
         }
         for pc in pieces(l, off, data.len() as u64) {
-            let ti = l.targets[pc.stripe as usize];
+            let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
             info.target.get_or_insert(ti);
             self.gate(ti, pc.len, info);
-            let f = self.obj_fd(l, pc.stripe)?;
+            let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
             let t0 = Instant::now();
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
             self.stretch(ti, t0.elapsed());
@@ -1039,13 +1345,20 @@ impl Backend {
         Ok(data.len() as u32)
     }
 
+    /// Flushes every object of the file (all stripes, or all written components).
     pub fn fsync(&self, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
-        for s in 0..l.targets.len() as u32 {
-            let ti = l.targets[s as usize];
+        for (idx, ti) in self.objects(l)? {
+            let f = if l.is_progressive() {
+                match self.existing_obj(ti, l.oid, idx)? {
+                    Some(f) => f,
+                    None => continue,
+                }
+            } else {
+                self.obj_fd(ti, l.oid, idx, false)?
+            };
             info.target.get_or_insert(ti);
-            let f = self.obj_fd(l, s)?;
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(werr)?;
         }
         Ok(())
@@ -1085,17 +1398,19 @@ impl Backend {
 mod tests {
     use super::*;
 
+    const NOH: OpenHandle = OpenHandle { daemon: 0, id: 0 };
+
     fn lay(k: u32, ss: u64) -> Layout {
-        Layout { oid: 1, stripe_size: ss, targets: (0..k).collect() }
+        Layout::striped(1, ss, (0..k).collect())
     }
 
     #[test]
     fn striping_math_is_consistent() {
         let l = lay(3, 4);
         let ps = pieces(&l, 2, 12);
-        assert_eq!(ps[0], Piece { stripe: 0, obj_off: 2, len: 2, buf_off: 0 });
-        assert_eq!(ps[1], Piece { stripe: 1, obj_off: 0, len: 4, buf_off: 2 });
-        assert_eq!(ps[3], Piece { stripe: 0, obj_off: 4, len: 2, buf_off: 10 });
+        assert_eq!(ps[0], Piece { obj: 0, obj_off: 2, len: 2, buf_off: 0 });
+        assert_eq!(ps[1], Piece { obj: 1, obj_off: 0, len: 4, buf_off: 2 });
+        assert_eq!(ps[3], Piece { obj: 0, obj_off: 4, len: 2, buf_off: 10 });
         for size in 0..60u64 {
             let m = (0..3).map(|i| logical_from_obj(&l, i, obj_size(&l, size, i))).max().unwrap();
             assert_eq!(m, size, "size {size}");
@@ -1117,7 +1432,7 @@ mod tests {
         assert_eq!(l.targets.len(), 3);
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let mut info = IoInfo::default();
-        assert_eq!(b.write(&l, 1000, &data, &mut info).unwrap(), 50_000);
+        assert_eq!(b.write(&l, NOH, 1000, &data, &mut info).unwrap(), 50_000);
         assert_eq!(b.getattr("f").unwrap().size, 51_000);
         let back = b.read(&l, 1000, 60_000, &mut info).unwrap();
         assert_eq!(back, data);
@@ -1152,13 +1467,13 @@ mod tests {
         let (_, l, h1) = a.create("f", 0o644, true, 1, "", 0, 0).unwrap();
         let (_, l2, h2) = b.open("f", false, false).unwrap();
         assert_eq!(l, l2);
-        a.write(&l, 0, b"hello", &mut info).unwrap();
+        a.write(&l, NOH, 0, b"hello", &mut info).unwrap();
         assert_eq!(a.open_markers(l.oid), 2);
         b.unlink("f").unwrap();
         assert_eq!(a.getattr("f").unwrap_err().errno, errno::ENOENT);
         assert!(a.is_orphan(l.oid));
         // Both opens still read and write the orphan.
-        a.write(&l, 5, b" world", &mut info).unwrap();
+        a.write(&l, NOH, 5, b" world", &mut info).unwrap();
         assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
         // A new file under the same name is another object.
         let (_, n, hn) = b.create("f", 0o644, true, 2, "", 0, 0).unwrap();
@@ -1173,7 +1488,7 @@ mod tests {
         let (_, o, ho) = a.create("g", 0o644, true, 3, "", 0, 0).unwrap();
         b.rename("f", "g", false).unwrap();
         assert!(a.is_orphan(o.oid));
-        a.write(&o, 0, b"still here", &mut info).unwrap();
+        a.write(&o, NOH, 0, b"still here", &mut info).unwrap();
         assert_eq!(a.read(&o, 0, 100, &mut info).unwrap(), b"still here");
         b.release(&n, hn).unwrap(); // the moved file stays: it has a name
         assert!(!a.is_orphan(n.oid) && a.getattr("g").is_ok());
@@ -1231,7 +1546,7 @@ mod tests {
                 Ok((_, l, h)) => {
                     // Opened: the data must stay readable and writable until release.
                     let mut info = IoInfo::default();
-                    b.write(&l, 0, b"x", &mut info).unwrap();
+                    b.write(&l, NOH, 0, b"x", &mut info).unwrap();
                     t.join().unwrap().unwrap();
                     assert_eq!(b.read(&l, 0, 1, &mut info).unwrap(), b"x");
                     b.release(&l, h).unwrap();
@@ -1260,7 +1575,7 @@ mod tests {
         let (_d, b) = backend(3);
         let mut pools = BTreeMap::new();
         let perf: BTreeMap<String, f64> = [("ost0", 10.0), ("ost1", 30.0), ("ost2", 20.0)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        pools.insert("p".to_string(), Pool { targets: vec!["ost0".into(), "ost1".into(), "ost2".into()], max_perf: perf, stripe_count: None });
+        pools.insert("p".to_string(), Pool { targets: vec!["ost0".into(), "ost1".into(), "ost2".into()], max_perf: perf, stripe_count: None, component_size: None });
         let p = Placement { pools, default_pool: Some("p".into()), ..Default::default() };
         b.validate_placement(&p).unwrap();
         b.placement.store(Arc::new(p));
@@ -1273,5 +1588,177 @@ mod tests {
         assert_eq!(counts, [2, 6, 4]);
         let bad = Placement { default_pool: Some("nope".into()), ..Default::default() };
         assert!(b.validate_placement(&bad).is_err());
+    }
+
+    fn progressive(b: &Backend, perf: &[f64], cs: u64) {
+        let names: Vec<String> = (0..perf.len()).map(|i| format!("ost{i}")).collect();
+        let max_perf = names.iter().cloned().zip(perf.iter().copied()).collect();
+        let pool = Pool { targets: names, max_perf, stripe_count: None, component_size: Some(cs) };
+        let p = Placement { pools: [("p".to_string(), pool)].into(), default_pool: Some("p".into()), ..Default::default() };
+        b.validate_placement(&p).unwrap();
+        b.placement.store(Arc::new(p));
+    }
+
+    fn counts(b: &Backend) -> Vec<i64> {
+        b.targets.iter().map(|t| t.shm.open_count()).collect()
+    }
+
+    #[test]
+    fn component_mapping_and_sidecar_format() {
+        let l = Layout { oid: 0xab, stripe_size: 1 << 20, targets: vec![0, 1, 2], component_size: 8192, perf: vec![50.0, 0.0, 12.5] };
+        let ps = pieces(&l, 8000, 10_000);
+        assert_eq!(ps[0], Piece { obj: 0, obj_off: 8000, len: 192, buf_off: 0 });
+        assert_eq!(ps[1], Piece { obj: 1, obj_off: 0, len: 8192, buf_off: 192 });
+        assert_eq!(ps[2], Piece { obj: 2, obj_off: 0, len: 1616, buf_off: 8384 });
+        assert_eq!(logical_from_component(8192, 2, 0), 0);
+        assert_eq!(logical_from_component(8192, 2, 5), 16389);
+        let text = layout_text(&l, 9);
+        assert!(text.starts_with("pharos-layout v2 oid=00000000000000ab "), "{text}");
+        assert_eq!(parse_layout(&text), Some((l, 9)));
+        // Classic sidecars keep the v1 format, and old ones parse as classic.
+        let c = Layout::striped(7, 4096, vec![3, 1]);
+        assert_eq!(layout_text(&c, 5), "pharos-layout v1 oid=0000000000000007 stripe_size=4096 targets=3,1 token=5\n");
+        assert_eq!(parse_layout("pharos-layout v1 oid=7 stripe_size=4096 targets=3,1 token=5"), Some((c, 5)));
+        assert_eq!(parse_layout("pharos-layout v2 oid=7 stripe_size=4096 targets=3,1 component_size=4096 perf=1"), None);
+        assert_eq!(parse_layout("pharos-layout v3 oid=7 stripe_size=4096 targets=3,1"), None);
+        let (_d, b) = backend(2);
+        let mut bad = Placement { pools: [("p".to_string(), Pool { targets: vec!["ost0".into()], max_perf: BTreeMap::new(), stripe_count: None, component_size: Some(1000) })].into(), ..Default::default() };
+        assert!(b.validate_placement(&bad).is_err());
+        bad.pools.get_mut("p").unwrap().component_size = Some(0);
+        assert!(b.validate_placement(&bad).is_err());
+    }
+
+    #[test]
+    fn progressive_file_roundtrip_holes_truncate_and_unlink() {
+        let (d, b) = backend(3);
+        progressive(&b, &[10.0, 30.0, 20.0], 8192);
+        let (_, l, h) = b.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        assert!(l.is_progressive() && l.targets == vec![0, 1, 2]);
+        assert_eq!(b.getattr("f").unwrap().size, 0);
+        assert_eq!(obj_count(&d), 0, "components are placed by their first write");
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let mut info = IoInfo::default();
+        // Component 2 and 3 (bytes 16384..36384), component 0 and 1 are holes.
+        assert_eq!(b.write(&l, h, 16_384, &data, &mut info).unwrap(), 20_000);
+        assert_eq!(b.getattr("f").unwrap().size, 36_384);
+        assert_eq!(b.read(&l, 16_384, 30_000, &mut info).unwrap(), data);
+        let all = b.read(&l, 0, 1 << 20, &mut info).unwrap();
+        assert_eq!(all.len(), 36_384);
+        assert!(all[..16_384].iter().all(|&x| x == 0));
+        // The open counts on the target of the component it wrote last only.
+        let t3 = b.component(&l, 3, false).unwrap().unwrap();
+        assert_eq!(counts(&b).iter().sum::<i64>(), 1);
+        assert_eq!(counts(&b)[t3 as usize], 1);
+        // Shrink into a hole: the hole's component is placed so the size holds.
+        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }).unwrap();
+        assert_eq!(b.getattr("f").unwrap().size, 10_000);
+        assert_eq!(b.read(&l, 0, 1 << 20, &mut info).unwrap(), vec![0; 10_000]);
+        // Extend: zeros up to the new size; a write after it shows through.
+        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }).unwrap();
+        assert_eq!(b.getattr("f").unwrap().size, 50_000);
+        b.write(&l, h, 8000, b"abcdefghij", &mut info).unwrap();
+        let r = b.read(&l, 0, 60_000, &mut info).unwrap();
+        assert_eq!(r.len(), 50_000);
+        assert_eq!(&r[8000..8010], b"abcdefghij");
+        assert!(r[8010..].iter().all(|&x| x == 0) && r[..8000].iter().all(|&x| x == 0));
+        b.fsync(&l, false, &mut info).unwrap();
+        // Unlink while open: data stays until release, then objects and records go.
+        b.unlink("f").unwrap();
+        assert_eq!(b.read(&l, 8000, 10, &mut info).unwrap(), b"abcdefghij");
+        assert!(obj_count(&d) > 0);
+        b.release(&l, h).unwrap();
+        assert_eq!(counts(&b), vec![0, 0, 0]);
+        assert_eq!(obj_count(&d), 0);
+        assert_eq!(fs::read_dir(d.path().join("mdt/components")).unwrap().count(), 0);
+        // A write after the objects are gone does not resurrect them.
+        assert_eq!(b.write(&l, NOH, 1 << 20, b"x", &mut info).unwrap_err().errno, errno::ENOENT);
+        assert_eq!(obj_count(&d), 0);
+    }
+
+    #[test]
+    fn sequential_writers_move_their_count_and_spread_by_performance() {
+        let (d, a) = backend(3);
+        let b = backend_on(&d, 3); // a second daemon on the same backend
+        progressive(&a, &[10.0, 30.0, 20.0], 4096);
+        let mut info = IoInfo::default();
+        let mut opens = Vec::new();
+        for i in 0..6 {
+            let (_, l, h) = a.create(&format!("f{i}"), 0o644, true, 0, "", 0, 0).unwrap();
+            // Each writer holds its first component: the rule spreads them 10:30:20.
+            a.write(&l, h, 0, &[1; 100], &mut info).unwrap();
+            opens.push((l, h));
+        }
+        assert_eq!(counts(&a), vec![1, 3, 2]);
+        // Moving on to the next component moves the count (through either daemon).
+        let (l0, h0) = opens[0].clone();
+        let t0 = a.component(&l0, 0, false).unwrap().unwrap();
+        b.write(&l0, h0, 4096, &[2; 100], &mut info).unwrap();
+        let t1 = b.component(&l0, 1, false).unwrap().unwrap();
+        let mut want = vec![1, 3, 2];
+        want[t0 as usize] -= 1;
+        want[t1 as usize] += 1;
+        assert_eq!(counts(&a), want);
+        // A write back on the first daemon, whose memory is stale, still moves the right count.
+        a.write(&l0, h0, 0, &[3; 10], &mut info).unwrap();
+        want[t1 as usize] -= 1;
+        want[t0 as usize] += 1;
+        assert_eq!(counts(&a), want);
+        // Releases through the other daemon drop every count.
+        for (l, h) in &opens {
+            b.release(l, *h).unwrap();
+        }
+        assert_eq!(counts(&a), vec![0, 0, 0]);
+        // A dead daemon's open: the start-time GC drops its count with its marker.
+        let dead = backend_on(&d, 3);
+        progressive(&dead, &[10.0, 30.0, 20.0], 4096);
+        let (_, l, h) = dead.create("g", 0o644, true, 0, "", 0, 0).unwrap();
+        dead.write(&l, h, 0, &[1; 10], &mut info).unwrap();
+        assert_eq!(counts(&a).iter().sum::<i64>(), 1);
+        drop(dead);
+        assert_eq!(a.gc().stale_markers, 1);
+        assert_eq!(counts(&a), vec![0, 0, 0]);
+        // The open goes on through a live daemon, uncounted, and its release drops nothing.
+        a.write(&l, h, 4096, &[1; 10], &mut info).unwrap();
+        a.release(&l, h).unwrap();
+        assert_eq!(counts(&a), vec![0, 0, 0]);
+        assert_eq!(a.read(&l, 0, 8192, &mut info).unwrap().len(), 4096 + 10);
+    }
+
+    #[test]
+    fn concurrent_component_placement_has_one_winner() {
+        let d = tempfile::tempdir().unwrap();
+        let daemons: Vec<Arc<Backend>> = (0..2).map(|_| Arc::new(backend_on(&d, 4))).collect();
+        progressive(&daemons[0], &[10.0, 10.0, 10.0, 10.0], 4096);
+        let (_, l, _) = daemons[0].create("f", 0o644, true, 0, "", 0, 0).unwrap();
+        for round in 0..50u64 {
+            let barrier = Arc::new(std::sync::Barrier::new(8));
+            let threads: Vec<_> = (0..8)
+                .map(|i| {
+                    let (b, l, bar) = (daemons[i % 2].clone(), l.clone(), barrier.clone());
+                    // Each racer sees other counts, so their choices differ.
+                    b.targets[i % 4].shm.add_open(1);
+                    std::thread::spawn(move || {
+                        bar.wait();
+                        let mut info = IoInfo::default();
+                        b.write(&l, NOH, round * 4096 + i as u64 * 512, &[i as u8 + 1; 512], &mut info).unwrap();
+                        b.component(&l, round, false).unwrap().unwrap()
+                    })
+                })
+                .collect();
+            let seen: Vec<u32> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            assert!(seen.iter().all(|&t| t == seen[0]), "round {round}: {seen:?}");
+            for t in &daemons[0].targets {
+                t.shm.add_open(-2);
+            }
+            // Every racer's bytes are in the one object.
+            let mut info = IoInfo::default();
+            let r = daemons[1].read(&l, round * 4096, 4096, &mut info).unwrap();
+            for i in 0..8 {
+                assert!(r[i * 512..(i + 1) * 512].iter().all(|&x| x == i as u8 + 1), "round {round} racer {i}");
+            }
+        }
+        assert_eq!(fs::read_dir(d.path().join(format!("mdt/components/{:016x}", l.oid))).unwrap().count(), 50);
+        assert_eq!(obj_count(&d), 50);
+        assert_eq!(fs::read_dir(d.path().join("mdt/tmp")).unwrap().count(), 0, "no staged records left");
     }
 }

@@ -221,19 +221,6 @@ fn classify(op: &Op, small_max: u64) -> Class {
     }
 }
 
-fn first_target(op: &Op) -> Option<u32> {
-    match op {
-        Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => {
-            let k = layout.targets.len() as u64;
-            if k == 0 || layout.stripe_size == 0 {
-                return None;
-            }
-            Some(layout.targets[((offset / layout.stripe_size) % k) as usize])
-        }
-        _ => None,
-    }
-}
-
 /// The smooth weighted round-robin order of one cycle (nginx's algorithm).
 pub fn wrr_cycle(w: [u32; 3]) -> Vec<usize> {
     let total: i64 = w.iter().map(|&x| x as i64).sum();
@@ -383,7 +370,11 @@ impl Server {
                 continue;
             }
             let class = classify(&req.op, self.cfg.small_max);
-            let target = first_target(&req.op).filter(|&t| (t as usize) < self.backend.targets.len());
+            // Target of the first byte (a progressive component not placed yet: none).
+            let target = match &req.op {
+                Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => self.backend.first_target(layout, *offset),
+                _ => None,
+            };
             if let Some(t) = target {
                 self.stats.queued(t, 1);
             }
@@ -571,19 +562,19 @@ impl Server {
             }
             Op::Create { path, mode, excl, token } => {
                 let (attr, layout, handle) = b.create(path, *mode, *excl, *token, &c.job_id, c.uid, c.gid)?;
-                info.target = layout.targets.first().copied();
+                info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
                 Body::Opened { attr, layout, handle }
             }
             Op::Open { path, write, truncate } => {
                 let (attr, layout, handle) = b.open(path, *write, *truncate)?;
-                info.target = layout.targets.first().copied();
+                info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
                 Body::Opened { attr, layout, handle }
             }
             Op::Release { layout, handle, .. } => {
                 b.release(layout, *handle)?;
-                info.target = layout.targets.first().copied();
+                info.target = b.first_target(layout, 0);
                 info.oid = layout.oid;
                 Body::Ok
             }
@@ -600,7 +591,7 @@ impl Server {
                     }
                 }
             }
-            Op::Write { layout, offset, data, .. } => Body::Written(b.write(layout, *offset, data, info)?),
+            Op::Write { layout, offset, handle, data, .. } => Body::Written(b.write(layout, *handle, *offset, data, info)?),
             Op::Fsync { layout, datasync, .. } => {
                 b.fsync(layout, *datasync, info)?;
                 Body::Ok

@@ -533,7 +533,7 @@ impl Filesystem for PharosFs {
         buf.clear();
         buf.extend_from_slice(data);
         let data = buf;
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Write { path, layout: f.layout.clone(), offset: offset as u64, data }) {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Write { path, layout: f.layout.clone(), offset: offset as u64, handle: f.handle, data }) {
             Ok(Body::Written(n)) => reply.written(n),
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
