@@ -12,7 +12,9 @@ system as the direct case. Cases (each ≤ 1 GiB of data):
 
 Prints MB/s, IOPS or ops/s of both and their ratio (mount / direct; target ≥ 0.70 for the
 1 MiB cases). Each fio case runs ROUNDS times, rotating and alternating the order, and the median
-is reported. The backend's reads are page-cache hits in both columns.
+is reported, with the median of the per-round ratios (each round's mount and direct runs are
+adjacent, so a noisy neighbour tends to slow both: the paired ratio is the steadier figure) and
+their range. The backend's reads are page-cache hits in both columns.
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
@@ -146,7 +148,7 @@ def main() -> int:
         bases["direct"] = direct
         sides = list(bases)
         print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
-        head = f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7}"
+        head = f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7} {'paired':>7} {'range':>11}"
         if "baseline" in bases:
             head += f" {'baseline':>10} {'b.ratio':>7}"
         print(head)
@@ -176,7 +178,9 @@ def main() -> int:
                         d.mkdir(exist_ok=True)
                         res[side].append(figure(fio(d, *args), how))
             med = {s: statistics.median(v) for s, v in res.items()}
-            line = f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f}"
+            paired = [m / d for m, d in zip(res["mount"], res["direct"], strict=True)]
+            line = (f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f} "
+                    f"{statistics.median(paired):7.2f} {min(paired):5.2f}-{max(paired):<5.2f}")
             if "baseline" in med:
                 line += f" {med['baseline']:10.1f} {med['baseline'] / med['direct']:7.2f}"
             print(line, flush=True)

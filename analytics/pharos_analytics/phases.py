@@ -58,8 +58,8 @@ from .summary import (
     NON_FILE_TYPES,
     READ_OPS,
     _check_layer,
-    _sql_list,
     ns_to_datetime,
+    sql_list,
 )
 
 Direction = Literal["read", "write", "mixed", "none"]
@@ -139,15 +139,15 @@ base AS (
         rank,
         op,
         {_FILE_KEY}                                         AS file,
-        op IN {_sql_list(READ_OPS)}                         AS is_read,
-        op IN {_sql_list(DATA_OPS)}                         AS is_data,
+        op IN {sql_list(READ_OPS)}                         AS is_read,
+        op IN {sql_list(DATA_OPS)}                         AS is_data,
         offset, size, count, bytes, duration_ns,
         transform(path, {{stripe_paths:Array(String)}}, {{stripe_sizes:Array(UInt64)}}, toUInt64(0)) AS stripe
     FROM io_requests
     WHERE job_id = {{job_id:String}} AND layer = {{layer:String}}
       AND NOT match(path, {{system_re:String}})
-      AND ((file_type = 'regular' AND op IN {_sql_list(DATA_OPS)})
-           OR (op IN {_sql_list(META_OPS)} AND file_type NOT IN {_sql_list(NON_FILE_TYPES)}))
+      AND ((file_type = 'regular' AND op IN {sql_list(DATA_OPS)})
+           OR (op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}))
 ),
 gapped AS (
     SELECT *,
@@ -173,8 +173,8 @@ base AS (
     FROM io_requests
     WHERE job_id = {{job_id:String}} AND layer = {{layer:String}}
       AND NOT match(path, {{system_re:String}})
-      AND ((file_type = 'regular' AND op IN {_sql_list(DATA_OPS)})
-           OR (op IN {_sql_list(META_OPS)} AND file_type NOT IN {_sql_list(NON_FILE_TYPES)}))
+      AND ((file_type = 'regular' AND op IN {sql_list(DATA_OPS)})
+           OR (op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}))
 ),
 gapped AS (
     SELECT

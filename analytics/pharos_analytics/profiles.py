@@ -21,21 +21,21 @@ from dataclasses import asdict, dataclass, field
 from pharos_pipeline.store import Store, ns_to_datetime64
 
 from .pattern import SYSTEM_PATH_REGEX, classify_fan_in
-from .summary import _FAN_IN_SELECT, DATA_OPS, META_OPS, READ_OPS, WRITE_OPS, _sql_list
+from .summary import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, sql_list
 
-_META = f"op IN {_sql_list(META_OPS)}"
+_META = f"op IN {sql_list(META_OPS)}"
 
 #: Per (job, layer): the numbers of a profile.
 JOB_METRICS_SQL = f"""
 SELECT job_id, layer,
-       sumIf(bytes, op IN {_sql_list(READ_OPS)})                    AS bytes_read,
-       sumIf(bytes, op IN {_sql_list(WRITE_OPS)})                   AS bytes_written,
-       sumIf(count, op IN {_sql_list(DATA_OPS)})                    AS data_requests,
+       sumIf(bytes, op IN {sql_list(READ_OPS)})                    AS bytes_read,
+       sumIf(bytes, op IN {sql_list(WRITE_OPS)})                   AS bytes_written,
+       sumIf(count, op IN {sql_list(DATA_OPS)})                    AS data_requests,
        sumIf(count, {_META})                                       AS metadata_ops,
        toUnixTimestamp64Nano(min(start))                           AS first_ns,
        toUnixTimestamp64Nano(max(end))                             AS last_ns,
        uniqExact(toStartOfSecond(start))                           AS busy_s,
-       uniqExactIf(rank, op IN {_sql_list(DATA_OPS)})              AS io_ranks,
+       uniqExactIf(rank, op IN {sql_list(DATA_OPS)})              AS io_ranks,
        uniqExactIf(forwarding_node, forwarding_node != '')         AS forwarding_nodes,
        uniqExactIf(target, target != '')                           AS targets
 FROM io_requests
@@ -119,7 +119,7 @@ def job_metrics(store: Store, job_ids: list[str] | None = None, since_ns: int | 
             sel = [j for j in jobs if _layer(by_job[j]) == layer]
             if not sel:
                 continue
-            q = _FAN_IN_SELECT.replace("__JOBS__", "job_id IN {jobs:Array(String)}")
+            q = FAN_IN_SELECT.replace("__JOBS__", "job_id IN {jobs:Array(String)}")
             for f in store.query(q, {"jobs": sel, "layer": layer, "system_re": SYSTEM_PATH_REGEX}):
                 fan[(f["job_id"], layer)] = f
     out = []

@@ -180,16 +180,19 @@ class JobListItem:
 # every input (job id, layer, paging) is a bound {name:Type} parameter.
 
 
-def _sql_list(values: tuple[str, ...]) -> str:
+def sql_list(values: tuple[str, ...]) -> str:
+    """A SQL tuple literal ``('a', 'b')`` of constant identifiers (op names, file types).
+
+    Raises ValueError for anything that is not a plain identifier: never pass user input."""
     for v in values:  # constants only; refuse anything that would need escaping
         if not v.replace("_", "").isalnum():
             raise ValueError(f"not a plain identifier: {v!r}")
     return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
-_READ = f"op IN {_sql_list(READ_OPS)}"
-_WRITE = f"op IN {_sql_list(WRITE_OPS)}"
-_DATA = f"file_type = 'regular' AND op IN {_sql_list(DATA_OPS)}"
+_READ = f"op IN {sql_list(READ_OPS)}"
+_WRITE = f"op IN {sql_list(WRITE_OPS)}"
+_DATA = f"file_type = 'regular' AND op IN {sql_list(DATA_OPS)}"
 _DATA_FILE = f"{_DATA} AND NOT match(path, {{system_re:String}})"
 _FILE_KEY = "if(path != '', path, concat('dev:', toString(dev), ':inode:', toString(inode)))"
 _SIZE_BOUNDS = "[" + ", ".join(str(lo) for _, lo in SIZE_BINS[1:]) + "]"
@@ -259,8 +262,9 @@ LIMIT {{limit:UInt32}}
 """
 
 #: Beacon fan-in statistics per job (all data ops, reads only, writes only): distinct
-#: I/O ranks, data files, and the largest number of ranks on one file.
-_FAN_IN_SELECT = f"""
+#: I/O ranks, data files, and the largest number of ranks on one file. ``__JOBS__`` is
+#: replaced by the caller's job filter (a bound-parameter condition on ``job_id``).
+FAN_IN_SELECT = f"""
 SELECT
     job_id,
     length(groupUniqArrayArray(all_ranks))                  AS n_ranks,
@@ -286,7 +290,7 @@ FROM
 )
 GROUP BY job_id
 """
-JOB_FAN_IN_SQL = _FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
+JOB_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
 
 #: Loss counters of one job: the newest row of each producer, summed.
 JOB_DROPS_SQL = """
@@ -332,7 +336,7 @@ GROUP BY job_id
 """
 
 #: Fan-in statistics of the jobs on a page.
-JOBS_PAGE_FAN_IN_SQL = _FAN_IN_SELECT.replace("__JOBS__", _PAGE_IDS)
+JOBS_PAGE_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", _PAGE_IDS)
 
 #: Number of jobs with at least one event.
 JOBS_COUNT_SQL = "SELECT uniqExact(job_id) AS jobs FROM job_events"

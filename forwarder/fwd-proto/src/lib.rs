@@ -411,6 +411,19 @@ pub fn encode<T: Serialize + Payload>(msg: &T) -> Vec<u8> {
 }
 
 /// Writes all of `bufs` (vectored: one `writev` for the whole frame in the common case).
+/// Socket buffer size of data connections (both directions), bytes.
+pub const SOCK_BUF: usize = 4 << 20;
+
+/// Tunes a data connection, on both ends (daemon and client): `TCP_NODELAY` (a frame is
+/// written whole, Nagle would only delay replies) and [`SOCK_BUF`] send/receive buffers so
+/// a 1 MiB request and its reply fit without a round trip. Best effort: errors are ignored.
+pub fn tune_data_socket(s: &std::net::TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let _ = sock.set_send_buffer_size(SOCK_BUF);
+    let _ = sock.set_recv_buffer_size(SOCK_BUF);
+}
+
 pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {

@@ -170,20 +170,6 @@ impl BufPool {
     }
 }
 
-/// Socket buffer size of data connections (both directions), bytes.
-pub const SOCK_BUF: usize = 4 << 20;
-
-/// Sets SO_SNDBUF and SO_RCVBUF of `s` (best effort).
-pub fn set_sock_bufs(s: &TcpStream, bytes: usize) {
-    use std::os::fd::AsRawFd;
-    let v = bytes as libc::c_int;
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        unsafe {
-            libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
-        }
-    }
-}
-
 struct Work {
     req: Request,
     conn: Arc<Conn>,
@@ -304,10 +290,7 @@ impl Server {
                     continue;
                 }
             };
-            let _ = stream.set_nodelay(true);
-            if SOCK_BUF > 0 {
-                set_sock_bufs(&stream, SOCK_BUF);
-            }
+            pharos_fwd_proto::tune_data_socket(&stream);
             if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
                 self.counters.rejected_conns.fetch_add(1, Relaxed);
                 let mut s = stream;

@@ -67,9 +67,6 @@ impl BufPool {
     }
 }
 
-/// Socket buffer size of forwarding connections (both directions), bytes.
-const SOCK_BUF: libc::c_int = 4 << 20;
-
 pub struct Rpc {
     pub bufs: BufPool,
     pub nodes: Vec<Node>,
@@ -213,15 +210,7 @@ impl Rpc {
         let n = &self.nodes[i];
         let addr = n.addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
-        s.set_nodelay(true).ok();
-        {
-            use std::os::fd::AsRawFd;
-            for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-                unsafe {
-                    libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &SOCK_BUF as *const _ as *const libc::c_void, 4);
-                }
-            }
-        }
+        pharos_fwd_proto::tune_data_socket(&s);
         s.set_read_timeout(Some(self.timeout)).ok();
         s.set_write_timeout(Some(self.timeout)).ok();
         let w = s.try_clone().map_err(|e| e.to_string())?;
