@@ -27,12 +27,40 @@ Definitions used throughout (one layer at a time, ``client`` by default):
   do the same for data ops on data files, so their ratio is the merge ratio of the job's
   data I/O (metadata ops are never merged).
 
+Darshan fallback (``source == "darshan-counters"``): a job whose ``client`` layer has no
+data-op rows in ``io_requests`` (a Darshan log imported without DXT) but has rows in
+``darshan_counters`` is summarised from the module counters instead
+(:data:`JOB_DARSHAN_SQL`, one query). Per log, the POSIX and STDIO modules are used; a log
+without a POSIX module uses MPI-IO instead (never both: MPI-IO bytes are the POSIX bytes
+one layer up). The standard streams ``<STDIN>``/``<STDOUT>``/``<STDERR>`` count as
+non-file ops (``by_type`` key ``stdio``). Counter -> summary field:
+
+* ``bytes_read``/``bytes_written`` (bytes): ``POSIX_BYTES_READ``/``_WRITTEN`` +
+  ``STDIO_BYTES_READ``/``_WRITTEN`` (``MPIIO_BYTES_*`` for logs without POSIX).
+* ``ops`` (requests): ``read`` = ``POSIX_READS`` + ``STDIO_READS`` (or
+  ``MPIIO_{INDEP,COLL,SPLIT,NB}_READS``), ``write`` likewise, ``open`` = ``POSIX_OPENS`` +
+  ``STDIO_OPENS`` (or ``MPIIO_{INDEP,COLL}_OPENS``), ``stat`` = ``POSIX_STATS``,
+  ``fsync`` = ``POSIX_FSYNCS`` (or ``MPIIO_SYNCS``), ``fdatasync`` = ``POSIX_FDSYNCS``.
+  Seeks, mmaps and dup/fileno calls are not I/O requests in Pharos' op model and are left out.
+  ``requests`` = ``data_requests`` + metadata ops; ``records`` = ``data_records`` = 0
+  (no stored rows).
+* ``size_histogram``: ``POSIX_SIZE_{READ,WRITE}_<bin>`` (``MPIIO_SIZE_*_AGG_<bin>``);
+  STDIO has no histogram, so its requests are not binned.
+* ``io_time_s`` (s): ``POSIX_F_READ_TIME`` + ``POSIX_F_WRITE_TIME`` (+ STDIO/MPI-IO alike).
+* ``files``/``n_files``: records (by path) with bytes, reads, writes or opens.
+  ``io_ranks``/``pattern``: ranks >= 0 of those records; a shared record (rank -1,
+  reduced over ranks) stands for every rank of its log (``darshan_logs.nprocs``,
+  shifted by ``rank_offset``).
+* ``first_io``/``last_io``: the earliest ``darshan_logs.start`` and latest ``end`` of the
+  job's logs (the counters carry no absolute times), so ``io_span_s`` is the logs' span.
+* ``failed_requests`` = 0: Darshan counts no failed requests.
+
 Rows older than the table's TTL (90 days) are gone; a job then shows only its events.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -64,6 +92,8 @@ SIZE_BINS: tuple[tuple[str, int], ...] = (
 )
 
 JobState = Literal["running", "finished", "failed", "unknown"]
+#: Where a summary's figures come from: ``io_requests`` rows, or Darshan module counters.
+SummarySource = Literal["traces", "darshan-counters"]
 
 
 # --------------------------------------------------------------------------------------
@@ -117,6 +147,8 @@ class JobSummary:
     summed over ranks and threads); ``io_span_s`` is ``last_io - first_io``;
     ``bandwidth_mib_s`` is ``(bytes_read + bytes_written) / 2**20 / io_span_s``, ``None``
     without data I/O or with a zero span.
+    ``source`` is ``"traces"`` (``io_requests``) or ``"darshan-counters"`` (the Darshan
+    fallback, see the module docstring for the counters behind each field).
     """
 
     job_id: str
@@ -153,6 +185,7 @@ class JobSummary:
     bandwidth_mib_s: float | None
     dropped_records: int
     drops: Drops
+    source: SummarySource = "traces"
 
 
 @dataclass(frozen=True)
@@ -314,6 +347,126 @@ FROM
 )
 """
 
+#: Darshan counter names behind each fallback figure (see the module docstring). POSIX and
+#: STDIO names apply to every log, MPI-IO names only to logs without a POSIX module.
+DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
+    "bytes_read": ("POSIX_BYTES_READ", "STDIO_BYTES_READ", "MPIIO_BYTES_READ"),
+    "bytes_written": ("POSIX_BYTES_WRITTEN", "STDIO_BYTES_WRITTEN", "MPIIO_BYTES_WRITTEN"),
+    "reads": ("POSIX_READS", "STDIO_READS", "MPIIO_INDEP_READS", "MPIIO_COLL_READS",
+              "MPIIO_SPLIT_READS", "MPIIO_NB_READS"),
+    "writes": ("POSIX_WRITES", "STDIO_WRITES", "MPIIO_INDEP_WRITES", "MPIIO_COLL_WRITES",
+               "MPIIO_SPLIT_WRITES", "MPIIO_NB_WRITES"),
+    "opens": ("POSIX_OPENS", "STDIO_OPENS", "MPIIO_INDEP_OPENS", "MPIIO_COLL_OPENS"),
+    "stats": ("POSIX_STATS",),
+    "fsyncs": ("POSIX_FSYNCS", "MPIIO_SYNCS"),
+    "fdsyncs": ("POSIX_FDSYNCS",),
+    "io_time_s": ("POSIX_F_READ_TIME", "POSIX_F_WRITE_TIME", "STDIO_F_READ_TIME",
+                  "STDIO_F_WRITE_TIME", "MPIIO_F_READ_TIME", "MPIIO_F_WRITE_TIME"),
+}
+#: Darshan's counter suffix of each :data:`SIZE_BINS` bin (``POSIX_SIZE_READ_<suffix>``).
+_DARSHAN_BIN_SUFFIXES: tuple[str, ...] = (
+    "0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M", "1M_4M", "4M_10M", "10M_100M", "100M_1G", "1G_PLUS",
+)
+#: Darshan's names of the standard streams (STDIO records): non-file ops, not data files.
+DARSHAN_STREAMS: tuple[str, ...] = ("<STDIN>", "<STDOUT>", "<STDERR>")
+
+
+def _sum_counters(names: tuple[str, ...]) -> str:
+    return f"sumIf(value, counter IN {sql_list(names)})"
+
+
+def _hist_counters(direction: str) -> str:
+    """An array with one sum per size bin: POSIX bins, or MPI-IO aggregate bins."""
+    return "[" + ", ".join(
+        _sum_counters((f"POSIX_SIZE_{direction}_{b}", f"MPIIO_SIZE_{direction}_AGG_{b}"))
+        for b in _DARSHAN_BIN_SUFFIXES
+    ) + "]"
+
+
+_STREAMS = "(" + ", ".join(f"'{v}'" for v in DARSHAN_STREAMS) + ")"  # constants with <>: no sql_list
+
+#: The Darshan fallback of one job, one row (see the module docstring): totals over data
+#: files and over the standard streams, size histogram, fan-in statistics (as
+#: :data:`FAN_IN_SELECT`), the {limit:UInt32} largest files as tuples (path, bytes_read,
+#: bytes_written, reads, writes, ranks) and the logs' time span. ``counted_files`` (files
+#: and streams) is 0 when the job has no counters of a completely imported log.
+JOB_DARSHAN_SQL = f"""
+WITH logs AS
+(
+    SELECT log_id, nprocs, rank_offset, has(modules, 'POSIX') AS has_posix,
+           toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns
+    FROM darshan_logs FINAL
+    WHERE job_id = {{job_id:String}}
+)
+SELECT
+    count()                                                         AS counted_files,
+    sumIf(f_bytes_read, NOT f_stream)                                   AS bytes_read,
+    sumIf(f_bytes_written, NOT f_stream)                                AS bytes_written,
+    sumIf(f_reads, NOT f_stream)                                        AS reads,
+    sumIf(f_writes, NOT f_stream)                                       AS writes,
+    sumIf(f_opens, NOT f_stream)                                        AS opens,
+    sumIf(f_stats, NOT f_stream)                                        AS stats,
+    sumIf(f_fsyncs, NOT f_stream)                                       AS fsyncs,
+    sumIf(f_fdsyncs, NOT f_stream)                                      AS fdsyncs,
+    sumIf(f_io_time_s, NOT f_stream)                                    AS io_time_s,
+    sumIf(f_reads + f_writes + f_opens + f_stats + f_fsyncs + f_fdsyncs, f_stream) AS stream_requests,
+    sumIf(f_bytes_read + f_bytes_written, f_stream)                       AS stream_bytes,
+    sumForEachIf(f_hist_read, NOT f_stream)                             AS hist_read,
+    sumForEachIf(f_hist_write, NOT f_stream)                            AS hist_write,
+    length(groupUniqArrayArrayIf(all_ranks, data_file))            AS n_ranks,
+    countIf(data_file)                                             AS n_files,
+    maxIf(length(all_ranks), data_file)                            AS max_fan_in,
+    length(groupUniqArrayArrayIf(read_ranks, data_file))           AS n_read_ranks,
+    countIf(data_file AND notEmpty(read_ranks))                    AS n_read_files,
+    maxIf(length(read_ranks), data_file)                           AS max_read_fan_in,
+    length(groupUniqArrayArrayIf(write_ranks, data_file))          AS n_write_ranks,
+    countIf(data_file AND notEmpty(write_ranks))                   AS n_write_files,
+    maxIf(length(write_ranks), data_file)                          AS max_write_fan_in,
+    arraySlice(arraySort(x -> (-(x.2 + x.3), x.1),
+        groupArrayIf((file, toUInt64(f_bytes_read), toUInt64(f_bytes_written), toUInt64(f_reads),
+                      toUInt64(f_writes), length(all_ranks)), data_file)), 1, {{limit:UInt32}}) AS files,
+    (SELECT min(start_ns) FROM logs)                                AS start_ns,
+    (SELECT max(end_ns) FROM logs)                                  AS end_ns
+FROM
+(
+    SELECT
+        file,
+        any(r_stream)                                                 AS f_stream,
+        sum(r_bytes_read) AS f_bytes_read, sum(r_bytes_written) AS f_bytes_written,
+        sum(r_reads) AS f_reads, sum(r_writes) AS f_writes, sum(r_opens) AS f_opens, sum(r_stats) AS f_stats,
+        sum(r_fsyncs) AS f_fsyncs, sum(r_fdsyncs) AS f_fdsyncs, sum(r_io_time_s) AS f_io_time_s,
+        sumForEach(r_hist_read) AS f_hist_read, sumForEach(r_hist_write) AS f_hist_write,
+        groupUniqArrayArray(ranks)                                  AS all_ranks,
+        groupUniqArrayArrayIf(ranks, r_reads > 0 OR r_bytes_read > 0)   AS read_ranks,
+        groupUniqArrayArrayIf(ranks, r_writes > 0 OR r_bytes_written > 0) AS write_ranks,
+        NOT f_stream AND f_bytes_read + f_bytes_written + f_reads + f_writes + f_opens > 0    AS data_file
+    FROM
+    (
+        SELECT
+            if(c.path != '', c.path, concat('darshan:record:', hex(c.record_id))) AS file,
+            c.path IN {_STREAMS}                                    AS r_stream,
+            if(c.rank < 0, arrayMap(i -> toInt32(l.rank_offset + i), range(l.nprocs)), [c.rank]) AS ranks,
+            {_sum_counters(DARSHAN_COUNTERS["bytes_read"])}         AS r_bytes_read,
+            {_sum_counters(DARSHAN_COUNTERS["bytes_written"])}      AS r_bytes_written,
+            {_sum_counters(DARSHAN_COUNTERS["reads"])}              AS r_reads,
+            {_sum_counters(DARSHAN_COUNTERS["writes"])}             AS r_writes,
+            {_sum_counters(DARSHAN_COUNTERS["opens"])}              AS r_opens,
+            {_sum_counters(DARSHAN_COUNTERS["stats"])}              AS r_stats,
+            {_sum_counters(DARSHAN_COUNTERS["fsyncs"])}             AS r_fsyncs,
+            {_sum_counters(DARSHAN_COUNTERS["fdsyncs"])}            AS r_fdsyncs,
+            {_sum_counters(DARSHAN_COUNTERS["io_time_s"])}          AS r_io_time_s,
+            {_hist_counters("READ")}                                AS r_hist_read,
+            {_hist_counters("WRITE")}                               AS r_hist_write
+        FROM darshan_counters AS c
+        INNER JOIN logs AS l ON c.log_id = l.log_id
+        WHERE c.job_id = {{job_id:String}}
+          AND (c.module IN ('POSIX', 'STDIO') OR (c.module = 'MPI-IO' AND NOT l.has_posix))
+        GROUP BY c.log_id, c.record_id, c.rank, c.path, l.rank_offset, l.nprocs
+    )
+    GROUP BY file
+)
+"""
+
 #: A page of jobs (newest start first) with their events.
 JOBS_PAGE_SQL = (
     _JOB_EVENTS_SELECT
@@ -385,6 +538,58 @@ def _patterns(fan: dict | None) -> tuple[int, int, Pattern, dict[str, Pattern]]:
     )
 
 
+def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None:
+    """The JobSummary fields computed from the job's Darshan counters (:data:`JOB_DARSHAN_SQL`),
+    ``None`` when the job has none. Units and counter names: see the module docstring."""
+    r = store.query(JOB_DARSHAN_SQL, {"job_id": job_id, "limit": files_limit})[0]
+    if not int(r["counted_files"]):
+        return None
+    g = lambda k: int(r[k] or 0)
+    reads, writes = g("reads"), g("writes")
+    ops = {"read": reads, "write": writes, "open": g("opens"), "stat": g("stats"),
+           "fsync": g("fsyncs"), "fdatasync": g("fdsyncs")}
+    ops = {op: n for op, n in sorted(ops.items()) if n}
+    hist = {
+        d: {label: int(r[f"hist_{d}"][i]) if len(r[f"hist_{d}"]) > i else 0 for i, (label, _) in enumerate(SIZE_BINS)}
+        for d in ("read", "write")
+    }
+    io_ranks, n_files, pattern, patterns = _patterns(r)
+    first_ns, last_ns = g("start_ns") or None, g("end_ns") or None
+    span_s = (last_ns - first_ns) / 1e9 if first_ns and last_ns else None
+    total = g("bytes_read") + g("bytes_written")
+    stream_requests = g("stream_requests")
+    return {
+        "source": "darshan-counters",
+        "io_ranks": io_ranks,
+        "pattern": pattern,
+        "patterns": patterns,
+        "bytes_read": g("bytes_read"),
+        "bytes_written": g("bytes_written"),
+        "ops": ops,
+        "other_ops": {},
+        "non_file_ops": NonFileOps(
+            requests=stream_requests, bytes=g("stream_bytes"), by_type={"stdio": stream_requests} if stream_requests else {}
+        ),
+        "failed_requests": 0,
+        "records": 0,
+        "requests": sum(ops.values()) + stream_requests,
+        "data_records": 0,
+        "data_requests": reads + writes,
+        "size_histogram": hist,
+        "files": [
+            FileSummary(path=f[0], bytes_read=int(f[1]), bytes_written=int(f[2]), reads=int(f[3]),
+                        writes=int(f[4]), ranks=int(f[5]))
+            for f in r["files"]
+        ],
+        "n_files": n_files,
+        "first_io": ns_to_datetime(first_ns),
+        "last_io": ns_to_datetime(last_ns),
+        "io_time_s": float(r["io_time_s"] or 0.0),
+        "io_span_s": span_s,
+        "bandwidth_mib_s": total / 2**20 / span_s if total and span_s and span_s > 0 else None,
+    }
+
+
 # --------------------------------------------------------------------------------------
 # Public API
 
@@ -401,7 +606,9 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
 
     Returns:
         A :class:`JobSummary`, or ``None`` when the job has neither an event nor a record
-        on ``layer`` (unknown job).
+        on ``layer`` (unknown job). On the ``client`` layer, a job without data-op rows
+        but with Darshan counters (a log imported without DXT) is summarised from the
+        counters, ``source == "darshan-counters"`` (see the module docstring).
 
     Raises:
         ValueError: unknown layer or negative ``files_limit``.
@@ -450,6 +657,8 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
             first_ns = first if first_ns is None else min(first_ns, first)
             last_ns = last if last_ns is None else max(last_ns, last)
 
+    darshan = _darshan_figures(store, job_id, files_limit) if layer == "client" and not data_records else None
+
     hist = {d: {label: 0 for label, _ in SIZE_BINS} for d in ("read", "write")}
     for r in store.query(JOB_SIZE_HISTOGRAM_SQL, p):
         hist[r["direction"]][SIZE_BINS[int(r["bin"])][0]] += int(r["requests"])
@@ -485,7 +694,7 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
 
     has_start = bool(ev and ev["has_start"])
     has_end = bool(ev and ev["has_end"])
-    return JobSummary(
+    summary = JobSummary(
         job_id=job_id,
         layer=layer,
         name=ev["name"] if has_start else None,
@@ -521,6 +730,7 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         dropped_records=drops.total,
         drops=drops,
     )
+    return replace(summary, **darshan) if darshan else summary
 
 
 def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "client") -> list[JobListItem]:

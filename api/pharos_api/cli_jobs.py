@@ -127,6 +127,8 @@ def render_job(console: Console, s: dict) -> None:
     if s["command"]:
         console.print(f"command {' '.join(s['command'])}", markup=False)
     console.print(f"start {_time(s['start'])}   end {_time(s['end'])} UTC")
+    if s.get("source", "traces") != "traces":  # e.g. a Darshan log imported without DXT
+        console.print(f"source {s['source']} (per-file totals; no per-request traces)", markup=False)
     ranks = "-" if s["ranks"] is None else s["ranks"]
     console.print(
         f"[bold]pattern {s['pattern']}[/bold] (reads {s['patterns']['read']}, writes {s['patterns']['write']})"

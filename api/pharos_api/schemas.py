@@ -50,6 +50,9 @@ class JobSummaryOut(_Out):
 
     job_id: str
     layer: str
+    source: Literal["traces", "darshan-counters"] = Field(
+        "traces", description="Where the figures come from: per-request rows (io_requests), or Darshan module "
+                              "counters of a log imported without DXT.")
     name: str | None
     user: str | None
     command: list[str]
