@@ -23,6 +23,7 @@ any process sends SIGTERM (controlled shutdown), then SIGKILL after the timeout.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import signal
@@ -38,6 +39,16 @@ log = logging.getLogger(__name__)
 
 #: The broker's JVM heap; the embedded stack shares 2 cores and a few GiB with chDB.
 JVM_HEAP = "-Xmx512m"
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID, base64url-encoded without padding (22 characters),
+    never beginning with "-" (Kafka's ``Uuid.randomUuid`` rule: the tools' argument parser
+    would read such an id as an option)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 class BrokerError(RuntimeError):
@@ -201,13 +212,11 @@ logger.cleaner.level = WARN
         if id_file.exists():
             cluster_id = id_file.read_text().strip()
         else:
-            # A KRaft cluster id is a base64url-encoded UUID (22 characters).
-            import base64
-
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             id_file.write_text(cluster_id + "\n")
         cmd = self._java() + [
-            "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties_file),
+            # "--cluster-id=ID": an id read from an older state file may still begin with "-"
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_file),
         ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if res.returncode != 0:

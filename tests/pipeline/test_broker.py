@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics
+from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics, new_cluster_id
 
 
 def test_running_broker_is_seen_through_its_pid_file(kafka_broker):
@@ -37,3 +37,18 @@ def test_ensure_topics_is_idempotent(pipeline_settings):
     assert ensure_topics(s) == want
     md = AdminClient({"bootstrap.servers": s.kafka_bootstrap}).list_topics(timeout=10)
     assert {t: len(md.topics[t].partitions) for t in want} == want
+
+
+def test_cluster_ids_never_begin_with_a_dash():
+    # 1 in 64 random base64url ids begins with "-", which Kafka's tools read as an option
+    assert not any(new_cluster_id().startswith("-") for _ in range(2000))
+
+
+def test_storage_formats_with_a_cluster_id_beginning_with_a_dash(kafka_broker, tmp_path):
+    """An id of an older state file may begin with "-": the real kafka-storage tool formats it."""
+    b = KafkaBroker(kafka_broker.settings, tmp_path / "k4", controller_port=kafka_broker.controller_port)
+    b.data_dir.mkdir(parents=True)
+    b.properties_file.write_text(b.server_properties())
+    (b.data_dir / "cluster.id").write_text("-8Hz1fTZRkqlZvmEcw3Q2w\n")
+    b._format_storage()
+    assert "cluster.id=-8Hz1fTZRkqlZvmEcw3Q2w" in (b.log_dirs / "meta.properties").read_text()
