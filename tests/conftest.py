@@ -8,19 +8,13 @@ Skips only when Java is missing; missing jars are fetched with pipeline/kafka/fe
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 
 import pytest
 
 from pharos_pipeline.broker import KafkaBroker
 from pharos_pipeline.settings import REPO_ROOT, Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pharos_testkit import free_port
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +24,9 @@ def kafka_broker(tmp_path_factory) -> KafkaBroker:
     kafka_home = REPO_ROOT / "build" / "kafka"
     if not any((kafka_home / "libs").glob("kafka_2.13-*.jar")):
         subprocess.run(["bash", str(REPO_ROOT / "pipeline/kafka/fetch.sh"), str(kafka_home)], check=True)
-    port, ctl = _free_port(), _free_port()
+    port, ctl = free_port(), free_port()
     while ctl == port:
-        ctl = _free_port()
+        ctl = free_port()
     settings = Settings(
         kafka_bootstrap=f"127.0.0.1:{port}",
         kafka_home=kafka_home,

@@ -1,5 +1,6 @@
 """Helpers shared by test folders (importable because tests/conftest.py puts tests/ on
-sys.path): the real Alertmanager started on a free loopback port."""
+sys.path): free loopback ports, settings with a test's own Kafka topics on the session
+broker, the real Alertmanager started on a free loopback port."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +22,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def topic_settings(kafka_broker, state_dir: Path, **overrides):
+    """Settings on the session broker (``kafka_broker`` fixture) with fresh topics and consumer
+    group of their own (created, 3 request partitions) and ``state_dir``; ``overrides`` are
+    further Settings fields."""
+    from pharos_pipeline.broker import ensure_topics
+    from pharos_pipeline.settings import Settings
+
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings(
+        kafka_bootstrap=kafka_broker.bootstrap,
+        kafka_home=kafka_broker.settings.kafka_home,
+        state_dir=state_dir,
+        topic_requests=f"t{tag}.io.requests",
+        topic_jobs=f"t{tag}.jobs",
+        topic_deadletter=f"t{tag}.io.deadletter",
+        topic_target_metrics=f"t{tag}.target.metrics",
+        topic_partitions=3,
+        consumer_group=f"g{tag}",
+        **overrides,
+    )
+    ensure_topics(settings)
+    return settings
 
 
 @contextlib.contextmanager

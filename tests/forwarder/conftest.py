@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 
 import pytest
 
 from forwarder_testkit import Cluster, build_binaries
+from pharos_testkit import topic_settings
 
 
 def _fuse_usable() -> str | None:
@@ -44,20 +44,4 @@ def cluster(binaries, tmp_path):
 @pytest.fixture
 def kafka_settings(kafka_broker, tmp_path):
     """Settings on the session broker with this test's own topics."""
-    from pharos_pipeline.broker import ensure_topics
-    from pharos_pipeline.settings import Settings
-
-    tag = uuid.uuid4().hex[:8]
-    settings = Settings(
-        kafka_bootstrap=kafka_broker.bootstrap,
-        kafka_home=kafka_broker.settings.kafka_home,
-        state_dir=tmp_path / "state",
-        topic_requests=f"t{tag}.io.requests",
-        topic_jobs=f"t{tag}.jobs",
-        topic_deadletter=f"t{tag}.io.deadletter",
-        topic_target_metrics=f"t{tag}.target.metrics",
-        topic_partitions=3,
-        consumer_group=f"g{tag}",
-    )
-    ensure_topics(settings)
-    return settings
+    return topic_settings(kafka_broker, tmp_path / "state")
