@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pharos_agents.cgroups import join_cgroup, job_cgroup, remove_cgroup
+from pharos_agents.cgroups import job_cgroup, join_cgroup, remove_cgroup
 from pharos_agents.runner import JobEventProducer
 from pharos_api import stack
 from pharos_api.demo import wait_for_summary
@@ -43,16 +43,44 @@ def free_port() -> int:
 def timed_fio(settings: Settings, job_id: str, bs: str, size: str, data: Path, events: JobEventProducer) -> float:
     """Run one fio job in its job cgroup; returns the fio process's wall time in seconds."""
     cg = job_cgroup(job_id, settings.cgroup_parent)
-    events.send(JobEvent(schema_version=1, job_id=job_id, kind=io_pb2.JobEvent.KIND_START, time_ns=time.time_ns(),
-                         name=f"bench-{bs}", command=["fio"], ranks=1, host=socket.gethostname()))
-    cmd = ["fio", "--name=bench", "--ioengine=psync", "--rw=write", f"--bs={bs}", f"--size={size}",
-           f"--filename={data}", "--disk_util=0", "--output-format=terse"]
+    events.send(
+        JobEvent(
+            schema_version=1,
+            job_id=job_id,
+            kind=io_pb2.JobEvent.KIND_START,
+            time_ns=time.time_ns(),
+            name=f"bench-{bs}",
+            command=["fio"],
+            ranks=1,
+            host=socket.gethostname(),
+        )
+    )
+    cmd = [
+        "fio",
+        "--name=bench",
+        "--ioengine=psync",
+        "--rw=write",
+        f"--bs={bs}",
+        f"--size={size}",
+        f"--filename={data}",
+        "--disk_util=0",
+        "--output-format=terse",
+    ]
     env = dict(os.environ, PHAROS_RANK="0", PHAROS_JOB_ID=job_id, PHAROS_NRANKS="1")
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, preexec_fn=lambda: join_cgroup(cg))
     wall = time.perf_counter() - t0
-    events.send(JobEvent(schema_version=1, job_id=job_id, kind=io_pb2.JobEvent.KIND_END, time_ns=time.time_ns(),
-                         name=f"bench-{bs}", ranks=1, host=socket.gethostname()))
+    events.send(
+        JobEvent(
+            schema_version=1,
+            job_id=job_id,
+            kind=io_pb2.JobEvent.KIND_END,
+            time_ns=time.time_ns(),
+            name=f"bench-{bs}",
+            ranks=1,
+            host=socket.gethostname(),
+        )
+    )
     data.unlink(missing_ok=True)
     settle()
     remove_cgroup(cg)
@@ -79,8 +107,13 @@ def main() -> int:
         return 2
 
     state = Path(tempfile.mkdtemp(prefix="pharos-bench-"))
-    settings = Settings(state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
-                        cgroup_parent="pharos-bench", agent_metrics_addr=f"127.0.0.1:{free_port()}")
+    settings = Settings(
+        state_dir=state,
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        api_port=free_port(),
+        cgroup_parent="pharos-bench",
+        agent_metrics_addr=f"127.0.0.1:{free_port()}",
+    )
     data_dir = Path(tempfile.mkdtemp(prefix="pharos-bench-data-", dir="/var/tmp"))
     print(f"starting a private stack in {state} ...", flush=True)
     stack.start(settings)
@@ -113,8 +146,16 @@ def main() -> int:
                 records += s["data_records"] if s else 0
                 requests += s["data_requests"] if s else 0
             w_with, w_without = statistics.median(walls["with"]), statistics.median(walls["without"])
-            rows.append((label, w_without, w_with, w_with / w_without, records / requests if requests else float("nan"),
-                         requests))
+            rows.append(
+                (
+                    label,
+                    w_without,
+                    w_with,
+                    w_with / w_without,
+                    records / requests if requests else float("nan"),
+                    requests,
+                )
+            )
     finally:
         events.close()
         del events  # destroy the Kafka client before its broker goes away
@@ -122,10 +163,14 @@ def main() -> int:
 
     target = {"4KiB sequential write": 1.10, "1MiB sequential write": 1.02}
     print()
-    print(f"{'case':24s} {'without (s)':>12s} {'with (s)':>10s} {'ratio':>7s} {'target':>7s} "
-          f"{'records/request':>16s} {'requests':>10s}")
-    print("(median fio wall time over the rounds; records/request: data records per data request "
-          "after in-kernel merging, over the traced runs)")
+    print(
+        f"{'case':24s} {'without (s)':>12s} {'with (s)':>10s} {'ratio':>7s} {'target':>7s} "
+        f"{'records/request':>16s} {'requests':>10s}"
+    )
+    print(
+        "(median fio wall time over the rounds; records/request: data records per data request "
+        "after in-kernel merging, over the traced runs)"
+    )
     for label, wo, wi, ratio, rpr, req in rows:
         print(f"{label:24s} {wo:12.3f} {wi:10.3f} {ratio:7.3f} {'≤' + str(target[label]):>7s} {rpr:16.5f} {req:10d}")
     return 0

@@ -62,7 +62,7 @@ def fio(directory: Path, *args: str) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode:
         sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    return json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
 
 
 def drop_caches() -> None:
@@ -83,9 +83,19 @@ def creates(directory: Path, n: int = 2000) -> float:
 CASES = [
     # name, unit, fio args (None = creates), how to read the figure
     ("1MiB seq write", "MB/s", ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M"], "write_bw"),
-    ("1MiB seq write+fsync", "MB/s", ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M", "--end_fsync=1"], "write_bw"),
+    (
+        "1MiB seq write+fsync",
+        "MB/s",
+        ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M", "--end_fsync=1"],
+        "write_bw",
+    ),
     ("1MiB seq read", "MB/s", ["--name=sw", "--rw=read", "--bs=1M", "--numjobs=4", "--size=256M"], "read_bw"),
-    ("4KiB rand read", "IOPS", ["--name=sw", "--rw=randread", "--bs=4k", "--numjobs=4", "--size=256M", "--time_based", "--runtime=5"], "read_iops"),
+    (
+        "4KiB rand read",
+        "IOPS",
+        ["--name=sw", "--rw=randread", "--bs=4k", "--numjobs=4", "--size=256M", "--time_based", "--runtime=5"],
+        "read_iops",
+    ),
     ("creates", "ops/s", None, "creates"),
 ]
 
@@ -103,17 +113,45 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
     mnt = root / f"mnt{tag}"
     mnt.mkdir()
     port, admin, madmin = free_port(), free_port(), free_port()
-    fwd = subprocess.Popen([
-        str(bin_dir / "pharos-fwd"), "--node-name", "fwd0", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-        "--mdt", str(root / f"be{tag}" / "mdt"), "--targets-root", str(root / f"be{tag}"), "--target-count", "8", "--no-kafka",
-        "--ready-file", str(root / f"fwd{tag}.ready"),
-    ], stdout=(root / f"fwd{tag}.log").open("w"), stderr=subprocess.STDOUT)
+    fwd = subprocess.Popen(
+        [
+            str(bin_dir / "pharos-fwd"),
+            "--node-name",
+            "fwd0",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin",
+            f"127.0.0.1:{admin}",
+            "--mdt",
+            str(root / f"be{tag}" / "mdt"),
+            "--targets-root",
+            str(root / f"be{tag}"),
+            "--target-count",
+            "8",
+            "--no-kafka",
+            "--ready-file",
+            str(root / f"fwd{tag}.ready"),
+        ],
+        stdout=(root / f"fwd{tag}.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     procs.append(fwd)
     wait_ready(root / f"fwd{tag}.ready", fwd)
-    mount = subprocess.Popen([
-        str(bin_dir / "pharos-mount"), "--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}",
-        "--admin", f"127.0.0.1:{madmin}", "--ready-file", str(root / f"mnt{tag}.ready"),
-    ], stdout=(root / f"mnt{tag}.log").open("w"), stderr=subprocess.STDOUT)
+    mount = subprocess.Popen(
+        [
+            str(bin_dir / "pharos-mount"),
+            "--mountpoint",
+            str(mnt),
+            "--fwd",
+            f"fwd0=127.0.0.1:{port}",
+            "--admin",
+            f"127.0.0.1:{madmin}",
+            "--ready-file",
+            str(root / f"mnt{tag}.ready"),
+        ],
+        stdout=(root / f"mnt{tag}.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     procs.append(mount)
     wait_ready(root / f"mnt{tag}.ready", mount)
     return mnt
@@ -125,8 +163,12 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--workdir", default="/var/tmp", help="parent of the tmp dir (same fs for both columns)")
     ap.add_argument("--bin", type=Path, default=None, help="use pharos-fwd/pharos-mount from this dir (no build)")
-    ap.add_argument("--baseline-bin", type=Path, default=None,
-                    help="also run a second stack from these binaries (e.g. a copy of an older build) in the same rounds")
+    ap.add_argument(
+        "--baseline-bin",
+        type=Path,
+        default=None,
+        help="also run a second stack from these binaries (e.g. a copy of an older build) in the same rounds",
+    )
     ap.add_argument("--cases", default="", help="comma list of case-name prefixes to run (default: all)")
     a = ap.parse_args()
     global BIN
@@ -158,7 +200,7 @@ def main() -> int:
                 continue
             res: dict[str, list[float]] = {s: [] for s in sides}
             for r in range(a.rounds):
-                order = sides[r % len(sides):] + sides[:r % len(sides)]
+                order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 if r % 2:
                     order.reverse()
                 for side in order:
@@ -179,8 +221,10 @@ def main() -> int:
                         res[side].append(figure(fio(d, *args), how))
             med = {s: statistics.median(v) for s, v in res.items()}
             paired = [m / d for m, d in zip(res["mount"], res["direct"], strict=True)]
-            line = (f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f} "
-                    f"{statistics.median(paired):7.2f} {min(paired):5.2f}-{max(paired):<5.2f}")
+            line = (
+                f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f} "
+                f"{statistics.median(paired):7.2f} {min(paired):5.2f}-{max(paired):<5.2f}"
+            )
             if "baseline" in med:
                 line += f" {med['baseline']:10.1f} {med['baseline'] / med['direct']:7.2f}"
             print(line, flush=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
 
-from forwarder_testkit import Cluster, build_binaries  # noqa: E402
-from test_placement import LIMITS, POLICIES, RANKS, bytes_bound_ratio, bytes_per_target, optimum_ratio, run_case  # noqa: E402
+from forwarder_testkit import Cluster, build_binaries
+from test_placement import LIMITS, POLICIES, RANKS, bytes_bound_ratio, bytes_per_target, optimum_ratio, run_case
 
 
 def main() -> int:
@@ -49,10 +49,14 @@ def main() -> int:
     print(f"{'policy':20s} {'median':>7s} {'min':>7s} {'max':>7s}   of {sum(LIMITS)} MB/s summed bandwidth")
     for name, rs in ratios.items():
         print(f"{name:20s} {statistics.median(rs):7.3f} {min(rs):7.3f} {max(rs):7.3f}")
-    print(f"{'progressive (bytes)':20s} {statistics.median(bounds):7.3f} {min(bounds):7.3f} {max(bounds):7.3f}"
-          "   bound from the bytes each target received")
-    print(f"round-robin bound (4 files on the {min(LIMITS)} MB/s target): {rr_bound:.3f}; "
-          f"best whole-file allocation of {RANKS} equal files: {optimum_ratio(LIMITS, RANKS):.3f}; target pool ≥ 0.90")
+    print(
+        f"{'progressive (bytes)':20s} {statistics.median(bounds):7.3f} {min(bounds):7.3f} {max(bounds):7.3f}"
+        "   bound from the bytes each target received"
+    )
+    print(
+        f"round-robin bound (4 files on the {min(LIMITS)} MB/s target): {rr_bound:.3f}; "
+        f"best whole-file allocation of {RANKS} equal files: {optimum_ratio(LIMITS, RANKS):.3f}; target pool ≥ 0.90"
+    )
     return 0
 
 

@@ -11,10 +11,10 @@ import shutil
 import subprocess
 
 import pytest
+from pharos_testkit import free_port
 
 from pharos_pipeline.broker import KafkaBroker
 from pharos_pipeline.settings import REPO_ROOT, Settings
-from pharos_testkit import free_port
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -58,12 +58,19 @@ def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
     (d / "am.yml").write_text(config_yaml)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = open(d / "am.log", "wb")
-    proc = subprocess.Popen(
-        [ALERTMANAGER, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(d / "am.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                ALERTMANAGER,
+                f"--config.file={d / 'am.yml'}",
+                f"--storage.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -83,4 +90,3 @@ def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-        log.close()

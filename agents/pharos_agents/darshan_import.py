@@ -55,13 +55,15 @@ Pure store code: the caller opens the store (CLI: directly, or through the API's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pharos_pipeline.store import Store, ns_to_datetime64
 
@@ -159,10 +161,10 @@ def read_log(path: Path) -> _Log:
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise DarshanImportError(f"{path}: unexpected Darshan record layout ({type(exc).__name__}: {exc})") from exc
     finally:
-        try:
-            report.log.close() if hasattr(report.log, "close") else None
-        except Exception:  # pragma: no cover - best effort
-            pass
+        close = getattr(report.log, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):  # best effort: the data is already read
+                close()
 
 
 def _extract(report: Any, notes: list[str]) -> _Log:
@@ -194,7 +196,7 @@ def _extract(report: Any, notes: list[str]) -> _Log:
             for names_, values in ((cnames, rec.get("counters")), (fnames, rec.get("fcounters"))):
                 if values is None:
                     continue
-                for name, value in zip(names_, values.tolist() if hasattr(values, "tolist") else values):
+                for name, value in zip(names_, values.tolist() if hasattr(values, "tolist") else values, strict=False):
                     if value:
                         counters.append((mod, rank, rid, name, float(value)))
     if skipped_modules:
@@ -202,7 +204,9 @@ def _extract(report: Any, notes: list[str]) -> _Log:
 
     segments: list[tuple[str, int, int, str, str, int, int, int, int]] = []
     posix_ids = set()
-    dxt = {m: list(getattr(report.records[m], "_records", report.records[m])) for m in DXT_MODULES if m in report.records}
+    dxt = {
+        m: list(getattr(report.records[m], "_records", report.records[m])) for m in DXT_MODULES if m in report.records
+    }
     for rec in dxt.get("DXT_POSIX", []):
         if rec.get("read_segments") is not None and len(rec["read_segments"]) + len(rec["write_segments"]) > 0:
             posix_ids.add(int(rec["id"]))
@@ -220,8 +224,19 @@ def _extract(report: Any, notes: list[str]) -> _Log:
                     n += 1
                     if mod == "DXT_MPIIO" and rid in posix_ids:
                         continue
-                    segments.append((mod, rank, rid, host, op, int(s["offset"]), int(s["length"]),
-                                     int(round(float(s["start_time"]) * S)), int(round(float(s["end_time"]) * S))))
+                    segments.append(
+                        (
+                            mod,
+                            rank,
+                            rid,
+                            host,
+                            op,
+                            int(s["offset"]),
+                            int(s["length"]),
+                            round(float(s["start_time"]) * S),
+                            round(float(s["end_time"]) * S),
+                        )
+                    )
             if mod == "DXT_MPIIO" and rid in posix_ids:
                 dxt_skipped += n
     if not modules:
@@ -350,18 +365,31 @@ def import_log(store: Store, path: str | Path, job_id: str | None = None, name: 
     with _IMPORT_LOCK:
         done = store.query(LOG_BY_SHA_SQL, {"sha": sha})
         if done:
-            return LogImport(path=str(path), status="skipped", job_id=done[0]["job_id"], log_id=log_id,
-                             warnings=[f"already imported as job {done[0]['job_id']} ({log_id})"])
+            return LogImport(
+                path=str(path),
+                status="skipped",
+                job_id=done[0]["job_id"],
+                log_id=log_id,
+                warnings=[f"already imported as job {done[0]['job_id']} ({log_id})"],
+            )
         try:
             log = read_log(path)
         except DarshanImportError as exc:
             return LogImport(path=str(path), status="failed", log_id=log_id, error=str(exc))
         jid = job_id or _choose_job_id(store, log, sha)
         offset = sum(int(r["nprocs"]) for r in store.query(JOB_LOGS_SQL, {"job_id": jid}))
-        result = LogImport(path=str(path), status="imported", job_id=jid, log_id=log_id,
-                           ranks=log.nprocs, rank_offset=offset, modules=log.modules,
-                           partial_modules=log.partial_modules, warnings=list(log.warnings),
-                           dxt_skipped=log.dxt_skipped)
+        result = LogImport(
+            path=str(path),
+            status="imported",
+            job_id=jid,
+            log_id=log_id,
+            ranks=log.nprocs,
+            rank_offset=offset,
+            modules=log.modules,
+            partial_modules=log.partial_modules,
+            warnings=list(log.warnings),
+            dxt_skipped=log.dxt_skipped,
+        )
         shift = lambda r: r + offset if r >= 0 else r  # noqa: E731 - shared records stay -1
         comm = _exe_name(log.exe)[:15]
 
@@ -401,8 +429,16 @@ def import_log(store: Store, path: str | Path, job_id: str | None = None, name: 
             result.dxt_segments = len(req_rows)  # stored by an import that stopped before its marker
 
         ctr_rows = [
-            {"job_id": jid, "log_id": log_id, "module": mod, "rank": shift(rank), "record_id": rid,
-             "path": log.names.get(rid, ""), "counter": counter, "value": value}
+            {
+                "job_id": jid,
+                "log_id": log_id,
+                "module": mod,
+                "rank": shift(rank),
+                "record_id": rid,
+                "path": log.names.get(rid, ""),
+                "counter": counter,
+                "value": value,
+            }
             for mod, rank, rid, counter, value in log.counters
         ]
         if ctr_rows and int(store.query(HAS_COUNTERS_SQL, {"log_id": log_id})[0]["n"]) == 0:
@@ -412,30 +448,36 @@ def import_log(store: Store, path: str | Path, job_id: str | None = None, name: 
 
         host = next((s[3] for s in log.segments if s[3]), "")
         store.insert_rows("job_events", _event_rows(store, jid, log, name, offset + log.nprocs, host))
-        store.insert_rows("darshan_logs", [{
-            "log_sha256": sha,
-            "log_id": log_id,
-            "job_id": jid,
-            "file_name": path.name,
-            "darshan_jobid": log.jobid,
-            "uid": log.uid,
-            "exe": log.exe,
-            "nprocs": log.nprocs,
-            "rank_offset": offset,
-            "start": ns_to_datetime64(log.start_ns),
-            "end": ns_to_datetime64(max(log.end_ns, log.start_ns)),
-            "log_version": log.log_version,
-            "lib_version": log.lib_version,
-            "modules": log.modules,
-            "partial_modules": log.partial_modules,
-            "dxt_segments": result.dxt_segments,
-            "dxt_skipped": log.dxt_skipped,
-            "counter_rows": result.counter_rows,
-        }])
+        store.insert_rows(
+            "darshan_logs",
+            [
+                {
+                    "log_sha256": sha,
+                    "log_id": log_id,
+                    "job_id": jid,
+                    "file_name": path.name,
+                    "darshan_jobid": log.jobid,
+                    "uid": log.uid,
+                    "exe": log.exe,
+                    "nprocs": log.nprocs,
+                    "rank_offset": offset,
+                    "start": ns_to_datetime64(log.start_ns),
+                    "end": ns_to_datetime64(max(log.end_ns, log.start_ns)),
+                    "log_version": log.log_version,
+                    "lib_version": log.lib_version,
+                    "modules": log.modules,
+                    "partial_modules": log.partial_modules,
+                    "dxt_segments": result.dxt_segments,
+                    "dxt_skipped": log.dxt_skipped,
+                    "counter_rows": result.counter_rows,
+                }
+            ],
+        )
         if log.dxt_skipped:
             result.warnings.append(
                 f"{log.dxt_skipped} DXT_MPIIO segment(s) of POSIX-traced files not stored as requests "
-                "(the same bytes as their DXT_POSIX segments; see the MPIIO_* counters)")
+                "(the same bytes as their DXT_POSIX segments; see the MPIIO_* counters)"
+            )
         return result
 
 

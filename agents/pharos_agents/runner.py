@@ -23,9 +23,9 @@ from pathlib import Path
 from confluent_kafka import KafkaException, Producer
 
 from pharos_pipeline.settings import Settings
-from pharos_pipeline.wire import JobEvent, SCHEMA_VERSION, io_pb2
+from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
-from .cgroups import cgroup2_mount, join_cgroup, job_cgroup, rank_cgroup, remove_cgroup, validate_job_id
+from .cgroups import cgroup2_mount, job_cgroup, join_cgroup, rank_cgroup, remove_cgroup, validate_job_id
 
 
 class RunError(RuntimeError):
@@ -54,14 +54,16 @@ class JobEventProducer:
     def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
         self.settings = settings
         self.timeout = timeout
-        self._producer = Producer({
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 0,
-            "client.id": f"pharos-run-{os.getpid()}",
-            "log_level": 3,  # errors only: transient broker warnings are retried anyway
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 0,
+                "client.id": f"pharos-run-{os.getpid()}",
+                "log_level": 3,  # errors only: transient broker warnings are retried anyway
+            }
+        )
         try:
             self._producer.list_topics(topic=settings.topic_jobs, timeout=timeout)
         except KafkaException as exc:
@@ -122,10 +124,20 @@ def run_job(
     host = socket.gethostname()
     name = name or Path(command[0]).name
     start_ns = time.time_ns()
-    events.send(JobEvent(
-        schema_version=SCHEMA_VERSION, job_id=job_id, kind=io_pb2.JobEvent.KIND_START, time_ns=start_ns,
-        name=name, command=command, user=_user(), ranks=ranks, host=host, cgroup="/" + str(cg.relative_to(mount)),
-    ))
+    events.send(
+        JobEvent(
+            schema_version=SCHEMA_VERSION,
+            job_id=job_id,
+            kind=io_pb2.JobEvent.KIND_START,
+            time_ns=start_ns,
+            name=name,
+            command=command,
+            user=_user(),
+            ranks=ranks,
+            host=host,
+            cgroup="/" + str(cg.relative_to(mount)),
+        )
+    )
 
     procs: list[subprocess.Popen] = []
     outputs: list[Path] = []
@@ -137,7 +149,9 @@ def run_job(
         stdout = subprocess.PIPE if output_dir is not None else None
         rank_cg = rank_cgroup(cg, rank)
         p = subprocess.Popen(
-            [exe, *command[1:]], env=env, stdout=stdout,
+            [exe, *command[1:]],
+            env=env,
+            stdout=stdout,
             preexec_fn=lambda rank_cg=rank_cg: join_cgroup(rank_cg),  # runs in the child before exec
         )
         procs.append(p)
@@ -170,11 +184,21 @@ def run_job(
     for t in pumps:
         t.join()
     end_ns = time.time_ns()
-    events.send(JobEvent(
-        schema_version=SCHEMA_VERSION, job_id=job_id, kind=io_pb2.JobEvent.KIND_END, time_ns=end_ns,
-        name=name, command=command, user=_user(), ranks=ranks, host=host, exit_code=first_failure,
-        cgroup="/" + str(cg.relative_to(mount)),
-    ))
+    events.send(
+        JobEvent(
+            schema_version=SCHEMA_VERSION,
+            job_id=job_id,
+            kind=io_pb2.JobEvent.KIND_END,
+            time_ns=end_ns,
+            name=name,
+            command=command,
+            user=_user(),
+            ranks=ranks,
+            host=host,
+            exit_code=first_failure,
+            cgroup="/" + str(cg.relative_to(mount)),
+        )
+    )
     # Leave the cgroup in place for a moment: records flushed at rank exit are still being
     # attributed by the agent through the cgroup's directory.
     threading.Thread(target=_remove_later, args=(cg,), daemon=False).start()

@@ -29,11 +29,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Callable
 
 import httpx
+
 from pharos_pipeline.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
@@ -42,8 +43,11 @@ from .interference import InterferenceEvent, detect_interference
 
 log = logging.getLogger("pharos.alerts")
 HTTP_TIMEOUT_S = 5.0
-ALERTNAMES = {"fail_slow_target": "PharosFailSlowTarget", "fail_slow_forwarder": "PharosFailSlowForwarder",
-              "interference": "PharosInterference"}
+ALERTNAMES = {
+    "fail_slow_target": "PharosFailSlowTarget",
+    "fail_slow_forwarder": "PharosFailSlowForwarder",
+    "interference": "PharosInterference",
+}
 
 
 def rfc3339(ns: int) -> str:
@@ -60,34 +64,53 @@ class Condition:
     onset_ns: int | None
 
     @classmethod
-    def from_anomaly(cls, a: Anomaly) -> "Condition":
+    def from_anomaly(cls, a: Anomaly) -> Condition:
         who = "target" if a.node_type == "target" else "node"
         ev = a.evidence.get(next(iter(a.evidence)), {}) if a.evidence else {}
         return cls(
             key=a.key,
-            labels={"alertname": ALERTNAMES[a.kind], "severity": a.severity, who: a.node, "job": "", "source": "pharos"},
+            labels={
+                "alertname": ALERTNAMES[a.kind],
+                "severity": a.severity,
+                who: a.node,
+                "job": "",
+                "source": "pharos",
+            },
             annotations={
                 "summary": f"{'storage target' if who == 'target' else 'forwarding node'} {a.node} is fail-slow: "
-                           f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})",
-                "persistence": a.persistence, "windows_flagged_s": ",".join(f"{w:g}" for w in a.windows_flagged),
-                "rel_service": f"{a.rel_service:.3f}", "z": f"{a.z:.2f}", "beacon_rule": str(a.beacon_slow).lower(),
-                "evidence": json.dumps(ev, separators=(",", ":")), "rule_source": a.rule_source,
+                f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})",
+                "persistence": a.persistence,
+                "windows_flagged_s": ",".join(f"{w:g}" for w in a.windows_flagged),
+                "rel_service": f"{a.rel_service:.3f}",
+                "z": f"{a.z:.2f}",
+                "beacon_rule": str(a.beacon_slow).lower(),
+                "evidence": json.dumps(ev, separators=(",", ":")),
+                "rule_source": a.rule_source,
             },
             onset_ns=a.onset_ns,
         )
 
     @classmethod
-    def from_interference(cls, e: InterferenceEvent) -> "Condition":
+    def from_interference(cls, e: InterferenceEvent) -> Condition:
         return cls(
             key=e.key,
-            labels={"alertname": ALERTNAMES["interference"], "severity": e.severity, "job": e.job_id,
-                    "culprit": e.culprit_job, "resource": f"{e.resource_type}:{e.resource}", "source": "pharos"},
+            labels={
+                "alertname": ALERTNAMES["interference"],
+                "severity": e.severity,
+                "job": e.job_id,
+                "culprit": e.culprit_job,
+                "resource": f"{e.resource_type}:{e.resource}",
+                "source": "pharos",
+            },
             annotations={
                 "summary": f"job {e.job_id} slowed {e.latency_ratio:.1f}x by job {e.culprit_job} on "
-                           f"{e.resource_type} {e.resource}",
-                "latency_ms": f"{e.latency_ms:.3f}", "baseline_latency_ms": f"{e.baseline_latency_ms:.3f}",
-                "queue_wait_ms": f"{e.queue_wait_ms:.3f}", "baseline_source": e.baseline_source,
-                "culprit_bytes": str(e.culprit_bytes), "co_located": ",".join(e.co_located),
+                f"{e.resource_type} {e.resource}",
+                "latency_ms": f"{e.latency_ms:.3f}",
+                "baseline_latency_ms": f"{e.baseline_latency_ms:.3f}",
+                "queue_wait_ms": f"{e.queue_wait_ms:.3f}",
+                "baseline_source": e.baseline_source,
+                "culprit_bytes": str(e.culprit_bytes),
+                "co_located": ",".join(e.co_located),
                 "rule_source": e.rule_source,
             },
             onset_ns=e.start_ns,
@@ -161,7 +184,7 @@ class Alerter:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def from_config(cls, cfg: DiagnosisConfig, store: Store | None = None, generator_url: str = "") -> "Alerter":
+    def from_config(cls, cfg: DiagnosisConfig, store: Store | None = None, generator_url: str = "") -> Alerter:
         sinks: list = []
         if cfg.alertmanager_url:
             sinks.append(AlertmanagerSink(cfg.alertmanager_url))
@@ -170,8 +193,15 @@ class Alerter:
         return cls(sinks, cfg, store, generator_url)
 
     def _alert(self, oa: OpenAlert, ends_ns: int, status: str) -> dict:
-        return {"labels": oa.labels, "annotations": oa.condition.annotations, "startsAt": rfc3339(oa.starts_ns),
-                "endsAt": rfc3339(ends_ns), "generatorURL": self.generator_url, "status": status, "key": oa.condition.key}
+        return {
+            "labels": oa.labels,
+            "annotations": oa.condition.annotations,
+            "startsAt": rfc3339(oa.starts_ns),
+            "endsAt": rfc3339(ends_ns),
+            "generatorURL": self.generator_url,
+            "status": status,
+            "key": oa.condition.key,
+        }
 
     def update(self, conditions: list[Condition], now_ns: int | None = None) -> dict:
         """Open, refresh and resolve alerts so that exactly ``conditions`` are firing. Returns counts."""
@@ -191,8 +221,9 @@ class Alerter:
                     firing.append(oa)
             for key in [k for k in self.open if k not in current]:
                 resolved.append(self.open.pop(key))
-            batch = ([self._alert(o, now_ns + int(self.cfg.alert_ends_after_s * 1e9), "firing") for o in firing]
-                     + [self._alert(o, now_ns, "resolved") for o in resolved])
+            batch = [self._alert(o, now_ns + int(self.cfg.alert_ends_after_s * 1e9), "firing") for o in firing] + [
+                self._alert(o, now_ns, "resolved") for o in resolved
+            ]
             if not batch:
                 return {"firing": len(self.open), "sent": 0, "resolved": 0}
             results = [s.send(batch) for s in self.sinks]
@@ -203,20 +234,40 @@ class Alerter:
                 if am is not None and am.accepted and o.first_accepted_ns is None:
                     o.first_accepted_ns = am.accepted_ns
                     if o.condition.onset_ns:
-                        self.latencies.append({"key": o.condition.key, "onset_ns": o.condition.onset_ns,
-                                               "accepted_ns": am.accepted_ns,
-                                               "latency_s": (am.accepted_ns - o.condition.onset_ns) / 1e9})
+                        self.latencies.append(
+                            {
+                                "key": o.condition.key,
+                                "onset_ns": o.condition.onset_ns,
+                                "accepted_ns": am.accepted_ns,
+                                "latency_s": (am.accepted_ns - o.condition.onset_ns) / 1e9,
+                            }
+                        )
                         self.latencies = self.latencies[-100:]
             for r in results:
                 for o, state in [(o, "firing") for o in firing] + [(o, "resolved") for o in resolved]:
                     lat = None
-                    if state == "firing" and r.accepted and o.condition.onset_ns and o.first_accepted_ns == r.accepted_ns:
+                    if (
+                        state == "firing"
+                        and r.accepted
+                        and o.condition.onset_ns
+                        and o.first_accepted_ns == r.accepted_ns
+                    ):
                         lat = (r.accepted_ns - o.condition.onset_ns) / 1e9
-                    log_rows.append({"time": ns_to_datetime64(r.accepted_ns), "key": o.condition.key,
-                                     "alertname": o.labels["alertname"], "state": state, "sink": r.sink,
-                                     "accepted": int(r.accepted), "status_code": r.status_code,
-                                     "onset": ns_to_datetime64(o.condition.onset_ns) if o.condition.onset_ns else None,
-                                     "latency_s": lat, "labels": json.dumps(o.labels), "error": r.error})
+                    log_rows.append(
+                        {
+                            "time": ns_to_datetime64(r.accepted_ns),
+                            "key": o.condition.key,
+                            "alertname": o.labels["alertname"],
+                            "state": state,
+                            "sink": r.sink,
+                            "accepted": int(r.accepted),
+                            "status_code": r.status_code,
+                            "onset": ns_to_datetime64(o.condition.onset_ns) if o.condition.onset_ns else None,
+                            "latency_s": lat,
+                            "labels": json.dumps(o.labels),
+                            "error": r.error,
+                        }
+                    )
                 if not r.accepted:
                     log.warning("alert sink %s refused %d alert(s): %s %s", r.sink, len(batch), r.status_code, r.error)
             # a refused firing alert is retried next cycle
@@ -234,17 +285,48 @@ class Alerter:
 def anomaly_rows(anoms: list[Anomaly], events: list[InterferenceEvent], now_ns: int) -> list[dict]:
     """Rows of the ``anomalies`` table for one detection cycle."""
     det = ns_to_datetime64(now_ns)
-    rows = [{"detected": det, "key": a.key, "kind": a.kind, "node": a.node, "node_type": a.node_type, "job_id": "",
-             "culprit_job": "", "persistence": a.persistence, "active": int(a.active), "severity": a.severity,
-             "ratio": a.rel_service, "onset": ns_to_datetime64(a.onset_ns) if a.onset_ns else None,
-             "start": None, "end": None,
-             "evidence": json.dumps({"windows_flagged": a.windows_flagged, "z": a.z, "beacon_slow": a.beacon_slow,
-                                     "windows": a.evidence})} for a in anoms]
-    rows += [{"detected": det, "key": e.key, "kind": "interference", "node": e.resource, "node_type": e.resource_type,
-              "job_id": e.job_id, "culprit_job": e.culprit_job, "persistence": "", "active": int(e.active),
-              "severity": e.severity, "ratio": e.latency_ratio, "onset": ns_to_datetime64(e.start_ns),
-              "start": ns_to_datetime64(e.start_ns), "end": ns_to_datetime64(e.end_ns),
-              "evidence": json.dumps({k: v for k, v in e.to_dict().items() if k not in ("key",)})} for e in events]
+    rows = [
+        {
+            "detected": det,
+            "key": a.key,
+            "kind": a.kind,
+            "node": a.node,
+            "node_type": a.node_type,
+            "job_id": "",
+            "culprit_job": "",
+            "persistence": a.persistence,
+            "active": int(a.active),
+            "severity": a.severity,
+            "ratio": a.rel_service,
+            "onset": ns_to_datetime64(a.onset_ns) if a.onset_ns else None,
+            "start": None,
+            "end": None,
+            "evidence": json.dumps(
+                {"windows_flagged": a.windows_flagged, "z": a.z, "beacon_slow": a.beacon_slow, "windows": a.evidence}
+            ),
+        }
+        for a in anoms
+    ]
+    rows += [
+        {
+            "detected": det,
+            "key": e.key,
+            "kind": "interference",
+            "node": e.resource,
+            "node_type": e.resource_type,
+            "job_id": e.job_id,
+            "culprit_job": e.culprit_job,
+            "persistence": "",
+            "active": int(e.active),
+            "severity": e.severity,
+            "ratio": e.latency_ratio,
+            "onset": ns_to_datetime64(e.start_ns),
+            "start": ns_to_datetime64(e.start_ns),
+            "end": ns_to_datetime64(e.end_ns),
+            "evidence": json.dumps({k: v for k, v in e.to_dict().items() if k not in ("key",)}),
+        }
+        for e in events
+    ]
     return rows
 
 
@@ -253,8 +335,9 @@ class DetectionLoop:
 
     ``cfg_factory`` is called every cycle (``DiagnosisConfig`` re-reads file and environment)."""
 
-    def __init__(self, store: Store, cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig,
-                 generator_url: str = "") -> None:
+    def __init__(
+        self, store: Store, cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig, generator_url: str = ""
+    ) -> None:
         self.store = store
         self.cfg_factory = cfg_factory
         cfg = cfg_factory()
@@ -277,11 +360,21 @@ class DetectionLoop:
             self.store.insert_rows("anomalies", rows)
         conds = [Condition.from_anomaly(a) for a in rep.anomalies if a.active]
         conds += [Condition.from_interference(e) for e in events if e.active]
-        sent = self.alerter.update(conds, time.time_ns()) if self.alerter.sinks else {"firing": len(conds), "sent": 0, "resolved": 0}
+        sent = (
+            self.alerter.update(conds, time.time_ns())
+            if self.alerter.sinks
+            else {"firing": len(conds), "sent": 0, "resolved": 0}
+        )
         self.cycles += 1
-        self.last = {"time_ns": now_ns, "duration_s": round(time.monotonic() - t0, 3), "anomalies": len(rep.anomalies),
-                     "interference": len(events), "conditions": len(conds), **sent,
-                     "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]]}
+        self.last = {
+            "time_ns": now_ns,
+            "duration_s": round(time.monotonic() - t0, 3),
+            "anomalies": len(rep.anomalies),
+            "interference": len(events),
+            "conditions": len(conds),
+            **sent,
+            "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]],
+        }
         return self.last
 
     def _run(self) -> None:
@@ -292,7 +385,7 @@ class DetectionLoop:
                 log.exception("detection cycle failed")
             self._stop.wait(self.period_s)
 
-    def start(self) -> "DetectionLoop":
+    def start(self) -> DetectionLoop:
         if self.period_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="sysdiag", daemon=True)
             self._thread.start()
@@ -304,5 +397,10 @@ class DetectionLoop:
             self._thread.join(timeout)
 
     def status(self) -> dict:
-        return {"period_s": self.period_s, "cycles": self.cycles, "open_alerts": len(self.alerter.open),
-                "sinks": [s.name for s in self.alerter.sinks], "last": self.last}
+        return {
+            "period_s": self.period_s,
+            "cycles": self.cycles,
+            "open_alerts": len(self.alerter.open),
+            "sinks": [s.name for s in self.alerter.sinks],
+            "last": self.last,
+        }

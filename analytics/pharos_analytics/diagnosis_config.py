@@ -49,35 +49,53 @@ class DiagnosisConfig(BaseSettings):
         default=1.0, gt=0, description="Pharos. Idle time (s) without any request of the job that ends a phase."
     )
     max_phases: int = Field(
-        default=64, ge=1,
+        default=64,
+        ge=1,
         description="Pharos. At most this many phases: if more gaps exceed phase_gap_s, only the "
         "max_phases-1 longest gaps split the job (the gap threshold rises).",
     )
     # -- request size (Drishti small_bytes / small_requests / small_requests_absolute) --------
-    small_request_bytes: int = Field(default=MiB, ge=1, description="Drishti small_bytes. A request under this many bytes is small.")
+    small_request_bytes: int = Field(
+        default=MiB, ge=1, description="Drishti small_bytes. A request under this many bytes is small."
+    )
     small_requests_ratio: float = Field(
-        default=0.1, ge=0, le=1, description="Drishti small_requests. Share (0-1) of a direction's requests that are small."
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Drishti small_requests. Share (0-1) of a direction's requests that are small.",
     )
     small_requests_absolute: int = Field(
-        default=1000, ge=0, description="Drishti small_requests_absolute. Small requests (count) above which the insight is high severity."
+        default=1000,
+        ge=0,
+        description="Drishti small_requests_absolute. Small requests (count) above which the insight is high severity.",
     )
     # -- alignment (Drishti misaligned_requests) -----------------------------------------
     alignment_bytes: int = Field(
         default=4096, ge=1, description="Pharos. Alignment (bytes) a request offset is checked against (page size)."
     )
     misaligned_ratio: float = Field(
-        default=0.1, ge=0, le=1, description="Drishti misaligned_requests. Share (0-1) of data requests at a misaligned offset."
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Drishti misaligned_requests. Share (0-1) of data requests at a misaligned offset.",
     )
     # -- access order (Drishti random_operations / random_operations_absolute) ------------
     random_ratio: float = Field(
-        default=0.2, ge=0, le=1, description="Drishti random_operations. Share (0-1) of requests that are not sequential."
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Drishti random_operations. Share (0-1) of requests that are not sequential.",
     )
     random_absolute: int = Field(
-        default=1000, ge=0, description="Drishti random_operations_absolute. Random requests (count) needed for the insight."
+        default=1000,
+        ge=0,
+        description="Drishti random_operations_absolute. Random requests (count) needed for the insight.",
     )
     # -- imbalance (Drishti imbalance_stragglers / imbalance_size) -------------------------
     imbalance_stragglers: float = Field(
-        default=0.15, ge=0, le=1,
+        default=0.15,
+        ge=0,
+        le=1,
         description="Drishti imbalance_stragglers. (slowest - fastest rank) / total, of bytes or time, on a shared file.",
     )
     imbalance_size: float = Field(
@@ -89,22 +107,30 @@ class DiagnosisConfig(BaseSettings):
         default=30.0, ge=0, description="Drishti metadata_time_rank. Seconds one rank spends in metadata operations."
     )
     metadata_rate_ops_s: float = Field(
-        default=1000.0, gt=0, description="Beacon (NSDI'19). Metadata operations per second that make I/O metadata-heavy."
+        default=1000.0,
+        gt=0,
+        description="Beacon (NSDI'19). Metadata operations per second that make I/O metadata-heavy.",
     )
     metadata_sustained_s: int = Field(
         default=3, ge=1, description="Pharos. Consecutive seconds above metadata_rate_ops_s that count as sustained."
     )
     # -- data direction (Drishti imbalance_operations) ------------------------------------
     dominance_ratio: float = Field(
-        default=0.1, ge=0, le=1,
+        default=0.1,
+        ge=0,
+        le=1,
         description="Drishti imbalance_operations. |writes - reads| / all above which I/O is read- or write-dominant.",
     )
     # -- files, fsync, striping, redundancy (Pharos) ---------------------------------------
     many_files_absolute: int = Field(
-        default=1000, ge=1, description="Pharos. Data files, each moving under small_file_bytes, that make 'many small files'."
+        default=1000,
+        ge=1,
+        description="Pharos. Data files, each moving under small_file_bytes, that make 'many small files'.",
     )
     small_file_bytes: int = Field(default=MiB, ge=1, description="Pharos. A data file moving fewer bytes is small.")
-    fsync_absolute: int = Field(default=100, ge=1, description="Pharos. fsync/fdatasync calls needed for an fsync storm.")
+    fsync_absolute: int = Field(
+        default=100, ge=1, description="Pharos. fsync/fdatasync calls needed for an fsync storm."
+    )
     fsync_per_write_ratio: float = Field(
         default=0.1, ge=0, description="Pharos. fsync/fdatasync calls per write request that make a storm."
     )
@@ -112,7 +138,9 @@ class DiagnosisConfig(BaseSettings):
         default=16, ge=2, description="Pharos. Ranks sharing a file before a single storage target is a bottleneck."
     )
     redundant_min_bytes: int = Field(
-        default=MiB, ge=0, description="Pharos. Bytes read more than once (or written then read) needed for the insight."
+        default=MiB,
+        ge=0,
+        description="Pharos. Bytes read more than once (or written then read) needed for the insight.",
     )
     interface_stdio_ratio: float = Field(
         default=0.1, ge=0, le=1, description="Drishti interface_stdio. Share (0-1) of the bytes moved through STDIO."
@@ -122,32 +150,39 @@ class DiagnosisConfig(BaseSettings):
     )
     # -- bounds of the sequential (Python) analyses ----------------------------------------
     scan_max_records: int = Field(
-        default=500_000, ge=1000,
+        default=500_000,
+        ge=1000,
         description="Pharos. Most records read into Python for read-after-write detection; the rest is not scanned (reported).",
     )
 
     # -- system-side diagnosis: fail-slow nodes (Beacon NSDI'19 §5.3; Pharos) ------------
     failslow_windows_s: list[float] = Field(
-        default=[3600.0, 14400.0, 43200.0, 345600.0], min_length=1,
+        default=[3600.0, 14400.0, 43200.0, 345600.0],
+        min_length=1,
         description="Beacon §5.3 (1 h, 4 h, 12 h, 96 h). Widening look-back windows (s) of fail-slow "
         "detection: flagged in every window = persistent, in the shortest only = transient.",
     )
     failslow_bw_ratio: float = Field(
-        default=0.5, gt=0, le=1,
+        default=0.5,
+        gt=0,
+        le=1,
         description="Beacon §5.3. A node is slow when its average AND maximum bandwidth are below this "
         "share of the peers' mean maximum bandwidth ...",
     )
     failslow_volume_ratio: float = Field(
-        default=0.6, ge=0,
+        default=0.6,
+        ge=0,
         description="Beacon §5.3. ... while it serves more than this share of the peers' mean volume (bytes).",
     )
     failslow_z: float = Field(
-        default=3.5, gt=0,
+        default=3.5,
+        gt=0,
         description="Pharos (Iglewicz-Hoaglin cut-off). Robust z-score (median/IQR scaled to a standard "
         "deviation, on log features) above which a node's service time is an outlier among its peers.",
     )
     failslow_min_ratio: float = Field(
-        default=2.0, gt=1,
+        default=2.0,
+        gt=1,
         description="Pharos. The outlier must also be this many times slower (service time per byte, against "
         "the peers' median) so that a tight peer group does not turn small differences into alerts.",
     )
@@ -155,30 +190,40 @@ class DiagnosisConfig(BaseSettings):
         default=20, ge=1, description="Pharos. Requests a node must have served in a window to be judged (load guard)."
     )
     failslow_min_busy_share: float = Field(
-        default=0.3, ge=0, le=1,
+        default=0.3,
+        ge=0,
+        le=1,
         description="Pharos. Share (0-1) of the window's intervals in which the node served requests (load guard).",
     )
     failslow_min_peers: int = Field(
         default=3, ge=2, description="Pharos. Nodes (including the judged one) needed for a peer comparison."
     )
     failslow_critical_ratio: float = Field(
-        default=4.0, gt=1, description="Pharos. Slowdown (x peers' median) at which a fail-slow anomaly is critical, else warning."
+        default=4.0,
+        gt=1,
+        description="Pharos. Slowdown (x peers' median) at which a fail-slow anomaly is critical, else warning.",
     )
     # -- interference (Pharos) -------------------------------------------------------------
     interference_window_s: float = Field(
-        default=60.0, gt=0, description="Pharos. Width (s) of the windows in which a job's co-located jobs are compared."
+        default=60.0,
+        gt=0,
+        description="Pharos. Width (s) of the windows in which a job's co-located jobs are compared.",
     )
     interference_lookback_s: float = Field(
-        default=3600.0, gt=0,
+        default=3600.0,
+        gt=0,
         description="Pharos. History (s) the periodic detection reads for interference (quiet baselines + current windows).",
     )
     interference_latency_ratio: float = Field(
-        default=1.5, gt=1,
+        default=1.5,
+        gt=1,
         description="Pharos. Rise of a job's mean latency (queue wait + service, per request) against its "
         "quiet baseline that counts as interference.",
     )
     interference_min_added_ms: float = Field(
-        default=1.0, ge=0, description="Pharos. Minimum rise (ms per request) of the job's latency to count as interference."
+        default=1.0,
+        ge=0,
+        description="Pharos. Minimum rise (ms per request) of the job's latency to count as interference.",
     )
     interference_min_requests: int = Field(
         default=10, ge=1, description="Pharos. Requests a job needs in a window (and in its baseline) to be judged."
@@ -191,19 +236,24 @@ class DiagnosisConfig(BaseSettings):
         default="", description="Pharos. Generic JSON webhook receiving the same alerts; '' = off."
     )
     alert_resend_s: float = Field(
-        default=60.0, gt=0,
+        default=60.0,
+        gt=0,
         description="Pharos. An open alert is re-sent (same labels) at least this often so Alertmanager keeps it firing.",
     )
     alert_ends_after_s: float = Field(
-        default=300.0, gt=0,
+        default=300.0,
+        gt=0,
         description="Pharos. endsAt of a firing alert is now + this: if Pharos stops re-sending, Alertmanager resolves it.",
     )
     detect_period_s: float = Field(
-        default=10.0, ge=0,
+        default=10.0,
+        ge=0,
         description="Pharos. Period (s) of the server's fail-slow + interference detection and alerting; 0 = off.",
     )
     status_window_s: float = Field(
-        default=60.0, gt=0, description="Pharos. Look-back (s) of the 'recent' numbers of /v1/targets and /v1/forwarders."
+        default=60.0,
+        gt=0,
+        description="Pharos. Look-back (s) of the 'recent' numbers of /v1/targets and /v1/forwarders.",
     )
 
     @classmethod

@@ -48,14 +48,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
-from pharos_pipeline.store import Store, ns_to_datetime64
 from sklearn.preprocessing import RobustScaler
+
+from pharos_pipeline.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 
 NodeKind = Literal["target", "forwarder"]
 KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
-_MIN_LOG_SCALE = 0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
+_MIN_LOG_SCALE = (
+    0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
+)
 
 #: Busy time of a target in one interval row, ns: the reported sum of service times, or for rows
 #: of producers without it (service_ns_sum = 0) the p50 x ops estimate.
@@ -237,15 +240,25 @@ def beacon_rule(node: str, feats: dict[str, dict], cfg: DiagnosisConfig) -> bool
     me = feats[node]
     peer_max = sum(p["bw_max"] for p in peers) / len(peers)
     peer_vol = sum(p["bytes"] for p in peers) / len(peers)
-    return (me["bw_avg"] < cfg.failslow_bw_ratio * peer_max and me["bw_max"] < cfg.failslow_bw_ratio * peer_max
-            and me["bytes"] > cfg.failslow_volume_ratio * peer_vol)
+    return (
+        me["bw_avg"] < cfg.failslow_bw_ratio * peer_max
+        and me["bw_max"] < cfg.failslow_bw_ratio * peer_max
+        and me["bytes"] > cfg.failslow_volume_ratio * peer_vol
+    )
 
 
-def _judge(kind: NodeKind, window_s: float, feats: dict[str, dict], rel: dict[str, float], cfg: DiagnosisConfig,
-           n_intervals: float) -> list[NodeVerdict]:
+def _judge(
+    kind: NodeKind,
+    window_s: float,
+    feats: dict[str, dict],
+    rel: dict[str, float],
+    cfg: DiagnosisConfig,
+    n_intervals: float,
+) -> list[NodeVerdict]:
     """Model + rule for every node of one kind in one window."""
     loaded = {
-        n for n, f in feats.items()
+        n
+        for n, f in feats.items()
         if n in rel and f["ops"] >= cfg.failslow_min_ops and f["busy"] >= cfg.failslow_min_busy_share * n_intervals
     }
     z = _robust_z({n: rel[n] for n in loaded}) if len(loaded) >= cfg.failslow_min_peers else {}
@@ -261,8 +274,14 @@ def _judge(kind: NodeKind, window_s: float, feats: dict[str, dict], rel: dict[st
 
 def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str, dict], dict[str, float]]:
     rows = store.query(TARGET_WINDOW_SQL, {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
-    feats = {r["node"]: {k: (float(v) if isinstance(v, (int, float, str)) and k not in ("node",) else v)
-                         for k, v in r.items() if k != "node"} for r in rows}
+    feats = {
+        r["node"]: {
+            k: (float(v) if isinstance(v, (int, float, str)) and k not in ("node",) else v)
+            for k, v in r.items()
+            if k != "node"
+        }
+        for r in rows
+    }
     limited = feats and all(f["max_perf_mb_s"] > 0 for f in feats.values())
     rel = {}
     for n, f in feats.items():
@@ -286,7 +305,7 @@ def _fwd_relative(pairs: list[dict], min_ops: int) -> tuple[dict[str, float], di
         t[1] += p["bytes"]
         t[2] += p["svc_ns"]
     by_t: dict[str, list[float]] = {}
-    for (n, t), (ops, b, svc) in tot.items():
+    for (_node, t), (ops, b, svc) in tot.items():
         if ops >= max(3, min_ops // 10) and b > 0:
             by_t.setdefault(t, []).append(svc / b)
     med = {t: float(np.median(v)) for t, v in by_t.items() if len(v) >= 2}
@@ -295,7 +314,8 @@ def _fwd_relative(pairs: list[dict], min_ops: int) -> tuple[dict[str, float], di
         t = p["target"]
         if t in med and p["bytes"] > 0 and med[t] > 0:
             acc.setdefault((p["node"], int(p["bucket"])), []).append(
-                (math.log(max(p["svc_ns"] / p["bytes"], 1e-12) / med[t]), float(p["bytes"])))
+                (math.log(max(p["svc_ns"] / p["bytes"], 1e-12) / med[t]), float(p["bytes"]))
+            )
     per_node: dict[str, list[float]] = {}
     for (n, _), xs in acc.items():
         per_node.setdefault(n, []).append(math.exp(float(np.average([x for x, _ in xs], weights=[w for _, w in xs]))))
@@ -306,19 +326,24 @@ def _fwd_relative(pairs: list[dict], min_ops: int) -> tuple[dict[str, float], di
 def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig) -> tuple[dict, dict, dict]:
     bucket_ns = max(1_000_000_000, (until_ns - since_ns) // FWD_BUCKETS_PER_WINDOW // 1_000_000_000 * 1_000_000_000)
     p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
-    pairs = [{k: (float(v) if k not in ("node", "target") else v) for k, v in r.items()}
-             for r in store.query(FWD_PAIRS_SQL, p | {"bucket_ns": bucket_ns})]
+    pairs = [
+        {k: (float(v) if k not in ("node", "target") else v) for k, v in r.items()}
+        for r in store.query(FWD_PAIRS_SQL, p | {"bucket_ns": bucket_ns})
+    ]
     feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(FWD_WINDOW_SQL, p)}
     rel, med = _fwd_relative(pairs, cfg.failslow_min_ops)
     for n, f in feats.items():
-        f["svc_ns_per_byte"] = (sum(q["svc_ns"] for q in pairs if q["node"] == n)
-                                / max(1.0, sum(q["bytes"] for q in pairs if q["node"] == n)))
+        f["svc_ns_per_byte"] = sum(q["svc_ns"] for q in pairs if q["node"] == n) / max(
+            1.0, sum(q["bytes"] for q in pairs if q["node"] == n)
+        )
         if n in rel:
             f["rel_service_raw"] = rel[n]
     return feats, rel, med
 
 
-def _onset_target(store: Store, node: str, since_ns: int, until_ns: int, cfg: DiagnosisConfig, limited: bool) -> int | None:
+def _onset_target(
+    store: Store, node: str, since_ns: int, until_ns: int, cfg: DiagnosisConfig, limited: bool
+) -> int | None:
     rows = store.query(TARGET_INTERVALS_SQL, {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
     by_t: dict[int, dict[str, float]] = {}
     for r in rows:
@@ -348,9 +373,12 @@ def _onset(by_t: dict[int, dict[str, float]], node: str, cfg: DiagnosisConfig) -
     return onset
 
 
-def _onset_forwarder(store: Store, node: str, since_ns: int, until_ns: int, med: dict[str, float],
-                     cfg: DiagnosisConfig) -> int | None:
-    rows = store.query(FWD_INTERVALS_SQL, {"node": node, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)})
+def _onset_forwarder(
+    store: Store, node: str, since_ns: int, until_ns: int, med: dict[str, float], cfg: DiagnosisConfig
+) -> int | None:
+    rows = store.query(
+        FWD_INTERVALS_SQL, {"node": node, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
+    )
     onset = None
     per_t: dict[int, list[float]] = {}
     for r in rows:
@@ -365,8 +393,12 @@ def _onset_forwarder(store: Store, node: str, since_ns: int, until_ns: int, med:
     return onset
 
 
-def detect_failslow(store: Store, cfg: DiagnosisConfig | None = None, now_ns: int | None = None,
-                    kinds: tuple[NodeKind, ...] = ("target", "forwarder")) -> FailSlowReport:
+def detect_failslow(
+    store: Store,
+    cfg: DiagnosisConfig | None = None,
+    now_ns: int | None = None,
+    kinds: tuple[NodeKind, ...] = ("target", "forwarder"),
+) -> FailSlowReport:
     """Judge every target and forwarding node in each window ``(now - w, now]`` of
     ``cfg.failslow_windows_s`` (s); ``now_ns`` defaults to the wall clock.
 
@@ -407,24 +439,50 @@ def detect_failslow(store: Store, cfg: DiagnosisConfig | None = None, now_ns: in
                 onset = _onset_target(store, node, since, now_ns, cfg, ctx[("target", longest)])
             else:
                 onset = _onset_forwarder(store, node, since, now_ns, ctx[("forwarder", longest)], cfg)
-        anomalies.append(Anomaly(
-            kind=KIND_NAME[kind], node=node, node_type=kind,
-            persistence="persistent" if flagged == windows else "transient",
-            active=active,
-            severity="critical" if (first.rel_service or 0) >= cfg.failslow_critical_ratio else "warning",
-            window_s=flagged[-1], windows_flagged=flagged, rel_service=round(first.rel_service or 0.0, 3),
-            z=round(first.z or 0.0, 2), beacon_slow=first.beacon_slow, onset_ns=onset, detected_ns=now_ns,
-            evidence={str(int(w) if float(w).is_integer() else w): _evidence(vs[w]) for w in windows if w in vs},
-        ))
+        anomalies.append(
+            Anomaly(
+                kind=KIND_NAME[kind],
+                node=node,
+                node_type=kind,
+                persistence="persistent" if flagged == windows else "transient",
+                active=active,
+                severity="critical" if (first.rel_service or 0) >= cfg.failslow_critical_ratio else "warning",
+                window_s=flagged[-1],
+                windows_flagged=flagged,
+                rel_service=round(first.rel_service or 0.0, 3),
+                z=round(first.z or 0.0, 2),
+                beacon_slow=first.beacon_slow,
+                onset_ns=onset,
+                detected_ns=now_ns,
+                evidence={str(int(w) if float(w).is_integer() else w): _evidence(vs[w]) for w in windows if w in vs},
+            )
+        )
     return FailSlowReport(now_ns, windows, anomalies, verdicts)
 
 
 def _evidence(v: NodeVerdict) -> dict:
     f = v.features
-    keep = ("bytes", "ops", "bw_avg", "bw_max", "svc_ns_per_byte", "svc_ns_per_byte_median", "p99_ns", "p99_max_ns", "queue_depth",
-            "queue_wait_ns", "max_perf_mb_s", "throttled_share", "busy")
+    keep = (
+        "bytes",
+        "ops",
+        "bw_avg",
+        "bw_max",
+        "svc_ns_per_byte",
+        "svc_ns_per_byte_median",
+        "p99_ns",
+        "p99_max_ns",
+        "queue_depth",
+        "queue_wait_ns",
+        "max_perf_mb_s",
+        "throttled_share",
+        "busy",
+    )
     out = {k: round(float(f[k]), 3) for k in keep if k in f and f[k] is not None}
-    out |= {"rel_service": None if v.rel_service is None else round(v.rel_service, 3),
-            "z": None if v.z is None else round(v.z, 2), "model_slow": v.model_slow, "beacon_slow": v.beacon_slow,
-            "judged": v.judged}
+    out |= {
+        "rel_service": None if v.rel_service is None else round(v.rel_service, 3),
+        "z": None if v.z is None else round(v.z, 2),
+        "model_slow": v.model_slow,
+        "beacon_slow": v.beacon_slow,
+        "judged": v.judged,
+    }
     return out

@@ -23,8 +23,9 @@ the rules to the few aggregate rows, and runs the one sequential analysis
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pharos_pipeline.store import Store
 
@@ -101,10 +102,19 @@ class _Counters:
 
     def __init__(self, store: Store, job_id: str):
         rows = store.query(COUNTER_RECORDS_SQL, {"job_id": job_id})
-        self.logs = {r["log_id"]: (int(r["nprocs"]), int(r["rank_offset"])) for r in store.query(LOG_RANKS_SQL, {"job_id": job_id})}
+        self.logs = {
+            r["log_id"]: (int(r["nprocs"]), int(r["rank_offset"]))
+            for r in store.query(LOG_RANKS_SQL, {"job_id": job_id})
+        }
         self.recs = [
-            _Rec(r["module"], int(r["record_id"]), int(r["rank"]), r["log_id"], r["path"],
-                 dict(zip(r["names"], (float(v) for v in r["values"]))))
+            _Rec(
+                r["module"],
+                int(r["record_id"]),
+                int(r["rank"]),
+                r["log_id"],
+                r["path"],
+                dict(zip(r["names"], (float(v) for v in r["values"]), strict=True)),
+            )
             for r in rows
         ]
         self.posix = [r for r in self.recs if r.module == "POSIX" and not is_system_path(r.path)]
@@ -249,8 +259,12 @@ LIMIT {limit:UInt64}
 class _Trace:
     def __init__(self, store: Store, job_id: str, cfg: DiagnosisConfig):
         self.store, self.job_id, self.cfg = store, job_id, cfg
-        self.p = {**_params(store, job_id, "client", cfg), "gap_ns": 1 << 62, "small_file": cfg.small_file_bytes,
-                  "stragglers": cfg.imbalance_stragglers}
+        self.p = {
+            **_params(store, job_id, "client", cfg),
+            "gap_ns": 1 << 62,
+            "small_file": cfg.small_file_bytes,
+            "stragglers": cfg.imbalance_stragglers,
+        }
         rows = store.query(TRACE_FILES_SQL, self.p)
         self.files = rows[0] if rows and int(rows[0]["n_files"]) > 0 else None
         self.ranks = store.query(TRACE_RANKS_SQL, self.p)
@@ -275,22 +289,34 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def _small_insight(direction: str, n_small: float, n_all: float, source: str, cfg: DiagnosisConfig,
-                   shared: bool = False, mpiio: bool = False) -> Insight | None:
+def _small_insight(
+    direction: str,
+    n_small: float,
+    n_all: float,
+    source: str,
+    cfg: DiagnosisConfig,
+    shared: bool = False,
+    mpiio: bool = False,
+) -> Insight | None:
     if n_all <= 0 or n_small / n_all <= cfg.small_requests_ratio:
         return None
     high = n_small > cfg.small_requests_absolute
     where = " to shared files" if shared else ""
     recs = [f"Buffer {direction}s into larger, contiguous requests (at least {_mib(cfg.small_request_bytes)})."]
     if shared:
-        recs.append("Use collective MPI-IO (MPI_File_{}_all) so aggregators issue large requests to the shared file."
-                    .format("read" if direction == "read" else "write"))
+        recs.append(
+            "Use collective MPI-IO (MPI_File_{}_all) so aggregators issue large requests to the shared file.".format(
+                "read" if direction == "read" else "write"
+            )
+        )
     elif mpiio:
         recs.append("The job already uses MPI-IO: collective calls (MPI_File_*_all) aggregate small requests.")
     else:
         recs.append("Consider an I/O library with collective buffering (MPI-IO, HDF5 or PnetCDF on MPI-IO).")
-    msg = (f"{int(n_small)} of {int(n_all)} {direction} requests{where} ({_pct(n_small / n_all)}) are under "
-           f"{_mib(cfg.small_request_bytes)}")
+    msg = (
+        f"{int(n_small)} of {int(n_all)} {direction} requests{where} ({_pct(n_small / n_all)}) are under "
+        f"{_mib(cfg.small_request_bytes)}"
+    )
     if not high:
         msg += f"; only {int(n_small)} of them (high severity above {cfg.small_requests_absolute}), so they cost little"
     return Insight(
@@ -299,8 +325,13 @@ def _small_insight(direction: str, n_small: float, n_all: float, source: str, cf
         severity="high" if high else "info",
         source=source,  # type: ignore[arg-type]
         message=msg,
-        evidence={"small_requests": int(n_small), "requests": int(n_all), "share": n_small / n_all,
-                  "small_bytes": cfg.small_request_bytes, "absolute_threshold": cfg.small_requests_absolute},
+        evidence={
+            "small_requests": int(n_small),
+            "requests": int(n_all),
+            "share": n_small / n_all,
+            "small_bytes": cfg.small_request_bytes,
+            "absolute_threshold": cfg.small_requests_absolute,
+        },
         recommendations=recs,
         rule_source="Drishti P05/P06 (P15/P16 for shared files): small_requests, small_requests_absolute",
     )
@@ -321,11 +352,11 @@ def small_requests(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases)
         for d, D in (("read", "READ"), ("write", "WRITE")):
             small = sum(r.g(f"POSIX_SIZE_{D}_{b}") for r in c.posix for b in _SMALL_BINS)
             total = sum(r.g(f"POSIX_{D}S") for r in c.posix)
-            if (i := _small_insight(d, small, total, "counters", cfg, mpiio=bool(c.mpiio))):
+            if i := _small_insight(d, small, total, "counters", cfg, mpiio=bool(c.mpiio)):
                 out.append(i)
     elif t.files:
         for d in ("read", "write"):
-            if (i := _small_insight(d, t.f(f"small_{d}s"), t.f(f"{d}s"), "trace", cfg)):
+            if i := _small_insight(d, t.f(f"small_{d}s"), t.f(f"{d}s"), "trace", cfg):
                 out.append(i)
     return out
 
@@ -345,11 +376,11 @@ def small_shared(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) -
         for d, D in (("read", "READ"), ("write", "WRITE")):
             small = sum(r.g(f"POSIX_SIZE_{D}_{b}") for r in shared for b in _SMALL_BINS)
             total = sum(r.g(f"POSIX_{D}S") for r in shared)
-            if (i := _small_insight(d, small, total, "counters", cfg, shared=True)):
+            if i := _small_insight(d, small, total, "counters", cfg, shared=True):
                 out.append(i)
     elif t.files:
         for d in ("read", "write"):
-            if (i := _small_insight(d, t.f(f"shared_small_{d}s"), t.f(f"shared_{d}s"), "trace", cfg, shared=True)):
+            if i := _small_insight(d, t.f(f"shared_small_{d}s"), t.f(f"shared_{d}s"), "trace", cfg, shared=True):
                 out.append(i)
     return out
 
@@ -365,35 +396,69 @@ def misaligned(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) -> 
     ``alignment_bytes`` (bytes, default 4096).
     """
     out = []
-    rec = ["Align requests to the file system's block/stripe size (e.g. H5Pset_alignment for HDF5, "
-           "striping_unit / cb_buffer_size hints for MPI-IO)."]
+    rec = [
+        "Align requests to the file system's block/stripe size (e.g. H5Pset_alignment for HDF5, "
+        "striping_unit / cb_buffer_size hints for MPI-IO)."
+    ]
     if c.present and c.posix:
         ops = sum(r.g("POSIX_READS") + r.g("POSIX_WRITES") for r in c.posix)
         nf = sum(r.g("POSIX_FILE_NOT_ALIGNED") for r in c.posix)
         nm = sum(r.g("POSIX_MEM_NOT_ALIGNED") for r in c.posix)
         align = max((r.g("POSIX_FILE_ALIGNMENT") for r in c.posix), default=0)
         if ops and nf / ops > cfg.misaligned_ratio:
-            out.append(Insight("misaligned_file", "Misaligned file requests", "high", "counters",
-                               f"{_pct(nf / ops)} of {int(ops)} requests are not aligned to the file alignment "
-                               f"({int(align)} bytes)",
-                               {"misaligned": int(nf), "requests": int(ops), "share": nf / ops, "alignment_bytes": int(align)},
-                               rec, "Drishti P08: misaligned_requests"))
+            out.append(
+                Insight(
+                    "misaligned_file",
+                    "Misaligned file requests",
+                    "high",
+                    "counters",
+                    f"{_pct(nf / ops)} of {int(ops)} requests are not aligned to the file alignment "
+                    f"({int(align)} bytes)",
+                    {"misaligned": int(nf), "requests": int(ops), "share": nf / ops, "alignment_bytes": int(align)},
+                    rec,
+                    "Drishti P08: misaligned_requests",
+                )
+            )
         if ops and nm / ops > cfg.misaligned_ratio:
-            out.append(Insight("misaligned_memory", "Misaligned memory buffers", "warn", "counters",
-                               f"{_pct(nm / ops)} of {int(ops)} requests use memory buffers that are not aligned",
-                               {"misaligned": int(nm), "requests": int(ops), "share": nm / ops,
-                                "alignment_bytes": int(max((r.g("POSIX_MEM_ALIGNMENT") for r in c.posix), default=0))},
-                               ["Allocate I/O buffers aligned (posix_memalign) to the memory alignment."],
-                               "Drishti P07: misaligned_requests"))
+            out.append(
+                Insight(
+                    "misaligned_memory",
+                    "Misaligned memory buffers",
+                    "warn",
+                    "counters",
+                    f"{_pct(nm / ops)} of {int(ops)} requests use memory buffers that are not aligned",
+                    {
+                        "misaligned": int(nm),
+                        "requests": int(ops),
+                        "share": nm / ops,
+                        "alignment_bytes": int(max((r.g("POSIX_MEM_ALIGNMENT") for r in c.posix), default=0)),
+                    },
+                    ["Allocate I/O buffers aligned (posix_memalign) to the memory alignment."],
+                    "Drishti P07: misaligned_requests",
+                )
+            )
     elif t.files:
         ops = t.f("reads") + t.f("writes")
         nf = t.f("misaligned")
         if ops and nf / ops > cfg.misaligned_ratio:
-            out.append(Insight("misaligned_file", "Misaligned file requests", "high", "trace",
-                               f"{_pct(nf / ops)} of {int(ops)} requests start at an offset that is not a multiple "
-                               f"of {cfg.alignment_bytes} bytes",
-                               {"misaligned": int(nf), "requests": int(ops), "share": nf / ops,
-                                "alignment_bytes": cfg.alignment_bytes}, rec, "Drishti P08: misaligned_requests"))
+            out.append(
+                Insight(
+                    "misaligned_file",
+                    "Misaligned file requests",
+                    "high",
+                    "trace",
+                    f"{_pct(nf / ops)} of {int(ops)} requests start at an offset that is not a multiple "
+                    f"of {cfg.alignment_bytes} bytes",
+                    {
+                        "misaligned": int(nf),
+                        "requests": int(ops),
+                        "share": nf / ops,
+                        "alignment_bytes": cfg.alignment_bytes,
+                    },
+                    rec,
+                    "Drishti P08: misaligned_requests",
+                )
+            )
     return out
 
 
@@ -409,8 +474,10 @@ def random_access(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
     out = []
     if c.present and c.posix:
         src = "counters"
-        vals = {d: (sum(r.g(f"POSIX_{D}S") for r in c.posix), sum(r.g(f"POSIX_SEQ_{D}S") for r in c.posix))
-                for d, D in (("read", "READ"), ("write", "WRITE"))}
+        vals = {
+            d: (sum(r.g(f"POSIX_{D}S") for r in c.posix), sum(r.g(f"POSIX_SEQ_{D}S") for r in c.posix))
+            for d, D in (("read", "READ"), ("write", "WRITE"))
+        }
     elif t.files:
         src = "trace"
         vals = {d: (t.f(f"{d}s"), t.f(f"seq_{d}s")) for d in ("read", "write")}
@@ -419,14 +486,23 @@ def random_access(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
     for d, (n, seq) in vals.items():
         rnd = max(n - seq, 0)
         if n and rnd / n > cfg.random_ratio and rnd > cfg.random_absolute:
-            out.append(Insight(f"random_{d}s", f"Random {d}s", "high", src,  # type: ignore[arg-type]
-                               f"{int(rnd)} of {int(n)} {d} requests ({_pct(rnd / n)}) are not sequential",
-                               {"random": int(rnd), "requests": int(n), "share": rnd / n},
-                               [f"Reorder {d}s by offset, or gather them (collective I/O, data sieving) into "
-                                "sequential streams.",
-                                "If the access is inherently random, a read-ahead/cache layer or a key-value "
-                                "format may suit better."],
-                               "Drishti P11/P13: random_operations, random_operations_absolute"))
+            out.append(
+                Insight(
+                    f"random_{d}s",
+                    f"Random {d}s",
+                    "high",
+                    src,  # type: ignore[arg-type]
+                    f"{int(rnd)} of {int(n)} {d} requests ({_pct(rnd / n)}) are not sequential",
+                    {"random": int(rnd), "requests": int(n), "share": rnd / n},
+                    [
+                        f"Reorder {d}s by offset, or gather them (collective I/O, data sieving) into "
+                        "sequential streams.",
+                        "If the access is inherently random, a read-ahead/cache layer or a key-value "
+                        "format may suit better.",
+                    ],
+                    "Drishti P11/P13: random_operations, random_operations_absolute",
+                )
+            )
     return out
 
 
@@ -439,8 +515,11 @@ def redundant_reads(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases
     are certainly read twice; fires above ``redundant_min_bytes`` (bytes, default 1 MiB).
     """
     if c.present and c.posix:
-        per = [(r.g("POSIX_BYTES_READ") - (r.g("POSIX_MAX_BYTE_READ") + 1), c.name(r)) for r in c.posix
-               if r.g("POSIX_BYTES_READ") > 0]
+        per = [
+            (r.g("POSIX_BYTES_READ") - (r.g("POSIX_MAX_BYTE_READ") + 1), c.name(r))
+            for r in c.posix
+            if r.g("POSIX_BYTES_READ") > 0
+        ]
         red = sum(max(x, 0) for x, _ in per)
         top = max(per, default=(0, ""))[1]
         src = "counters"
@@ -450,12 +529,21 @@ def redundant_reads(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases
         return []
     if red <= cfg.redundant_min_bytes:
         return []
-    return [Insight("redundant_reads", "Redundant reads", "warn", src,  # type: ignore[arg-type]
-                    f"at least {_mib(red)} were read more than once (most in {top})",
-                    {"redundant_bytes": int(red), "top_file": top},
-                    ["Read the data once and keep it in memory, or share it between ranks (MPI broadcast) "
-                     "instead of every rank reading it."],
-                    "Drishti P09 (redundant read traffic)")]
+    return [
+        Insight(
+            "redundant_reads",
+            "Redundant reads",
+            "warn",
+            src,  # type: ignore[arg-type]
+            f"at least {_mib(red)} were read more than once (most in {top})",
+            {"redundant_bytes": int(red), "top_file": top},
+            [
+                "Read the data once and keep it in memory, or share it between ranks (MPI broadcast) "
+                "instead of every rank reading it."
+            ],
+            "Drishti P09 (redundant read traffic)",
+        )
+    ]
 
 
 @rule
@@ -492,48 +580,84 @@ def stragglers(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) -> 
             lus = c.lustre.get(worst.record_id)
             stripes = int(lus.g("LUSTRE_STRIPE_COUNT")) if lus else None
             ev: dict[str, Any] = {
-                "files": len(hits), "worst_file": c.name(worst), "imbalance": share,
-                "slowest_rank": int(worst.g("POSIX_SLOWEST_RANK")), "fastest_rank": int(worst.g("POSIX_FASTEST_RANK")),
+                "files": len(hits),
+                "worst_file": c.name(worst),
+                "imbalance": share,
+                "slowest_rank": int(worst.g("POSIX_SLOWEST_RANK")),
+                "fastest_rank": int(worst.g("POSIX_FASTEST_RANK")),
                 "ranks": c.nprocs(worst),
             }
             if kind == "bytes":
-                ev |= {"slowest_rank_bytes": int(worst.g("POSIX_SLOWEST_RANK_BYTES")),
-                       "fastest_rank_bytes": int(worst.g("POSIX_FASTEST_RANK_BYTES")),
-                       "file_bytes": int(worst.g("POSIX_BYTES_READ") + worst.g("POSIX_BYTES_WRITTEN"))}
+                ev |= {
+                    "slowest_rank_bytes": int(worst.g("POSIX_SLOWEST_RANK_BYTES")),
+                    "fastest_rank_bytes": int(worst.g("POSIX_FASTEST_RANK_BYTES")),
+                    "file_bytes": int(worst.g("POSIX_BYTES_READ") + worst.g("POSIX_BYTES_WRITTEN")),
+                }
             else:
-                ev |= {"slowest_rank_time_s": worst.g("POSIX_F_SLOWEST_RANK_TIME"),
-                       "fastest_rank_time_s": worst.g("POSIX_F_FASTEST_RANK_TIME")}
-            recs = ["Balance the data each rank moves; with collective MPI-IO, check which ranks are "
-                    "aggregators (cb_nodes) and spread them over nodes."]
+                ev |= {
+                    "slowest_rank_time_s": worst.g("POSIX_F_SLOWEST_RANK_TIME"),
+                    "fastest_rank_time_s": worst.g("POSIX_F_FASTEST_RANK_TIME"),
+                }
+            recs = [
+                "Balance the data each rank moves; with collective MPI-IO, check which ranks are "
+                "aggregators (cb_nodes) and spread them over nodes."
+            ]
             if kind == "bytes":
-                what = (f"the slowest rank ({ev['slowest_rank']}) moved {_mib(ev['slowest_rank_bytes'])}, the "
-                        f"fastest ({ev['fastest_rank']}) {_mib(ev['fastest_rank_bytes'])}")
+                what = (
+                    f"the slowest rank ({ev['slowest_rank']}) moved {_mib(ev['slowest_rank_bytes'])}, the "
+                    f"fastest ({ev['fastest_rank']}) {_mib(ev['fastest_rank_bytes'])}"
+                )
             else:
-                what = (f"the slowest rank ({ev['slowest_rank']}) spent {ev['slowest_rank_time_s']:.1f} s in I/O, "
-                        f"the fastest ({ev['fastest_rank']}) {ev['fastest_rank_time_s']:.1f} s")
-            msg = (f"shared file {c.name(worst)}: {what}; the difference is {_pct(share)} of the file's "
-                   f"{'bytes' if kind == 'bytes' else 'I/O time'} ({len(hits)} shared file(s) above "
-                   f"{_pct(cfg.imbalance_stragglers)})")
+                what = (
+                    f"the slowest rank ({ev['slowest_rank']}) spent {ev['slowest_rank_time_s']:.1f} s in I/O, "
+                    f"the fastest ({ev['fastest_rank']}) {ev['fastest_rank_time_s']:.1f} s"
+                )
+            msg = (
+                f"shared file {c.name(worst)}: {what}; the difference is {_pct(share)} of the file's "
+                f"{'bytes' if kind == 'bytes' else 'I/O time'} ({len(hits)} shared file(s) above "
+                f"{_pct(cfg.imbalance_stragglers)})"
+            )
             if stripes is not None:
                 ev["stripe_count"] = stripes
                 if stripes == 1:
                     msg += "; the file is striped over ONE storage target (OST), so its aggregator(s) serialise on it"
-                    recs.insert(0, "Stripe the shared file over many OSTs (lfs setstripe -c -1, or the MPI-IO "
-                                   "striping_factor hint): ROMIO sets one aggregator per stripe, so one stripe "
-                                   "means one rank does all the I/O.")
-            out.append(Insight(f"rank_imbalance_{kind}", f"Rank imbalance of {kind} on shared files (stragglers)",
-                               "high", "counters", msg, ev, recs,
-                               f"Drishti {'P18' if kind == 'bytes' else 'P19'}: imbalance_stragglers"))
+                    recs.insert(
+                        0,
+                        "Stripe the shared file over many OSTs (lfs setstripe -c -1, or the MPI-IO "
+                        "striping_factor hint): ROMIO sets one aggregator per stripe, so one stripe "
+                        "means one rank does all the I/O.",
+                    )
+            out.append(
+                Insight(
+                    f"rank_imbalance_{kind}",
+                    f"Rank imbalance of {kind} on shared files (stragglers)",
+                    "high",
+                    "counters",
+                    msg,
+                    ev,
+                    recs,
+                    f"Drishti {'P18' if kind == 'bytes' else 'P19'}: imbalance_stragglers",
+                )
+            )
     elif t.files and t.f("straggler_files") > 0:
-        out.append(Insight("rank_imbalance_bytes", "Rank imbalance of bytes on shared files (stragglers)", "high",
-                           "trace",
-                           f"{int(t.f('straggler_files'))} shared file(s) where one rank moved "
-                           f"{_pct(t.f('worst_shared_imbalance'))} more of the bytes than another "
-                           f"(worst: {t.files['worst_shared_file']})",
-                           {"files": int(t.f("straggler_files")), "worst_file": t.files["worst_shared_file"],
-                            "imbalance": t.f("worst_shared_imbalance")},
-                           ["Balance the data each rank moves to shared files."],
-                           "Drishti P18: imbalance_stragglers"))
+        out.append(
+            Insight(
+                "rank_imbalance_bytes",
+                "Rank imbalance of bytes on shared files (stragglers)",
+                "high",
+                "trace",
+                f"{int(t.f('straggler_files'))} shared file(s) where one rank moved "
+                f"{_pct(t.f('worst_shared_imbalance'))} more of the bytes than another "
+                f"(worst: {t.files['worst_shared_file']})",
+                {
+                    "files": int(t.f("straggler_files")),
+                    "worst_file": t.files["worst_shared_file"],
+                    "imbalance": t.f("worst_shared_imbalance"),
+                },
+                ["Balance the data each rank moves to shared files."],
+                "Drishti P18: imbalance_stragglers",
+            )
+        )
     return out
 
 
@@ -572,14 +696,30 @@ def rank_imbalance(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases)
             continue
         imb = (vals[hi] - vals[lo]) / vals[hi]
         if imb > cfg.imbalance_size:
-            out.append(Insight(f"rank_imbalance_{kind}_per_rank", f"Ranks move unequal {kind}", "warn", src,  # type: ignore[arg-type]
-                               f"rank {hi} has {vals[hi]:.6g} {unit} of data I/O, rank {lo} {vals[lo]:.6g} {unit} "
-                               f"({_pct(imb)} imbalance over {len(vals)} ranks)",
-                               {"max_rank": hi, "max": vals[hi], "min_rank": lo, "min": vals[lo], "imbalance": imb,
-                                "ranks": len(vals), "unit": unit},
-                               ["Distribute the data evenly over the ranks, or let fewer ranks (aggregators) "
-                                "do the I/O on purpose."],
-                               "Drishti P21/P22: imbalance_size"))
+            out.append(
+                Insight(
+                    f"rank_imbalance_{kind}_per_rank",
+                    f"Ranks move unequal {kind}",
+                    "warn",
+                    src,  # type: ignore[arg-type]
+                    f"rank {hi} has {vals[hi]:.6g} {unit} of data I/O, rank {lo} {vals[lo]:.6g} {unit} "
+                    f"({_pct(imb)} imbalance over {len(vals)} ranks)",
+                    {
+                        "max_rank": hi,
+                        "max": vals[hi],
+                        "min_rank": lo,
+                        "min": vals[lo],
+                        "imbalance": imb,
+                        "ranks": len(vals),
+                        "unit": unit,
+                    },
+                    [
+                        "Distribute the data evenly over the ranks, or let fewer ranks (aggregators) "
+                        "do the I/O on purpose."
+                    ],
+                    "Drishti P21/P22: imbalance_size",
+                )
+            )
     return out
 
 
@@ -607,14 +747,22 @@ def metadata_time(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
     if not slow:
         return []
     worst = max(slow, key=slow.get)  # type: ignore[arg-type]
-    return [Insight("metadata_time", "Excessive metadata time", "high", src,  # type: ignore[arg-type]
-                    f"{len(slow)} rank(s) spent more than {cfg.metadata_time_rank_s:g} s in metadata operations "
-                    f"(rank {worst}: {slow[worst]:.1f} s)",
-                    {"ranks": len(slow), "worst_rank": worst, "worst_s": slow[worst],
-                     "threshold_s": cfg.metadata_time_rank_s},
-                    ["Open files once and keep them open; avoid stat/open storms (let one rank open and "
-                     "broadcast); use fewer, larger files."],
-                    "Drishti P17: metadata_time_rank")]
+    return [
+        Insight(
+            "metadata_time",
+            "Excessive metadata time",
+            "high",
+            src,  # type: ignore[arg-type]
+            f"{len(slow)} rank(s) spent more than {cfg.metadata_time_rank_s:g} s in metadata operations "
+            f"(rank {worst}: {slow[worst]:.1f} s)",
+            {"ranks": len(slow), "worst_rank": worst, "worst_s": slow[worst], "threshold_s": cfg.metadata_time_rank_s},
+            [
+                "Open files once and keep them open; avoid stat/open storms (let one rank open and "
+                "broadcast); use fewer, larger files."
+            ],
+            "Drishti P17: metadata_time_rank",
+        )
+    ]
 
 
 @rule
@@ -628,16 +776,30 @@ def metadata_rate(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
         return []
     src = "counters" if ph.source == "counters" else "trace"
     heavy = [p.index for p in ph.phases if p.profile.metadata_heavy]
-    return [Insight("metadata_heavy", "Metadata-heavy I/O", "warn", src,  # type: ignore[arg-type]
-                    f"{prof.metadata_ops} metadata operations, {prof.metadata_peak_ops_s:.0f} per second "
-                    f"({'peak' if src == 'trace' else 'average'}; threshold {cfg.metadata_rate_ops_s:g}/s)"
-                    + (f" sustained {prof.metadata_busy_s} s" if src == "trace" else "")
-                    + (f", in phase(s) {', '.join(map(str, heavy))}" if heavy else ""),
-                    {"metadata_ops": prof.metadata_ops, "rate_ops_s": prof.metadata_peak_ops_s,
-                     "busy_s": prof.metadata_busy_s, "phases": heavy, "threshold_ops_s": cfg.metadata_rate_ops_s},
-                    ["Cut opens/stats: cache file handles, avoid per-step existence checks, aggregate small "
-                     "files into containers (HDF5, tar, record files)."],
-                    "Beacon (NSDI'19) metadata rate")]
+    return [
+        Insight(
+            "metadata_heavy",
+            "Metadata-heavy I/O",
+            "warn",
+            src,  # type: ignore[arg-type]
+            f"{prof.metadata_ops} metadata operations, {prof.metadata_peak_ops_s:.0f} per second "
+            f"({'peak' if src == 'trace' else 'average'}; threshold {cfg.metadata_rate_ops_s:g}/s)"
+            + (f" sustained {prof.metadata_busy_s} s" if src == "trace" else "")
+            + (f", in phase(s) {', '.join(map(str, heavy))}" if heavy else ""),
+            {
+                "metadata_ops": prof.metadata_ops,
+                "rate_ops_s": prof.metadata_peak_ops_s,
+                "busy_s": prof.metadata_busy_s,
+                "phases": heavy,
+                "threshold_ops_s": cfg.metadata_rate_ops_s,
+            },
+            [
+                "Cut opens/stats: cache file handles, avoid per-step existence checks, aggregate small "
+                "files into containers (HDF5, tar, record files)."
+            ],
+            "Beacon (NSDI'19) metadata rate",
+        )
+    ]
 
 
 @rule
@@ -662,12 +824,21 @@ def many_small_files(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhase
         return []
     if small < cfg.many_files_absolute:
         return []
-    return [Insight("many_small_files", "Many small files", "warn", src,  # type: ignore[arg-type]
-                    f"{small} of {files} files each moved less than {_mib(cfg.small_file_bytes)}",
-                    {"small_files": small, "files": files, "small_file_bytes": cfg.small_file_bytes},
-                    ["Pack small files into fewer large ones (HDF5/NetCDF containers, tar, record formats); "
-                     "each file costs metadata operations on the file system."],
-                    "Pharos")]
+    return [
+        Insight(
+            "many_small_files",
+            "Many small files",
+            "warn",
+            src,  # type: ignore[arg-type]
+            f"{small} of {files} files each moved less than {_mib(cfg.small_file_bytes)}",
+            {"small_files": small, "files": files, "small_file_bytes": cfg.small_file_bytes},
+            [
+                "Pack small files into fewer large ones (HDF5/NetCDF containers, tar, record formats); "
+                "each file costs metadata operations on the file system."
+            ],
+            "Pharos",
+        )
+    ]
 
 
 @rule
@@ -690,12 +861,21 @@ def fsync_storm(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) ->
         return []
     if n < cfg.fsync_absolute or n <= cfg.fsync_per_write_ratio * w:
         return []
-    return [Insight("fsync_storm", "fsync storm", "warn", src,  # type: ignore[arg-type]
-                    f"{int(n)} fsync/fdatasync calls for {int(w)} writes ({n / max(w, 1):.2f} per write)",
-                    {"fsyncs": int(n), "writes": int(w), "per_write": n / max(w, 1)},
-                    ["Sync once at the end of a phase or checkpoint, not after every write; let the file "
-                     "system's write-back work."],
-                    "Pharos")]
+    return [
+        Insight(
+            "fsync_storm",
+            "fsync storm",
+            "warn",
+            src,  # type: ignore[arg-type]
+            f"{int(n)} fsync/fdatasync calls for {int(w)} writes ({n / max(w, 1):.2f} per write)",
+            {"fsyncs": int(n), "writes": int(w), "per_write": n / max(w, 1)},
+            [
+                "Sync once at the end of a phase or checkpoint, not after every write; let the file "
+                "system's write-back work."
+            ],
+            "Pharos",
+        )
+    ]
 
 
 @rule
@@ -716,31 +896,56 @@ def single_target(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
         moved: dict[int, float] = {}
         for r in c.posix + c.mpiio:
             ranks.setdefault(r.record_id, set()).update(c.ranks_of(r))
-            moved[r.record_id] = moved.get(r.record_id, 0.0) + r.g("POSIX_BYTES_READ") + r.g("POSIX_BYTES_WRITTEN") \
-                + r.g("MPIIO_BYTES_READ") + r.g("MPIIO_BYTES_WRITTEN")
+            moved[r.record_id] = (
+                moved.get(r.record_id, 0.0)
+                + r.g("POSIX_BYTES_READ")
+                + r.g("POSIX_BYTES_WRITTEN")
+                + r.g("MPIIO_BYTES_READ")
+                + r.g("MPIIO_BYTES_WRITTEN")
+            )
         for rid, lus in c.lustre.items():
             one = lus.g("LUSTRE_STRIPE_COUNT") == 1 or lus.g("LUSTRE_OSTS") == 1
             n = len(ranks.get(rid, ()))
-            if one and n >= cfg.shared_file_min_ranks and moved.get(rid, 0) >= cfg.small_file_bytes \
-                    and not is_system_path(lus.path):
+            if (
+                one
+                and n >= cfg.shared_file_min_ranks
+                and moved.get(rid, 0) >= cfg.small_file_bytes
+                and not is_system_path(lus.path)
+            ):
                 hits.append((c.name(lus), n, "1 stripe", moved[rid]))
     if not hits and t.present:
-        rows = t.store.query(TRACE_TARGETS_SQL, {"job_id": t.job_id, "system_re": SYSTEM_PATH_REGEX,
-                                                 "min_ranks": cfg.shared_file_min_ranks})
+        rows = t.store.query(
+            TRACE_TARGETS_SQL,
+            {"job_id": t.job_id, "system_re": SYSTEM_PATH_REGEX, "min_ranks": cfg.shared_file_min_ranks},
+        )
         hits = [(r["path"], int(r["n_ranks"]), f"target {r['one_target']}", 0.0) for r in rows]
         src = "trace"
     if not hits:
         return []
     hits.sort(key=lambda h: (-h[1], -h[3]))
     path, n, what, _ = hits[0]
-    return [Insight("single_target_shared_file", "Shared file on a single storage target", "high", src,  # type: ignore[arg-type]
-                    f"{len(hits)} file(s) shared by {cfg.shared_file_min_ranks} or more ranks sit on one storage "
-                    f"target; {path} is used by {n} ranks ({what})",
-                    {"files": len(hits), "worst_file": path, "ranks": n, "layout": what,
-                     "min_ranks": cfg.shared_file_min_ranks},
-                    ["Stripe the file over many targets before writing it (lfs setstripe -c <n> or -1 on the "
-                     "directory; MPI-IO hints striping_factor / striping_unit)."],
-                    "Pharos (Lustre striping; Darshan corpus imbalanced_io)")]
+    return [
+        Insight(
+            "single_target_shared_file",
+            "Shared file on a single storage target",
+            "high",
+            src,  # type: ignore[arg-type]
+            f"{len(hits)} file(s) shared by {cfg.shared_file_min_ranks} or more ranks sit on one storage "
+            f"target; {path} is used by {n} ranks ({what})",
+            {
+                "files": len(hits),
+                "worst_file": path,
+                "ranks": n,
+                "layout": what,
+                "min_ranks": cfg.shared_file_min_ranks,
+            },
+            [
+                "Stripe the file over many targets before writing it (lfs setstripe -c <n> or -1 on the "
+                "directory; MPI-IO hints striping_factor / striping_unit)."
+            ],
+            "Pharos (Lustre striping; Darshan corpus imbalanced_io)",
+        )
+    ]
 
 
 @rule
@@ -754,11 +959,18 @@ def stdio_heavy(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) ->
     pb = sum(r.g("POSIX_BYTES_READ") + r.g("POSIX_BYTES_WRITTEN") for r in c.posix)
     if sb < cfg.stdio_min_bytes or sb / (sb + pb) <= cfg.interface_stdio_ratio:
         return []
-    return [Insight("stdio_heavy", "STDIO carries much of the data", "warn", "counters",
-                    f"{_pct(sb / (sb + pb))} of the bytes ({_mib(sb)}) go through STDIO (fopen/fread/fwrite)",
-                    {"stdio_bytes": int(sb), "posix_bytes": int(pb), "share": sb / (sb + pb)},
-                    ["Use POSIX or MPI-IO for bulk data: STDIO buffers in small chunks."],
-                    "Drishti S01: interface_stdio")]
+    return [
+        Insight(
+            "stdio_heavy",
+            "STDIO carries much of the data",
+            "warn",
+            "counters",
+            f"{_pct(sb / (sb + pb))} of the bytes ({_mib(sb)}) go through STDIO (fopen/fread/fwrite)",
+            {"stdio_bytes": int(sb), "posix_bytes": int(pb), "share": sb / (sb + pb)},
+            ["Use POSIX or MPI-IO for bulk data: STDIO buffers in small chunks."],
+            "Drishti S01: interface_stdio",
+        )
+    ]
 
 
 @rule
@@ -793,14 +1005,22 @@ def read_after_write(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhase
     if raw <= cfg.redundant_min_bytes:
         return []
     top = max(files, key=files.get)  # type: ignore[arg-type]
-    return [Insight("read_after_write", "Reads of data written earlier", "info", "trace",
-                    f"{_mib(raw)} read back after the job wrote them ({len(files)} file(s), most in {top})"
-                    + (f"; only the first {cfg.scan_max_records} records were scanned" if truncated else ""),
-                    {"bytes": raw, "files": len(files), "top_file": top, "scanned_records": len(rows),
-                     "truncated": truncated},
-                    ["Keep data the job reads back in memory, or hand it between ranks by messages; if it is a "
-                     "checkpoint verification, consider checksums at write time."],
-                    "Pharos")]
+    return [
+        Insight(
+            "read_after_write",
+            "Reads of data written earlier",
+            "info",
+            "trace",
+            f"{_mib(raw)} read back after the job wrote them ({len(files)} file(s), most in {top})"
+            + (f"; only the first {cfg.scan_max_records} records were scanned" if truncated else ""),
+            {"bytes": raw, "files": len(files), "top_file": top, "scanned_records": len(rows), "truncated": truncated},
+            [
+                "Keep data the job reads back in memory, or hand it between ranks by messages; if it is a "
+                "checkpoint verification, consider checksums at write time."
+            ],
+            "Pharos",
+        )
+    ]
 
 
 def _add_interval(starts: list[int], ends: list[int], lo: int, hi: int) -> None:
@@ -838,8 +1058,10 @@ def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) 
     trace = _Trace(store, job_id, cfg)
     notes = []
     if counters.present and trace.present:
-        notes.append("rules that both can answer use the Darshan counters (complete); the trace adds "
-                     "phases, read-after-write and metadata rate")
+        notes.append(
+            "rules that both can answer use the Darshan counters (complete); the trace adds "
+            "phases, read-after-write and metadata rate"
+        )
     out: list[Insight] = []
     for r in RULES:
         out += r(counters, trace, cfg, ph)

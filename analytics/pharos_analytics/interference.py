@@ -131,7 +131,9 @@ def _usage(store: Store, since_ns: int, until_ns: int, win_ns: int, job_ids: lis
     by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
     for r in use:
         by_w.setdefault(int(r["w"]), {}).setdefault((r["rtype"], r["res"]), {})[r["job_id"]] = {
-            "n": int(r["n"]), "bytes": int(r["bytes"])}
+            "n": int(r["n"]),
+            "bytes": int(r["bytes"]),
+        }
     jobw = {(r["job_id"], int(r["w"])): {k: int(r[k]) for k in ("n", "bytes", "svc_ns", "qw_ns")} for r in own}
     return by_w, jobw
 
@@ -158,19 +160,28 @@ def _baseline_of(jobw, job: str, ws: list[int]) -> dict:
         "lat_ns": median((s["svc_ns"] + s["qw_ns"]) / s["n"] for s in ss),
         "qw_ns": median(s["qw_ns"] / s["n"] for s in ss),
         "svc_ns": median(s["svc_ns"] / s["n"] for s in ss),
-        "windows": len(ss), "w": ws,
+        "windows": len(ss),
+        "w": ws,
     }
 
 
 def _quiet_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict | None:
-    quiet = [w for (j, w), s in jobw.items() if j == job and s["n"] >= cfg.interference_min_requests and not _others(by_w, j, w)]
+    quiet = [
+        w
+        for (j, w), s in jobw.items()
+        if j == job and s["n"] >= cfg.interference_min_requests and not _others(by_w, j, w)
+    ]
     return _baseline_of(jobw, job, sorted(quiet)) if quiet else None
 
 
 def _least_shared_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict | None:
     """The job's windows with the least co-located bytes (bottom quarter, at least 2 windows): a
     busy system leaves no job alone on its targets."""
-    ws = sorted((_co_bytes(by_w, job, w), w) for (j, w), s in jobw.items() if j == job and s["n"] >= cfg.interference_min_requests)
+    ws = sorted(
+        (_co_bytes(by_w, job, w), w)
+        for (j, w), s in jobw.items()
+        if j == job and s["n"] >= cfg.interference_min_requests
+    )
     if len(ws) < 4:
         return None
     cut = ws[max(1, len(ws) // 4) - 1][0]
@@ -193,8 +204,9 @@ def _previous_run_baseline(store: Store, job: str, before_ns: int, cfg: Diagnosi
     return (b, f"previous_run:{pj}") if b else None
 
 
-def _events_for(store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, last_w: int | None,
-                now_ns: int) -> list[InterferenceEvent]:
+def _events_for(
+    store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, last_w: int | None, now_ns: int
+) -> list[InterferenceEvent]:
     base = _quiet_baseline(by_w, jobw, job, cfg)
     source = "quiet_windows"
     if base is None:
@@ -221,7 +233,10 @@ def _events_for(store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, 
         if not others:
             continue
         lat = (s["svc_ns"] + s["qw_ns"]) / s["n"]
-        if lat < cfg.interference_latency_ratio * base["lat_ns"] or lat - base["lat_ns"] < cfg.interference_min_added_ms * 1e6:
+        if (
+            lat < cfg.interference_latency_ratio * base["lat_ns"]
+            or lat - base["lat_ns"] < cfg.interference_min_added_ms * 1e6
+        ):
             continue
         best = None
         for res in _resources(by_w, job, w):
@@ -254,22 +269,46 @@ def _events_for(store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, 
         cn = sum(by_w[h[0]][res][culprit]["n"] for h in run if culprit in by_w[h[0]].get(res, {}))
         jb = sum(by_w[h[0]][res][job]["bytes"] for h in run if job in by_w[h[0]].get(res, {}))
         co = sorted(set().union(*(h[4] for h in run)))
-        events.append(InterferenceEvent(
-            job_id=job, culprit_job=culprit, resource_type=res[0], resource=res[1],
-            start_ns=run[0][0] * win_ns, end_ns=(run[-1][0] + 1) * win_ns, windows=len(run),
-            latency_ms=round(lat / 1e6, 3), baseline_latency_ms=round(base["lat_ns"] / 1e6, 3),
-            latency_ratio=round(ratio, 2), queue_wait_ms=round(qw / 1e6, 3),
-            baseline_queue_wait_ms=round(base["qw_ns"] / 1e6, 3),
-            queue_wait_ratio=round(qw / base["qw_ns"], 2) if base["qw_ns"] > 0 else None,
-            service_ms=round(svc / 1e6, 3), baseline_service_ms=round(base["svc_ns"] / 1e6, 3),
-            culprit_bytes=cb, culprit_requests=cn, job_bytes_on_resource=jb, co_located=co,
-            baseline_source=source, baseline_windows=base["windows"],
-            severity="critical" if ratio >= 3 else "warning",
-            active=last_w is not None and run[-1][0] >= last_w - 1, detected_ns=now_ns,
-            evidence={"window_s": cfg.interference_window_s, "requests": n,
-                      "per_window": [{"start_ns": h[0] * win_ns, "latency_ms": round((h[3]["svc_ns"] + h[3]["qw_ns"]) / h[3]["n"] / 1e6, 3),
-                                      "requests": h[3]["n"]} for h in run][:50]},
-        ))
+        events.append(
+            InterferenceEvent(
+                job_id=job,
+                culprit_job=culprit,
+                resource_type=res[0],
+                resource=res[1],
+                start_ns=run[0][0] * win_ns,
+                end_ns=(run[-1][0] + 1) * win_ns,
+                windows=len(run),
+                latency_ms=round(lat / 1e6, 3),
+                baseline_latency_ms=round(base["lat_ns"] / 1e6, 3),
+                latency_ratio=round(ratio, 2),
+                queue_wait_ms=round(qw / 1e6, 3),
+                baseline_queue_wait_ms=round(base["qw_ns"] / 1e6, 3),
+                queue_wait_ratio=round(qw / base["qw_ns"], 2) if base["qw_ns"] > 0 else None,
+                service_ms=round(svc / 1e6, 3),
+                baseline_service_ms=round(base["svc_ns"] / 1e6, 3),
+                culprit_bytes=cb,
+                culprit_requests=cn,
+                job_bytes_on_resource=jb,
+                co_located=co,
+                baseline_source=source,
+                baseline_windows=base["windows"],
+                severity="critical" if ratio >= 3 else "warning",
+                active=last_w is not None and run[-1][0] >= last_w - 1,
+                detected_ns=now_ns,
+                evidence={
+                    "window_s": cfg.interference_window_s,
+                    "requests": n,
+                    "per_window": [
+                        {
+                            "start_ns": h[0] * win_ns,
+                            "latency_ms": round((h[3]["svc_ns"] + h[3]["qw_ns"]) / h[3]["n"] / 1e6, 3),
+                            "requests": h[3]["n"],
+                        }
+                        for h in run
+                    ][:50],
+                },
+            )
+        )
         run.clear()
 
     for h in hits:  # one event per culprit and run of windows (one quiet window may separate them)
@@ -280,8 +319,13 @@ def _events_for(store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, 
     return events
 
 
-def detect_interference(store: Store, cfg: DiagnosisConfig | None = None, since_ns: int | None = None,
-                        until_ns: int | None = None, job_ids: list[str] | None = None) -> list[InterferenceEvent]:
+def detect_interference(
+    store: Store,
+    cfg: DiagnosisConfig | None = None,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    job_ids: list[str] | None = None,
+) -> list[InterferenceEvent]:
     """Interference events of every job with forwarder-layer requests in ``[since, until)`` (ns since
     the epoch; default: the last ``interference_lookback_s`` up to now), or of ``job_ids`` only
     (their co-located jobs are still read). ``active``: the event reaches the newest complete window."""
@@ -305,8 +349,13 @@ def job_interference(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
     cfg = cfg or DiagnosisConfig()
     span = store.query(JOB_SPAN_SQL, {"job_id": job_id})
     if not span or int(span[0]["n"]) == 0:
-        return {"job_id": job_id, "window_s": cfg.interference_window_s, "events": [], "shared_windows": [],
-                "note": "no forwarder-layer requests for this job"}
+        return {
+            "job_id": job_id,
+            "window_s": cfg.interference_window_s,
+            "events": [],
+            "shared_windows": [],
+            "note": "no forwarder-layer requests for this job",
+        }
     win_ns = int(cfg.interference_window_s * 1e9)
     first, last = int(span[0]["first_ns"]), int(span[0]["last_ns"])
     since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
@@ -316,13 +365,28 @@ def job_interference(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
     for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
         if j != job_id:
             continue
-        shared.append({
-            "start_ns": w * win_ns, "requests": s["n"], "bytes": s["bytes"],
-            "latency_ms": round((s["svc_ns"] + s["qw_ns"]) / max(s["n"], 1) / 1e6, 3),
-            "queue_wait_ms": round(s["qw_ns"] / max(s["n"], 1) / 1e6, 3),
-            "shared": [{"resource_type": res[0], "resource": res[1],
-                        "jobs": {o: st["bytes"] for o, st in by_w[w][res].items() if o != job_id}}
-                       for res in _resources(by_w, job_id, w) if len(by_w[w][res]) > 1],
-        })
-    return {"job_id": job_id, "window_s": cfg.interference_window_s, "events": [e.to_dict() for e in events],
-            "shared_windows": shared, "note": ""}
+        shared.append(
+            {
+                "start_ns": w * win_ns,
+                "requests": s["n"],
+                "bytes": s["bytes"],
+                "latency_ms": round((s["svc_ns"] + s["qw_ns"]) / max(s["n"], 1) / 1e6, 3),
+                "queue_wait_ms": round(s["qw_ns"] / max(s["n"], 1) / 1e6, 3),
+                "shared": [
+                    {
+                        "resource_type": res[0],
+                        "resource": res[1],
+                        "jobs": {o: st["bytes"] for o, st in by_w[w][res].items() if o != job_id},
+                    }
+                    for res in _resources(by_w, job_id, w)
+                    if len(by_w[w][res]) > 1
+                ],
+            }
+        )
+    return {
+        "job_id": job_id,
+        "window_s": cfg.interference_window_s,
+        "events": [e.to_dict() for e in events],
+        "shared_windows": shared,
+        "note": "",
+    }

@@ -444,8 +444,21 @@ def counters_profile(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
         return None
     logs = {r["log_id"]: r for r in store.query(JOB_LOGS_SQL, {"job_id": job_id})}
     tot = dict.fromkeys(
-        ("reads", "writes", "bytes_read", "bytes_written", "sequential", "consecutive", "small", "misaligned",
-         "meta_ops", "meta_time_s", "data_time_s"), 0.0)
+        (
+            "reads",
+            "writes",
+            "bytes_read",
+            "bytes_written",
+            "sequential",
+            "consecutive",
+            "small",
+            "misaligned",
+            "meta_ops",
+            "meta_time_s",
+            "data_time_s",
+        ),
+        0.0,
+    )
     ranks_per_file: dict[str, set[int]] = {}
     for r in rows:
         if is_system_path(r["path"]):
@@ -478,7 +491,9 @@ def counters_profile(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
         start=ns_to_datetime(start_ns),
         end=ns_to_datetime(end_ns),
         duration_s=duration,
-        pattern=classify_fan_in(len(all_ranks), len(ranks_per_file), max((len(v) for v in ranks_per_file.values()), default=0)),
+        pattern=classify_fan_in(
+            len(all_ranks), len(ranks_per_file), max((len(v) for v in ranks_per_file.values()), default=0)
+        ),
         io_ranks=len(all_ranks),
         n_files=len(ranks_per_file),
         max_fan_in=max((len(v) for v in ranks_per_file.values()), default=0),
@@ -520,12 +535,12 @@ def job_phases(store: Store, job_id: str, layer: str = "client", cfg: DiagnosisC
 
 
 __all__ = [
-    "IoProfile",
-    "Phase",
-    "JobPhases",
-    "job_phases",
-    "trace_phases",
-    "counters_profile",
-    "longest_run",
     "SMALL_BIN_COUNTERS",
+    "IoProfile",
+    "JobPhases",
+    "Phase",
+    "counters_profile",
+    "job_phases",
+    "longest_run",
+    "trace_phases",
 ]

@@ -51,8 +51,22 @@ WHERE __WHERE__
 GROUP BY job_id
 """
 
-NUMBERS = ("bytes_read", "bytes_written", "bytes", "span_s", "bandwidth_b_s", "busy_s", "data_requests",
-           "mean_request_bytes", "metadata_ops", "metadata_ops_s", "io_ranks", "ranks", "forwarding_nodes", "targets")
+NUMBERS = (
+    "bytes_read",
+    "bytes_written",
+    "bytes",
+    "span_s",
+    "bandwidth_b_s",
+    "busy_s",
+    "data_requests",
+    "mean_request_bytes",
+    "metadata_ops",
+    "metadata_ops_s",
+    "io_ranks",
+    "ranks",
+    "forwarding_nodes",
+    "targets",
+)
 _LAYER_ORDER = ("client", "forwarder", "storage")
 
 
@@ -86,10 +100,24 @@ class JobProfile:
     stats: dict[str, Stat]
     patterns: dict[str, int]
     pattern: str  # the most frequent
-    units: dict[str, str] = field(default_factory=lambda: {
-        "bytes_read": "B", "bytes_written": "B", "bytes": "B", "span_s": "s", "bandwidth_b_s": "B/s", "busy_s": "s",
-        "data_requests": "requests", "mean_request_bytes": "B", "metadata_ops": "ops", "metadata_ops_s": "ops/s",
-        "io_ranks": "ranks", "ranks": "ranks", "forwarding_nodes": "nodes", "targets": "targets"})
+    units: dict[str, str] = field(
+        default_factory=lambda: {
+            "bytes_read": "B",
+            "bytes_written": "B",
+            "bytes": "B",
+            "span_s": "s",
+            "bandwidth_b_s": "B/s",
+            "busy_s": "s",
+            "data_requests": "requests",
+            "mean_request_bytes": "B",
+            "metadata_ops": "ops",
+            "metadata_ops_s": "ops/s",
+            "io_ranks": "ranks",
+            "ranks": "ranks",
+            "forwarding_nodes": "nodes",
+            "targets": "targets",
+        }
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,21 +161,38 @@ def job_metrics(store: Store, job_ids: list[str] | None = None, since_ns: int | 
         dr = int(r["data_requests"])
         f = fan.get((j, layer))
         nums = {
-            "bytes_read": float(r["bytes_read"]), "bytes_written": float(r["bytes_written"]), "bytes": float(b),
-            "span_s": span, "bandwidth_b_s": b / span if span > 0 else 0.0, "busy_s": float(r["busy_s"]),
-            "data_requests": float(dr), "mean_request_bytes": b / dr if dr else 0.0,
-            "metadata_ops": float(r["metadata_ops"]), "metadata_ops_s": int(r["metadata_ops"]) / span if span > 0 else 0.0,
-            "io_ranks": float(r["io_ranks"]), "ranks": float(ev.get("ranks") or 0),
-            "forwarding_nodes": float(fwd["forwarding_nodes"]), "targets": float(fwd["targets"]),
+            "bytes_read": float(r["bytes_read"]),
+            "bytes_written": float(r["bytes_written"]),
+            "bytes": float(b),
+            "span_s": span,
+            "bandwidth_b_s": b / span if span > 0 else 0.0,
+            "busy_s": float(r["busy_s"]),
+            "data_requests": float(dr),
+            "mean_request_bytes": b / dr if dr else 0.0,
+            "metadata_ops": float(r["metadata_ops"]),
+            "metadata_ops_s": int(r["metadata_ops"]) / span if span > 0 else 0.0,
+            "io_ranks": float(r["io_ranks"]),
+            "ranks": float(ev.get("ranks") or 0),
+            "forwarding_nodes": float(fwd["forwarding_nodes"]),
+            "targets": float(fwd["targets"]),
         }
         pattern = classify_fan_in(int(f["n_ranks"]), int(f["n_files"]), int(f["max_fan_in"])) if f else "none"
-        out.append(JobMetrics(j, ev.get("name") or "", ev.get("user") or "", layer,
-                              int(ev.get("start_ns") or r["first_ns"]), nums, pattern))
+        out.append(
+            JobMetrics(
+                j,
+                ev.get("name") or "",
+                ev.get("user") or "",
+                layer,
+                int(ev.get("start_ns") or r["first_ns"]),
+                nums,
+                pattern,
+            )
+        )
     return out
 
 
 def _layer(layers: dict[str, dict]) -> str:
-    return next(l for l in (*_LAYER_ORDER, *layers) if l in layers)
+    return next(name for name in (*_LAYER_ORDER, *layers) if name in layers)
 
 
 def _stat(xs: list[float]) -> Stat:
@@ -156,8 +201,9 @@ def _stat(xs: list[float]) -> Stat:
     return Stat(mean=m, std=math.sqrt(sum((x - m) ** 2 for x in xs) / n), n=n, min=min(xs), max=max(xs))
 
 
-def job_profiles(store: Store, name: str | None = None, user: str | None = None,
-                 since_ns: int | None = None) -> list[JobProfile]:
+def job_profiles(
+    store: Store, name: str | None = None, user: str | None = None, since_ns: int | None = None
+) -> list[JobProfile]:
     """Profiles per (job name, user) over the jobs' history (jobs without a name are grouped
     under their job id), largest total bytes first."""
     groups: dict[tuple[str, str], list[JobMetrics]] = {}
@@ -169,10 +215,17 @@ def job_profiles(store: Store, name: str | None = None, user: str | None = None,
     for (n, u), ms in groups.items():
         ms.sort(key=lambda m: m.start_ns, reverse=True)
         pats = Counter(m.pattern for m in ms)
-        out.append(JobProfile(
-            name=n, user=u, runs=len(ms), jobs=[m.job_id for m in ms[:20]], last_start_ns=ms[0].start_ns,
-            stats={k: _stat([m.numbers[k] for m in ms]) for k in NUMBERS}, patterns=dict(pats),
-            pattern=pats.most_common(1)[0][0],
-        ))
+        out.append(
+            JobProfile(
+                name=n,
+                user=u,
+                runs=len(ms),
+                jobs=[m.job_id for m in ms[:20]],
+                last_start_ns=ms[0].start_ns,
+                stats={k: _stat([m.numbers[k] for m in ms]) for k in NUMBERS},
+                patterns=dict(pats),
+                pattern=pats.most_common(1)[0][0],
+            )
+        )
     out.sort(key=lambda p: -p.stats["bytes"].mean * p.runs)
     return out

@@ -352,20 +352,47 @@ FROM
 DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
     "bytes_read": ("POSIX_BYTES_READ", "STDIO_BYTES_READ", "MPIIO_BYTES_READ"),
     "bytes_written": ("POSIX_BYTES_WRITTEN", "STDIO_BYTES_WRITTEN", "MPIIO_BYTES_WRITTEN"),
-    "reads": ("POSIX_READS", "STDIO_READS", "MPIIO_INDEP_READS", "MPIIO_COLL_READS",
-              "MPIIO_SPLIT_READS", "MPIIO_NB_READS"),
-    "writes": ("POSIX_WRITES", "STDIO_WRITES", "MPIIO_INDEP_WRITES", "MPIIO_COLL_WRITES",
-               "MPIIO_SPLIT_WRITES", "MPIIO_NB_WRITES"),
+    "reads": (
+        "POSIX_READS",
+        "STDIO_READS",
+        "MPIIO_INDEP_READS",
+        "MPIIO_COLL_READS",
+        "MPIIO_SPLIT_READS",
+        "MPIIO_NB_READS",
+    ),
+    "writes": (
+        "POSIX_WRITES",
+        "STDIO_WRITES",
+        "MPIIO_INDEP_WRITES",
+        "MPIIO_COLL_WRITES",
+        "MPIIO_SPLIT_WRITES",
+        "MPIIO_NB_WRITES",
+    ),
     "opens": ("POSIX_OPENS", "STDIO_OPENS", "MPIIO_INDEP_OPENS", "MPIIO_COLL_OPENS"),
     "stats": ("POSIX_STATS",),
     "fsyncs": ("POSIX_FSYNCS", "MPIIO_SYNCS"),
     "fdsyncs": ("POSIX_FDSYNCS",),
-    "io_time_s": ("POSIX_F_READ_TIME", "POSIX_F_WRITE_TIME", "STDIO_F_READ_TIME",
-                  "STDIO_F_WRITE_TIME", "MPIIO_F_READ_TIME", "MPIIO_F_WRITE_TIME"),
+    "io_time_s": (
+        "POSIX_F_READ_TIME",
+        "POSIX_F_WRITE_TIME",
+        "STDIO_F_READ_TIME",
+        "STDIO_F_WRITE_TIME",
+        "MPIIO_F_READ_TIME",
+        "MPIIO_F_WRITE_TIME",
+    ),
 }
 #: Darshan's counter suffix of each :data:`SIZE_BINS` bin (``POSIX_SIZE_READ_<suffix>``).
 _DARSHAN_BIN_SUFFIXES: tuple[str, ...] = (
-    "0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M", "1M_4M", "4M_10M", "10M_100M", "100M_1G", "1G_PLUS",
+    "0_100",
+    "100_1K",
+    "1K_10K",
+    "10K_100K",
+    "100K_1M",
+    "1M_4M",
+    "4M_10M",
+    "10M_100M",
+    "100M_1G",
+    "1G_PLUS",
 )
 #: Darshan's names of the standard streams (STDIO records): non-file ops, not data files.
 DARSHAN_STREAMS: tuple[str, ...] = ("<STDIN>", "<STDOUT>", "<STDERR>")
@@ -377,10 +404,14 @@ def _sum_counters(names: tuple[str, ...]) -> str:
 
 def _hist_counters(direction: str) -> str:
     """An array with one sum per size bin: POSIX bins, or MPI-IO aggregate bins."""
-    return "[" + ", ".join(
-        _sum_counters((f"POSIX_SIZE_{direction}_{b}", f"MPIIO_SIZE_{direction}_AGG_{b}"))
-        for b in _DARSHAN_BIN_SUFFIXES
-    ) + "]"
+    return (
+        "["
+        + ", ".join(
+            _sum_counters((f"POSIX_SIZE_{direction}_{b}", f"MPIIO_SIZE_{direction}_AGG_{b}"))
+            for b in _DARSHAN_BIN_SUFFIXES
+        )
+        + "]"
+    )
 
 
 _STREAMS = "(" + ", ".join(f"'{v}'" for v in DARSHAN_STREAMS) + ")"  # constants with <>: no sql_list
@@ -504,9 +535,7 @@ def ns_to_datetime(ns: int | None) -> datetime | None:
     if not ns:
         return None
     ns = int(ns)
-    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(
-        microseconds=(ns % 1_000_000_000) // 1000
-    )
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(microseconds=(ns % 1_000_000_000) // 1000)
 
 
 def _state(ev: dict | None) -> JobState:
@@ -526,7 +555,10 @@ def _patterns(fan: dict | None) -> tuple[int, int, Pattern, dict[str, Pattern]]:
     """(io_ranks, n_files, pattern, {"read": p, "write": p}) from a fan-in row."""
     if fan is None:
         return 0, 0, "none", {"read": "none", "write": "none"}
-    g = lambda k: int(fan[k] or 0)
+
+    def g(k):
+        return int(fan[k] or 0)
+
     return (
         g("n_ranks"),
         g("n_files"),
@@ -544,10 +576,19 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
     r = store.query(JOB_DARSHAN_SQL, {"job_id": job_id, "limit": files_limit})[0]
     if not int(r["counted_files"]):
         return None
-    g = lambda k: int(r[k] or 0)
+
+    def g(k):
+        return int(r[k] or 0)
+
     reads, writes = g("reads"), g("writes")
-    ops = {"read": reads, "write": writes, "open": g("opens"), "stat": g("stats"),
-           "fsync": g("fsyncs"), "fdatasync": g("fdsyncs")}
+    ops = {
+        "read": reads,
+        "write": writes,
+        "open": g("opens"),
+        "stat": g("stats"),
+        "fsync": g("fsyncs"),
+        "fdatasync": g("fdsyncs"),
+    }
     ops = {op: n for op, n in sorted(ops.items()) if n}
     hist = {
         d: {label: int(r[f"hist_{d}"][i]) if len(r[f"hist_{d}"]) > i else 0 for i, (label, _) in enumerate(SIZE_BINS)}
@@ -568,7 +609,9 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
         "ops": ops,
         "other_ops": {},
         "non_file_ops": NonFileOps(
-            requests=stream_requests, bytes=g("stream_bytes"), by_type={"stdio": stream_requests} if stream_requests else {}
+            requests=stream_requests,
+            bytes=g("stream_bytes"),
+            by_type={"stdio": stream_requests} if stream_requests else {},
         ),
         "failed_requests": 0,
         "records": 0,
@@ -577,8 +620,14 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
         "data_requests": reads + writes,
         "size_histogram": hist,
         "files": [
-            FileSummary(path=f[0], bytes_read=int(f[1]), bytes_written=int(f[2]), reads=int(f[3]),
-                        writes=int(f[4]), ranks=int(f[5]))
+            FileSummary(
+                path=f[0],
+                bytes_read=int(f[1]),
+                bytes_written=int(f[2]),
+                reads=int(f[3]),
+                writes=int(f[4]),
+                ranks=int(f[5]),
+            )
             for f in r["files"]
         ],
         "n_files": n_files,

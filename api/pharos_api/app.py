@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
 

@@ -11,13 +11,12 @@ variables; see `pharos config`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import sys
-import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -54,7 +53,9 @@ def fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def up(
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the stack is ready; stop it with `pharos down`.")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once the stack is ready; stop it with `pharos down`.")
+    ] = False,
 ) -> None:
     """Start the embedded stack: Kafka broker, eBPF agent, pipeline + analytics + API (chDB)."""
     from .stack import StackError, start, stop
@@ -91,10 +92,8 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Machine-readab
     settings = get_settings()
     rows = stack_status(settings)
     pipeline = None
-    try:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
         pipeline = httpx.get(f"{settings.api_url}/v1/pipeline", timeout=3).json()
-    except (httpx.HTTPError, ValueError):
-        pass
     if json_out:
         print(json.dumps({"components": rows, "pipeline": pipeline}, indent=2))
         return
@@ -113,8 +112,10 @@ def run(
     ctx: typer.Context,
     job: Annotated[str, typer.Option("--job", "-j", help="Job id (letters, digits, _ . -).")],
     ranks: Annotated[int, typer.Option("--ranks", "-n", min=1, help="Number of ranks to start.")] = 1,
-    name: Annotated[Optional[str], typer.Option(help="Job name (default: the command's name).")] = None,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", help="Write rank r's stdout to DIR/rank_<r>.out.")] = None,
+    name: Annotated[str | None, typer.Option(help="Job name (default: the command's name).")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="Write rank r's stdout to DIR/rank_<r>.out.")
+    ] = None,
 ) -> None:
     """Run N ranks of CMD as a traced job: pharos run --job ID [--ranks N] -- CMD...
 
@@ -153,7 +154,7 @@ def broker() -> None:
 
 @app.command()
 def agent(
-    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-agent.")] = None,
+    extra: Annotated[list[str] | None, typer.Argument(help="Extra flags passed to pharos-agent.")] = None,
 ) -> None:
     """Run the eBPF agent (needs root) in the foreground, configured from Pharos settings."""
     settings = get_settings()
@@ -165,11 +166,16 @@ def agent(
     ready_file(settings, "agent").parent.mkdir(parents=True, exist_ok=True)
     argv = [
         str(binary),
-        "--brokers", settings.kafka_bootstrap,
-        "--topic", settings.topic_requests,
-        "--cgroup-parent", settings.cgroup_parent,
-        "--ready-file", str(ready_file(settings, "agent")),
-        "--metrics-addr", settings.agent_metrics_addr,
+        "--brokers",
+        settings.kafka_bootstrap,
+        "--topic",
+        settings.topic_requests,
+        "--cgroup-parent",
+        settings.cgroup_parent,
+        "--ready-file",
+        str(ready_file(settings, "agent")),
+        "--metrics-addr",
+        settings.agent_metrics_addr,
         "--block-jobs-only",
         *(extra or []),
     ]
@@ -179,7 +185,7 @@ def agent(
 @app.command()
 def fwd(
     index: Annotated[int, typer.Option("--index", "-i", min=0, help="Forwarding node number: fwd<INDEX>.")] = 0,
-    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-fwd.")] = None,
+    extra: Annotated[list[str] | None, typer.Argument(help="Extra flags passed to pharos-fwd.")] = None,
 ) -> None:
     """Run forwarding daemon fwd<INDEX> (LWFS-style) on the shared storage targets."""
     from .stack import ready_file
@@ -191,12 +197,27 @@ def fwd(
     (s.fwd_backend / "mdt").mkdir(parents=True, exist_ok=True)
     ready_file(s, f"fwd{index}").parent.mkdir(parents=True, exist_ok=True)
     argv = [
-        str(s.fwd_binary), "--node-name", f"fwd{index}",
-        "--listen", f"127.0.0.1:{port(0)}", "--admin", f"127.0.0.1:{port(1)}",
-        "--mdt", str(s.fwd_backend / "mdt"), "--targets-root", str(s.fwd_backend),
-        "--target-count", str(s.fwd_targets),
-        "--brokers", s.kafka_bootstrap, "--topic", s.topic_requests, "--metrics-topic", s.topic_target_metrics,
-        "--ready-file", str(ready_file(s, f"fwd{index}")),
+        str(s.fwd_binary),
+        "--node-name",
+        f"fwd{index}",
+        "--listen",
+        f"127.0.0.1:{port(0)}",
+        "--admin",
+        f"127.0.0.1:{port(1)}",
+        "--mdt",
+        str(s.fwd_backend / "mdt"),
+        "--targets-root",
+        str(s.fwd_backend),
+        "--target-count",
+        str(s.fwd_targets),
+        "--brokers",
+        s.kafka_bootstrap,
+        "--topic",
+        s.topic_requests,
+        "--metrics-topic",
+        s.topic_target_metrics,
+        "--ready-file",
+        str(ready_file(s, f"fwd{index}")),
     ]
     for t, limit in enumerate(s.fwd_target_limits_mb_s[: s.fwd_targets]):
         if limit > 0:
@@ -206,7 +227,7 @@ def fwd(
 
 @app.command()
 def mount(
-    extra: Annotated[Optional[list[str]], typer.Argument(help="Extra flags passed to pharos-mount.")] = None,
+    extra: Annotated[list[str] | None, typer.Argument(help="Extra flags passed to pharos-mount.")] = None,
 ) -> None:
     """Mount the forwarding layer (FUSE client) at <state_dir>/mnt, on the running fwd daemons."""
     import subprocess
@@ -229,9 +250,16 @@ def mount(
         subprocess.run(["fusermount3", "-uz", str(mp)], check=False)
         mp.mkdir(parents=True, exist_ok=True)
     argv = [
-        str(s.mount_binary), "--mountpoint", str(mp), *nodes,
-        "--node-index", str(s.compute_node_index), "--admin", f"127.0.0.1:{s.mount_admin_port}",
-        "--ready-file", str(ready_file(s, "mount")),
+        str(s.mount_binary),
+        "--mountpoint",
+        str(mp),
+        *nodes,
+        "--node-index",
+        str(s.compute_node_index),
+        "--admin",
+        f"127.0.0.1:{s.mount_admin_port}",
+        "--ready-file",
+        str(ready_file(s, "mount")),
     ]
     os.execv(argv[0], argv + list(extra or []))
 

@@ -42,14 +42,15 @@ def describe_profile(p: dict) -> str:
         words = "no data I/O"
     else:
         dom = {"read": "read-dominant", "write": "write-dominant", "mixed": "mixed reads and writes"}[p["direction"]]
-        words = (f"{p['pattern']} ({p['io_ranks']} rank(s) on {p['n_files']} file(s)), {dom}, "
-                 f"{p['access']} ({_share(p['sequential_share'])} sequential), "
-                 f"{p['size_class']} requests ({_share(p['small_share'])} under 1 MiB), "
-                 f"{p['alignment']} ({_share(p['misaligned_share'])} off {p['alignment_bytes']} B)")
+        words = (
+            f"{p['pattern']} ({p['io_ranks']} rank(s) on {p['n_files']} file(s)), {dom}, "
+            f"{p['access']} ({_share(p['sequential_share'])} sequential), "
+            f"{p['size_class']} requests ({_share(p['small_share'])} under 1 MiB), "
+            f"{p['alignment']} ({_share(p['misaligned_share'])} off {p['alignment_bytes']} B)"
+        )
         words += f"; wrote {human_bytes(p['bytes_written'])}, read {human_bytes(p['bytes_read'])}"
     if p["metadata_ops"]:
-        words += (f"; {p['metadata_ops']} metadata ops"
-                  + (", metadata-heavy" if p["metadata_heavy"] else ""))
+        words += f"; {p['metadata_ops']} metadata ops" + (", metadata-heavy" if p["metadata_heavy"] else "")
     return words
 
 
@@ -74,8 +75,14 @@ def render_diagnosis(console: Console, d: dict) -> None:
     else:
         console.print(f"[bold]insights[/bold] ({len(d['insights'])}):")
         for i in d["insights"]:
-            console.print(Text.assemble(("  " + i["severity"].upper().ljust(5), _SEV_STYLE[i["severity"]]),
-                                        " ", (i["title"], "bold"), f" [{i['id']}, {i['source']}]"))
+            console.print(
+                Text.assemble(
+                    ("  " + i["severity"].upper().ljust(5), _SEV_STYLE[i["severity"]]),
+                    " ",
+                    (i["title"], "bold"),
+                    f" [{i['id']}, {i['source']}]",
+                )
+            )
             console.print(Text("        " + i["message"]))
             for r in i["recommendations"]:
                 console.print(Text("        -> " + r))
@@ -110,12 +117,20 @@ def _import_direct(paths: list[Path], job_id: str | None, name: str | None, cons
     except Exception:  # chDB refuses a directory another process holds
         raise ApiError(
             f"cannot open the store at {settings.chdb_path}: another process holds it (pharos serve?); import "
-            "through its API (--api URL) or stop that process") from None
+            "through its API (--api URL) or stop that process"
+        ) from None
     out = []
     try:
         migrate(store)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True, disable=len(paths) < 2) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=len(paths) < 2,
+        ) as bar:
             task = bar.add_task("importing Darshan logs", total=len(paths))
             for p in paths:
                 bar.update(task, description=f"importing {p.name[:40]}")
@@ -192,9 +207,11 @@ def register(app: typer.Typer) -> None:
                 if r["job_id"]:
                     line.append(f" -> job {r['job_id']}")
                 if r["status"] == "imported":
-                    line.append(f" ({r['dxt_segments']} DXT requests, {r['counter_rows']} counters"
-                                + (f", ranks {r['rank_offset']}..{r['rank_offset'] + r['ranks'] - 1}" if r["ranks"] else "")
-                                + ")")
+                    line.append(
+                        f" ({r['dxt_segments']} DXT requests, {r['counter_rows']} counters"
+                        + (f", ranks {r['rank_offset']}..{r['rank_offset'] + r['ranks'] - 1}" if r["ranks"] else "")
+                        + ")"
+                    )
                 out.print(line)
                 for w in r["warnings"]:
                     out.print(Text(f"         warning: {w}", style="yellow"))

@@ -15,11 +15,12 @@ from urllib.parse import quote
 
 import httpx
 import typer
-from pharos_analytics.summary import LAYERS
-from rich.console import Console
 from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from pharos_analytics.summary import LAYERS
 
 Layer = Enum("Layer", {name: name for name in LAYERS}, type=str)
 
@@ -94,12 +95,22 @@ _STATE_STYLE = {"running": "yellow", "finished": "green", "failed": "red", "unkn
 
 
 def _jobs_table(data: dict) -> Table:
-    t = Table(title=f"jobs {data['offset'] + 1}-{data['offset'] + len(data['items'])} of {data['total']}",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, kw in (("job", {"no_wrap": True}), ("name", {"overflow": "ellipsis", "min_width": 6, "max_width": 10}), ("state", {"no_wrap": True}),
-                    ("ranks", {"justify": "right", "min_width": 5}), ("pattern", {"no_wrap": True}),
-                    ("written", {"justify": "right", "no_wrap": True}), ("read", {"justify": "right", "no_wrap": True}),
-                    ("start (UTC)", {"no_wrap": True})):
+    t = Table(
+        title=f"jobs {data['offset'] + 1}-{data['offset'] + len(data['items'])} of {data['total']}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col, kw in (
+        ("job", {"no_wrap": True}),
+        ("name", {"overflow": "ellipsis", "min_width": 6, "max_width": 10}),
+        ("state", {"no_wrap": True}),
+        ("ranks", {"justify": "right", "min_width": 5}),
+        ("pattern", {"no_wrap": True}),
+        ("written", {"justify": "right", "no_wrap": True}),
+        ("read", {"justify": "right", "no_wrap": True}),
+        ("start (UTC)", {"no_wrap": True}),
+    ):
         t.add_column(col, **kw)
     for j in data["items"]:
         t.add_row(
@@ -122,8 +133,10 @@ def render_job(console: Console, s: dict) -> None:
     if s["exit_code"] is not None:
         head.append(f" (exit {s['exit_code']})")
     console.print(head)
-    console.print(f"name {s['name'] or '-'}   user {s['user'] or '-'}   host {s['host'] or '-'}   "
-                  f"layer {s['layer']}", markup=False)
+    console.print(
+        f"name {s['name'] or '-'}   user {s['user'] or '-'}   host {s['host'] or '-'}   layer {s['layer']}",
+        markup=False,
+    )
     if s["command"]:
         console.print(f"command {' '.join(s['command'])}", markup=False)
     console.print(f"start {_time(s['start'])}   end {_time(s['end'])} UTC")
@@ -173,7 +186,10 @@ def _print_histogram(console: Console, hist: dict) -> None:
     h.add_column("")
     for label in hist["read"]:
         r, w = hist["read"][label], hist["write"].get(label, 0)
-        bar = lambda n: "█" * (max(1, round(n / peak * BAR_WIDTH)) if n else 0)
+
+        def bar(n):
+            return "█" * (max(1, round(n / peak * BAR_WIDTH)) if n else 0)
+
         h.add_row(label, str(r), Text(bar(r), style="blue"), str(w), Text(bar(w), style="magenta"))
     console.print(h)
 

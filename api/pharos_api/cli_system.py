@@ -6,7 +6,7 @@ Like ``pharos jobs``, these ask the API (``--api URL``, ``PHAROS_API_URL``, else
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -35,43 +35,86 @@ def _state(item: dict) -> Text:
 
 
 def anomalies_table(data: dict) -> Table:
-    t = Table(title=f"anomalies ({data['source']}, as of {data.get('as_of') or '-'})", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(
+        title=f"anomalies ({data['source']}, as of {data.get('as_of') or '-'})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     for c in ("kind", "node / resource", "job <- culprit", "state", "severity", "ratio", "onset (UTC)"):
         t.add_column(c, no_wrap=c != "job <- culprit")
     for a in data["items"]:
         job = f"{a.get('job_id')} <- {a.get('culprit_job')}" if a.get("job_id") else "-"
         state = ("active" if a["active"] else "cleared") + (f" {a['persistence']}" if a.get("persistence") else "")
         ratio = a.get("ratio", a.get("rel_service", a.get("latency_ratio")))
-        t.add_row(a["kind"], a.get("node") or "-", job, state, Text(a["severity"], style=_SEV.get(a["severity"], "")),
-                  "-" if ratio is None else f"{float(ratio):.1f}x", (a.get("onset") or "-").replace("T", " ")[:19])
+        t.add_row(
+            a["kind"],
+            a.get("node") or "-",
+            job,
+            state,
+            Text(a["severity"], style=_SEV.get(a["severity"], "")),
+            "-" if ratio is None else f"{float(ratio):.1f}x",
+            (a.get("onset") or "-").replace("T", " ")[:19],
+        )
     return t
 
 
 def targets_table(data: dict) -> Table:
-    t = Table(title=f"storage targets (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(
+        title=f"storage targets (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     for c in ("target", "bandwidth", "limit MB/s", "p50 ms", "p99 ms", "queue", "fault", "state"):
         t.add_column(c, justify="right" if c not in ("target", "state", "fault") else "left", no_wrap=True)
     for x in data["items"]:
         f = x["faults"]
-        fault = ", ".join(s for s in (f"slowdown {f['slowdown']:g}x" if f["slowdown"] > 1 else "",
-                                      f"+{f['added_latency_ns'] / 1e6:g} ms" if f["added_latency_ns"] else "") if s) or "-"
+        fault = (
+            ", ".join(
+                s
+                for s in (
+                    f"slowdown {f['slowdown']:g}x" if f["slowdown"] > 1 else "",
+                    f"+{f['added_latency_ns'] / 1e6:g} ms" if f["added_latency_ns"] else "",
+                )
+                if s
+            )
+            or "-"
+        )
         lim = x["limits"]["max_perf_mb_s"]
-        t.add_row(x["target"], _rate(x["bandwidth_b_s"]), f"{lim:g}" if lim else "-", _ms(x["latency_p50_ns"]),
-                  _ms(x["latency_p99_ns"]), f"{x['queue_depth']:.1f}", fault, _state(x))
+        t.add_row(
+            x["target"],
+            _rate(x["bandwidth_b_s"]),
+            f"{lim:g}" if lim else "-",
+            _ms(x["latency_p50_ns"]),
+            _ms(x["latency_p99_ns"]),
+            f"{x['queue_depth']:.1f}",
+            fault,
+            _state(x),
+        )
     return t
 
 
 def forwarders_table(data: dict) -> Table:
-    t = Table(title=f"forwarding nodes (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(
+        title=f"forwarding nodes (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     for c in ("node", "bandwidth", "requests", "wait ms", "service ms", "jobs", "state"):
         t.add_column(c, justify="right" if c not in ("node", "jobs", "state") else "left", no_wrap=c != "jobs")
     for x in data["items"]:
         jobs = ", ".join(j["job_id"] for j in x["jobs"][:3]) + (f" +{len(x['jobs']) - 3}" if len(x["jobs"]) > 3 else "")
-        t.add_row(x["node"], _rate(x["bandwidth_b_s"]), str(x["requests"]), _ms(x["queue_wait_ns"]),
-                  _ms(x["service_ns"]), jobs or "-", _state(x))
+        t.add_row(
+            x["node"],
+            _rate(x["bandwidth_b_s"]),
+            str(x["requests"]),
+            _ms(x["queue_wait_ns"]),
+            _ms(x["service_ns"]),
+            jobs or "-",
+            _state(x),
+        )
     return t
 
 
@@ -80,19 +123,29 @@ def render_interference(console: Console, d: dict) -> None:
     if not d.get("events"):
         shared = sum(1 for w in d.get("shared_windows", []) if w["shared"])
         if d.get("shared_windows"):
-            console.print(f"[green]interference: none[/green] ({shared} of {len(d['shared_windows'])} "
-                          f"{d['window_s']:g} s windows shared a forwarding node or target)")
+            console.print(
+                f"[green]interference: none[/green] ({shared} of {len(d['shared_windows'])} "
+                f"{d['window_s']:g} s windows shared a forwarding node or target)"
+            )
         return
     console.print(f"[bold]interference[/bold] ({len(d['events'])}):")
     for e in d["events"]:
-        console.print(Text.assemble(
-            ("  " + e["severity"].upper().ljust(8), _SEV.get(e["severity"], "")),
-            f" slowed {e['latency_ratio']:.1f}x by job ", (e["culprit_job"], "bold"),
-            f" on {e['resource_type'].replace('_', ' ')} {e['resource']}"))
-        console.print(Text(f"           {e['windows']} x {d['window_s']:g} s from {(e.get('start') or '')[:19]}: latency "
-                           f"{e['baseline_latency_ms']:.2f} -> {e['latency_ms']:.2f} ms/request, queue wait "
-                           f"{e['baseline_queue_wait_ms']:.2f} -> {e['queue_wait_ms']:.2f} ms (baseline: "
-                           f"{e['baseline_source']}); culprit moved {human_bytes(e['culprit_bytes'])} there"))
+        console.print(
+            Text.assemble(
+                ("  " + e["severity"].upper().ljust(8), _SEV.get(e["severity"], "")),
+                f" slowed {e['latency_ratio']:.1f}x by job ",
+                (e["culprit_job"], "bold"),
+                f" on {e['resource_type'].replace('_', ' ')} {e['resource']}",
+            )
+        )
+        console.print(
+            Text(
+                f"           {e['windows']} x {d['window_s']:g} s from {(e.get('start') or '')[:19]}: latency "
+                f"{e['baseline_latency_ms']:.2f} -> {e['latency_ms']:.2f} ms/request, queue wait "
+                f"{e['baseline_queue_wait_ms']:.2f} -> {e['queue_wait_ms']:.2f} ms (baseline: "
+                f"{e['baseline_source']}); culprit moved {human_bytes(e['culprit_bytes'])} there"
+            )
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -101,12 +154,16 @@ def register(app: typer.Typer) -> None:
     @app.command("anomalies")
     def anomalies_cmd(
         api: ApiOption = None,
-        kind: Annotated[Optional[str], typer.Option(help="fail_slow_target | fail_slow_forwarder | interference")] = None,
-        node: Annotated[Optional[str], typer.Option(help="Target, forwarding node or shared resource.")] = None,
-        job: Annotated[Optional[str], typer.Option(help="Interference of (or caused by) this job.")] = None,
-        active: Annotated[Optional[bool], typer.Option("--active/--cleared", help="Only active, or only cleared.", show_default=False)] = None,
+        kind: Annotated[str | None, typer.Option(help="fail_slow_target | fail_slow_forwarder | interference")] = None,
+        node: Annotated[str | None, typer.Option(help="Target, forwarding node or shared resource.")] = None,
+        job: Annotated[str | None, typer.Option(help="Interference of (or caused by) this job.")] = None,
+        active: Annotated[
+            bool | None, typer.Option("--active/--cleared", help="Only active, or only cleared.", show_default=False)
+        ] = None,
         since: Annotated[float, typer.Option(help="Recent: detected in the last SECONDS.")] = 3600.0,
-        live: Annotated[bool, typer.Option("--live", help="Detect now instead of reading the server's detector.")] = False,
+        live: Annotated[
+            bool, typer.Option("--live", help="Detect now instead of reading the server's detector.")
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """Fail-slow targets and forwarding nodes, interfering jobs: current and recent."""
@@ -126,7 +183,9 @@ def register(app: typer.Typer) -> None:
     @app.command("targets")
     def targets_cmd(
         api: ApiOption = None,
-        window: Annotated[Optional[float], typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")] = None,
+        window: Annotated[
+            float | None, typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """Storage targets: recent bandwidth, latency, limits, injected faults, fail-slow state."""
@@ -142,7 +201,9 @@ def register(app: typer.Typer) -> None:
     @app.command("forwarders")
     def forwarders_cmd(
         api: ApiOption = None,
-        window: Annotated[Optional[float], typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")] = None,
+        window: Annotated[
+            float | None, typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """Forwarding nodes: recent load, queue wait, service time, jobs, fail-slow state."""

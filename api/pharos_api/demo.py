@@ -52,8 +52,12 @@ class FioJob:
 
 DEMO_JOBS = [
     FioJob("N-N", 4, "--rw=write --bs=1m --size=32m --filename={dir}/data.$PHAROS_RANK"),
-    FioJob("N-1", 4, "--rw=write --bs=256k --size=16m --filename={dir}/shared --offset=$((PHAROS_RANK*16))m",
-           shared_file=("shared", 4 * 16 * 2**20)),
+    FioJob(
+        "N-1",
+        4,
+        "--rw=write --bs=256k --size=16m --filename={dir}/shared --offset=$((PHAROS_RANK*16))m",
+        shared_file=("shared", 4 * 16 * 2**20),
+    ),
     FioJob("1-1", 1, "--rw=write --bs=4k --size=32m --filename={dir}/single"),
 ]
 
@@ -86,8 +90,9 @@ def fio_totals(outputs: list[Path]) -> dict[str, int]:
     return totals
 
 
-def wait_for_summary(api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0,
-                     layer: str = "client") -> dict | None:
+def wait_for_summary(
+    api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0, layer: str = "client"
+) -> dict | None:
     """Poll ``GET /v1/jobs/{job_id}?layer=...`` until the job is finished and its bytes_written has
     reached ``expect_bytes`` and stayed unchanged for a second (late records settle), or
     until the timeout. Returns the last summary seen, or None if the job never appeared."""
@@ -132,16 +137,21 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         job.prepare(data_dir)
         cmd = fio_command(job, data_dir, job.kind)
         console.print("  " + " ".join(cmd))
-        res = run_job(settings, job_id, cmd, ranks=job.ranks, name=f"fio-{job.kind}",
-                      output_dir=settings.state_dir / "demo-output" / job_id)
+        res = run_job(
+            settings,
+            job_id,
+            cmd,
+            ranks=job.ranks,
+            name=f"fio-{job.kind}",
+            output_dir=settings.state_dir / "demo-output" / job_id,
+        )
         if res.exit_code != 0:
             console.print(f"[red]  fio failed with exit code {res.exit_code}[/]")
             results.append((job, job_id, None, None, None))
             continue
         fio = fio_totals(res.outputs)
         summary = wait_for_summary(settings.api_url, job_id, fio["bytes_written"])
-        fwd = (wait_for_summary(settings.api_url, job_id, fio["bytes_written"], layer="forwarder")
-               if on_mount else None)
+        fwd = wait_for_summary(settings.api_url, job_id, fio["bytes_written"], layer="forwarder") if on_mount else None
         results.append((job, job_id, fio, summary, fwd))
         shutil.rmtree(data_dir, ignore_errors=True)
 
@@ -158,17 +168,31 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
             ok &= fwd is not None and fwd["bytes_written"] == fio["bytes_written"] and fwd["pattern"] == job.kind
         ok_all &= ok
         mark = "[green]OK [/]" if ok else "[red]NO [/]"
-        console.print(f"{mark} [bold]{job_id}[/]  pattern [bold]{s['pattern']}[/] (expected {job.kind}), "
-                      f"{s['io_ranks']} I/O rank(s), {s['n_files']} file(s)", highlight=False)
-        console.print(f"    bytes written {s['bytes_written']} (fio: {fio['bytes_written']}), "
-                      f"writes {writes} (fio: {fio['writes']})", highlight=False)
-        console.print(f"    {s['data_records']} record(s) for {s['data_requests']} data requests after merging, "
-                      f"{_mib(s['bytes_written'])}, dropped records: {s['dropped_records']}", highlight=False)
+        console.print(
+            f"{mark} [bold]{job_id}[/]  pattern [bold]{s['pattern']}[/] (expected {job.kind}), "
+            f"{s['io_ranks']} I/O rank(s), {s['n_files']} file(s)",
+            highlight=False,
+        )
+        console.print(
+            f"    bytes written {s['bytes_written']} (fio: {fio['bytes_written']}), "
+            f"writes {writes} (fio: {fio['writes']})",
+            highlight=False,
+        )
+        console.print(
+            f"    {s['data_records']} record(s) for {s['data_requests']} data requests after merging, "
+            f"{_mib(s['bytes_written'])}, dropped records: {s['dropped_records']}",
+            highlight=False,
+        )
         if fwd is not None:
-            console.print(f"    forwarding layer: {fwd['bytes_written']} bytes written in {fwd['data_requests']} "
-                          f"requests, pattern {fwd['pattern']}", highlight=False)
-    console.print(f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
-                  f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)")
+            console.print(
+                f"    forwarding layer: {fwd['bytes_written']} bytes written in {fwd['data_requests']} "
+                f"requests, pattern {fwd['pattern']}",
+                highlight=False,
+            )
+    console.print(
+        f"Per-job reports: [bold]pharos job <ID>[/]; all jobs: [bold]pharos jobs[/]; "
+        f"API {settings.api_url}/v1/jobs (OpenAPI {settings.api_url}/docs)"
+    )
     if keep_running:
         console.print("The stack keeps running; stop it with [bold]pharos down[/].")
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store
 

@@ -51,8 +51,10 @@ class JobSummaryOut(_Out):
     job_id: str
     layer: str
     source: Literal["traces", "darshan-counters"] = Field(
-        "traces", description="Where the figures come from: per-request rows (io_requests), or Darshan module "
-                              "counters of a log imported without DXT.")
+        "traces",
+        description="Where the figures come from: per-request rows (io_requests), or Darshan module "
+        "counters of a log imported without DXT.",
+    )
     name: str | None
     user: str | None
     command: list[str]
@@ -74,7 +76,9 @@ class JobSummaryOut(_Out):
     records: int = Field(description="Stored records (rows); each may merge several requests.")
     requests: int = Field(description="Requests (sum of the records' counts).")
     data_records: int = Field(description="Records of data ops on data files.")
-    data_requests: int = Field(description="Requests of data ops on data files; data_records/data_requests is the merge ratio.")
+    data_requests: int = Field(
+        description="Requests of data ops on data files; data_records/data_requests is the merge ratio."
+    )
     size_histogram: dict[str, dict[str, int]] = Field(
         description='{"read"|"write": {Darshan bin: requests}}, bins 0-100 ... 1G+.'
     )

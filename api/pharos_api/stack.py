@@ -10,14 +10,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -132,19 +133,29 @@ def start(settings: Settings, progress: Callable[[str], None] = lambda s: None) 
             progress(f"starting {comp.name}")
             if comp.ready_file:
                 ready_file(settings, comp.ready_file).unlink(missing_ok=True)
-            log = open(_log_path(settings, comp.name), "ab")
             env = dict(os.environ, **settings_env(settings))
-            p = subprocess.Popen(comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env)
+            with open(_log_path(settings, comp.name), "ab") as log:  # the child keeps its own copy
+                p = subprocess.Popen(
+                    comp.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=env,
+                )
             (_run_dir(settings) / f"{comp.name}.pid").write_text(str(p.pid))
         deadline = time.monotonic() + comp.timeout_s
         while not comp.ready(settings):
             if pid_of(settings, comp.name) is None or _exited(comp.name, settings):
-                raise StackError(f"{comp.name} exited during start; its log "
-                                 f"({_log_path(settings, comp.name)}) ends with:\n{_tail(_log_path(settings, comp.name))}")
+                raise StackError(
+                    f"{comp.name} exited during start; its log "
+                    f"({_log_path(settings, comp.name)}) ends with:\n{_tail(_log_path(settings, comp.name))}"
+                )
             if time.monotonic() > deadline:
-                raise StackError(f"{comp.name} not ready after {comp.timeout_s:.0f} s; log "
-                                 f"{_log_path(settings, comp.name)}:\n{_tail(_log_path(settings, comp.name))}")
+                raise StackError(
+                    f"{comp.name} not ready after {comp.timeout_s:.0f} s; log "
+                    f"{_log_path(settings, comp.name)}:\n{_tail(_log_path(settings, comp.name))}"
+                )
             time.sleep(0.2)
         progress(f"{comp.name} ready")
 
@@ -166,26 +177,23 @@ def stop(settings: Settings, grace_s: float = 20.0, progress: Callable[[str], No
         stop_component(settings, comp.name, grace_s, progress)
 
 
-def stop_component(settings: Settings, name: str, grace_s: float = 20.0,
-                   progress: Callable[[str], None] = lambda s: None) -> None:
+def stop_component(
+    settings: Settings, name: str, grace_s: float = 20.0, progress: Callable[[str], None] = lambda s: None
+) -> None:
     """Stop one component (its whole process group): SIGTERM, SIGKILL after ``grace_s``."""
     pid = pid_of(settings, name)
     if pid is None:
         return
     progress(f"stopping {name} (pid {pid})")
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and not _gone(pid):
         time.sleep(0.1)
     if not _gone(pid):
         progress(f"{name} did not stop in {grace_s:.0f} s: SIGKILL")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     (_run_dir(settings) / f"{name}.pid").unlink(missing_ok=True)
 
 
@@ -210,7 +218,11 @@ def _gone(pid: int) -> bool:
 def status(settings: Settings) -> list[dict]:
     """One dict per component: name, pid (or None), ready (bool), log path."""
     return [
-        {"name": c.name, "pid": pid_of(settings, c.name), "ready": c.ready(settings),
-         "log": str(_log_path(settings, c.name))}
+        {
+            "name": c.name,
+            "pid": pid_of(settings, c.name),
+            "ready": c.ready(settings),
+            "log": str(_log_path(settings, c.name)),
+        }
         for c in components(settings)
     ]

@@ -24,6 +24,7 @@ any process sends SIGTERM (controlled shutdown), then SIGKILL after the timeout.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import signal
@@ -214,9 +215,14 @@ logger.cleaner.level = WARN
         else:
             cluster_id = new_cluster_id()
             id_file.write_text(cluster_id + "\n")
-        cmd = self._java() + [
+        cmd = [
+            *self._java(),
             # "--cluster-id=ID": an id read from an older state file may still begin with "-"
-            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_file),
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(self.properties_file),
         ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
@@ -264,7 +270,7 @@ logger.cleaner.level = WARN
         self._format_storage()
         with open(self.log_file, "ab") as out:
             self._proc = subprocess.Popen(
-                self._java() + ["kafka.Kafka", str(self.properties_file)],
+                [*self._java(), "kafka.Kafka", str(self.properties_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -293,9 +299,7 @@ logger.cleaner.level = WARN
         last = "no answer"
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise BrokerError(
-                    f"kafka broker exited with {self._proc.returncode}; kafka.log:\n{self._log_tail()}"
-                )
+                raise BrokerError(f"kafka broker exited with {self._proc.returncode}; kafka.log:\n{self._log_tail()}")
             try:
                 md = admin.list_topics(timeout=2)
                 if md.brokers:
@@ -318,19 +322,15 @@ logger.cleaner.level = WARN
             self.pid_file.unlink(missing_ok=True)
             self._proc = None
             return False
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self._alive(pid):
             time.sleep(0.1)
         if self._alive(pid):
             log.warning("kafka broker pid %d did not stop in %.0f s: SIGKILL", pid, timeout)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             while self._alive(pid):
                 time.sleep(0.05)
         self.pid_file.unlink(missing_ok=True)
@@ -342,7 +342,7 @@ logger.cleaner.level = WARN
             return self._proc.poll() is None  # reaps our child
         return _pid_alive_kafka(pid)
 
-    def __enter__(self) -> "KafkaBroker":
+    def __enter__(self) -> KafkaBroker:
         self.start()
         return self
 
@@ -376,7 +376,7 @@ def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
     existing = admin.list_topics(timeout=timeout).topics
     missing = [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in specs.items() if t not in existing]
     if missing:
-        for topic, fut in admin.create_topics(missing, operation_timeout=timeout).items():
+        for _topic, fut in admin.create_topics(missing, operation_timeout=timeout).items():
             try:
                 fut.result(timeout)
             except KafkaException as exc:
@@ -386,7 +386,9 @@ def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
     while True:  # wait until the metadata shows every topic with its leaders
         md = admin.list_topics(timeout=timeout).topics
         ready = all(
-            t in md and md[t].error is None and md[t].partitions
+            t in md
+            and md[t].error is None
+            and md[t].partitions
             and all(p.leader >= 0 for p in md[t].partitions.values())
             for t in specs
         )
@@ -422,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "start":
             broker.start(timeout=args.timeout)
             topics = ensure_topics(settings)
-            print(f"kafka running on {broker.bootstrap} (pid {broker.running_pid()}, data {broker.data_dir}); "
-                  f"topics {topics}")
+            print(
+                f"kafka running on {broker.bootstrap} (pid {broker.running_pid()}, data {broker.data_dir}); "
+                f"topics {topics}"
+            )
         elif args.action == "stop":
             print("kafka stopped" if broker.stop(timeout=args.timeout) else "kafka was not running")
         else:

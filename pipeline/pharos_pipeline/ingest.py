@@ -76,6 +76,7 @@ class InvalidMessage(ValueError):
 
 # -- decoding and validation --------------------------------------------------------------
 
+
 def _enum_name(names: dict[int, str], value: int) -> str:
     # Open enums: a newer v1 producer may send a value this pipeline does not know yet.
     return names.get(value, f"unknown_{value}")
@@ -162,6 +163,7 @@ def decode_target_metrics(value: bytes | None) -> TargetMetricsBatch:
 
 # -- row mapping ----------------------------------------------------------------------------
 
+
 def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
     """The ``io_requests`` rows of a batch, one per IoRecord, in record order.
 
@@ -172,37 +174,39 @@ def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
     pid, seq, bhost = batch.producer_id, batch.seq, batch.host
     rows = []
     for i, r in enumerate(batch.records):
-        rows.append({
-            "start": ns_to_datetime64(r.start_ns),
-            "end": ns_to_datetime64(r.end_ns),
-            "duration_ns": r.duration_ns,
-            "layer": _enum_name(LAYER_NAMES, r.layer),
-            "host": r.host or bhost,
-            "job_id": r.job_id,
-            "rank": r.rank,
-            "pid": r.pid,
-            "tid": r.tid,
-            "comm": r.comm,
-            "op": _enum_name(OP_NAMES, r.op),
-            "file_type": _enum_name(FILE_TYPE_NAMES, r.file_type),
-            "dev": r.dev,
-            "inode": r.inode,
-            "path": r.path,
-            "fd": r.fd,
-            "offset": r.offset,
-            "size": r.size,
-            "result": r.result,
-            "count": r.count,
-            "bytes": max(r.result, 0) * r.count,
-            "compute_node": r.compute_node,
-            "forwarding_node": r.forwarding_node,
-            "target": r.target,
-            "object_id": r.object_id,
-            "queue_wait_ns": r.queue_wait_ns,
-            "producer_id": pid,
-            "seq": seq,
-            "record_index": i,
-        })
+        rows.append(
+            {
+                "start": ns_to_datetime64(r.start_ns),
+                "end": ns_to_datetime64(r.end_ns),
+                "duration_ns": r.duration_ns,
+                "layer": _enum_name(LAYER_NAMES, r.layer),
+                "host": r.host or bhost,
+                "job_id": r.job_id,
+                "rank": r.rank,
+                "pid": r.pid,
+                "tid": r.tid,
+                "comm": r.comm,
+                "op": _enum_name(OP_NAMES, r.op),
+                "file_type": _enum_name(FILE_TYPE_NAMES, r.file_type),
+                "dev": r.dev,
+                "inode": r.inode,
+                "path": r.path,
+                "fd": r.fd,
+                "offset": r.offset,
+                "size": r.size,
+                "result": r.result,
+                "count": r.count,
+                "bytes": max(r.result, 0) * r.count,
+                "compute_node": r.compute_node,
+                "forwarding_node": r.forwarding_node,
+                "target": r.target,
+                "object_id": r.object_id,
+                "queue_wait_ns": r.queue_wait_ns,
+                "producer_id": pid,
+                "seq": seq,
+                "record_index": i,
+            }
+        )
     return rows
 
 
@@ -227,8 +231,12 @@ def drop_rows(batches: list[IoBatch]) -> list[dict[str, Any]]:
             row = acc.get(key)
             if row is None:
                 row = acc[key] = {
-                    "producer_id": b.producer_id, "job_id": d.job_id, "ringbuf_drops": 0,
-                    "delivery_failures": 0, "overflow_drops": 0, "unmerged_fallbacks": 0,
+                    "producer_id": b.producer_id,
+                    "job_id": d.job_id,
+                    "ringbuf_drops": 0,
+                    "delivery_failures": 0,
+                    "overflow_drops": 0,
+                    "unmerged_fallbacks": 0,
                     "_updated": 0,
                 }
             row["ringbuf_drops"] = max(row["ringbuf_drops"], d.ringbuf_drops)
@@ -247,14 +255,28 @@ def target_metrics_rows(b: TargetMetricsBatch) -> list[dict[str, Any]]:
     """``target_metrics`` rows of a batch: one per (target, interval)."""
     return [
         {
-            "time": ns_to_datetime64(m.time_ns), "target": m.target, "forwarding_node": m.forwarding_node,
-            "interval_ms": m.interval_ms, "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
-            "read_ops": m.read_ops, "write_ops": m.write_ops, "metadata_ops": m.metadata_ops,
-            "latency_p50_ns": m.latency_p50_ns, "latency_p95_ns": m.latency_p95_ns,
-            "latency_p99_ns": m.latency_p99_ns, "latency_max_ns": m.latency_max_ns,
-            "queue_depth": m.queue_depth, "throttled": int(m.throttled), "max_perf_mb_s": m.max_perf_mb_s,
-            "slowdown": m.slowdown, "added_latency_ns": m.added_latency_ns, "service_ns_sum": m.service_ns_sum,
-            "producer_id": b.producer_id, "seq": b.seq, "host": b.host,
+            "time": ns_to_datetime64(m.time_ns),
+            "target": m.target,
+            "forwarding_node": m.forwarding_node,
+            "interval_ms": m.interval_ms,
+            "bytes_read": m.bytes_read,
+            "bytes_written": m.bytes_written,
+            "read_ops": m.read_ops,
+            "write_ops": m.write_ops,
+            "metadata_ops": m.metadata_ops,
+            "latency_p50_ns": m.latency_p50_ns,
+            "latency_p95_ns": m.latency_p95_ns,
+            "latency_p99_ns": m.latency_p99_ns,
+            "latency_max_ns": m.latency_max_ns,
+            "queue_depth": m.queue_depth,
+            "throttled": int(m.throttled),
+            "max_perf_mb_s": m.max_perf_mb_s,
+            "slowdown": m.slowdown,
+            "added_latency_ns": m.added_latency_ns,
+            "service_ns_sum": m.service_ns_sum,
+            "producer_id": b.producer_id,
+            "seq": b.seq,
+            "host": b.host,
         }
         for m in b.metrics
     ]
@@ -299,15 +321,19 @@ WHERE has({topics:Array(String)}, topic) AND has({offsets:Array(Int64)}, offset)
 def _stored_keys(store: Store, sql: str, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
     if not keys:
         return set()
-    rows = store.query(sql, {
-        "producers": sorted({p for p, _ in keys}),
-        "seqs": sorted({s for _, s in keys}),
-    })
+    rows = store.query(
+        sql,
+        {
+            "producers": sorted({p for p, _ in keys}),
+            "seqs": sorted({s for _, s in keys}),
+        },
+    )
     # The query returns the cross product's hits; keep the exact keys.
     return {(r["producer_id"], int(r["seq"])) for r in rows} & keys
 
 
 # -- the pipeline ----------------------------------------------------------------------------
+
 
 @dataclass
 class _Bad:
@@ -390,13 +416,16 @@ class Pipeline:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            self._producer = Producer({
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "client.id": "pharos-pipeline-deadletter",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-            }, logger=log)
+            self._producer = Producer(
+                {
+                    "bootstrap.servers": self.settings.kafka_bootstrap,
+                    "client.id": "pharos-pipeline-deadletter",
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                },
+                logger=log,
+            )
         return self._producer
 
     def reset_consumer(self) -> None:
@@ -430,8 +459,7 @@ class Pipeline:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         consumer = self._ensure_consumer()
-        msgs = consumer.consume(num_messages=self.max_messages,
-                                timeout=self.max_wait if timeout is None else timeout)
+        msgs = consumer.consume(num_messages=self.max_messages, timeout=self.max_wait if timeout is None else timeout)
         if not msgs:
             return 0
         batches: list[tuple[Any, IoBatch]] = []
@@ -528,8 +556,13 @@ class Pipeline:
             if b.seq > prev + 1:
                 missing = b.seq - prev - 1
                 gaps += missing
-                log.warning("producer %s: %d batch(es) missing before seq %d (last seen %s)",
-                            b.producer_id, missing, b.seq, prev if prev >= 0 else "none")
+                log.warning(
+                    "producer %s: %d batch(es) missing before seq %d (last seen %s)",
+                    b.producer_id,
+                    missing,
+                    b.seq,
+                    prev if prev >= 0 else "none",
+                )
             if b.seq > prev:
                 last[b.producer_id] = b.seq
         if gaps:
@@ -539,9 +572,13 @@ class Pipeline:
     def _dead_letter(self, bad: list[_Bad]) -> None:
         from confluent_kafka import KafkaException
 
-        rows = self.store.query(Q_STORED_DEAD_LETTERS, {
-            "topics": sorted({b.topic for b in bad}), "offsets": sorted({b.offset for b in bad}),
-        })
+        rows = self.store.query(
+            Q_STORED_DEAD_LETTERS,
+            {
+                "topics": sorted({b.topic for b in bad}),
+                "offsets": sorted({b.offset for b in bad}),
+            },
+        )
         seen = {(r["topic"], int(r["partition"]), int(r["offset"])) for r in rows}
         todo = [b for b in bad if (b.topic, b.partition, b.offset) not in seen]
         if not todo:
@@ -556,7 +593,9 @@ class Pipeline:
         for b in todo:
             log.warning("dead letter %s[%d]@%d: %s", b.topic, b.partition, b.offset, b.error)
             producer.produce(
-                self.settings.topic_deadletter, value=b.value, key=b.key,
+                self.settings.topic_deadletter,
+                value=b.value,
+                key=b.key,
                 headers=[
                     ("error", b.error.encode()),
                     ("source_topic", b.topic.encode()),
@@ -569,15 +608,21 @@ class Pipeline:
         if left or failures:
             raise KafkaException(f"dead-letter topic did not take {left or len(failures)} message(s): {failures[:3]}")
         now = time.time()
-        self.store.insert_rows("dead_letters", [{
-            "time": f"{now:.3f}",
-            "topic": b.topic,
-            "partition": b.partition,
-            "offset": b.offset,
-            "error": b.error,
-            "size": len(b.value),
-            "payload_head": b.value[:PAYLOAD_HEAD_BYTES].hex(),
-        } for b in todo])
+        self.store.insert_rows(
+            "dead_letters",
+            [
+                {
+                    "time": f"{now:.3f}",
+                    "topic": b.topic,
+                    "partition": b.partition,
+                    "offset": b.offset,
+                    "error": b.error,
+                    "size": len(b.value),
+                    "payload_head": b.value[:PAYLOAD_HEAD_BYTES].hex(),
+                }
+                for b in todo
+            ],
+        )
         with self._stats_lock:
             self._c.dead_letters += len(todo)
 
@@ -619,11 +664,18 @@ class Pipeline:
         with self._stats_lock:
             c = self._c
             return {
-                "messages": c.messages, "batches": c.batches, "records": c.records,
-                "job_events": c.job_events, "duplicates_skipped": c.duplicates_skipped,
-                "dead_letters": c.dead_letters, "gaps": c.gaps, "polls": c.polls,
-                "commits": c.commits, "errors": c.errors,
-                "last_commit_time": c.last_commit_time, "producers": len(c.last_seq),
+                "messages": c.messages,
+                "batches": c.batches,
+                "records": c.records,
+                "job_events": c.job_events,
+                "duplicates_skipped": c.duplicates_skipped,
+                "dead_letters": c.dead_letters,
+                "gaps": c.gaps,
+                "polls": c.polls,
+                "commits": c.commits,
+                "errors": c.errors,
+                "last_commit_time": c.last_commit_time,
+                "producers": len(c.last_seq),
             }
 
 
@@ -673,6 +725,7 @@ def pipeline_stats(store: Store) -> dict[str, Any]:
 
 # -- standalone process -----------------------------------------------------------------------
 
+
 def run_pipeline_process(settings: Settings | None = None) -> int:
     """Entry point of ``python -m pharos_pipeline.ingest``: open and migrate the store,
     create the topics if missing, run the pipeline until SIGTERM/SIGINT. Returns the exit
@@ -699,8 +752,12 @@ def run_pipeline_process(settings: Settings | None = None) -> int:
         except Exception as exc:  # the broker may come later; the consumer retries
             log.warning("could not ensure topics on %s: %s", settings.kafka_bootstrap, exc)
         pipeline = Pipeline(settings, store)
-        log.info("pipeline consuming %s from %s (group %s)", pipeline.topics,
-                 settings.kafka_bootstrap, settings.consumer_group)
+        log.info(
+            "pipeline consuming %s from %s (group %s)",
+            pipeline.topics,
+            settings.kafka_bootstrap,
+            settings.consumer_group,
+        )
         pipeline.run(stop)
         log.info("pipeline stopped: %s", pipeline.stats())
     finally:

@@ -68,13 +68,19 @@ class Settings(BaseSettings):
     agent_metrics_addr: str = Field(
         default="127.0.0.1:9435", description="Loopback address of the agent's Prometheus metrics ('' = off)."
     )
-    fwd_binary: Path = Field(default=REPO_ROOT / "target" / "release" / "pharos-fwd",
-                             description="The forwarding daemon built by `make build`.")
-    mount_binary: Path = Field(default=REPO_ROOT / "target" / "release" / "pharos-mount",
-                               description="The FUSE client built by `make build`.")
-    fwd_nodes: int = Field(default=2, ge=0, description="Forwarding daemons `pharos up` starts (0: no forwarding layer).")
+    fwd_binary: Path = Field(
+        default=REPO_ROOT / "target" / "release" / "pharos-fwd",
+        description="The forwarding daemon built by `make build`.",
+    )
+    mount_binary: Path = Field(
+        default=REPO_ROOT / "target" / "release" / "pharos-mount", description="The FUSE client built by `make build`."
+    )
+    fwd_nodes: int = Field(
+        default=2, ge=0, description="Forwarding daemons `pharos up` starts (0: no forwarding layer)."
+    )
     fwd_port_base: int = Field(
-        default=7400, ge=0,
+        default=7400,
+        ge=0,
         description="Forwarding node i listens on base+10i and serves admin HTTP on base+10i+1 (loopback); 0: free ports.",
     )
     fwd_targets: int = Field(default=8, ge=1, description="Storage targets (OSTs) behind the forwarding daemons.")
@@ -82,7 +88,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Token-bucket limit of each target in MB/s (ost0, ost1, ...; 0 or missing: unlimited).",
     )
-    mount_admin_port: int = Field(default=7501, ge=0, description="Admin HTTP port of the FUSE client (0: a free port).")
+    mount_admin_port: int = Field(
+        default=7501, ge=0, description="Admin HTTP port of the FUSE client (0: a free port)."
+    )
     compute_node_index: int = Field(
         default=0, ge=0, description="This compute node's index: its default forwarding node is index mod fwd_nodes."
     )

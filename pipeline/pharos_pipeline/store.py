@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import urlparse
 
 from .settings import Settings
@@ -83,8 +84,8 @@ class Store(ABC):
                 raise StoreError(str(exc)) from exc
         return len(lines)
 
-    def close(self) -> None:  # pragma: no cover - overridden
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook: stores without a handle keep this no-op
+        """Release the store's handle (chDB session, HTTP pool); a no-op by default."""
 
 
 def _ch_literal(value: Any) -> str:
@@ -191,7 +192,7 @@ def migration_files() -> list[tuple[int, str, str]]:
 
 def split_statements(sql: str) -> list[str]:
     """Split a migration file into statements at ';' line ends (comments dropped)."""
-    body = "\n".join(l for l in sql.splitlines() if not l.strip().startswith("--"))
+    body = "\n".join(line for line in sql.splitlines() if not line.strip().startswith("--"))
     return [s.strip() for s in body.split(";") if s.strip()]
 
 

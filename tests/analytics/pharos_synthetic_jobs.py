@@ -20,8 +20,24 @@ T0 = (int(time.time()) - 3600) * S  # an hour ago, whole second
 MiB = 1 << 20
 
 
-def rec(job, rank, op, path, size, result, count=1, *, ftype="regular", start=1.0, end=None,
-        dur=0.0, layer="client", dev=1, inode=None, producer="agent-1"):
+def rec(
+    job,
+    rank,
+    op,
+    path,
+    size,
+    result,
+    count=1,
+    *,
+    ftype="regular",
+    start=1.0,
+    end=None,
+    dur=0.0,
+    layer="client",
+    dev=1,
+    inode=None,
+    producer="agent-1",
+):
     """One io_requests row; start/end/dur in seconds after T0; bytes as the pipeline computes it."""
     end = start if end is None else end
     return {
@@ -142,14 +158,24 @@ def build_store(state_dir: Path) -> Store:
     store.insert_rows("producer_drops", DROPS)
     store.insert_rows(
         "io_batches",
-        [{"producer_id": "agent-1", "seq": s, "host": "cn01", "records": 5, "created": ns_to_datetime64(T0)}
-         for s in (0, 1, 3)]
+        [
+            {"producer_id": "agent-1", "seq": s, "host": "cn01", "records": 5, "created": ns_to_datetime64(T0)}
+            for s in (0, 1, 3)
+        ]
         + [{"producer_id": "agent-2", "seq": 0, "host": "cn02", "records": 2, "created": ns_to_datetime64(T0)}],
     )
     store.insert_rows(
         "dead_letters",
-        [{"time": ns_to_datetime64(T0), "topic": "pharos.io.requests", "partition": 0, "offset": 7,
-          "error": "bad", "size": 3, "payload_head": "ffff"}],
+        [
+            {
+                "time": ns_to_datetime64(T0),
+                "topic": "pharos.io.requests",
+                "partition": 0,
+                "offset": 7,
+                "error": "bad",
+                "size": 3,
+                "payload_head": "ffff",
+            }
+        ],
     )
     return store
-

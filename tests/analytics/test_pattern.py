@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pharos_analytics.pattern import (
     PATTERNS,
     SYSTEM_PREFIXES,
@@ -40,8 +41,17 @@ def test_classify_pattern_accepts_an_iterator():
 
 @pytest.mark.parametrize(
     "r, m, fan, expected",
-    [(0, 0, 0, "none"), (3, 0, 0, "none"), (0, 3, 0, "none"), (1, 1, 1, "1-1"), (1, 9, 1, "1-N"),
-     (9, 1, 9, "N-1"), (9, 9, 1, "N-N"), (9, 3, 3, "N-M"), (2, 5, 2, "N-M")],
+    [
+        (0, 0, 0, "none"),
+        (3, 0, 0, "none"),
+        (0, 3, 0, "none"),
+        (1, 1, 1, "1-1"),
+        (1, 9, 1, "1-N"),
+        (9, 1, 9, "N-1"),
+        (9, 9, 1, "N-N"),
+        (9, 3, 3, "N-M"),
+        (2, 5, 2, "N-M"),
+    ],
 )
 def test_classify_fan_in(r, m, fan, expected):
     assert classify_fan_in(r, m, fan) == expected
@@ -55,16 +65,43 @@ def test_classify_fan_in_rejects_impossible_statistics(args):
 
 @pytest.mark.parametrize(
     "path, system",
-    [("/usr/lib/libc.so.6", True), ("/usr", True), ("/lib64/ld-linux-x86-64.so.2", True),
-     ("/etc/passwd", True), ("/proc/self/maps", True), ("/sys/fs/cgroup", True), ("/dev/null", True),
-     ("/bin/sh", True), ("/sbin/init", True), ("/run/lock", True), ("/var/lib/dpkg/status", True),
-     ("/usrdata/x", False), ("/library/x", False), ("/var/tmp/x", False), ("/var/library", False),
-     ("/scratch/out", False), ("/home/u/etc/x", False), ("", False), ("relative/usr", False)],
+    [
+        ("/usr/lib/libc.so.6", True),
+        ("/usr", True),
+        ("/lib64/ld-linux-x86-64.so.2", True),
+        ("/etc/passwd", True),
+        ("/proc/self/maps", True),
+        ("/sys/fs/cgroup", True),
+        ("/dev/null", True),
+        ("/bin/sh", True),
+        ("/sbin/init", True),
+        ("/run/lock", True),
+        ("/var/lib/dpkg/status", True),
+        ("/usrdata/x", False),
+        ("/library/x", False),
+        ("/var/tmp/x", False),
+        ("/var/library", False),
+        ("/scratch/out", False),
+        ("/home/u/etc/x", False),
+        ("", False),
+        ("relative/usr", False),
+    ],
 )
 def test_is_system_path(path, system):
     assert is_system_path(path) is system
 
 
 def test_system_prefixes_cover_the_documented_folders():
-    assert set(SYSTEM_PREFIXES) == {"/usr", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev", "/bin",
-                                    "/sbin", "/run", "/var/lib"}
+    assert set(SYSTEM_PREFIXES) == {
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/etc",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/bin",
+        "/sbin",
+        "/run",
+        "/var/lib",
+    }

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import pytest
+from pharos_synthetic_jobs import MIX_CLIENT, T0, MiB, S
+
 from pharos_analytics.pattern import classify_pattern, is_system_path
 from pharos_analytics.summary import SIZE_BINS, count_jobs, job_summary, list_jobs, ns_to_datetime
-from pharos_synthetic_jobs import MIX_CLIENT, T0, MiB, S
 
 DATA = {"read", "pread", "readv", "write", "pwrite", "writev"}
 
@@ -39,8 +40,13 @@ def test_mix_bytes_and_counts(store):
     assert s.records == len(MIX_CLIENT) == 14
     assert s.requests == sum(r["count"] for r in MIX_CLIENT) == 27
     # data ops on data files only: the merge ratio of the job's data I/O
-    data = [r for r in MIX_CLIENT if r["file_type"] == "regular" and r["op"] in ("read", "pread", "readv", "write", "pwrite", "writev")
-            and not r["path"].startswith(("/usr/", "/etc/"))]
+    data = [
+        r
+        for r in MIX_CLIENT
+        if r["file_type"] == "regular"
+        and r["op"] in ("read", "pread", "readv", "write", "pwrite", "writev")
+        and not r["path"].startswith(("/usr/", "/etc/"))
+    ]
     assert s.data_records == len(data)
     assert s.data_requests == sum(r["count"] for r in data) == sum(f.reads + f.writes for f in s.files)
     assert sum(s.ops.values()) + s.non_file_ops.requests + sum(s.other_ops.values()) == s.requests
@@ -68,8 +74,11 @@ def test_mix_files_pattern_and_window(store):
     assert s.n_files == 2 and s.io_ranks == 2
     assert s.pattern == "N-N"
     assert s.patterns == {"read": "1-1", "write": "N-N"}
-    pairs = [(r["rank"], r["path"]) for r in MIX_CLIENT
-             if r["file_type"] == "regular" and r["op"] in DATA and not is_system_path(r["path"])]
+    pairs = [
+        (r["rank"], r["path"])
+        for r in MIX_CLIENT
+        if r["file_type"] == "regular" and r["op"] in DATA and not is_system_path(r["path"])
+    ]
     assert classify_pattern(pairs) == s.pattern
     assert s.first_io == ns_to_datetime(T0 + 1 * S)
     assert s.last_io == ns_to_datetime(T0 + 11 * S)
@@ -137,7 +146,11 @@ def test_list_jobs_newest_first(store):
     assert [j.job_id for j in jobs] == ["one", "nm", "failed", "n1", "mix"]
     by = {j.job_id: j for j in jobs}
     assert (by["mix"].pattern, by["mix"].bytes_written, by["mix"].state, by["mix"].ranks) == (
-        "N-N", 4 * MiB + 299, "finished", 4)
+        "N-N",
+        4 * MiB + 299,
+        "finished",
+        4,
+    )
     assert by["mix"].bytes_read == job_summary(store, "mix").bytes_read
     assert (by["n1"].pattern, by["n1"].state, by["n1"].io_ranks) == ("N-1", "running", 3)
     assert (by["failed"].pattern, by["failed"].state, by["failed"].exit_code) == ("none", "failed", 2)

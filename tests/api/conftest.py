@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 # The synthetic jobs live with the analytics tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analytics"))
 
+from pharos_synthetic_jobs import build_store
+
 from pharos_api.app import create_app
 from pharos_pipeline.settings import Settings
-from pharos_synthetic_jobs import build_store
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,49 @@
 from __future__ import annotations
 
-from pharos_analytics.summary import job_summary
-from pharos_api.schemas import JobSummaryOut
 from pharos_synthetic_jobs import MiB
 
-REQUIRED = {"job_id", "pattern", "ranks", "io_ranks", "files", "n_files", "bytes_read", "bytes_written",
-            "ops", "size_histogram", "dropped_records", "first_io", "last_io", "bandwidth_mib_s"}
+from pharos_analytics.summary import job_summary
+from pharos_api.schemas import JobSummaryOut
+
+REQUIRED = {
+    "job_id",
+    "pattern",
+    "ranks",
+    "io_ranks",
+    "files",
+    "n_files",
+    "bytes_read",
+    "bytes_written",
+    "ops",
+    "size_histogram",
+    "dropped_records",
+    "first_io",
+    "last_io",
+    "bandwidth_mib_s",
+}
 
 
 def test_get_job(client, store):
     r = client.get("/v1/jobs/mix")
     assert r.status_code == 200
     j = r.json()
-    assert REQUIRED <= set(j)
+    assert set(j) >= REQUIRED
     assert j["job_id"] == "mix" and j["pattern"] == "N-N" and j["state"] == "finished"
     assert (j["ranks"], j["io_ranks"], j["n_files"]) == (4, 2, 2)
     assert j["bytes_written"] == 4 * MiB + 299
-    assert j["files"][0] == {"path": "/scratch/a.0", "bytes_read": 3 * 1023 + 4 * MiB, "bytes_written": 4 * MiB,
-                             "reads": 5, "writes": 4, "ranks": 1}
-    assert j["ops"]["write"] == 5 and j["non_file_ops"] == {"requests": 6, "bytes": 70,
-                                                           "by_type": {"char_device": 1, "pipe": 5}}
+    assert j["files"][0] == {
+        "path": "/scratch/a.0",
+        "bytes_read": 3 * 1023 + 4 * MiB,
+        "bytes_written": 4 * MiB,
+        "reads": 5,
+        "writes": 4,
+        "ranks": 1,
+    }
+    assert j["ops"]["write"] == 5 and j["non_file_ops"] == {
+        "requests": 6,
+        "bytes": 70,
+        "by_type": {"char_device": 1, "pipe": 5},
+    }
     assert j["size_histogram"]["write"]["1M-4M"] == 4 and j["size_histogram"]["read"]["4M-10M"] == 1
     assert j["dropped_records"] == 11 and j["drops"]["producers"] == 2
     assert j["first_io"].endswith("Z") or j["first_io"].endswith("+00:00")

@@ -5,8 +5,9 @@ import json
 import httpx
 import pytest
 import typer
-from pharos_api.cli_jobs import register
 from typer.testing import CliRunner
+
+from pharos_api.cli_jobs import register
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,17 @@ def test_jobs_json_and_env_url(cli, api_url):
 def test_job_report(cli, api_url):
     r = runner.invoke(cli, ["job", "mix", "--api", api_url], env={"COLUMNS": "160"})
     assert r.exit_code == 0, r.output
-    for word in ("mix", "pattern N-N", "finished", "/scratch/a.0", "pwrite", "1M-4M", "█",
-                 "dropped records 11", "block_write"):
+    for word in (
+        "mix",
+        "pattern N-N",
+        "finished",
+        "/scratch/a.0",
+        "pwrite",
+        "1M-4M",
+        "█",
+        "dropped records 11",
+        "block_write",
+    ):
         assert word in r.output, word
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pharos_darshan_corpus import log
+
 from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
@@ -35,8 +36,9 @@ def test_one_byte_hdf5_writes_give_the_small_write_insight(store):
     # The DXT trace gives the phases: the 1-byte writes are there as requests.
     jp = job_phases(store, r.job_id)
     assert jp.source == "trace" and jp.job.writes == 40 and jp.job.size_class == "small"
-    n1 = store.query("SELECT count() AS n FROM io_requests WHERE job_id = {j:String} AND op = 'write' AND size = 1",
-                     {"j": r.job_id})[0]["n"]
+    n1 = store.query(
+        "SELECT count() AS n FROM io_requests WHERE job_id = {j:String} AND op = 'write' AND size = 1", {"j": r.job_id}
+    )[0]["n"]
     assert int(n1) == 10
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from pharos_darshan_corpus import count, log, logs
+
 from pharos_agents.darshan_import import import_log, import_logs
 from pharos_analytics.summary import job_summary
 
@@ -23,8 +24,12 @@ def test_every_release_log_imports(store):
         assert r.ranks == 4 and "POSIX" in r.modules and r.counter_rows > 0
         s = job_summary(store, r.job_id)
         assert s.ranks == 4 and s.state == "finished" and s.start is not None and s.end >= s.start
-        n = count(store, "SELECT count() AS n FROM darshan_counters WHERE job_id = {j:String} "
-                         "AND counter = 'POSIX_BYTES_WRITTEN' AND value > 0", j=r.job_id)
+        n = count(
+            store,
+            "SELECT count() AS n FROM darshan_counters WHERE job_id = {j:String} "
+            "AND counter = 'POSIX_BYTES_WRITTEN' AND value > 0",
+            j=r.job_id,
+        )
         assert n >= 1
     # Logs with DXT (3.1.3-3.1.6) give per-request rows with absolute times inside the job.
     dxt = [r for r in results if r.dxt_segments]
@@ -33,7 +38,8 @@ def test_every_release_log_imports(store):
         row = store.query(
             "SELECT min(start) >= (SELECT min(time) FROM job_events WHERE job_id = {j:String}) AS inside, "
             "countIf(path = '') AS nopath, uniqExact(rank) AS ranks, count() AS n FROM io_requests WHERE job_id = {j:String}",
-            {"j": r.job_id})[0]
+            {"j": r.job_id},
+        )[0]
         assert int(row["inside"]) == 1 and int(row["nopath"]) == 0 and int(row["ranks"]) == 4
         assert int(row["n"]) == r.dxt_segments
 
@@ -66,18 +72,24 @@ def test_dlio_set_imports_as_one_job(store):
     assert sorted(r.rank_offset for r in results) == list(range(len(paths)))
     s = job_summary(store, "dlio")
     assert s.name == "dlio-run" and s.ranks == len(paths) == 24
-    ranks = store.query("SELECT groupUniqArray(rank) AS r FROM darshan_counters WHERE job_id = 'dlio' AND rank >= 0")[0]["r"]
+    ranks = store.query("SELECT groupUniqArray(rank) AS r FROM darshan_counters WHERE job_id = 'dlio' AND rank >= 0")[
+        0
+    ]["r"]
     assert sorted(ranks) == list(range(24))
-    span = store.query("SELECT toUnixTimestamp64Nano(min(start)) AS s, toUnixTimestamp64Nano(max(end)) AS e "
-                       "FROM darshan_logs FINAL WHERE job_id = 'dlio'")[0]
+    span = store.query(
+        "SELECT toUnixTimestamp64Nano(min(start)) AS s, toUnixTimestamp64Nano(max(end)) AS e "
+        "FROM darshan_logs FINAL WHERE job_id = 'dlio'"
+    )[0]
     ev = store.query("SELECT kind, toUnixTimestamp64Nano(time) AS t FROM job_events FINAL WHERE job_id = 'dlio'")
     assert {r["kind"]: int(r["t"]) for r in ev} == {"start": int(span["s"]), "end": int(span["e"])}
 
 
 def test_partial_logs_import_with_warnings(store):
-    for rel, mod in (("partial_data_dxt/partial_data_dxt.darshan", "DXT_POSIX"),
-                     ("partial_data_stdio/partial_data_stdio.darshan", "STDIO"),
-                     ("imbalanced_io/imbalanced-io.darshan", "POSIX")):
+    for rel, mod in (
+        ("partial_data_dxt/partial_data_dxt.darshan", "DXT_POSIX"),
+        ("partial_data_stdio/partial_data_stdio.darshan", "STDIO"),
+        ("imbalanced_io/imbalanced-io.darshan", "POSIX"),
+    ):
         r = import_log(store, log(rel))
         assert r.status == "imported" and mod in r.partial_modules
         assert any(f"module {mod} is partial" in w for w in r.warnings)
@@ -95,9 +107,23 @@ def test_unreadable_file_fails_cleanly(store, tmp_path):
 
 def test_job_id_collision_gets_a_suffix(store):
     p = log("ior_daos/snyder_ior-POSIX_id1057716-202103_11-8-64415-6936117869459351096_1.darshan")
-    store.insert_rows("job_events", [{"job_id": "1057716", "kind": "start", "time": "1700000000.000000000",
-                                      "name": "traced", "command": [], "user": "bob", "ranks": 1, "host": "x",
-                                      "exit_code": 0, "cgroup": ""}])
+    store.insert_rows(
+        "job_events",
+        [
+            {
+                "job_id": "1057716",
+                "kind": "start",
+                "time": "1700000000.000000000",
+                "name": "traced",
+                "command": [],
+                "user": "bob",
+                "ranks": 1,
+                "host": "x",
+                "exit_code": 0,
+                "cgroup": "",
+            }
+        ],
+    )
     r = import_log(store, p)
     assert r.status == "imported" and r.job_id.startswith("1057716-") and len(r.job_id) == len("1057716-") + 8
     assert job_summary(store, "1057716").name == "traced"  # the traced job is untouched

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import darshan
 from pharos_darshan_corpus import count, log
+
 from pharos_agents.darshan_import import import_log
 from pharos_analytics.summary import DARSHAN_STREAMS, job_summary
 from pharos_api.schemas import JobSummaryOut
@@ -53,8 +54,11 @@ def test_log_without_dxt_is_summarised_from_counters(store):
     assert s.n_files == len(s.files) == 1 and s.files[0].ranks == 4 and s.io_ranks == 4  # shared record
     assert s.pattern == "N-1"
     assert sum(s.size_histogram["write"].values()) == want["writes"]
-    span = store.query("SELECT toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS n "
-                       "FROM darshan_logs FINAL WHERE job_id = {j:String}", {"j": r.job_id})[0]["n"]
+    span = store.query(
+        "SELECT toUnixTimestamp64Nano(end) - toUnixTimestamp64Nano(start) AS n "
+        "FROM darshan_logs FINAL WHERE job_id = {j:String}",
+        {"j": r.job_id},
+    )[0]["n"]
     assert s.first_io is not None and abs(s.io_span_s - int(span) / 1e9) < 1e-6 and s.bandwidth_mib_s > 0
     assert job_summary(store, r.job_id, layer="forwarder").source == "traces"  # client layer only
     # what GET /v1/jobs/{id} returns carries the source
@@ -86,9 +90,12 @@ def test_log_with_dxt_keeps_traces(store):
     assert r.dxt_segments > 0
     s = job_summary(store, r.job_id)
     assert s.source == "traces"
-    io = store.query("SELECT sumIf(bytes, op IN ('read', 'pread', 'readv')) AS r, "
-                     "sumIf(bytes, op IN ('write', 'pwrite', 'writev')) AS w, count() AS n "
-                     "FROM io_requests WHERE job_id = {j:String} AND layer = 'client'", {"j": r.job_id})[0]
+    io = store.query(
+        "SELECT sumIf(bytes, op IN ('read', 'pread', 'readv')) AS r, "
+        "sumIf(bytes, op IN ('write', 'pwrite', 'writev')) AS w, count() AS n "
+        "FROM io_requests WHERE job_id = {j:String} AND layer = 'client'",
+        {"j": r.job_id},
+    )[0]
     assert (s.bytes_read, s.bytes_written, s.records) == (int(io["r"]), int(io["w"]), int(io["n"]))
     assert s.records == r.dxt_segments and s.bytes_written > 0
     assert count(store, "SELECT count() AS n FROM darshan_counters WHERE job_id = {j:String}", j=r.job_id) > 0

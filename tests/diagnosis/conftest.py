@@ -4,6 +4,7 @@ directory per process); row builders live in pharos_diag_rows."""
 from __future__ import annotations
 
 import pytest
+
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
 

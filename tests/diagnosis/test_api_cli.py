@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+
 from pharos_api.app import create_app
 from pharos_api.routers import diagnosis
 from pharos_pipeline.settings import Settings
@@ -22,8 +23,7 @@ from pharos_pipeline.settings import Settings
 LOGS = Path(os.environ.get("PHAROS_DARSHAN_LOGS", "/work/shared/darshan-logs"))
 IMB = LOGS / "imbalanced_io/imbalanced-io.darshan"
 H5 = LOGS / "hdf5_diagonal_write_only/hdf5_diagonal_write_1_byte_dxt.darshan"
-CLI = ("import sys, typer; from pharos_api.cli_diagnose import register; "
-       "app = typer.Typer(); register(app); app()")
+CLI = "import sys, typer; from pharos_api.cli_diagnose import register; app = typer.Typer(); register(app); app()"
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +107,12 @@ def test_import_direct_without_the_stack(tmp_path):
     r3 = cli("import", "darshan", str(bad), "--api", dead, env=env)
     assert r3.returncode == 1 and "failed" in r3.stdout
     # The store holds the two logs exactly once.
-    check = ("from pathlib import Path; from pharos_pipeline.settings import Settings; "
-             "from pharos_pipeline.store import open_store; "
-             f"s = open_store(Settings(state_dir=Path({str(tmp_path / 'state')!r}))); "
-             "print(s.query('SELECT count() AS n FROM darshan_logs FINAL')[0]['n'], "
-             "s.query('SELECT count() AS n FROM io_requests')[0]['n']); s.close()")
+    check = (
+        "from pathlib import Path; from pharos_pipeline.settings import Settings; "
+        "from pharos_pipeline.store import open_store; "
+        f"s = open_store(Settings(state_dir=Path({str(tmp_path / 'state')!r}))); "
+        "print(s.query('SELECT count() AS n FROM darshan_logs FINAL')[0]['n'], "
+        "s.query('SELECT count() AS n FROM io_requests')[0]['n']); s.close()"
+    )
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "440"], out.stderr

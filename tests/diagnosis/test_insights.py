@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pharos_diag_rows import KiB, MiB, req, start_event
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import _add_interval, _overlap, job_insights
 
@@ -21,22 +22,28 @@ def jobs(store):
     rows += [req("raw", 1, "read", "/scratch/w", 0, 4 * MiB, t=1), req("raw", 1, "read", "/scratch/w", 0, 4 * MiB, t=2)]
     # fsync: 200 writes, each followed by fsync.
     for i in range(200):
-        rows += [req("fsync", 0, "write", "/scratch/f", i * 4 * KiB, 4 * KiB, t=i * 0.01),
-                 req("fsync", 0, "fsync", "/scratch/f", 0, 0, t=i * 0.01 + 0.005)]
+        rows += [
+            req("fsync", 0, "write", "/scratch/f", i * 4 * KiB, 4 * KiB, t=i * 0.01),
+            req("fsync", 0, "fsync", "/scratch/f", 0, 0, t=i * 0.01 + 0.005),
+        ]
     # straggle: shared file, rank 0 writes 10 MiB, ranks 1-3 4 KiB each; rank 0 spends 40 s in opens.
     rows += [req("straggle", 0, "write", "/scratch/big", 0, 10 * MiB, t=0, dur=5)]
     rows += [req("straggle", r, "write", "/scratch/big", 10 * MiB + r * 4 * KiB, 4 * KiB, t=0) for r in (1, 2, 3)]
     rows += [req("straggle", 0, "open", "/scratch/big", 0, 0, t=10, dur=40)]
     # target: 16 ranks write one file; the storage layer shows one target.
     rows += [req("target", r, "write", "/scratch/t", r * MiB, MiB, t=0) for r in range(16)]
-    rows += [req("target", r, "write", "/scratch/t", r * MiB, MiB, t=0.1, layer="storage", target="ost7") for r in range(16)]
+    rows += [
+        req("target", r, "write", "/scratch/t", r * MiB, MiB, t=0.1, layer="storage", target="ost7") for r in range(16)
+    ]
     # files: 30 small files, one write each.
     rows += [req("files", 0, "write", f"/scratch/many/{i}", 0, 10, t=i * 0.01) for i in range(30)]
     # clean: one rank, 8 sequential 4 MiB writes.
     rows += [req("clean", 0, "write", "/scratch/c", i * 4 * MiB, 4 * MiB, t=i * 0.01) for i in range(8)]
     store.insert_rows("io_requests", rows)
-    store.insert_rows("job_events", [start_event(j, 1) for j in
-                                     ("small", "random", "raw", "fsync", "straggle", "target", "files", "clean")])
+    store.insert_rows(
+        "job_events",
+        [start_event(j, 1) for j in ("small", "random", "raw", "fsync", "straggle", "target", "files", "clean")],
+    )
     return store
 
 
@@ -78,7 +85,9 @@ def test_fsync_storm(jobs):
 def test_stragglers_imbalance_and_metadata_time(jobs):
     got = ids(jobs, "straggle")
     assert got["rank_imbalance_bytes"].evidence["worst_file"] == "/scratch/big"
-    assert got["rank_imbalance_bytes"].evidence["imbalance"] == pytest.approx((10 * MiB - 4 * KiB) / (10 * MiB + 12 * KiB))
+    assert got["rank_imbalance_bytes"].evidence["imbalance"] == pytest.approx(
+        (10 * MiB - 4 * KiB) / (10 * MiB + 12 * KiB)
+    )
     assert got["rank_imbalance_bytes_per_rank"].evidence["max_rank"] == 0
     assert got["rank_imbalance_time_per_rank"].evidence["max_rank"] == 0
     assert got["metadata_time"].evidence["worst_rank"] == 0 and got["metadata_time"].evidence["worst_s"] == 40
@@ -105,6 +114,7 @@ def test_insights_are_sorted_and_documented(jobs):
     order = {"high": 0, "warn": 1, "info": 2}
     assert [order[i.severity] for i in ins] == sorted(order[i.severity] for i in ins)
     from pharos_analytics.insights import RULES
+
     for r in RULES:
         assert "Source:" in r.__doc__, r.__name__
         assert "default" in r.__doc__, r.__name__  # the threshold and its unit
@@ -126,7 +136,7 @@ def test_interval_union():
     s, e = [], []
     for lo, hi in ((10, 20), (30, 40), (15, 32), (50, 60), (60, 61)):
         _add_interval(s, e, lo, hi)
-    assert list(zip(s, e)) == [(10, 40), (50, 61)]
+    assert list(zip(s, e, strict=True)) == [(10, 40), (50, 61)]
     assert _overlap(s, e, 0, 100) == 41
     assert _overlap(s, e, 39, 51) == 2
     assert _overlap(s, e, 40, 50) == 0

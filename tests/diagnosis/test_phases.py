@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pharos_diag_rows import KiB, MiB, req, start_event
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.phases import job_phases, longest_run
 
@@ -14,7 +15,17 @@ def jobs(store):
     # "bursts": phase 1 (t=0..0.3): 4 ranks write one shared file sequentially, 4 KiB aligned.
     for rank in range(4):
         for i in range(4):
-            rows.append(req("bursts", rank, "write", "/scratch/shared", (rank * 4 + i) * 4 * KiB, 4 * KiB, t=0.01 * i + 0.1 * rank))
+            rows.append(
+                req(
+                    "bursts",
+                    rank,
+                    "write",
+                    "/scratch/shared",
+                    (rank * 4 + i) * 4 * KiB,
+                    4 * KiB,
+                    t=0.01 * i + 0.1 * rank,
+                )
+            )
     # phase 2 (t=5..5.5): each rank reads its own file at random, misaligned offsets.
     for rank in range(4):
         for i, off in enumerate((900_001, 17, 500_003, 3)):
@@ -38,7 +49,13 @@ def test_bursts_split_at_idle_gaps(jobs):
     assert jp.source == "trace"
     assert [p.index for p in jp.phases] == [1, 2, 3]
     p1, p2, p3 = (p.profile for p in jp.phases)
-    assert (p1.pattern, p1.direction, p1.access, p1.alignment, p1.size_class) == ("N-1", "write", "sequential", "aligned", "small")
+    assert (p1.pattern, p1.direction, p1.access, p1.alignment, p1.size_class) == (
+        "N-1",
+        "write",
+        "sequential",
+        "aligned",
+        "small",
+    )
     assert p1.writes == 16 and p1.bytes_written == 16 * 4 * KiB and p1.io_ranks == 4 and p1.max_fan_in == 4
     assert (p2.pattern, p2.direction, p2.alignment, p2.size_class) == ("N-N", "read", "misaligned", "large")
     # Per rank: 900001 first (sequential), 17 back (random), 500003 forward but before 900001+2MiB (random), 3 (random).

@@ -18,7 +18,7 @@ import pytest
 from pharos_agents.runner import run_job
 from pharos_api import stack
 from pharos_api.demo import DEMO_JOBS, fio_command, fio_totals, wait_for_summary
-from pharos_pipeline.settings import REPO_ROOT, Settings
+from pharos_pipeline.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -36,9 +36,13 @@ def live_stack(tmp_path_factory):
     """A whole embedded stack on its own ports and state dir, stopped afterwards."""
     state = tmp_path_factory.mktemp("stack")
     settings = Settings(
-        state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
-        cgroup_parent="pharos-test", agent_metrics_addr=f"127.0.0.1:{free_port()}",
-        fwd_port_base=0, mount_admin_port=0,
+        state_dir=state,
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        api_port=free_port(),
+        cgroup_parent="pharos-test",
+        agent_metrics_addr=f"127.0.0.1:{free_port()}",
+        fwd_port_base=0,
+        mount_admin_port=0,
     )
     try:
         stack.start(settings)
@@ -55,8 +59,7 @@ def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
     data_dir = settings.mount_point / job_id
     data_dir.mkdir()
     job.prepare(data_dir)
-    res = run_job(settings, job_id, fio_command(job, data_dir, job.kind), ranks=job.ranks,
-                  output_dir=tmp_path / "out")
+    res = run_job(settings, job_id, fio_command(job, data_dir, job.kind), ranks=job.ranks, output_dir=tmp_path / "out")
     assert res.exit_code == 0, f"fio failed: {res.rank_exit_codes}"
     fio = fio_totals(res.outputs)
     assert fio["bytes_written"] > 0

@@ -11,7 +11,6 @@ import os
 import shutil
 
 import pytest
-
 from forwarder_testkit import Cluster, build_binaries
 from pharos_testkit import topic_settings
 

@@ -111,13 +111,20 @@ class Cluster:
         log = self.root / f"{name}.log"
         args = [
             str(BIN / "pharos-fwd"),
-            "--node-name", name,
-            "--listen", f"127.0.0.1:{port}",
-            "--admin", f"127.0.0.1:{admin}",
-            "--mdt", str(self.backend / "mdt"),
-            "--targets-root", str(self.backend),
-            "--target-count", str(self.n_targets),
-            "--ready-file", str(ready),
+            "--node-name",
+            name,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin",
+            f"127.0.0.1:{admin}",
+            "--mdt",
+            str(self.backend / "mdt"),
+            "--targets-root",
+            str(self.backend),
+            "--target-count",
+            str(self.n_targets),
+            "--ready-file",
+            str(ready),
             *(["--brokers", kafka] if kafka else ["--no-kafka"]),
             *extra,
         ]
@@ -135,11 +142,16 @@ class Cluster:
         log = self.root / f"{mp.name}.log"
         args = [
             str(BIN / "pharos-mount"),
-            "--mountpoint", str(mp),
-            "--node-index", str(node_index),
-            "--compute-node", f"cn{node_index}",
-            "--admin", f"127.0.0.1:{admin}",
-            "--ready-file", str(ready),
+            "--mountpoint",
+            str(mp),
+            "--node-index",
+            str(node_index),
+            "--compute-node",
+            f"cn{node_index}",
+            "--admin",
+            f"127.0.0.1:{admin}",
+            "--ready-file",
+            str(ready),
             *[a for d in daemons for a in ("--fwd", f"{d.name}={d.addr}")],
             *extra,
         ]
@@ -191,7 +203,7 @@ def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
         raise AssertionError(f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    out = r.stdout[r.stdout.index("{"):]
+    out = r.stdout[r.stdout.index("{") :]
     return json.loads(out)
 
 

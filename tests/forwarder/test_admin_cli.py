@@ -8,7 +8,6 @@ import time
 import urllib.error
 
 import pytest
-
 from forwarder_testkit import BIN, fio, http
 
 
@@ -30,8 +29,14 @@ def test_live_job_mapping_moves_new_requests(cluster):
     assert d1.status()["counters"]["bytes_written"] == 8 << 20
     assert d0.status()["counters"]["bytes_written"] == 8 << 20
     # Another job still follows the static default (node index 0 -> fwd0).
-    fio("--name=w", f"--filename={m.path / 'c'}", "--rw=write", "--bs=1M", "--size=4M",
-        env=dict(os.environ, PHAROS_JOB_ID="other"))
+    fio(
+        "--name=w",
+        f"--filename={m.path / 'c'}",
+        "--rw=write",
+        "--bs=1M",
+        "--size=4M",
+        env=dict(os.environ, PHAROS_JOB_ID="other"),
+    )
     assert d0.status()["counters"]["bytes_written"] == 12 << 20
     # Unknown nodes are refused and the mapping stays.
     with pytest.raises(urllib.error.HTTPError) as e:
@@ -71,32 +76,52 @@ def test_placement_pool_set_live(cluster):
     p = {"pools": {"p": {"targets": ["ost6"]}}, "job_pools": {"9": "p"}}
     assert http("PUT", d.admin + "/placement", p)["job_pools"] == {"9": "p"}
     (m.path / "x").write_bytes(b"x")  # no job: round-robin
-    fio("--name=p", f"--filename={m.path / 'y'}", "--rw=write", "--bs=4k", "--size=4k",
-        env=dict(os.environ, PHAROS_JOB_ID="9"))
+    fio(
+        "--name=p",
+        f"--filename={m.path / 'y'}",
+        "--rw=write",
+        "--bs=4k",
+        "--size=4k",
+        env=dict(os.environ, PHAROS_JOB_ID="9"),
+    )
     assert len(list((cluster.backend / "ost6").glob("*.0"))) >= 1
     with pytest.raises(urllib.error.HTTPError) as e:
         http("PUT", d.admin + "/placement", {"pools": {"p": {"targets": ["ost42"]}}})
     assert e.value.code == 400
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--mdt", "/tmp/x"], "no storage targets"),
-    (["--mdt", "/tmp/x", "--target", "bad"], "expected NAME=VALUE"),
-    (["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--limit", "ost9=5"], "unknown target ost9"),
-    (["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--weights", "1,2"], "--weights"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--mdt", "/tmp/x"], "no storage targets"),
+        (["--mdt", "/tmp/x", "--target", "bad"], "expected NAME=VALUE"),
+        (
+            ["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--limit", "ost9=5"],
+            "unknown target ost9",
+        ),
+        (["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--weights", "1,2"], "--weights"),
+    ],
+)
 def test_daemon_bad_config_one_line_error(binaries, tmp_path, args, msg):
     args = [a.replace("/tmp/x", str(tmp_path)) for a in args]
-    r = subprocess.run([str(BIN / "pharos-fwd"), "--no-kafka", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", *args],
-                       capture_output=True, text=True, timeout=20)
+    r = subprocess.run(
+        [str(BIN / "pharos-fwd"), "--no-kafka", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and msg in lines[0], r.stderr
 
 
 def test_mount_bad_config_and_sigterm_unmounts(cluster, tmp_path):
-    r = subprocess.run([str(BIN / "pharos-mount"), "--mountpoint", str(tmp_path / "nope"), "--fwd", "a=127.0.0.1:1"],
-                       capture_output=True, text=True, timeout=20)
+    r = subprocess.run(
+        [str(BIN / "pharos-mount"), "--mountpoint", str(tmp_path / "nope"), "--fwd", "a=127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert r.returncode != 0 and "not a directory" in r.stderr
     d = cluster.start_daemon("fwd0")
     m = cluster.start_mount([d], 0)

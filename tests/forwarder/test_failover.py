@@ -5,12 +5,10 @@ finishes with crc32c verification passing."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 
 import pytest
-
 from forwarder_testkit import fio, http
 
 
@@ -30,11 +28,22 @@ def test_kill_forwarding_daemon_mid_run(cluster):
         env = dict(os.environ, PHAROS_JOB_ID=job)
         try:
             results[job] = fio(
-                "--name=f", f"--directory={d}", "--rw=write", "--bs=1M", "--numjobs=4", "--size=64M",
-                "--ioengine=psync", "--verify=crc32c", "--verify_state_save=0", "--do_verify=1", "--verify_fatal=1", "--group_reporting",
-                env=env, timeout=150,
+                "--name=f",
+                f"--directory={d}",
+                "--rw=write",
+                "--bs=1M",
+                "--numjobs=4",
+                "--size=64M",
+                "--ioengine=psync",
+                "--verify=crc32c",
+                "--verify_state_save=0",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--group_reporting",
+                env=env,
+                timeout=150,
             )
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             results[job] = e
 
     threads = [threading.Thread(target=run, args=(j,)) for j in ("A", "B")]
@@ -56,8 +65,10 @@ def test_kill_forwarding_daemon_mid_run(cluster):
         assert r["jobs"][0]["write"]["io_bytes"] == 4 * (64 << 20)
     st = m.status()
     s1 = d1.status()
-    print(f"fwd0 wrote {written_before_kill} B before the kill; fwd1 then wrote "
-          f"{s1['counters']['bytes_written']} B; mount failovers={st['failovers']} replays={st['replays']}")
+    print(
+        f"fwd0 wrote {written_before_kill} B before the kill; fwd1 then wrote "
+        f"{s1['counters']['bytes_written']} B; mount failovers={st['failovers']} replays={st['replays']}"
+    )
     assert written_before_kill > 0
     assert st["failovers"] > 0
     assert s1["counters"]["bytes_written"] > 0

@@ -4,7 +4,6 @@ wrote, sequential and random, 1 to 8 jobs, 4 KiB to 4 MiB blocks (≤ 256 MiB pe
 from __future__ import annotations
 
 import pytest
-
 from forwarder_testkit import fio
 
 CASES = [
@@ -36,8 +35,18 @@ def test_fio_verify_crc32c(mounted, rw, bs, jobs, size):
     d = m.path / f"{rw}-{bs}-{jobs}"
     d.mkdir()
     out = fio(
-        "--name=v", f"--directory={d}", f"--rw={rw}", f"--bs={bs}", f"--numjobs={jobs}", f"--size={size}",
-        "--ioengine=psync", "--verify=crc32c", "--verify_state_save=0", "--do_verify=1", "--verify_fatal=1", "--group_reporting",
+        "--name=v",
+        f"--directory={d}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--numjobs={jobs}",
+        f"--size={size}",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--verify_state_save=0",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--group_reporting",
         timeout=200,
     )
     job = out["jobs"][0]

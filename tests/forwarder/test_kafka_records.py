@@ -14,16 +14,22 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer
-
 from forwarder_testkit import fio
+
 from pharos_pipeline.wire import IoBatch, TargetMetricsBatch, io_pb2
 
 JOB = "fj42"
 
 
 def consume(bootstrap: str, topic: str, decode, until, timeout: float = 60) -> list:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fwd-test-{topic}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fwd-test-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out = []
     deadline = time.monotonic() + timeout
@@ -42,13 +48,27 @@ def consume(bootstrap: str, topic: str, decode, until, timeout: float = 60) -> l
 def test_forwarder_records_in_kafka_match_fio_bytes(cluster, kafka_settings):
     s = kafka_settings
     d = cluster.start_daemon(
-        "fwd0", "--topic", s.topic_requests, "--metrics-topic", s.topic_target_metrics, "--metrics-interval-ms", "500",
+        "fwd0",
+        "--topic",
+        s.topic_requests,
+        "--metrics-topic",
+        s.topic_target_metrics,
+        "--metrics-interval-ms",
+        "500",
         kafka=s.kafka_bootstrap,
     )
     m = cluster.start_mount([d], 0)
     out = fio(
-        "--name=k", f"--directory={m.path}", "--rw=randwrite", "--bs=64k", "--numjobs=2", "--size=16M",
-        "--ioengine=psync", "--group_reporting", env=dict(os.environ, PHAROS_JOB_ID=JOB), timeout=120,
+        "--name=k",
+        f"--directory={m.path}",
+        "--rw=randwrite",
+        "--bs=64k",
+        "--numjobs=2",
+        "--size=16M",
+        "--ioengine=psync",
+        "--group_reporting",
+        env=dict(os.environ, PHAROS_JOB_ID=JOB),
+        timeout=120,
     )
     fio_bytes = out["jobs"][0]["write"]["io_bytes"]
     assert fio_bytes == 2 * (16 << 20)
@@ -62,11 +82,19 @@ def test_forwarder_records_in_kafka_match_fio_bytes(cluster, kafka_settings):
     produced = d.status()["records"]["produced"]
 
     def fwd_write_bytes(batches) -> int:
-        return sum(max(r.result, 0) * r.count for _, b in batches for r in b.records
-                   if r.job_id == JOB and r.op == io_pb2.OP_PWRITE)
+        return sum(
+            max(r.result, 0) * r.count
+            for _, b in batches
+            for r in b.records
+            if r.job_id == JOB and r.op == io_pb2.OP_PWRITE
+        )
 
-    batches = consume(s.kafka_bootstrap, s.topic_requests, IoBatch.FromString,
-                      until=lambda got: sum(len(b.records) for _, b in got) >= produced)
+    batches = consume(
+        s.kafka_bootstrap,
+        s.topic_requests,
+        IoBatch.FromString,
+        until=lambda got: sum(len(b.records) for _, b in got) >= produced,
+    )
     recs = [r for _, b in batches for r in b.records]
     assert len(recs) == produced
     assert fwd_write_bytes(batches) == fio_bytes
@@ -87,8 +115,13 @@ def test_forwarder_records_in_kafka_match_fio_bytes(cluster, kafka_settings):
 
     # Target metrics: per-interval TargetMetricsBatch, bytes written add up too.
     time.sleep(1.2)
-    mb = consume(s.kafka_bootstrap, s.topic_target_metrics, TargetMetricsBatch.FromString,
-                 until=lambda got: sum(t.bytes_written for _, b in got for t in b.metrics) >= fio_bytes, timeout=30)
+    mb = consume(
+        s.kafka_bootstrap,
+        s.topic_target_metrics,
+        TargetMetricsBatch.FromString,
+        until=lambda got: sum(t.bytes_written for _, b in got for t in b.metrics) >= fio_bytes,
+        timeout=30,
+    )
     per_target = Counter()
     for _, b in mb:
         assert b.schema_version == 1 and len(b.metrics) == cluster.n_targets

@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from forwarder_testkit import wait_for
 
 

@@ -25,7 +25,6 @@ import time
 from collections import Counter
 
 import pytest
-
 from forwarder_testkit import fio, open_counts, wait_for
 
 LIMITS = [50, 30, 50, 20, 30, 10, 50, 20]
@@ -54,17 +53,27 @@ def run_case(cluster, policy: str) -> tuple[float, Counter]:
     m = cluster.start_mount([d], 0, "--threads", "48")
     t0 = time.monotonic()
     out = fio(
-        "--name=nn", f"--directory={m.path}", "--rw=write", "--bs=1M", f"--numjobs={RANKS}",
-        f"--filesize={FILE_MIB}M", "--ioengine=psync", "--create_on_open=1", "--fallocate=none",
-        "--group_reporting", timeout=100,
+        "--name=nn",
+        f"--directory={m.path}",
+        "--rw=write",
+        "--bs=1M",
+        f"--numjobs={RANKS}",
+        f"--filesize={FILE_MIB}M",
+        "--ioengine=psync",
+        "--create_on_open=1",
+        "--fallocate=none",
+        "--group_reporting",
+        timeout=100,
     )
     wall = time.monotonic() - t0
     w = out["jobs"][0]["write"]
     assert w["io_bytes"] == RANKS * FILE_MIB << 20
     ratio = w["bw_bytes"] / (sum(LIMITS) * 1e6)
     per_target = Counter(p.parent.name for p in cluster.backend.glob("ost*/*.*") if not p.name.startswith("."))
-    print(f"{policy}: {w['bw_bytes'] / 1e6:.1f} MB/s = {ratio:.3f} of {sum(LIMITS)} MB/s (wall {wall:.1f}s), "
-          f"objects per target {dict(sorted(per_target.items()))}")
+    print(
+        f"{policy}: {w['bw_bytes'] / 1e6:.1f} MB/s = {ratio:.3f} of {sum(LIMITS)} MB/s (wall {wall:.1f}s), "
+        f"objects per target {dict(sorted(per_target.items()))}"
+    )
     return ratio, per_target
 
 
@@ -105,7 +114,7 @@ def optimum_makespan(limits: list[int], files: int) -> float:
     for _ in range(files):
         i = max(range(len(limits)), key=lambda i: limits[i] / (alloc[i] + 1))
         alloc[i] += 1
-    return max(a / p for a, p in zip(alloc, limits))
+    return max(a / p for a, p in zip(alloc, limits, strict=True))
 
 
 @pytest.mark.timeout(120)
@@ -116,8 +125,10 @@ def test_performance_aware_pool_places_for_the_best_makespan(cluster):
     # More files on faster targets, and the allocation is as good as whole-file placement gets.
     assert per_target["ost0"] > per_target["ost3"] > per_target["ost5"] >= 1
     assert makespan(alloc) == pytest.approx(optimum_makespan(LIMITS, RANKS))
-    print(f"performance-aware: {ratio:.3f} of summed bandwidth (whole-file optimum "
-          f"{optimum_ratio(LIMITS, RANKS):.3f}; measured by bench/placement.py)")
+    print(
+        f"performance-aware: {ratio:.3f} of summed bandwidth (whole-file optimum "
+        f"{optimum_ratio(LIMITS, RANKS):.3f}; measured by bench/placement.py)"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -128,8 +139,10 @@ def test_progressive_pool_spreads_bytes_for_the_summed_bandwidth(cluster):
     assert sum(per_bytes.values()) == RANKS * FILE_MIB << 20
     bound = bytes_bound_ratio(per_bytes)
     mib = {f"ost{i}": b >> 20 for i, b in per_bytes.items()}
-    print(f"progressive: MiB per target {mib}, bound by bytes {bound:.3f}, fio {ratio:.3f} of summed bandwidth "
-          f"(whole-file optimum {optimum_ratio(LIMITS, RANKS):.3f})")
+    print(
+        f"progressive: MiB per target {mib}, bound by bytes {bound:.3f}, fio {ratio:.3f} of summed bandwidth "
+        f"(whole-file optimum {optimum_ratio(LIMITS, RANKS):.3f})"
+    )
     assert bound >= 0.90
     # Every component was released: no count is left on any target.
     assert wait_for(lambda: open_counts(cluster.backend, len(LIMITS)) == [0] * len(LIMITS))

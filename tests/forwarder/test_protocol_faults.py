@@ -8,7 +8,6 @@ import socket
 import struct
 
 import pytest
-
 from forwarder_testkit import (
     OP_CREATE,
     OP_LOOKUP,

@@ -38,15 +38,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pharos_testkit import free_port, running_alertmanager
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
 from pharos_api.demo import fio_totals, wait_for_summary
 from pharos_pipeline.settings import Settings
-from pharos_testkit import free_port, running_alertmanager
 
-pytestmark = [pytest.mark.e2e, pytest.mark.root,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent, job cgroups and FUSE need root")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent, job cgroups and FUSE need root"),
+]
 
 N_TARGETS = 8
 MiB = 1 << 20
@@ -62,12 +65,15 @@ DIAG_ENV = {
 
 # -- fixtures ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory):
     """The real Alertmanager on a free loopback port (no cluster, a receiver without sinks)."""
     d = tmp_path_factory.mktemp("alertmanager")
-    with running_alertmanager(d, "route:\n  receiver: pharos-null\n  group_wait: 1s\n  group_interval: 1s\n"
-                                 "receivers:\n  - name: pharos-null\n") as url:
+    with running_alertmanager(
+        d,
+        "route:\n  receiver: pharos-null\n  group_wait: 1s\n  group_interval: 1s\nreceivers:\n  - name: pharos-null\n",
+    ) as url:
         yield url
 
 
@@ -114,9 +120,16 @@ def live(tmp_path_factory, alertmanager):
     posts to the real Alertmanager. Stopped at the module's end."""
     state = tmp_path_factory.mktemp("live")
     settings = Settings(
-        state_dir=state, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_port=free_port(),
-        cgroup_parent="pharos-live", agent_metrics_addr=f"127.0.0.1:{free_port()}",
-        fwd_port_base=0, mount_admin_port=0, fwd_nodes=2, fwd_targets=N_TARGETS, fwd_target_limits_mb_s=[],
+        state_dir=state,
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        api_port=free_port(),
+        cgroup_parent="pharos-live",
+        agent_metrics_addr=f"127.0.0.1:{free_port()}",
+        fwd_port_base=0,
+        mount_admin_port=0,
+        fwd_nodes=2,
+        fwd_targets=N_TARGETS,
+        fwd_target_limits_mb_s=[],
     )
     env = dict(DIAG_ENV, PHAROS_DIAGNOSIS_ALERTMANAGER_URL=alertmanager)
     t0 = time.monotonic()
@@ -133,11 +146,28 @@ def live(tmp_path_factory, alertmanager):
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def start_job(live: Live, job_id: str, ranks: int, rank_cmd: str, out: Path, name: str) -> subprocess.Popen:
     """``pharos run`` as a user would run it (a subprocess: jobs can overlap)."""
     env = dict(os.environ, **stack.settings_env(live.settings))
-    argv = [sys.executable, "-m", "pharos_api.cli", "run", "--job", job_id, "--ranks", str(ranks), "--name", name,
-            "--output-dir", str(out), "--", "sh", "-c", f"exec {rank_cmd}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pharos_api.cli",
+        "run",
+        "--job",
+        job_id,
+        "--ranks",
+        str(ranks),
+        "--name",
+        name,
+        "--output-dir",
+        str(out),
+        "--",
+        "sh",
+        "-c",
+        f"exec {rank_cmd}",
+    ]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -151,9 +181,13 @@ def finish(p: subprocess.Popen, timeout: float) -> int:
 
 
 def am_target_alerts(am: str) -> list[dict]:
-    return [a for a in httpx.get(am + "/api/v2/alerts", timeout=5).json()
-            if a["labels"].get("source") == "pharos" and a["labels"].get("alertname") == "PharosFailSlowTarget"
-            and a["status"]["state"] == "active"]
+    return [
+        a
+        for a in httpx.get(am + "/api/v2/alerts", timeout=5).json()
+        if a["labels"].get("source") == "pharos"
+        and a["labels"].get("alertname") == "PharosFailSlowTarget"
+        and a["status"]["state"] == "active"
+    ]
 
 
 @contextmanager
@@ -208,8 +242,10 @@ def per_target_fio(live: Live, runtime_s: int, rate: str = "8m") -> str:
     files = ensure_target_files(live)
     names = " ".join(str(files[t]) for t in range(N_TARGETS))
     # rank r writes the file on ost r, 1 MiB requests, rate-limited so 2 cores are not swamped
-    return (f"sh -c 'set -- {names}; shift $PHAROS_RANK; exec {FIO} --name=fs --rw=write --bs=1m --size=8m "
-            f"--time_based --runtime={runtime_s} --rate={rate} --filename=$1'")
+    return (
+        f"sh -c 'set -- {names}; shift $PHAROS_RANK; exec {FIO} --name=fs --rw=write --bs=1m --size=8m "
+        f"--time_based --runtime={runtime_s} --rate={rate} --filename=$1'"
+    )
 
 
 # -- 1. patterns ------------------------------------------------------------------------------
@@ -217,10 +253,18 @@ def per_target_fio(live: Live, runtime_s: int, rate: str = "8m") -> str:
 PATTERN_JOBS = {
     # kind: (ranks, fio args with {dir}, shared files (name, bytes) created at final size, expected files)
     "N-N": (4, "--rw=write --bs=1m --size=8m --filename={dir}/data.$PHAROS_RANK", [], 4),
-    "N-1": (4, "--rw=write --bs=256k --size=4m --filename={dir}/shared --offset=$((PHAROS_RANK*4))m",
-            [("shared", 16 * MiB)], 1),
-    "N-M": (4, "--rw=write --bs=256k --size=4m --filename={dir}/part.$((PHAROS_RANK/2)) "
-               "--offset=$(((PHAROS_RANK%2)*4))m", [("part.0", 8 * MiB), ("part.1", 8 * MiB)], 2),
+    "N-1": (
+        4,
+        "--rw=write --bs=256k --size=4m --filename={dir}/shared --offset=$((PHAROS_RANK*4))m",
+        [("shared", 16 * MiB)],
+        1,
+    ),
+    "N-M": (
+        4,
+        "--rw=write --bs=256k --size=4m --filename={dir}/part.$((PHAROS_RANK/2)) --offset=$(((PHAROS_RANK%2)*4))m",
+        [("part.0", 8 * MiB), ("part.1", 8 * MiB)],
+        2,
+    ),
     "1-1": (1, "--rw=write --bs=64k --size=8m --filename={dir}/single", [], 1),
 }
 
@@ -244,9 +288,11 @@ def test_pattern_through_mount(live: Live, kind: str, tmp_path: Path):
     c = wait_for_summary(live.api, job_id, fio["bytes_written"], timeout_s=60)
     f = wait_for_summary(live.api, job_id, fio["bytes_written"], timeout_s=60, layer="forwarder")
     assert c is not None and f is not None, "the job never reached the API"
-    print(f"\n[live] {kind}: client pattern {c['pattern']} ({c['io_ranks']} ranks, {c['n_files']} files, "
-          f"{c['bytes_written']} B), forwarder pattern {f['pattern']} ({f['io_ranks']} ranks, {f['n_files']} files, "
-          f"{f['bytes_written']} B); fio {fio['bytes_written']} B; {time.monotonic() - t0:.1f} s")
+    print(
+        f"\n[live] {kind}: client pattern {c['pattern']} ({c['io_ranks']} ranks, {c['n_files']} files, "
+        f"{c['bytes_written']} B), forwarder pattern {f['pattern']} ({f['io_ranks']} ranks, {f['n_files']} files, "
+        f"{f['bytes_written']} B); fio {fio['bytes_written']} B; {time.monotonic() - t0:.1f} s"
+    )
     for layer, s in (("client", c), ("forwarder", f)):
         assert s["pattern"] == kind, f"{layer} layer: {s['pattern']} != {kind}"
         assert s["bytes_written"] == fio["bytes_written"], layer
@@ -272,8 +318,14 @@ def test_failslow_precision_recall(live: Live, tmp_path: Path):
     for run, slow in enumerate(FAILSLOW_RUNS):
         target = f"ost{slow}"
         with limited_targets(live, FAILSLOW_LIMIT_MB_S):
-            p = start_job(live, f"live-fs{run}-{os.getpid()}", N_TARGETS, per_target_fio(live, runtime),
-                          tmp_path / f"fs{run}", "failslow-load")
+            p = start_job(
+                live,
+                f"live-fs{run}-{os.getpid()}",
+                N_TARGETS,
+                per_target_fio(live, runtime),
+                tmp_path / f"fs{run}",
+                "failslow-load",
+            )
             try:
                 time.sleep(2.0)  # the ranks are writing
                 t_fault = time.time()
@@ -296,23 +348,38 @@ def test_failslow_precision_recall(live: Live, tmp_path: Path):
         healthy = sorted(v for k, v in lat.items() if k != target)
         med = healthy[len(healthy) // 2] if healthy else float("nan")
         slow_a = next((a for a in items if a["node"] == target), None)
-        rows.append((run, target, sorted(flagged), slow_a and slow_a["rel_service"], lat.get(target, 0) / med,
-                     max(healthy) / med if healthy else float("nan"), len(lat), alert_s,
-                     sorted((a["node"], a["persistence"]) for a in items if not a["active"])))
+        rows.append(
+            (
+                run,
+                target,
+                sorted(flagged),
+                slow_a and slow_a["rel_service"],
+                lat.get(target, 0) / med,
+                max(healthy) / med if healthy else float("nan"),
+                len(lat),
+                alert_s,
+                sorted((a["node"], a["persistence"]) for a in items if not a["active"]),
+            )
+        )
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
-    print(f"\n[live] fail-slow targets over {len(FAILSLOW_RUNS)} runs (slowdown 4x, windows 5/20/60 s, "
-          f"targets limited to {FAILSLOW_LIMIT_MB_S} MB/s, 8 MB/s offered each): precision {precision:.2f} recall {recall:.2f} (tp {tp} fp {fp} fn {fn}); "
-          f"{time.monotonic() - t_all:.0f} s")
+    print(
+        f"\n[live] fail-slow targets over {len(FAILSLOW_RUNS)} runs (slowdown 4x, windows 5/20/60 s, "
+        f"targets limited to {FAILSLOW_LIMIT_MB_S} MB/s, 8 MB/s offered each): precision {precision:.2f} recall {recall:.2f} (tp {tp} fp {fp} fn {fn}); "
+        f"{time.monotonic() - t_all:.0f} s"
+    )
     for r in rows:
-        print(f"  run {r[0]} slow {r[1]}: active flagged {r[2]}, model ratio {r[3]}, mean latency slow/healthy-median "
-              f"{r[4]:.2f}, worst healthy/median {r[5]:.2f}, loaded targets {r[6]}, "
-              f"Alertmanager alert after {'-' if r[7] is None else f'{r[7]:.1f} s'}, inactive (history) {r[8]}")
+        print(
+            f"  run {r[0]} slow {r[1]}: active flagged {r[2]}, model ratio {r[3]}, mean latency slow/healthy-median "
+            f"{r[4]:.2f}, worst healthy/median {r[5]:.2f}, loaded targets {r[6]}, "
+            f"Alertmanager alert after {'-' if r[7] is None else f'{r[7]:.1f} s'}, inactive (history) {r[8]}"
+        )
     assert all(r[6] == N_TARGETS for r in rows), "every target must have been loaded in every run"
     assert precision == 1.0 and recall == 1.0
 
 
 # -- 4. fault -> Alertmanager latency -------------------------------------------------------------
+
 
 @pytest.mark.timeout(150)
 def test_fault_to_alertmanager_latency(live: Live, tmp_path: Path):
@@ -323,7 +390,9 @@ def test_fault_to_alertmanager_latency(live: Live, tmp_path: Path):
         time.sleep(1)
     assert not any(a["labels"].get("target") == target for a in am_target_alerts(live.am))
     with limited_targets(live, FAILSLOW_LIMIT_MB_S):
-        p = start_job(live, f"live-lat-{os.getpid()}", N_TARGETS, per_target_fio(live, 80), tmp_path / "lat", "latency-load")
+        p = start_job(
+            live, f"live-lat-{os.getpid()}", N_TARGETS, per_target_fio(live, 80), tmp_path / "lat", "latency-load"
+        )
         try:
             time.sleep(6.0)  # healthy load first
             t_fault = time.time()
@@ -335,7 +404,9 @@ def test_fault_to_alertmanager_latency(live: Live, tmp_path: Path):
                     t_alert = time.time()
                     break
                 time.sleep(0.25)
-            det = httpx.get(f"{live.api}/v1/anomalies", params={"kind": "fail_slow_target", "since_s": 120}, timeout=30).json()
+            det = httpx.get(
+                f"{live.api}/v1/anomalies", params={"kind": "fail_slow_target", "since_s": 120}, timeout=30
+            ).json()
         finally:
             p.send_signal(signal.SIGTERM)
             finish(p, 20)
@@ -343,9 +414,11 @@ def test_fault_to_alertmanager_latency(live: Live, tmp_path: Path):
     assert got, f"no Alertmanager alert for {target} within 70 s; detector {det.get('detector')}"
     latency = t_alert - t_fault
     loop_lat = (det.get("detector") or {}).get("last", {}).get("alert_latencies_s")
-    print(f"\n[live] fault on {target} (slowdown 4x) -> alert active in Alertmanager after {latency:.1f} s "
-          f"(detection period {DIAG_ENV['PHAROS_DIAGNOSIS_DETECT_PERIOD_S']} s, shortest window 5 s); alert severity "
-          f"{got[0]['labels']['severity']}, startsAt {got[0]['startsAt']}; detector's onset->accepted latencies {loop_lat}")
+    print(
+        f"\n[live] fault on {target} (slowdown 4x) -> alert active in Alertmanager after {latency:.1f} s "
+        f"(detection period {DIAG_ENV['PHAROS_DIAGNOSIS_DETECT_PERIOD_S']} s, shortest window 5 s); alert severity "
+        f"{got[0]['labels']['severity']}, startsAt {got[0]['startsAt']}; detector's onset->accepted latencies {loop_lat}"
+    )
     assert latency <= 60
     stored = [a for a in det["items"] if a["node"] == target]
     assert stored and stored[0]["active"], f"the detector did not store {target}: {det['items']}"
@@ -380,14 +453,24 @@ def _interference_scenario(live: Live, tmp_path: Path, tag: str, heavy_node: str
     heavy_files = " ".join([str(files[t]) for t in heavy_t] + [str(files[light_t])])
     light_id, heavy_id = f"live-light-{tag}-{os.getpid()}", f"live-heavy-{tag}-{os.getpid()}"
     live.set_mapping({light_id: ["fwd0"], heavy_id: [heavy_node]})
-    light = start_job(live, light_id, 1,
-                      f"{FIO} --name=light --rw=write --bs=256k --size=4m --time_based --runtime=13 --rate=4m "
-                      f"--filename={light_f}", tmp_path / f"light-{tag}", "live-light")
+    light = start_job(
+        live,
+        light_id,
+        1,
+        f"{FIO} --name=light --rw=write --bs=256k --size=4m --time_based --runtime=13 --rate=4m --filename={light_f}",
+        tmp_path / f"light-{tag}",
+        "live-light",
+    )
     time.sleep(5.0)
-    heavy = start_job(live, heavy_id, 4,
-                      f"sh -c 'set -- {heavy_files}; shift $PHAROS_RANK; r=; [ $PHAROS_RANK = 3 ] && r=--rate=2m; "
-                      f"exec {FIO} --name=heavy --rw=write --bs=1m --size=4m --time_based --runtime=7 $r --filename=$1'",
-                      tmp_path / f"heavy-{tag}", "live-heavy")
+    heavy = start_job(
+        live,
+        heavy_id,
+        4,
+        f"sh -c 'set -- {heavy_files}; shift $PHAROS_RANK; r=; [ $PHAROS_RANK = 3 ] && r=--rate=2m; "
+        f"exec {FIO} --name=heavy --rw=write --bs=1m --size=4m --time_based --runtime=7 $r --filename=$1'",
+        tmp_path / f"heavy-{tag}",
+        "live-heavy",
+    )
     rc_h, rc_l = finish(heavy, 40), finish(light, 40)
     assert rc_l == 0 and rc_h == 0, (light.stderr.read().decode()[-1000:], heavy.stderr.read().decode()[-1000:])
     fl = wait_for_summary(live.api, light_id, 1, timeout_s=60, layer="forwarder")
@@ -414,18 +497,32 @@ def test_interference_shared_vs_separate_forwarding_node(live: Live, tmp_path: P
         live.set_mapping({})
 
     def shared_nodes(rep):  # resources shared with the other job (not with requests of no job, "")
-        return {(s["resource_type"], s["resource"]) for w in rep["shared_windows"] for s in w["shared"]
-                if set(s["jobs"]) - {""}}
+        return {
+            (s["resource_type"], s["resource"])
+            for w in rep["shared_windows"]
+            for s in w["shared"]
+            if set(s["jobs"]) - {""}
+        }
 
     ev = same["events"]
-    print(f"\n[live] same node: {len(ev)} event(s) " + "; ".join(
-        f"{e['job_id']} slowed {e['latency_ratio']}x ({e['baseline_latency_ms']} -> {e['latency_ms']} ms, queue wait "
-        f"{e['baseline_queue_wait_ms']} -> {e['queue_wait_ms']} ms) by {e['culprit_job']} on {e['resource_type']} "
-        f"{e['resource']}, {e['windows']} windows, baseline {e['baseline_source']}" for e in ev))
-    print(f"[live] separate nodes: {len(sep['events'])} event(s); shared resources {sorted(shared_nodes(sep))}; "
-          "light latency per window (ms) " + str([w["latency_ms"] for w in sep["shared_windows"]]))
-    print(f"[live] same node: shared resources {sorted(shared_nodes(same))}; light latency per window (ms) "
-          + str([w["latency_ms"] for w in same["shared_windows"]]) + f"; both scenarios {time.monotonic() - t0:.0f} s")
+    print(
+        f"\n[live] same node: {len(ev)} event(s) "
+        + "; ".join(
+            f"{e['job_id']} slowed {e['latency_ratio']}x ({e['baseline_latency_ms']} -> {e['latency_ms']} ms, queue wait "
+            f"{e['baseline_queue_wait_ms']} -> {e['queue_wait_ms']} ms) by {e['culprit_job']} on {e['resource_type']} "
+            f"{e['resource']}, {e['windows']} windows, baseline {e['baseline_source']}"
+            for e in ev
+        )
+    )
+    print(
+        f"[live] separate nodes: {len(sep['events'])} event(s); shared resources {sorted(shared_nodes(sep))}; "
+        "light latency per window (ms) " + str([w["latency_ms"] for w in sep["shared_windows"]])
+    )
+    print(
+        f"[live] same node: shared resources {sorted(shared_nodes(same))}; light latency per window (ms) "
+        + str([w["latency_ms"] for w in same["shared_windows"]])
+        + f"; both scenarios {time.monotonic() - t0:.0f} s"
+    )
     # forced onto fwd0 together: an event naming the heavy job on the forwarding node
     assert ("forwarding_node", "fwd0") in shared_nodes(same)
     assert ev, "no interference event with both jobs on fwd0"
@@ -437,7 +534,9 @@ def test_interference_shared_vs_separate_forwarding_node(live: Live, tmp_path: P
     # the server's periodic detection stored the shared-node event too, and none for the separate run
     deadline = time.monotonic() + 20
     while True:
-        items = httpx.get(f"{live.api}/v1/anomalies", params={"kind": "interference", "since_s": 300}, timeout=30).json()["items"]
+        items = httpx.get(
+            f"{live.api}/v1/anomalies", params={"kind": "interference", "since_s": 300}, timeout=30
+        ).json()["items"]
         mine = [i for i in items if i["job_id"] == light]
         if mine or time.monotonic() > deadline:
             break

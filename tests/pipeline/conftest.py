@@ -8,10 +8,10 @@ share the broker without seeing each other's messages.
 from __future__ import annotations
 
 import pytest
+from pharos_testkit import topic_settings
 
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
-from pharos_testkit import topic_settings
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -10,8 +9,7 @@ from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics, new_
 
 
 def test_running_broker_is_seen_through_its_pid_file(kafka_broker):
-    other = KafkaBroker(kafka_broker.settings, kafka_broker.data_dir,
-                        controller_port=kafka_broker.controller_port)
+    other = KafkaBroker(kafka_broker.settings, kafka_broker.data_dir, controller_port=kafka_broker.controller_port)
     assert other.is_running() and other.running_pid() == int(kafka_broker.pid_file.read_text())
     assert "node.id=1" in kafka_broker.properties_file.read_text()
     assert (kafka_broker.data_dir / "cluster.id").read_text().strip()

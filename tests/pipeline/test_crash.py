@@ -17,14 +17,14 @@ import sys
 import threading
 import time
 
+from pipeline_testkit import committed_total, lag, make_batch, make_record, producer, wait_for
+
 from pharos_pipeline.settings import REPO_ROOT
 from pharos_pipeline.store import open_store
 
-from pipeline_testkit import committed_total, lag, make_batch, make_record, producer, wait_for
-
 PRODUCERS = 4
-BATCHES_PER_PRODUCER = 50          # 200 batches
-RECORDS_PER_BATCH = 500            # 100 000 records
+BATCHES_PER_PRODUCER = 50  # 200 batches
+RECORDS_PER_BATCH = 500  # 100 000 records
 KILLS = 4
 MARK = "PHAROS-TEST records inserted"
 #: The pipeline process: the real run_pipeline_process, with a marker and a 0.3 s pause
@@ -47,19 +47,21 @@ sys.exit(run_pipeline_process())
 
 def _env(s, log_path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "PHAROS_CONFIG": str(log_path.parent / "no-pharos.toml"),   # ignore a developer's pharos.toml
-        "PHAROS_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-        "PHAROS_STATE_DIR": str(s.state_dir),
-        "PHAROS_TOPIC_REQUESTS": s.topic_requests,
-        "PHAROS_TOPIC_JOBS": s.topic_jobs,
-        "PHAROS_TOPIC_DEADLETTER": s.topic_deadletter,
-        "PHAROS_TOPIC_PARTITIONS": str(s.topic_partitions),
-        "PHAROS_CONSUMER_GROUP": s.consumer_group,
-        "PHAROS_CONSUMER_INSTANCE_ID": "crash-test-pipeline",
-        "PHAROS_PIPELINE_MAX_MESSAGES": "4",       # small polls: many commits to land between
-        "PHAROS_PIPELINE_MAX_WAIT_MS": "50",
-    })
+    env.update(
+        {
+            "PHAROS_CONFIG": str(log_path.parent / "no-pharos.toml"),  # ignore a developer's pharos.toml
+            "PHAROS_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+            "PHAROS_STATE_DIR": str(s.state_dir),
+            "PHAROS_TOPIC_REQUESTS": s.topic_requests,
+            "PHAROS_TOPIC_JOBS": s.topic_jobs,
+            "PHAROS_TOPIC_DEADLETTER": s.topic_deadletter,
+            "PHAROS_TOPIC_PARTITIONS": str(s.topic_partitions),
+            "PHAROS_CONSUMER_GROUP": s.consumer_group,
+            "PHAROS_CONSUMER_INSTANCE_ID": "crash-test-pipeline",
+            "PHAROS_PIPELINE_MAX_MESSAGES": "4",  # small polls: many commits to land between
+            "PHAROS_PIPELINE_MAX_WAIT_MS": "50",
+        }
+    )
     return env
 
 
@@ -71,7 +73,8 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
     template = [make_record(k) for k in range(RECORDS_PER_BATCH)]
     payloads = [
         (f"crash-{p}".encode(), make_batch(f"crash-{p}", seq, template).SerializeToString())
-        for seq in range(BATCHES_PER_PRODUCER) for p in range(PRODUCERS)
+        for seq in range(BATCHES_PER_PRODUCER)
+        for p in range(PRODUCERS)
     ]
     expected_bytes = BATCHES_PER_PRODUCER * PRODUCERS * sum(max(r.result, 0) * r.count for r in template)
 
@@ -82,8 +85,9 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
         prod = producer(s)
         try:
             for key, value in payloads:
-                prod.produce(s.topic_requests, key=key, value=value,
-                             on_delivery=lambda err, _m: err and errors.append(str(err)))
+                prod.produce(
+                    s.topic_requests, key=key, value=value, on_delivery=lambda err, _m: err and errors.append(str(err))
+                )
                 prod.poll(0)
                 time.sleep(0.005)  # faster than the pipeline: a backlog, so kills land mid-poll
             if prod.flush(60):
@@ -93,11 +97,12 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
 
     log_path = tmp_path / "pipeline.log"
     env = _env(s, log_path)
-    log = open(log_path, "ab")
 
     def start():
-        return subprocess.Popen([sys.executable, "-c", WINDOW], env=env, cwd=REPO_ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(
+                [sys.executable, "-c", WINDOW], env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
 
     thread = threading.Thread(target=produce_all, daemon=True)
     thread.start()
@@ -109,13 +114,21 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
             if k % 2 == 0:
                 # the worst moment: records stored, offsets not yet committed
                 marks = _marks(log_path)
-                wait_for(lambda: _marks(log_path) > marks or proc.poll() is not None, 90,
-                         what="the pipeline process to insert records")
+                wait_for(
+                    lambda marks=marks, proc=proc: _marks(log_path) > marks or proc.poll() is not None,
+                    90,
+                    what="the pipeline process to insert records",
+                )
                 time.sleep(rng.uniform(0.0, 0.2))
             else:
                 # a random moment after this incarnation committed something
-                wait_for(lambda: committed_total(s, [s.topic_requests]) > base or proc.poll() is not None,
-                         90, what="the pipeline process to commit")
+                wait_for(
+                    lambda base=base, proc=proc: (
+                        committed_total(s, [s.topic_requests]) > base or proc.poll() is not None
+                    ),
+                    90,
+                    what="the pipeline process to commit",
+                )
                 time.sleep(rng.uniform(0.0, 1.0))
             assert proc.poll() is None, f"pipeline exited with {proc.returncode}: {log_path.read_text()[-3000:]}"
             proc.send_signal(signal.SIGKILL)
@@ -124,8 +137,9 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
             proc = start()
         thread.join(120)
         assert produced.is_set() and not errors, errors
-        wait_for(lambda: lag(s, [s.topic_requests]) == 0 or proc.poll() is not None, 120,
-                 what="the pipeline to catch up")
+        wait_for(
+            lambda: lag(s, [s.topic_requests]) == 0 or proc.poll() is not None, 120, what="the pipeline to catch up"
+        )
         assert proc.poll() is None, f"pipeline exited with {proc.returncode}: {log_path.read_text()[-3000:]}"
         assert progress == sorted(progress) and progress[-1] < len(payloads), progress  # killed mid-stream
         proc.send_signal(signal.SIGTERM)
@@ -134,22 +148,26 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        log.close()
 
     store = open_store(s)  # the pipeline process is gone: the chDB dir is free
     try:
         total = RECORDS_PER_BATCH * len(payloads)
-        r = store.query("SELECT count() AS n, uniqExact(producer_id, seq, record_index) AS u, "
-                        "sum(bytes) AS b FROM io_requests")[0]
+        r = store.query(
+            "SELECT count() AS n, uniqExact(producer_id, seq, record_index) AS u, sum(bytes) AS b FROM io_requests"
+        )[0]
         assert (int(r["n"]), int(r["u"]), int(r["b"])) == (total, total, expected_bytes)
-        dup = store.query("SELECT producer_id, seq, record_index, count() AS c FROM io_requests "
-                          "GROUP BY producer_id, seq, record_index HAVING c != 1 LIMIT 5")
+        dup = store.query(
+            "SELECT producer_id, seq, record_index, count() AS c FROM io_requests "
+            "GROUP BY producer_id, seq, record_index HAVING c != 1 LIMIT 5"
+        )
         assert dup == []
-        per = store.query("SELECT producer_id, uniqExact(seq) AS b, count() AS n FROM io_requests "
-                          "GROUP BY producer_id ORDER BY producer_id")
+        per = store.query(
+            "SELECT producer_id, uniqExact(seq) AS b, count() AS n FROM io_requests "
+            "GROUP BY producer_id ORDER BY producer_id"
+        )
         assert [(x["producer_id"], int(x["b"]), int(x["n"])) for x in per] == [
-            (f"crash-{p}", BATCHES_PER_PRODUCER, BATCHES_PER_PRODUCER * RECORDS_PER_BATCH)
-            for p in range(PRODUCERS)]
+            (f"crash-{p}", BATCHES_PER_PRODUCER, BATCHES_PER_PRODUCER * RECORDS_PER_BATCH) for p in range(PRODUCERS)
+        ]
         assert int(store.query("SELECT uniqExact(producer_id, seq) AS n FROM io_batches")[0]["n"]) == len(payloads)
     finally:
         store.close()
@@ -161,4 +179,3 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
 
 def _marks(path) -> int:
     return path.read_text(errors="replace").count(MARK)
-

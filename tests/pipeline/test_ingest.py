@@ -7,15 +7,24 @@ import os
 
 import pytest
 from confluent_kafka import Consumer
+from pipeline_testkit import (
+    Q_RECORDS,
+    T0,
+    expected_row,
+    make_batch,
+    make_record,
+    produce,
+    wait_for,
+)
 
 from pharos_pipeline.ingest import (
-    InvalidMessage, Pipeline, decode_job_event, pipeline_stats, record_rows,
+    InvalidMessage,
+    Pipeline,
+    decode_job_event,
+    pipeline_stats,
+    record_rows,
 )
 from pharos_pipeline.wire import io_pb2
-
-from pipeline_testkit import (
-    Q_RECORDS, T0, expected_row, make_batch, make_record, produce, wait_for,
-)
 
 
 def drain(pipe: Pipeline, cond, timeout: float = 60, what: str = "the pipeline") -> None:
@@ -24,28 +33,68 @@ def drain(pipe: Pipeline, cond, timeout: float = 60, what: str = "the pipeline")
 
 def test_records_stored_with_exact_values(pipeline_settings, store):
     s = pipeline_settings
-    merged = make_record(0, count=256, offset=1 << 32)                       # a merged run
-    failed = make_record(1, op=io_pb2.OP_OPEN, result=-2, fd=-1, size=0, count=1,
-                         file_type=io_pb2.FILE_TYPE_UNSPECIFIED, path="/scratch/missing")
-    fwd = make_record(2, layer=io_pb2.LAYER_FORWARDER, host="", compute_node="cn002",
-                      forwarding_node="fwd0", target="ost3", object_id=77, queue_wait_ns=10_000,
-                      size=1 << 20, result=1 << 20, op=io_pb2.OP_WRITE, rank=-1, dev=(1 << 64) - 1)
+    merged = make_record(0, count=256, offset=1 << 32)  # a merged run
+    failed = make_record(
+        1,
+        op=io_pb2.OP_OPEN,
+        result=-2,
+        fd=-1,
+        size=0,
+        count=1,
+        file_type=io_pb2.FILE_TYPE_UNSPECIFIED,
+        path="/scratch/missing",
+    )
+    fwd = make_record(
+        2,
+        layer=io_pb2.LAYER_FORWARDER,
+        host="",
+        compute_node="cn002",
+        forwarding_node="fwd0",
+        target="ost3",
+        object_id=77,
+        queue_wait_ns=10_000,
+        size=1 << 20,
+        result=1 << 20,
+        op=io_pb2.OP_WRITE,
+        rank=-1,
+        dev=(1 << 64) - 1,
+    )
     batches = [
-        make_batch("cn001:agent:1", 0, [merged, failed, fwd],
-                   drops=[io_pb2.DropCounters(job_id="4242", ringbuf_drops=5, overflow_drops=1)]),
-        make_batch("cn001:agent:1", 1, [make_record(i) for i in range(3, 40)],
-                   drops=[io_pb2.DropCounters(job_id="4242", ringbuf_drops=7, overflow_drops=1,
-                                              unmerged_fallbacks=3)]),
+        make_batch(
+            "cn001:agent:1",
+            0,
+            [merged, failed, fwd],
+            drops=[io_pb2.DropCounters(job_id="4242", ringbuf_drops=5, overflow_drops=1)],
+        ),
+        make_batch(
+            "cn001:agent:1",
+            1,
+            [make_record(i) for i in range(3, 40)],
+            drops=[io_pb2.DropCounters(job_id="4242", ringbuf_drops=7, overflow_drops=1, unmerged_fallbacks=3)],
+        ),
         make_batch("fwd0:fwd:9", 0, [make_record(i, job="77", host="fwd0") for i in range(10)], host="fwd0"),
-        make_batch("fwd0:fwd:9", 1, [], host="fwd0"),                        # an empty batch
+        make_batch("fwd0:fwd:9", 1, [], host="fwd0"),  # an empty batch
     ]
-    start = io_pb2.JobEvent(schema_version=1, job_id="4242", kind=io_pb2.JobEvent.KIND_START,
-                            time_ns=T0 - 1, name="ior", command=["ior", "-w"], user="alice",
-                            ranks=4, host="cn001", cgroup="pharos/job_4242")
-    end = io_pb2.JobEvent(schema_version=1, job_id="4242", kind=io_pb2.JobEvent.KIND_END,
-                          time_ns=T0 + 99, exit_code=3, host="cn001")
-    produce(s, [(s.topic_requests, b.producer_id.encode(), b.SerializeToString()) for b in batches]
-            + [(s.topic_jobs, b"4242", e.SerializeToString()) for e in (start, end)])
+    start = io_pb2.JobEvent(
+        schema_version=1,
+        job_id="4242",
+        kind=io_pb2.JobEvent.KIND_START,
+        time_ns=T0 - 1,
+        name="ior",
+        command=["ior", "-w"],
+        user="alice",
+        ranks=4,
+        host="cn001",
+        cgroup="pharos/job_4242",
+    )
+    end = io_pb2.JobEvent(
+        schema_version=1, job_id="4242", kind=io_pb2.JobEvent.KIND_END, time_ns=T0 + 99, exit_code=3, host="cn001"
+    )
+    produce(
+        s,
+        [(s.topic_requests, b.producer_id.encode(), b.SerializeToString()) for b in batches]
+        + [(s.topic_jobs, b"4242", e.SerializeToString()) for e in (start, end)],
+    )
 
     pipe = Pipeline(s, store)
     try:
@@ -58,31 +107,67 @@ def test_records_stored_with_exact_values(pipeline_settings, store):
         pipe.close()
 
     got = store.query(Q_RECORDS)
-    want = [expected_row(b, i) for b in sorted(batches, key=lambda b: (b.producer_id, b.seq))
-            for i in range(len(b.records))]
+    want = [
+        expected_row(b, i) for b in sorted(batches, key=lambda b: (b.producer_id, b.seq)) for i in range(len(b.records))
+    ]
     assert got == want
     # spot checks that do not go through expected_row
     assert got[0]["bytes"] == str(4096 * 256) and got[0]["start_ns"] == str(T0)
     assert got[1]["bytes"] == "0" and got[1]["result"] == "-2" and got[1]["file_type"] == ""
     assert got[2]["host"] == "cn001" and got[2]["layer"] == "forwarder" and got[2]["rank"] == -1
 
-    b = store.query("SELECT producer_id, seq, records, toString(toUnixTimestamp64Nano(created)) AS c "
-                    "FROM io_batches FINAL ORDER BY producer_id, seq")
+    b = store.query(
+        "SELECT producer_id, seq, records, toString(toUnixTimestamp64Nano(created)) AS c "
+        "FROM io_batches FINAL ORDER BY producer_id, seq"
+    )
     assert [(r["producer_id"], int(r["seq"]), r["records"], int(r["c"])) for r in b] == [
         (x.producer_id, x.seq, len(x.records), x.created_ns)
-        for x in sorted(batches, key=lambda x: (x.producer_id, x.seq))]
-    d = store.query("SELECT producer_id, job_id, ringbuf_drops, overflow_drops, unmerged_fallbacks, "
-                    "toString(toUnixTimestamp64Nano(updated)) AS u FROM producer_drops FINAL")
-    assert [(r["producer_id"], r["job_id"], int(r["ringbuf_drops"]), int(r["overflow_drops"]),
-             int(r["unmerged_fallbacks"]), int(r["u"])) for r in d] == [
-        ("cn001:agent:1", "4242", 7, 1, 3, batches[1].created_ns)]
-    j = store.query("SELECT job_id, kind, toString(toUnixTimestamp64Nano(time)) AS t, name, command, "
-                    "user, ranks, host, exit_code, cgroup FROM job_events FINAL ORDER BY kind DESC")
+        for x in sorted(batches, key=lambda x: (x.producer_id, x.seq))
+    ]
+    d = store.query(
+        "SELECT producer_id, job_id, ringbuf_drops, overflow_drops, unmerged_fallbacks, "
+        "toString(toUnixTimestamp64Nano(updated)) AS u FROM producer_drops FINAL"
+    )
+    assert [
+        (
+            r["producer_id"],
+            r["job_id"],
+            int(r["ringbuf_drops"]),
+            int(r["overflow_drops"]),
+            int(r["unmerged_fallbacks"]),
+            int(r["u"]),
+        )
+        for r in d
+    ] == [("cn001:agent:1", "4242", 7, 1, 3, batches[1].created_ns)]
+    j = store.query(
+        "SELECT job_id, kind, toString(toUnixTimestamp64Nano(time)) AS t, name, command, "
+        "user, ranks, host, exit_code, cgroup FROM job_events FINAL ORDER BY kind DESC"
+    )
     assert j == [
-        {"job_id": "4242", "kind": "start", "t": str(T0 - 1), "name": "ior", "command": ["ior", "-w"],
-         "user": "alice", "ranks": 4, "host": "cn001", "exit_code": 0, "cgroup": "pharos/job_4242"},
-        {"job_id": "4242", "kind": "end", "t": str(T0 + 99), "name": "", "command": [],
-         "user": "", "ranks": 0, "host": "cn001", "exit_code": 3, "cgroup": ""},
+        {
+            "job_id": "4242",
+            "kind": "start",
+            "t": str(T0 - 1),
+            "name": "ior",
+            "command": ["ior", "-w"],
+            "user": "alice",
+            "ranks": 4,
+            "host": "cn001",
+            "exit_code": 0,
+            "cgroup": "pharos/job_4242",
+        },
+        {
+            "job_id": "4242",
+            "kind": "end",
+            "t": str(T0 + 99),
+            "name": "",
+            "command": [],
+            "user": "",
+            "ranks": 0,
+            "host": "cn001",
+            "exit_code": 3,
+            "cgroup": "",
+        },
     ]
     ps = pipeline_stats(store)
     assert ps["records"] == 50 and ps["batches"] == 4 and ps["producers"] == 2
@@ -101,7 +186,7 @@ def test_records_stored_with_exact_values(pipeline_settings, store):
 def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
     s = pipeline_settings
     good = [make_batch("p1", i, [make_record(10 * i + k) for k in range(5)]) for i in range(3)]
-    garbage = bytes.fromhex("ffffffff0fdeadbeef") + os.urandom(32)   # field 0 / bad varint: never parses
+    garbage = bytes.fromhex("ffffffff0fdeadbeef") + os.urandom(32)  # field 0 / bad varint: never parses
     v2 = make_batch("p1", 99, [make_record(0)], schema_version=2).SerializeToString()
     wrong_type = make_batch("p2", 7, [make_record(1)]).SerializeToString()  # an IoBatch on the jobs topic
     with pytest.raises(InvalidMessage):
@@ -124,31 +209,43 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
     finally:
         pipe.close()
 
-    assert [(int(r["seq"]), r["n"]) for r in store.query(
-        "SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")] == [(0, 5), (1, 5), (2, 5)]
-    rows = store.query("SELECT topic, partition, offset, error, size, payload_head FROM dead_letters "
-                       "ORDER BY topic, offset")
-    want = sorted(((items[i][0], *where[i], items[i][2], why) for i, why in bad.items()),
-                  key=lambda w: (w[0], w[2]))
+    assert [
+        (int(r["seq"]), r["n"])
+        for r in store.query("SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")
+    ] == [(0, 5), (1, 5), (2, 5)]
+    rows = store.query(
+        "SELECT topic, partition, offset, error, size, payload_head FROM dead_letters ORDER BY topic, offset"
+    )
+    want = sorted(((items[i][0], *where[i], items[i][2], why) for i, why in bad.items()), key=lambda w: (w[0], w[2]))
     assert len(rows) == 3
-    for r, (topic, part, off, value, why) in zip(rows, want):
+    for r, (topic, part, off, value, why) in zip(rows, want, strict=True):
         assert (r["topic"], r["partition"], int(r["offset"]), r["size"]) == (topic, part, off, len(value))
         assert why in r["error"] and r["payload_head"] == value[:256].hex()
     assert pipeline_stats(store)["dead_letters"] == 3
 
     # the dead-letter topic holds the raw bytes, headers say why and where from
-    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": "dlq-reader",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": s.kafka_bootstrap,
+            "group.id": "dlq-reader",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([s.topic_deadletter])
     got = []
     try:
-        wait_for(lambda: len(got) >= 3, 30, step=lambda: got.extend(
-            m for m in c.consume(10, 0.5) if m.error() is None), what="3 dead letters on the topic")
+        wait_for(
+            lambda: len(got) >= 3,
+            30,
+            step=lambda: got.extend(m for m in c.consume(10, 0.5) if m.error() is None),
+            what="3 dead letters on the topic",
+        )
     finally:
         c.close()
     assert len(got) == 3
     got.sort(key=lambda m: (dict(m.headers())["source_topic"], int(dict(m.headers())["source_offset"])))
-    for m, (topic, part, off, value, why) in zip(got, want):
+    for m, (topic, part, off, value, why) in zip(got, want, strict=True):
         h = {k: v.decode() for k, v in m.headers()}
         assert m.value() == value
         assert (h["source_topic"], int(h["source_partition"]), int(h["source_offset"])) == (topic, part, off)
@@ -169,9 +266,9 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
 def test_duplicates_stored_once_and_gaps_counted(pipeline_settings, store):
     s = pipeline_settings
     b = {i: make_batch("dup", i, [make_record(100 * i + k) for k in range(4)]) for i in range(5)}
-    seqs = [0, 0, 1, 3, 1, 4]                      # 0 twice in a row, 1 re-delivered later, 2 lost
+    seqs = [0, 0, 1, 3, 1, 4]  # 0 twice in a row, 1 re-delivered later, 2 lost
     produce(s, [(s.topic_requests, b"dup", b[i].SerializeToString()) for i in seqs])
-    pipe = Pipeline(s, store, max_messages=2)      # the second copy of 1 comes in a later poll
+    pipe = Pipeline(s, store, max_messages=2)  # the second copy of 1 comes in a later poll
     try:
         drain(pipe, lambda: pipe.stats()["messages"] == len(seqs))
         st = pipe.stats()
@@ -179,10 +276,12 @@ def test_duplicates_stored_once_and_gaps_counted(pipeline_settings, store):
         assert st["duplicates_skipped"] == 2 and st["gaps"] == 1
     finally:
         pipe.close()
-    rows = store.query("SELECT seq, record_index, count() AS n FROM io_requests "
-                       "GROUP BY seq, record_index ORDER BY seq, record_index")
+    rows = store.query(
+        "SELECT seq, record_index, count() AS n FROM io_requests GROUP BY seq, record_index ORDER BY seq, record_index"
+    )
     assert [(int(r["seq"]), r["record_index"], int(r["n"])) for r in rows] == [
-        (q, k, 1) for q in (0, 1, 3, 4) for k in range(4)]
+        (q, k, 1) for q in (0, 1, 3, 4) for k in range(4)
+    ]
     assert pipeline_stats(store)["missing_batches"] == 1
 
 
@@ -190,9 +289,10 @@ def test_crash_between_record_insert_and_marker_is_repaired(pipeline_settings, s
     """A run that stored a batch's records and died before io_batches: the re-delivered
     batch adds the io_batches and producer_drops rows, not the records again."""
     s = pipeline_settings
-    b = make_batch("half", 0, [make_record(k) for k in range(6)],
-                   drops=[io_pb2.DropCounters(job_id="4242", overflow_drops=2)])
-    store.insert_rows("io_requests", record_rows(b))      # what the crashed run left
+    b = make_batch(
+        "half", 0, [make_record(k) for k in range(6)], drops=[io_pb2.DropCounters(job_id="4242", overflow_drops=2)]
+    )
+    store.insert_rows("io_requests", record_rows(b))  # what the crashed run left
     produce(s, [(s.topic_requests, b"half", b.SerializeToString())])
     pipe = Pipeline(s, store)
     try:

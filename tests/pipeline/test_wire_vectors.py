@@ -13,8 +13,11 @@ from pharos_pipeline.settings import REPO_ROOT
 from pharos_pipeline.wire import IoBatch, JobEvent, TargetMetricsBatch
 
 VECTORS = REPO_ROOT / "proto" / "vectors"
-KINDS = {"batch_": (IoBatch, decode_batch), "job_": (JobEvent, decode_job_event),
-         "metrics_": (TargetMetricsBatch, decode_target_metrics)}
+KINDS = {
+    "batch_": (IoBatch, decode_batch),
+    "job_": (JobEvent, decode_job_event),
+    "metrics_": (TargetMetricsBatch, decode_target_metrics),
+}
 
 
 def _vectors() -> list[Path]:
@@ -54,5 +57,10 @@ def test_basic_batch_fields():
     assert b.schema_version == 1 and b.seq == 17 and len(b.records) == 3
     r = b.records[0]
     assert (r.start_ns, r.count, r.result, r.offset, r.path) == (
-        1_763_700_000_123_456_789, 256, 4096, 1 << 32, "/scratch/run/out.3")
+        1_763_700_000_123_456_789,
+        256,
+        4096,
+        1 << 32,
+        "/scratch/run/out.3",
+    )
     assert b.records[1].result == -2 and b.records[2].target == "ost3"

@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pharos_testkit import free_port, running_alertmanager  # noqa: F401 - free_port is re-exported to tests
+
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
-from pharos_testkit import free_port, running_alertmanager  # noqa: F401 - free_port is re-exported to tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -69,14 +69,23 @@ class Fault:
 
 @dataclass
 class Cluster:
-    targets: dict[str, float] = field(default_factory=lambda: {f"ost{i}": float(l) for i, l in enumerate(LIMITS)})
+    targets: dict[str, float] = field(
+        default_factory=lambda: {f"ost{i}": float(limit) for i, limit in enumerate(LIMITS)}
+    )
     fwd_nodes: list[str] = field(default_factory=lambda: ["fwd0", "fwd1", "fwd2", "fwd3"])
     fwd_capacity_mb_s: float = 200.0
     max_backlog_s: float = 2.0  # clients block when a queue holds this many seconds of work
 
 
-def simulate(cluster: Cluster, jobs: list[SimJob], t0_ns: int, duration_s: int, seed: int,
-             faults: list[Fault] = (), jitter: float = 0.15) -> dict[str, list[dict]]:
+def simulate(
+    cluster: Cluster,
+    jobs: list[SimJob],
+    t0_ns: int,
+    duration_s: int,
+    seed: int,
+    faults: list[Fault] = (),
+    jitter: float = 0.15,
+) -> dict[str, list[dict]]:
     """Rows for ``target_metrics``, ``io_requests`` and ``job_events`` (see the module doc)."""
     rng = np.random.default_rng(seed)
     tnames = list(cluster.targets)
@@ -144,49 +153,106 @@ def simulate(cluster: Cluster, jobs: list[SimJob], t0_ns: int, duration_s: int, 
                 continue
             sf, st = slow("forwarder", f, t), slow("target", x, t)
             arrivals = np.sort(rng.random(n))
-            svc = (j.req_bytes * st / (cluster.targets[x] * MB) * sf + 50e-6) * rng.lognormal(0, 0.2, n) + wait_t[x] * rng.random(n) * 2
+            svc = (j.req_bytes * st / (cluster.targets[x] * MB) * sf + 50e-6) * rng.lognormal(0, 0.2, n) + wait_t[
+                x
+            ] * rng.random(n) * 2
             qw = wait_f[f] * rng.random(n) * 2 + 20e-6 * rng.random(n)
             m = per_tf.setdefault((x, f), {"svc": [], "bytes": 0, "ops": 0, "w": 0, "r": 0})
             m["svc"].append(svc)
             for k in range(n):
                 start = sec_ns + int(arrivals[k] * NS)
                 dur = int(svc[k] * NS)
-                io_rows.append({
-                    "start": _dt(start), "end": _dt(start + int(qw[k] * NS) + dur), "duration_ns": dur,
-                    "layer": "forwarder", "host": f, "job_id": j.job_id, "rank": k % j.ranks, "pid": 1000, "tid": 1000,
-                    "comm": "pharos-fwd", "op": j.op, "file_type": "regular", "dev": 0, "inode": 0,
-                    "path": f"/pfs/{j.job_id}/data.{k % j.ranks}", "fd": 3, "offset": 0, "size": j.req_bytes,
-                    "result": j.req_bytes, "count": 1, "bytes": j.req_bytes, "compute_node": f"cn{k % j.ranks}",
-                    "forwarding_node": f, "target": x, "object_id": hash((j.job_id, x)) & 0xFFFF,
-                    "queue_wait_ns": int(qw[k] * NS), "producer_id": f"sim:{f}", "seq": s, "record_index": k,
-                })
+                io_rows.append(
+                    {
+                        "start": _dt(start),
+                        "end": _dt(start + int(qw[k] * NS) + dur),
+                        "duration_ns": dur,
+                        "layer": "forwarder",
+                        "host": f,
+                        "job_id": j.job_id,
+                        "rank": k % j.ranks,
+                        "pid": 1000,
+                        "tid": 1000,
+                        "comm": "pharos-fwd",
+                        "op": j.op,
+                        "file_type": "regular",
+                        "dev": 0,
+                        "inode": 0,
+                        "path": f"/pfs/{j.job_id}/data.{k % j.ranks}",
+                        "fd": 3,
+                        "offset": 0,
+                        "size": j.req_bytes,
+                        "result": j.req_bytes,
+                        "count": 1,
+                        "bytes": j.req_bytes,
+                        "compute_node": f"cn{k % j.ranks}",
+                        "forwarding_node": f,
+                        "target": x,
+                        "object_id": hash((j.job_id, x)) & 0xFFFF,
+                        "queue_wait_ns": int(qw[k] * NS),
+                        "producer_id": f"sim:{f}",
+                        "seq": s,
+                        "record_index": k,
+                    }
+                )
         for x in tnames:
             for f in cluster.fwd_nodes:
                 m = per_tf.get((x, f))
                 # served bytes of the target, shared among forwarders by their issued bytes
                 svc = np.concatenate(m["svc"]) if m else np.array([])
-                share = (len(svc) / max(1, sum(len(np.concatenate(v["svc"])) for (xx, _), v in per_tf.items() if xx == x))) if m else 0.0
+                share = (
+                    (len(svc) / max(1, sum(len(np.concatenate(v["svc"])) for (xx, _), v in per_tf.items() if xx == x)))
+                    if m
+                    else 0.0
+                )
                 served = served_t[x] * share
-                ops = int(round(served / (1 << 20))) if m else 0
-                pct = (lambda p: int(np.quantile(svc, p) * NS)) if len(svc) else (lambda p: 0)
+                ops = round(served / (1 << 20)) if m else 0
+                pct = (lambda p, svc=svc: int(np.quantile(svc, p) * NS)) if len(svc) else (lambda p: 0)
                 seq += 1
-                tm_rows.append({
-                    "time": _dt(sec_ns), "target": x, "forwarding_node": f, "interval_ms": 1000,
-                    "bytes_read": 0, "bytes_written": int(served), "read_ops": 0, "write_ops": ops,
-                    "metadata_ops": 0, "latency_p50_ns": pct(0.5), "latency_p95_ns": pct(0.95),
-                    "latency_p99_ns": pct(0.99), "latency_max_ns": int(svc.max() * NS) if len(svc) else 0,
-                    "queue_depth": int(q_t[x] / (1 << 20) * share), "throttled": int(q_t[x] > 0),
-                    "max_perf_mb_s": cluster.targets[x], "slowdown": slow("target", x, t),
-                    "added_latency_ns": 0, "service_ns_sum": int(svc.sum() * NS * share) if len(svc) else 0,
-                    "producer_id": f"sim:{f}", "seq": seq, "host": f,
-                })
+                tm_rows.append(
+                    {
+                        "time": _dt(sec_ns),
+                        "target": x,
+                        "forwarding_node": f,
+                        "interval_ms": 1000,
+                        "bytes_read": 0,
+                        "bytes_written": int(served),
+                        "read_ops": 0,
+                        "write_ops": ops,
+                        "metadata_ops": 0,
+                        "latency_p50_ns": pct(0.5),
+                        "latency_p95_ns": pct(0.95),
+                        "latency_p99_ns": pct(0.99),
+                        "latency_max_ns": int(svc.max() * NS) if len(svc) else 0,
+                        "queue_depth": int(q_t[x] / (1 << 20) * share),
+                        "throttled": int(q_t[x] > 0),
+                        "max_perf_mb_s": cluster.targets[x],
+                        "slowdown": slow("target", x, t),
+                        "added_latency_ns": 0,
+                        "service_ns_sum": int(svc.sum() * NS * share) if len(svc) else 0,
+                        "producer_id": f"sim:{f}",
+                        "seq": seq,
+                        "host": f,
+                    }
+                )
     ev_rows = []
     for j in jobs:
         end_s = min(j.end_s, duration_s)
         for kind, ts in (("start", j.start_s), ("end", end_s)):
-            ev_rows.append({"job_id": j.job_id, "kind": kind, "time": _dt(t0_ns + int(ts * NS)),
-                            "name": j.name or j.job_id.split("-")[0], "command": ["sim"], "user": j.user,
-                            "ranks": j.ranks, "host": "cn0", "exit_code": 0, "cgroup": ""})
+            ev_rows.append(
+                {
+                    "job_id": j.job_id,
+                    "kind": kind,
+                    "time": _dt(t0_ns + int(ts * NS)),
+                    "name": j.name or j.job_id.split("-")[0],
+                    "command": ["sim"],
+                    "user": j.user,
+                    "ranks": j.ranks,
+                    "host": "cn0",
+                    "exit_code": 0,
+                    "cgroup": "",
+                }
+            )
     return {"target_metrics": tm_rows, "io_requests": io_rows, "job_events": ev_rows}
 
 
@@ -197,7 +263,7 @@ def _dt(ns: int) -> str:
 def insert(store, rows: dict[str, list[dict]]) -> None:
     for table, r in rows.items():
         for i in range(0, len(r), 20000):
-            store.insert_rows(table, r[i:i + 20000])
+            store.insert_rows(table, r[i : i + 20000])
 
 
 def proportionate_jobs(prefix: str, total_mb_s: float, fwd_nodes: list[str], n_jobs: int = 3) -> list[SimJob]:

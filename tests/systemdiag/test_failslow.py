@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pharos_sysdiag_sim as sim
-import pytest
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.failslow import detect_failslow
 
@@ -42,12 +42,16 @@ def test_slowed_target_flagged_healthy_not_over_5_seeds(store):
         assert not [a for a in rep.anomalies if a.kind == "fail_slow_forwarder"]
         a = next(a for a in rep.anomalies if a.node == slow)
         assert a.persistence == "persistent" and a.active and a.rel_service >= 4
-        print(f"seed {seed}: slowed {slow} ({sim.LIMITS[int(slow[3:])]} MB/s) -> model {sorted(flagged)}, "
-              f"beacon rule {sorted(beacon)}, rel_service {a.rel_service}, z {a.z}")
+        print(
+            f"seed {seed}: slowed {slow} ({sim.LIMITS[int(slow[3:])]} MB/s) -> model {sorted(flagged)}, "
+            f"beacon rule {sorted(beacon)}, rel_service {a.rel_service}, z {a.z}"
+        )
     p, r = _pr(tp, fp, fn)
     bp, br = _pr(btp, bfp, bfn)
-    print(f"fail-slow targets over {len(RUNS)} seeds: model precision {p:.2f} recall {r:.2f}; "
-          f"Beacon rule (NSDI'19 §5.3, raw bandwidth) precision {bp:.2f} recall {br:.2f}")
+    print(
+        f"fail-slow targets over {len(RUNS)} seeds: model precision {p:.2f} recall {r:.2f}; "
+        f"Beacon rule (NSDI'19 §5.3, raw bandwidth) precision {bp:.2f} recall {br:.2f}"
+    )
     assert (p, r) == (1.0, 1.0)
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pharos_sysdiag_sim as sim
-import pytest
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.interference import detect_interference, job_interference
 
@@ -14,8 +14,12 @@ CFG = DiagnosisConfig(interference_window_s=5)
 def _scenario(store, k: int, heavy_fwd: str, tag: str):
     cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1"], fwd_capacity_mb_s=100)
     t0 = (1_710_000_000 + k * 7200) * sim.NS
-    jobs = [sim.SimJob(f"light-{tag}", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1", "ost2", "ost3"], name="light"),
-            sim.SimJob(f"heavy-{tag}", [heavy_fwd], 140, start_s=30, name="heavy")]
+    jobs = [
+        sim.SimJob(
+            f"light-{tag}", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1", "ost2", "ost3"], name="light"
+        ),
+        sim.SimJob(f"heavy-{tag}", [heavy_fwd], 140, start_s=30, name="heavy"),
+    ]
     sim.insert(store, sim.simulate(cl, jobs, t0, 90, seed=7))
     return t0, detect_interference(store, CFG, since_ns=t0, until_ns=t0 + 90 * sim.NS)
 
@@ -28,8 +32,10 @@ def test_shared_forwarding_node_names_heavy_job(store):
     assert e.baseline_source == "quiet_windows" and e.baseline_windows == 6
     assert e.start_ns == t0 + 30 * sim.NS and e.latency_ratio >= 3 and e.queue_wait_ms > 100 * e.baseline_queue_wait_ms
     assert not [x for x in events if x.job_id == "heavy-same"]  # never alone, no earlier run: no baseline
-    print(f"light slowed {e.latency_ratio}x (queue wait {e.baseline_queue_wait_ms} -> {e.queue_wait_ms} ms) "
-          f"by {e.culprit_job} on {e.resource_type} {e.resource}, {e.windows} windows")
+    print(
+        f"light slowed {e.latency_ratio}x (queue wait {e.baseline_queue_wait_ms} -> {e.queue_wait_ms} ms) "
+        f"by {e.culprit_job} on {e.resource_type} {e.resource}, {e.windows} windows"
+    )
     r = job_interference(store, "light-same", CFG)
     assert [x["culprit_job"] for x in r["events"]] == ["heavy-same"]
     assert sum(1 for w in r["shared_windows"] if w["shared"]) == 12
@@ -47,10 +53,15 @@ def test_previous_run_baseline(store):
     """A job never alone in this run is judged against the quiet windows of its previous run."""
     cl = sim.Cluster(fwd_nodes=["fwd0"], fwd_capacity_mb_s=100)
     t0 = 1_720_000_000 * sim.NS
-    sim.insert(store, sim.simulate(cl, [sim.SimJob("light-run1", ["fwd0"], 20, req_bytes=256 << 10, name="lightp")], t0, 30, seed=8))
+    sim.insert(
+        store,
+        sim.simulate(cl, [sim.SimJob("light-run1", ["fwd0"], 20, req_bytes=256 << 10, name="lightp")], t0, 30, seed=8),
+    )
     t1 = t0 + 600 * sim.NS
-    jobs = [sim.SimJob("light-run2", ["fwd0"], 20, req_bytes=256 << 10, name="lightp"),
-            sim.SimJob("heavy-run2", ["fwd0"], 140, name="heavyp")]
+    jobs = [
+        sim.SimJob("light-run2", ["fwd0"], 20, req_bytes=256 << 10, name="lightp"),
+        sim.SimJob("heavy-run2", ["fwd0"], 140, name="heavyp"),
+    ]
     sim.insert(store, sim.simulate(cl, jobs, t1, 30, seed=9))
     events = detect_interference(store, CFG, since_ns=t1, until_ns=t1 + 30 * sim.NS, job_ids=["light-run2"])
     assert [(e.culprit_job, e.baseline_source) for e in events] == [("heavy-run2", "previous_run:light-run1")]

@@ -11,8 +11,10 @@ import pharos_sysdiag_sim as sim
 import pytest
 import typer
 import uvicorn
-from pharos_testkit import free_port
 from fastapi.testclient import TestClient
+from pharos_testkit import free_port
+from typer.testing import CliRunner
+
 from pharos_analytics.alerts import DetectionLoop
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_api.app import create_app
@@ -20,7 +22,6 @@ from pharos_api.cli_diagnose import register as register_diagnose
 from pharos_api.cli_system import register
 from pharos_api.routers import system_diag
 from pharos_pipeline.settings import Settings
-from typer.testing import CliRunner
 
 T0 = 1_730_000_000 * sim.NS
 END = T0 + 90 * sim.NS
@@ -31,9 +32,11 @@ def app(store, tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setenv("PHAROS_DIAGNOSIS_FAILSLOW_WINDOWS_S", "[5, 20, 60]")
     monkeypatch_module.setenv("PHAROS_DIAGNOSIS_INTERFERENCE_WINDOW_S", "5")
     cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1"], fwd_capacity_mb_s=150)
-    jobs = [sim.SimJob("light", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1"], name="lightapp"),
-            sim.SimJob("heavy", ["fwd0"], 200, start_s=30, name="heavyapp"),
-            sim.SimJob("bg", ["fwd1"], 60, name="bgapp")]
+    jobs = [
+        sim.SimJob("light", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1"], name="lightapp"),
+        sim.SimJob("heavy", ["fwd0"], 200, start_s=30, name="heavyapp"),
+        sim.SimJob("bg", ["fwd1"], 60, name="bgapp"),
+    ]
     rows = sim.simulate(cl, jobs, T0, 90, seed=4, faults=[sim.Fault("target", "ost6", 4.0)])
     sim.insert(store, rows)
     a = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api")))
@@ -74,7 +77,8 @@ def test_targets_and_forwarders(client):
 def test_interference_endpoint(client):
     d = client.get("/v1/jobs/light/interference").json()
     assert [(e["culprit_job"], e["resource"], e["baseline_source"]) for e in d["events"]] == [
-        ("heavy", "fwd0", "least_shared_windows")]  # bg shares its targets all along: never alone
+        ("heavy", "fwd0", "least_shared_windows")
+    ]  # bg shares its targets all along: never alone
     assert d["events"][0]["start"].startswith("2024-10-27T03:33:50")
     assert client.get("/v1/jobs/nope/interference").status_code == 404
 
@@ -92,8 +96,11 @@ def test_anomalies_live_and_from_detector(client, app):
         assert d["source"] == "detector" and d["detector"]["cycles"] == 1
         cur = {(a["kind"], a["node"], a["job_id"], a["culprit_job"]) for a in d["items"] if a["current"]}
         # light slowed on fwd0; bg (never alone: no quiet window) slowed on the targets heavy saturates
-        assert cur == {("fail_slow_target", "ost6", "", ""), ("interference", "fwd0", "light", "heavy"),
-                       ("interference", "ost2", "bg", "heavy")}
+        assert cur == {
+            ("fail_slow_target", "ost6", "", ""),
+            ("interference", "fwd0", "light", "heavy"),
+            ("interference", "ost2", "bg", "heavy"),
+        }
         only = client.get("/v1/anomalies", params={"since_s": 1e9, "kind": "interference", "job": "heavy"}).json()
         assert sorted(a["job_id"] for a in only["items"]) == ["bg", "light"]
         assert client.get("/v1/targets").json()["state_source"] == "detector"
@@ -132,13 +139,18 @@ def _cli():
 def test_cli_tables_and_json(api_url):
     r = CliRunner().invoke(_cli(), ["targets", "--api", api_url], env={"COLUMNS": "120"})
     assert r.exit_code == 0, r.output
-    line = next(l for l in r.output.splitlines() if l.strip().startswith("ost6"))
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("ost6"))
     assert "FAIL-SLOW persistent" in line and "slowdown 4x" in line
-    assert "FAIL-SLOW" not in "".join(l for l in r.output.splitlines() if not l.strip().startswith("ost6"))
+    assert "FAIL-SLOW" not in "".join(x for x in r.output.splitlines() if not x.strip().startswith("ost6"))
     r = CliRunner().invoke(_cli(), ["forwarders", "--api", api_url, "--json"])
     assert r.exit_code == 0 and {x["node"] for x in json.loads(r.output)["items"]} == {"fwd0", "fwd1"}
     r = CliRunner().invoke(_cli(), ["anomalies", "--api", api_url, "--live"], env={"COLUMNS": "160"})
-    assert r.exit_code == 0 and "fail_slow_target" in r.output and "light <- heavy" in r.output and "bg <- heavy" in r.output
+    assert (
+        r.exit_code == 0
+        and "fail_slow_target" in r.output
+        and "light <- heavy" in r.output
+        and "bg <- heavy" in r.output
+    )
     r = CliRunner().invoke(_cli(), ["diagnose", "light", "--api", api_url], env={"COLUMNS": "160"})
     assert r.exit_code == 0, r.output
     assert "interference (1)" in r.output and "by job heavy on forwarding node fwd0" in r.output

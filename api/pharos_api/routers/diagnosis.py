@@ -15,11 +15,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
 from pharos_analytics.phases import job_phases
 from pharos_analytics.summary import JOB_EVENTS_SQL
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..deps import StoreDep
 from ..schemas import ErrorOut
@@ -146,7 +147,9 @@ def _not_found(job_id: str) -> HTTPException:
     responses={404: {"model": ErrorOut}},
     summary="A job's I/O phases and access profile",
 )
-def get_phases(job_id: str, store: StoreDep, layer: Literal["client", "forwarder", "storage"] = "client") -> JobPhasesOut:
+def get_phases(
+    job_id: str, store: StoreDep, layer: Literal["client", "forwarder", "storage"] = "client"
+) -> JobPhasesOut:
     if not _known(store, job_id):
         raise _not_found(job_id)
     return JobPhasesOut.model_validate(job_phases(store, job_id, layer, DiagnosisConfig()))

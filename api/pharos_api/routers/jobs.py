@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query
+
 from pharos_analytics.summary import count_jobs, job_summary, list_jobs
 
 from ..deps import StoreDep

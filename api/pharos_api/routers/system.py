@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+
 from pharos_pipeline.ingest import pipeline_stats
 from pharos_pipeline.store import StoreError
 

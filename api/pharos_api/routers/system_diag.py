@@ -18,7 +18,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
+
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.failslow import detect_failslow
 from pharos_analytics.interference import detect_interference, job_interference
@@ -45,7 +46,9 @@ GROUP BY key
 ORDER BY last_seen_ns DESC, key
 LIMIT {limit:UInt32}
 """
-LAST_CYCLE_SQL = "SELECT toUnixTimestamp64Nano(max(detected)) AS t FROM anomalies WHERE detected >= {since:DateTime64(9)}"
+LAST_CYCLE_SQL = (
+    "SELECT toUnixTimestamp64Nano(max(detected)) AS t FROM anomalies WHERE detected >= {since:DateTime64(9)}"
+)
 DATA_END_SQL = """
 SELECT greatest((SELECT toUnixTimestamp64Nano(max(time)) FROM target_metrics),
                 (SELECT toUnixTimestamp64Nano(max(start)) FROM io_requests WHERE layer = 'forwarder')) AS t
@@ -107,7 +110,9 @@ def _anchor(store: Store) -> int:
     return end + 1 if 0 < end < now - 5_000_000_000 else now
 
 
-def _failslow_state(store: Store, request: Request, cfg: DiagnosisConfig, kind: str, until: int) -> tuple[dict[str, dict], str]:
+def _failslow_state(
+    store: Store, request: Request, cfg: DiagnosisConfig, kind: str, until: int
+) -> tuple[dict[str, dict], str]:
     """node -> anomaly dict (active ones), and where the verdict comes from ('detector' | 'live')."""
     loop = getattr(request.app.state, "sysdiag", None)
     if loop is not None and loop.cycles:
@@ -119,22 +124,39 @@ def _failslow_state(store: Store, request: Request, cfg: DiagnosisConfig, kind: 
 
 def _anomaly_out(r: dict) -> dict:
     ev = json.loads(r["evidence"]) if r.get("evidence") else {}
-    return {"key": r["key"], "kind": r["kind"], "node": r["node"], "node_type": r["node_type"], "job_id": r["job_id"],
-            "culprit_job": r["culprit_job"], "persistence": r["persistence"], "active": bool(int(r["active"])),
-            "severity": r["severity"], "ratio": float(r["ratio"]), "onset": _iso(r["onset_ns"]),
-            "first_seen": _iso(r["first_seen_ns"]), "last_seen": _iso(r["last_seen_ns"]), "cycles": int(r["cycles"]),
-            "evidence": ev}
+    return {
+        "key": r["key"],
+        "kind": r["kind"],
+        "node": r["node"],
+        "node_type": r["node_type"],
+        "job_id": r["job_id"],
+        "culprit_job": r["culprit_job"],
+        "persistence": r["persistence"],
+        "active": bool(int(r["active"])),
+        "severity": r["severity"],
+        "ratio": float(r["ratio"]),
+        "onset": _iso(r["onset_ns"]),
+        "first_seen": _iso(r["first_seen_ns"]),
+        "last_seen": _iso(r["last_seen_ns"]),
+        "cycles": int(r["cycles"]),
+        "evidence": ev,
+    }
 
 
-@router.get("/v1/anomalies", operation_id="list_anomalies", summary="Fail-slow nodes and interference: current and recent")
+@router.get(
+    "/v1/anomalies", operation_id="list_anomalies", summary="Fail-slow nodes and interference: current and recent"
+)
 def list_anomalies(
-    store: StoreDep, request: Request,
+    store: StoreDep,
+    request: Request,
     kind: Literal["fail_slow_target", "fail_slow_forwarder", "interference"] | None = None,
     node: str | None = Query(default=None, description="Target, forwarding node or shared resource."),
     job: str | None = Query(default=None, description="Interference: the slowed job or the culprit."),
     active: bool | None = Query(default=None, description="Only active (true) or only cleared (false)."),
     since_s: float = Query(default=3600.0, gt=0, description="Recent: detected in the last since_s seconds."),
-    live: bool = Query(default=False, description="Detect now over the tables instead of reading the detector's results."),
+    live: bool = Query(
+        default=False, description="Detect now over the tables instead of reading the detector's results."
+    ),
     limit: int = Query(default=200, ge=1, le=10000),
 ) -> dict[str, Any]:
     cfg = DiagnosisConfig()
@@ -155,67 +177,129 @@ def list_anomalies(
         for it in items:  # current = seen in the newest cycle and active
             it["current"] = it["active"] and it["last_seen"] == _iso(last)
         source = "detector"
-    items = [i for i in items
-             if (kind is None or i["kind"] == kind) and (node is None or i.get("node") == node)
-             and (job is None or job in (i.get("job_id"), i.get("culprit_job"))) and (active is None or i["active"] == active)]
-    return {"source": source, "as_of": _iso(last), "items": items[:limit],
-            "detector": loop.status() if loop is not None else None}
+    items = [
+        i
+        for i in items
+        if (kind is None or i["kind"] == kind)
+        and (node is None or i.get("node") == node)
+        and (job is None or job in (i.get("job_id"), i.get("culprit_job")))
+        and (active is None or i["active"] == active)
+    ]
+    return {
+        "source": source,
+        "as_of": _iso(last),
+        "items": items[:limit],
+        "detector": loop.status() if loop is not None else None,
+    }
 
 
-@router.get("/v1/targets", operation_id="list_targets", summary="Storage targets: recent bandwidth, latency, limits, faults, fail-slow state")
-def list_targets(store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)) -> dict[str, Any]:
+@router.get(
+    "/v1/targets",
+    operation_id="list_targets",
+    summary="Storage targets: recent bandwidth, latency, limits, faults, fail-slow state",
+)
+def list_targets(
+    store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)
+) -> dict[str, Any]:
     cfg = DiagnosisConfig()
     w = window_s or cfg.status_window_s
     until = _anchor(store)
-    rows = store.query(TARGETS_SQL, {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w})
+    rows = store.query(
+        TARGETS_SQL, {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w}
+    )
     state, source = _failslow_state(store, request, cfg, "fail_slow_target", until)
     items = []
     for r in rows:
         a = state.get(r["target"])
-        items.append({
-            "target": r["target"], "bandwidth_b_s": float(r["bandwidth_b_s"]), "peak_b_s": float(r["peak_b_s"]),
-            "bytes_read": int(r["bytes_read"]), "bytes_written": int(r["bytes_written"]), "ops": int(r["ops"]),
-            "latency_p50_ns": int(float(r["latency_p50_ns"])), "latency_p99_ns": int(float(r["latency_p99_ns"])),
-            "latency_max_ns": int(r["latency_max_ns"]), "latency_mean_ns": int(float(r["latency_mean_ns"])),
-            "queue_depth": float(r["queue_depth"]),
-            "throttled_share": float(r["throttled_share"] or 0),
-            "limits": {"max_perf_mb_s": float(r["max_perf_mb_s"])},
-            "faults": {"slowdown": float(r["slowdown"]), "added_latency_ns": int(r["added_latency_ns"])},
-            "forwarding_nodes": sorted(r["forwarding_nodes"]), "last_interval": _iso(r["last_ns"]),
-            "fail_slow": None if a is None else {"persistence": a["persistence"], "severity": a["severity"],
-                                                 "ratio": a.get("ratio", a.get("rel_service")), "onset": a.get("onset") or _iso(a.get("onset_ns"))},
-            "state": "ok" if a is None else "fail_slow",
-        })
+        items.append(
+            {
+                "target": r["target"],
+                "bandwidth_b_s": float(r["bandwidth_b_s"]),
+                "peak_b_s": float(r["peak_b_s"]),
+                "bytes_read": int(r["bytes_read"]),
+                "bytes_written": int(r["bytes_written"]),
+                "ops": int(r["ops"]),
+                "latency_p50_ns": int(float(r["latency_p50_ns"])),
+                "latency_p99_ns": int(float(r["latency_p99_ns"])),
+                "latency_max_ns": int(r["latency_max_ns"]),
+                "latency_mean_ns": int(float(r["latency_mean_ns"])),
+                "queue_depth": float(r["queue_depth"]),
+                "throttled_share": float(r["throttled_share"] or 0),
+                "limits": {"max_perf_mb_s": float(r["max_perf_mb_s"])},
+                "faults": {"slowdown": float(r["slowdown"]), "added_latency_ns": int(r["added_latency_ns"])},
+                "forwarding_nodes": sorted(r["forwarding_nodes"]),
+                "last_interval": _iso(r["last_ns"]),
+                "fail_slow": None
+                if a is None
+                else {
+                    "persistence": a["persistence"],
+                    "severity": a["severity"],
+                    "ratio": a.get("ratio", a.get("rel_service")),
+                    "onset": a.get("onset") or _iso(a.get("onset_ns")),
+                },
+                "state": "ok" if a is None else "fail_slow",
+            }
+        )
     return {"window_s": w, "until": _iso(until), "state_source": source, "items": items}
 
 
-@router.get("/v1/forwarders", operation_id="list_forwarders", summary="Forwarding nodes: recent load, jobs, fail-slow state")
-def list_forwarders(store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)) -> dict[str, Any]:
+@router.get(
+    "/v1/forwarders", operation_id="list_forwarders", summary="Forwarding nodes: recent load, jobs, fail-slow state"
+)
+def list_forwarders(
+    store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)
+) -> dict[str, Any]:
     cfg = DiagnosisConfig()
     w = window_s or cfg.status_window_s
     until = _anchor(store)
-    rows = store.query(FORWARDERS_SQL, {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w})
+    rows = store.query(
+        FORWARDERS_SQL,
+        {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w},
+    )
     state, source = _failslow_state(store, request, cfg, "fail_slow_forwarder", until)
     items = []
     for r in rows:
         a = state.get(r["node"])
-        jobs = [{"job_id": j[0] if isinstance(j, (list, tuple)) else j["1"], "bytes": int(j[1] if isinstance(j, (list, tuple)) else j["2"])}
-                for j in r["_jobs"]]
-        items.append({
-            "node": r["node"], "requests": int(r["requests"]), "bytes": int(r["bytes"]),
-            "bandwidth_b_s": float(r["bandwidth_b_s"]), "queue_wait_ns": float(r["queue_wait_ns"]),
-            "queue_wait_p99_ns": float(r["queue_wait_p99_ns"]), "service_ns": float(r["service_ns"]),
-            "service_p99_ns": float(r["service_p99_ns"]), "targets": int(r["targets"]),
-            "compute_nodes": int(r["compute_nodes"]), "jobs": jobs,
-            "fail_slow": None if a is None else {"persistence": a["persistence"], "severity": a["severity"],
-                                                 "ratio": a.get("ratio", a.get("rel_service")), "onset": a.get("onset") or _iso(a.get("onset_ns"))},
-            "state": "ok" if a is None else "fail_slow",
-        })
+        jobs = [
+            {
+                "job_id": j[0] if isinstance(j, (list, tuple)) else j["1"],
+                "bytes": int(j[1] if isinstance(j, (list, tuple)) else j["2"]),
+            }
+            for j in r["_jobs"]
+        ]
+        items.append(
+            {
+                "node": r["node"],
+                "requests": int(r["requests"]),
+                "bytes": int(r["bytes"]),
+                "bandwidth_b_s": float(r["bandwidth_b_s"]),
+                "queue_wait_ns": float(r["queue_wait_ns"]),
+                "queue_wait_p99_ns": float(r["queue_wait_p99_ns"]),
+                "service_ns": float(r["service_ns"]),
+                "service_p99_ns": float(r["service_p99_ns"]),
+                "targets": int(r["targets"]),
+                "compute_nodes": int(r["compute_nodes"]),
+                "jobs": jobs,
+                "fail_slow": None
+                if a is None
+                else {
+                    "persistence": a["persistence"],
+                    "severity": a["severity"],
+                    "ratio": a.get("ratio", a.get("rel_service")),
+                    "onset": a.get("onset") or _iso(a.get("onset_ns")),
+                },
+                "state": "ok" if a is None else "fail_slow",
+            }
+        )
     return {"window_s": w, "until": _iso(until), "state_source": source, "items": items}
 
 
-@router.get("/v1/jobs/{job_id}/interference", operation_id="get_job_interference", responses={404: {"model": ErrorOut}},
-            summary="Jobs that shared this job's forwarding nodes and targets, and what it cost it")
+@router.get(
+    "/v1/jobs/{job_id}/interference",
+    operation_id="get_job_interference",
+    responses={404: {"model": ErrorOut}},
+    summary="Jobs that shared this job's forwarding nodes and targets, and what it cost it",
+)
 def get_job_interference(job_id: str, store: StoreDep) -> dict[str, Any]:
     if not _known(store, job_id):
         raise _not_found(job_id)

@@ -25,7 +25,7 @@ SCHEMA_VERSION = 1
 
 
 def _names(enum, prefix: str) -> dict[int, str]:
-    return {v.number: ("" if v.number == 0 else v.name[len(prefix):].lower()) for v in enum.DESCRIPTOR.values}
+    return {v.number: ("" if v.number == 0 else v.name[len(prefix) :].lower()) for v in enum.DESCRIPTOR.values}
 
 
 #: enum number -> store name, e.g. OP_NAMES[io_pb2.OP_PWRITE] == "pwrite"; 0 maps to "".
@@ -35,7 +35,16 @@ FILE_TYPE_NAMES = _names(io_pb2.FileType, "FILE_TYPE_")
 JOB_EVENT_KIND_NAMES = _names(io_pb2.JobEvent.Kind, "KIND_")
 
 __all__ = [
-    "io_pb2", "IoRecord", "IoBatch", "DropCounters", "JobEvent", "TargetMetrics", "TargetMetricsBatch",
+    "FILE_TYPE_NAMES",
+    "JOB_EVENT_KIND_NAMES",
+    "LAYER_NAMES",
+    "OP_NAMES",
     "SCHEMA_VERSION",
-    "OP_NAMES", "LAYER_NAMES", "FILE_TYPE_NAMES", "JOB_EVENT_KIND_NAMES",
+    "DropCounters",
+    "IoBatch",
+    "IoRecord",
+    "JobEvent",
+    "TargetMetrics",
+    "TargetMetricsBatch",
+    "io_pb2",
 ]
