@@ -24,6 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from pharos_testkit import free_port
+
 from pharos_agents.cgroups import job_cgroup, join_cgroup, remove_cgroup
 from pharos_agents.runner import JobEventProducer
 from pharos_api import stack
@@ -32,12 +36,6 @@ from pharos_pipeline.settings import Settings
 from pharos_pipeline.wire import JobEvent, io_pb2
 
 CASES = [("4KiB sequential write", "4k"), ("1MiB sequential write", "1m")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed_fio(settings: Settings, job_id: str, bs: str, size: str, data: Path, events: JobEventProducer) -> float:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from forwarder_testkit import Cluster, build_binaries
 from test_placement import LIMITS, POLICIES, RANKS, bytes_bound_ratio, bytes_per_target, optimum_ratio, run_case

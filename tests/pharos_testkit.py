@@ -1,10 +1,11 @@
 """Helpers shared by test folders (importable because tests/conftest.py puts tests/ on
-sys.path): free loopback ports, settings with a test's own Kafka topics on the session
-broker, the real Alertmanager started on a free loopback port."""
+sys.path): paths to the shared data beside the repository, free loopback ports, settings with
+a test's own Kafka topics on the session broker, the real Alertmanager on a free loopback port."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -16,6 +17,29 @@ import httpx
 import pytest
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_path(rel: str, env: str) -> Path:
+    """``rel`` under the shared data folder that sits beside the repository (``../shared``, as
+    CI and developers have it), or the path in environment variable ``env`` when set."""
+    override = os.environ.get(env)
+    return Path(override) if override else REPO.parent / "shared" / rel
+
+
+# The Darshan project's real logs (``../shared/darshan-logs``; PHAROS_DARSHAN_LOGS overrides).
+DARSHAN_LOGS = shared_path("darshan-logs", "PHAROS_DARSHAN_LOGS")
+
+
+def need_darshan(path: Path) -> Path:
+    """``path`` (a log or folder of the Darshan corpus) if it exists, else skip the test with
+    where the corpus is expected (under PHAROS_REQUIRE_ALL=1 a skip is an error)."""
+    if not path.exists():
+        pytest.skip(
+            f"Darshan corpus not found: {path} (the real logs live in ../shared/darshan-logs beside "
+            "the repository; PHAROS_DARSHAN_LOGS overrides)"
+        )
+    return path
 
 
 def free_port() -> int:

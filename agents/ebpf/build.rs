@@ -19,11 +19,7 @@ fn main() {
             .args(["btf", "dump", "file", BTF, "format", "c"])
             .output()
             .expect("bpftool not found: install bpftool or set PHAROS_VMLINUX_H");
-        assert!(
-            dump.status.success(),
-            "bpftool btf dump failed: {}",
-            String::from_utf8_lossy(&dump.stderr)
-        );
+        assert!(dump.status.success(), "bpftool btf dump failed: {}", String::from_utf8_lossy(&dump.stderr));
         std::fs::write(&vmlinux, dump.stdout).expect("write vmlinux.h");
     }
     let arch = match env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default().as_str() {

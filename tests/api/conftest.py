@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -14,6 +13,7 @@ from fastapi.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analytics"))
 
 from pharos_synthetic_jobs import build_store
+from pharos_testkit import free_port
 
 from pharos_api.app import create_app
 from pharos_pipeline.settings import Settings
@@ -37,12 +37,6 @@ def app(store, tmp_path_factory):
 def client(app):
     with TestClient(app) as c:
         yield c
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -1,27 +1,21 @@
-"""Real Darshan logs (the Darshan project's test corpus, /work/shared/darshan-logs or
-PHAROS_DARSHAN_LOGS) and helpers for the importer tests."""
+"""Real Darshan logs (the Darshan project's test corpus, ``../shared/darshan-logs`` beside the
+repository or PHAROS_DARSHAN_LOGS) and helpers for the importer tests."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-LOGS = Path(os.environ.get("PHAROS_DARSHAN_LOGS", "/work/shared/darshan-logs"))
+from pharos_testkit import DARSHAN_LOGS as LOGS
+from pharos_testkit import need_darshan
 
 
 def log(rel: str) -> Path:
-    p = LOGS / rel
-    if not p.exists():
-        pytest.skip(f"Darshan corpus not found: {p}")
-    return p
+    return need_darshan(LOGS / rel)
 
 
 def logs(folder: str) -> list[Path]:
-    found = sorted((LOGS / folder).glob("*.darshan"))
-    if not found:
-        pytest.skip(f"Darshan corpus not found: {LOGS / folder}")
+    found = sorted(need_darshan(LOGS / folder).glob("*.darshan"))
+    assert found, f"no *.darshan logs in {LOGS / folder}"
     return found
 
 

@@ -10,17 +10,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+from pharos_testkit import DARSHAN_LOGS as LOGS
+from pharos_testkit import need_darshan
 
 from pharos_api.app import create_app
 from pharos_api.routers import diagnosis
 from pharos_pipeline.settings import Settings
 
-LOGS = Path(os.environ.get("PHAROS_DARSHAN_LOGS", "/work/shared/darshan-logs"))
 IMB = LOGS / "imbalanced_io/imbalanced-io.darshan"
 H5 = LOGS / "hdf5_diagonal_write_only/hdf5_diagonal_write_1_byte_dxt.darshan"
 CLI = "import sys, typer; from pharos_api.cli_diagnose import register; app = typer.Typer(); register(app); app()"
@@ -28,8 +28,7 @@ CLI = "import sys, typer; from pharos_api.cli_diagnose import register; app = ty
 
 @pytest.fixture(scope="module")
 def app(store, tmp_path_factory):
-    if not IMB.exists():
-        pytest.skip("Darshan corpus not found")
+    need_darshan(IMB)
     a = create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp()))
     if not any(getattr(r, "path", "") == "/v1/jobs/{job_id}/insights" for r in a.routes):
         a.include_router(diagnosis.router)
@@ -93,8 +92,8 @@ def test_unknown_job_is_404(client, api_url):
 
 
 def test_import_direct_without_the_stack(tmp_path):
-    if not H5.exists():
-        pytest.skip("Darshan corpus not found")
+    need_darshan(H5)
+    need_darshan(IMB)
     dead = "http://127.0.0.1:9"  # nothing listens: the CLI opens the store itself
     env = {"PHAROS_STATE_DIR": str(tmp_path / "state")}
     r = cli("import", "darshan", str(H5), str(IMB), "--api", dead, "--json", env=env)

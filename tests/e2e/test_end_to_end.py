@@ -10,10 +10,10 @@ per-request records). Needs root (eBPF, cgroups, FUSE); without root it is skipp
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+from pharos_testkit import free_port
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -23,12 +23,6 @@ from pharos_pipeline.settings import Settings
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent and job cgroups need root")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pharos_testkit import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 # PHAROS_FWD_BIN_DIR: run against other builds (e.g. to show a test fails on an older one).
 BIN = Path(os.environ.get("PHAROS_FWD_BIN_DIR", REPO / "target" / "release"))
@@ -29,12 +31,6 @@ def build_binaries() -> None:
         check=True,
         timeout=1800,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
@@ -205,6 +201,41 @@ def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
         raise AssertionError(f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     out = r.stdout[r.stdout.index("{") :]
     return json.loads(out)
+
+
+_UNITS = {"k": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout: float = 200) -> dict:
+    """fio writes ``jobs`` x ``size`` (e.g. "64M") in ``bs`` blocks with mode ``rw`` into
+    ``directory``, then reads every written block back and checks its crc32c; returns fio's job
+    summary (group_reporting). Fails unless fio reports no error and the reads cover every
+    verified byte: for write modes the verify pass reads back exactly what was written; for mixed
+    modes (rw, randrw) the workload's own reads plus the verify pass add up to jobs x size."""
+    out = fio(
+        "--name=v",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--numjobs={jobs}",
+        f"--size={size}",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--verify_state_save=0",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--group_reporting",
+        timeout=timeout,
+    )
+    job = out["jobs"][0]
+    block, per_job = (int(x[:-1]) * _UNITS[x[-1]] for x in (bs, size))
+    total = jobs * (per_job // block) * block  # fio does whole blocks only
+    assert job["error"] == 0, job
+    written, read = job["write"]["io_bytes"], job["read"]["io_bytes"]
+    assert 0 < written <= total, (written, total)
+    # every written byte was read back once by the verify pass (mixed modes also read the rest)
+    assert read == total, f"{rw}: {read} bytes read for {written} written, expected {total}"
+    return job
 
 
 # --- raw protocol frames (v3: bincode 1 header, fixint, little endian, then a raw data

@@ -1,10 +1,11 @@
 """Data integrity through the mount: fio writes and verifies (crc32c) every block it
-wrote, sequential and random, 1 to 8 jobs, 4 KiB to 4 MiB blocks (≤ 256 MiB per case)."""
+wrote, sequential and random, 1 to 8 jobs, 4 KiB to 4 MiB blocks (≤ 256 MiB per case); the
+reads must cover every written byte (forwarder_testkit.fio_verify)."""
 
 from __future__ import annotations
 
 import pytest
-from forwarder_testkit import fio
+from forwarder_testkit import fio_verify
 
 CASES = [
     # rw, bs, numjobs, size per job
@@ -34,26 +35,7 @@ def test_fio_verify_crc32c(mounted, rw, bs, jobs, size):
     c, m = mounted
     d = m.path / f"{rw}-{bs}-{jobs}"
     d.mkdir()
-    out = fio(
-        "--name=v",
-        f"--directory={d}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--numjobs={jobs}",
-        f"--size={size}",
-        "--ioengine=psync",
-        "--verify=crc32c",
-        "--verify_state_save=0",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--group_reporting",
-        timeout=200,
-    )
-    job = out["jobs"][0]
-    assert job["error"] == 0
-    assert job["write"]["io_bytes"] > 0
-    # Verification reads every written block back through the mount.
-    assert job["read"]["io_bytes"] >= job["write"]["io_bytes"] * (1 if rw in ("write", "randwrite") else 0)
+    fio_verify(d, rw, bs, jobs, size)
     # The static default mapping (node index 1 mod 2) sent the data to fwd1 only.
     s0, s1 = c.daemons[0].status(), c.daemons[1].status()
     assert s1["counters"]["bytes_written"] > 0

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from forwarder_testkit import fio, open_counts, wait_for
+from forwarder_testkit import fio_verify, open_counts, wait_for
 
 COMPONENT = 1 << 20  # 1 MiB: fio's blocks below cross component boundaries
 TARGETS = 4
@@ -60,23 +60,7 @@ def test_fio_verify_through_progressive_layout(two, rw, bs, jobs, size):
     c, m0, _ = two
     d = m0 / "fio"
     d.mkdir()
-    out = fio(
-        "--name=v",
-        f"--directory={d}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--numjobs={jobs}",
-        f"--size={size}",
-        "--ioengine=psync",
-        "--verify=crc32c",
-        "--verify_state_save=0",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--group_reporting",
-        timeout=200,
-    )
-    job = out["jobs"][0]
-    assert job["error"] == 0 and job["write"]["io_bytes"] > 0
+    fio_verify(d, rw, bs, jobs, size)
     files = sorted(p.name for p in d.iterdir())
     assert len(files) == jobs
     for name in files:

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import re
+
 from pharos_pipeline.store import migrate, migration_files, open_store
 
-TABLES = {"io_requests", "io_batches", "job_events", "producer_drops", "dead_letters", "schema_migrations"}
+# What each migration must leave behind, written out by hand: the tables it creates and the
+# columns it adds (table, column). A new migration that is not listed here fails the first test.
+MIGRATIONS = {
+    "001_initial.sql": {"tables": {"io_requests", "io_batches", "job_events", "producer_drops", "dead_letters"}},
+    "002_ttl_by_ingest_time.sql": {"columns": {("io_requests", "ingested")}},
+    "003_darshan.sql": {"tables": {"darshan_counters", "darshan_logs"}},
+    "004_target_metrics.sql": {"tables": {"target_metrics"}},
+    "005_system_diagnosis.sql": {"tables": {"anomalies", "alert_log"}},
+    "006_target_service_sum.sql": {"columns": {("target_metrics", "service_ns_sum")}},
+}
+TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
+COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
+
+
+def test_every_migration_is_listed_with_the_tables_it_creates():
+    files = {name: sql for _, name, sql in migration_files()}
+    assert set(files) == set(MIGRATIONS), "list each new migration's tables and columns in MIGRATIONS"
+    for name, sql in files.items():
+        created = set(re.findall(r"CREATE TABLE IF NOT EXISTS\s+(\w+)", sql, flags=re.IGNORECASE))
+        assert created == MIGRATIONS[name].get("tables", set()), name
 
 
 def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
@@ -17,7 +38,14 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
         rows = store.query("SELECT version, name FROM schema_migrations FINAL ORDER BY version")
         assert [(int(r["version"]), r["name"]) for r in rows] == [(v, n) for v, n, _ in migration_files()]
         tables = {r["name"] for r in store.query("SELECT name FROM system.tables WHERE database = currentDatabase()")}
-        assert tables >= TABLES
+        assert tables >= TABLES, TABLES - tables
+        columns = {
+            (r["table"], r["name"])
+            for r in store.query("SELECT table, name FROM system.columns WHERE database = currentDatabase()")
+        }
+        assert columns >= COLUMNS, COLUMNS - columns
+        ttl = store.query("SELECT create_table_query AS q FROM system.tables WHERE name = 'io_requests'")[0]["q"]
+        assert "TTL ingested + toIntervalDay(90)" in ttl, ttl  # 002: the TTL counts from ingest time
     finally:
         store.close()
     # a new process-level open of the same directory sees the recorded versions

@@ -152,8 +152,7 @@ impl log::Log for Logger {
 
 fn main() {
     let cli = Cli::parse();
-    let _ = log::set_boxed_logger(Box::new(Logger(cli.verbose)))
-        .map(|()| log::set_max_level(log::LevelFilter::Debug));
+    let _ = log::set_boxed_logger(Box::new(Logger(cli.verbose))).map(|()| log::set_max_level(log::LevelFilter::Debug));
 
     // Startup checks: one clear line on stderr and exit code 2, never a panic.
     if !can_load_bpf() {
@@ -187,7 +186,8 @@ fn main() {
     let roots: Vec<(u64, u32)> = root_dirs
         .iter()
         .map(|d| {
-            let ino = std::fs::metadata(d).map(|m| m.ino()).unwrap_or_else(|e| fail(format_args!("{}: {e}", d.display())));
+            let ino =
+                std::fs::metadata(d).map(|m| m.ino()).unwrap_or_else(|e| fail(format_args!("{}: {e}", d.display())));
             (ino, cgroup_level(&cg2, d))
         })
         .collect();
@@ -285,7 +285,10 @@ fn run(cli: &Cli, tracer: &mut tracer::Tracer<'_>, root_dirs: Vec<PathBuf>) -> a
         }
         if cli.stats_secs > 0 && last_stats.elapsed() >= Duration::from_secs(cli.stats_secs) {
             last_stats = Instant::now();
-            eprintln!("pharos-agent: {}", record::summary(&conv.borrow().stats, &kernel, sink.as_ref().map(|s| s.stats())));
+            eprintln!(
+                "pharos-agent: {}",
+                record::summary(&conv.borrow().stats, &kernel, sink.as_ref().map(|s| s.stats()))
+            );
         }
         conv.borrow_mut().flush_stdout();
     }

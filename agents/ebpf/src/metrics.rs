@@ -20,7 +20,8 @@ impl Server {
             std::thread::Builder::new().name("pharos-metrics".into()).spawn(move || {
                 for req in server.incoming_requests() {
                     let body = t.lock().unwrap().clone();
-                    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"text/plain; version=0.0.4"[..]).unwrap();
+                    let header =
+                        tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"text/plain; version=0.0.4"[..]).unwrap();
                     let _ = req.respond(tiny_http::Response::from_string(body).with_header(header));
                 }
             })?;
@@ -37,11 +38,17 @@ impl Server {
 pub fn render(s: &Stats, k: &KernelCounters, sink: Option<&SinkStats>) -> String {
     let mut o = String::new();
     let mut counter = |name: &str, help: &str, v: u64| {
-        o += &format!("# HELP pharos_agent_{name} {help}\n# TYPE pharos_agent_{name} counter\npharos_agent_{name} {v}\n");
+        o += &format!(
+            "# HELP pharos_agent_{name} {help}\n# TYPE pharos_agent_{name} counter\npharos_agent_{name} {v}\n"
+        );
     };
     counter("records_received_total", "Records read from the kernel ring buffer.", s.records_received);
     counter("ringbuf_drops_total", "Records the kernel could not put in the ring buffer.", k.ringbuf_drops);
-    counter("unmerged_fallbacks_total", "Requests emitted unmerged because the per-thread map was full.", k.unmerged_fallbacks);
+    counter(
+        "unmerged_fallbacks_total",
+        "Requests emitted unmerged because the per-thread map was full.",
+        k.unmerged_fallbacks,
+    );
     let ss = sink.cloned().unwrap_or_default();
     counter("records_sent_total", "Records Kafka acknowledged.", ss.records_sent);
     counter("batches_sent_total", "Batches Kafka acknowledged.", ss.batches_sent);

@@ -54,11 +54,8 @@ pub fn file_type(mode: u32) -> FileType {
 
 /// Absolute path from the kernel's leaf-first, NUL-separated components.
 pub fn dentry_path(bytes: &[u8], truncated: bool) -> String {
-    let comps: Vec<String> = bytes
-        .split(|&b| b == 0)
-        .filter(|c| !c.is_empty())
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .collect();
+    let comps: Vec<String> =
+        bytes.split(|&b| b == 0).filter(|c| !c.is_empty()).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
     let mut p = String::with_capacity(bytes.len() + 4);
     if truncated {
         p.push_str("...");

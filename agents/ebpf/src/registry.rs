@@ -45,21 +45,15 @@ pub fn kernel_dev(st_dev: u64) -> u64 {
 
 /// Job id of a cgroup path: the text after the last `job_` component, "" when none.
 pub fn job_of_path(p: &Path) -> String {
-    p.components()
-        .filter_map(|c| c.as_os_str().to_str()?.strip_prefix("job_"))
-        .last()
-        .unwrap_or("")
-        .to_string()
+    p.components().rev().find_map(|c| c.as_os_str().to_str()?.strip_prefix("job_")).unwrap_or("").to_string()
 }
 
 /// Rank from a cgroup path: the last `rank_<r>` (pharos run) or `task_<r>` (Slurm) component.
 pub fn rank_of_path(p: &Path) -> Option<i32> {
-    p.components()
-        .filter_map(|c| {
-            let s = c.as_os_str().to_str()?;
-            s.strip_prefix("rank_").or_else(|| s.strip_prefix("task_"))?.parse::<i32>().ok()
-        })
-        .last()
+    p.components().rev().find_map(|c| {
+        let s = c.as_os_str().to_str()?;
+        s.strip_prefix("rank_").or_else(|| s.strip_prefix("task_"))?.parse::<i32>().ok()
+    })
 }
 
 /// Rank from a NUL-separated environment block.

@@ -72,25 +72,32 @@ fn load_failure_hint() -> String {
 }
 
 /// Where tracefs is mounted (mounted at /sys/kernel/tracing if needed).
+///
+/// Two agents starting at once on a machine where tracefs is not mounted yet (a fresh boot, a
+/// test binary starting two agents) race to mount it: the loser gets EBUSY while the winner's
+/// mount appears, so a failed mount waits up to 2 s for another process's mount before failing.
 pub fn tracefs() -> Result<&'static Path> {
-    for p in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if Path::new(p).join("events").is_dir() {
-            return Ok(Path::new(p));
-        }
+    let mounted = || {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].into_iter().find(|p| Path::new(p).join("events").is_dir())
+    };
+    if let Some(p) = mounted() {
+        return Ok(Path::new(p));
     }
     let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
+        libc::mount(c"nodev".as_ptr(), c"/sys/kernel/tracing".as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
     };
-    if rc != 0 {
-        return Err(anyhow!("cannot mount tracefs at /sys/kernel/tracing: {}", std::io::Error::last_os_error()));
+    if rc == 0 {
+        return Ok(Path::new("/sys/kernel/tracing"));
     }
-    Ok(Path::new("/sys/kernel/tracing"))
+    let err = std::io::Error::last_os_error();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        if let Some(p) = mounted() {
+            return Ok(Path::new(p));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(anyhow!("cannot mount tracefs at /sys/kernel/tracing: {err}"))
 }
 
 pub struct Config {
@@ -215,9 +222,8 @@ impl<'obj> Tracer<'obj> {
         table: &[(i64, u8)],
     ) -> Result<Tracer<'obj>> {
         let tracefs = tracefs()?;
-        let mut open = IotraceSkelBuilder::default()
-            .open(storage)
-            .map_err(|e| anyhow!("opening the BPF object failed: {e}"))?;
+        let mut open =
+            IotraceSkelBuilder::default().open(storage).map_err(|e| anyhow!("opening the BPF object failed: {e}"))?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("no .rodata in the BPF object")?;
         for (i, (id, level)) in cfg.roots.iter().enumerate() {
             rodata.roots[i] = ph_root { id: *id, level: *level, pad: 0 };
@@ -263,14 +269,7 @@ impl<'obj> Tracer<'obj> {
             let hint = load_failure_hint();
             anyhow!("loading eBPF programs failed: {e}{}{hint}", if hint.is_empty() { "" } else { ": " })
         })?;
-        Ok(Tracer {
-            skel,
-            enter_links: Vec::new(),
-            exit_links: Vec::new(),
-            disabled,
-            attached: 0,
-            mode,
-        })
+        Ok(Tracer { skel, enter_links: Vec::new(), exit_links: Vec::new(), disabled, attached: 0, mode })
     }
 
     /// Attaches the raw syscall programs (exit first) and detaches them again: proves that

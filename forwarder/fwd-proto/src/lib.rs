@@ -181,21 +181,59 @@ pub struct SetAttr {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Op {
     Ping,
-    Lookup { path: String },
-    Getattr { path: String },
-    Setattr { path: String, set: SetAttr },
-    Readdir { path: String },
-    Mkdir { path: String, mode: u32 },
-    Rmdir { path: String },
-    Unlink { path: String },
-    Rename { from: String, to: String, noreplace: bool },
+    Lookup {
+        path: String,
+    },
+    Getattr {
+        path: String,
+    },
+    Setattr {
+        path: String,
+        set: SetAttr,
+    },
+    Readdir {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        mode: u32,
+    },
+    Rmdir {
+        path: String,
+    },
+    Unlink {
+        path: String,
+    },
+    Rename {
+        from: String,
+        to: String,
+        noreplace: bool,
+    },
     /// Create a regular file; `excl` = fail with EEXIST when it exists. `token` makes a
     /// replay of the same create idempotent.
-    Create { path: String, mode: u32, excl: bool, token: u64 },
-    Open { path: String, write: bool, truncate: bool },
+    Create {
+        path: String,
+        mode: u32,
+        excl: bool,
+        token: u64,
+    },
+    Open {
+        path: String,
+        write: bool,
+        truncate: bool,
+    },
     /// Closes the open `handle` (returned by create/open) of the file with `layout`.
-    Release { path: String, layout: Layout, handle: OpenHandle },
-    Read { path: String, layout: Layout, offset: u64, size: u32 },
+    Release {
+        path: String,
+        layout: Layout,
+        handle: OpenHandle,
+    },
+    Read {
+        path: String,
+        layout: Layout,
+        offset: u64,
+        size: u32,
+    },
     /// `handle` is the open the write comes through (from create/open; default = none):
     /// the daemon counts, per open, the component it is writing (progressive layouts).
     Write {
@@ -207,7 +245,11 @@ pub enum Op {
         #[serde(skip)]
         data: Vec<u8>,
     },
-    Fsync { path: String, layout: Layout, datasync: bool },
+    Fsync {
+        path: String,
+        layout: Layout,
+        datasync: bool,
+    },
     Statfs,
 }
 
@@ -271,7 +313,11 @@ pub enum Body {
     Ok,
     Attr(Attr),
     Entries(Vec<DirEntry>),
-    Opened { attr: Attr, layout: Layout, handle: OpenHandle },
+    Opened {
+        attr: Attr,
+        layout: Layout,
+        handle: OpenHandle,
+    },
     /// Read data: travels as the frame's raw data segment, not in the bincode header.
     Data {
         #[serde(skip)]
@@ -299,7 +345,10 @@ pub enum FrameError {
     /// The connection ended cleanly before a frame started.
     Eof,
     /// The connection ended inside a frame (`got` of `want` bytes).
-    Truncated { got: usize, want: usize },
+    Truncated {
+        got: usize,
+        want: usize,
+    },
     /// The length prefix exceeds [`MAX_FRAME`] or is 0.
     BadLength(u64),
     /// Another protocol version.
@@ -699,7 +748,11 @@ mod tests {
     use std::io::Cursor;
 
     fn req(op: Op) -> Request {
-        Request { id: 7, ctx: Ctx { job_id: "42".into(), rank: 3, pid: 1, uid: 0, gid: 0, compute_node: "cn0".into() }, op }
+        Request {
+            id: 7,
+            ctx: Ctx { job_id: "42".into(), rank: 3, pid: 1, uid: 0, gid: 0, compute_node: "cn0".into() },
+            op,
+        }
     }
 
     #[test]
@@ -711,11 +764,23 @@ mod tests {
             Op::Setattr { path: "a".into(), set: SetAttr { size: Some(5), mtime: Some(None), ..Default::default() } },
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
             Op::Create { path: "f".into(), mode: 0o644, excl: true, token: 77 },
-            Op::Write { path: "f".into(), layout: l.clone(), offset: 4096, handle: OpenHandle::default(), data: vec![1, 2, 3] },
+            Op::Write {
+                path: "f".into(),
+                layout: l.clone(),
+                offset: 4096,
+                handle: OpenHandle::default(),
+                data: vec![1, 2, 3],
+            },
             Op::Write { path: "f".into(), layout: l.clone(), offset: 0, handle: OpenHandle::default(), data: vec![] },
             Op::Write {
                 path: "f".into(),
-                layout: Layout { oid: 3, stripe_size: 1 << 20, targets: vec![0, 2], component_size: 4 << 20, perf: vec![50.0, 0.0] },
+                layout: Layout {
+                    oid: 3,
+                    stripe_size: 1 << 20,
+                    targets: vec![0, 2],
+                    component_size: 4 << 20,
+                    perf: vec![50.0, 0.0],
+                },
                 offset: 1,
                 handle: OpenHandle { daemon: 1, id: 2 },
                 data: vec![4; 9],
@@ -747,7 +812,13 @@ mod tests {
     fn data_travels_as_raw_segment_after_the_header() {
         let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         let l = Layout::striped(1, 4096, vec![0]);
-        let r = req(Op::Write { path: "f".into(), layout: l, offset: 0, handle: OpenHandle::default(), data: data.clone() });
+        let r = req(Op::Write {
+            path: "f".into(),
+            layout: l,
+            offset: 0,
+            handle: OpenHandle::default(),
+            data: data.clone(),
+        });
         let frame = encode(&r);
         let total = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(total + 4, frame.len());
@@ -783,9 +854,21 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
         let lay = Layout::striped(1, 1 << 20, vec![0]);
         let msgs = vec![
-            req(Op::Write { path: "f".into(), layout: lay.clone(), offset: 0, handle: OpenHandle::default(), data: data.clone() }),
+            req(Op::Write {
+                path: "f".into(),
+                layout: lay.clone(),
+                offset: 0,
+                handle: OpenHandle::default(),
+                data: data.clone(),
+            }),
             req(Op::Ping),
-            req(Op::Write { path: "f".into(), layout: lay, offset: 0, handle: OpenHandle::default(), data: data[..10].to_vec() }),
+            req(Op::Write {
+                path: "f".into(),
+                layout: lay,
+                offset: 0,
+                handle: OpenHandle::default(),
+                data: data[..10].to_vec(),
+            }),
         ];
         let to_send = msgs.clone();
         let t = std::thread::spawn(move || {
@@ -845,7 +928,13 @@ mod tests {
         assert!(matches!(read_msg::<Request>(&mut c).unwrap_err(), FrameError::Version(1)));
         assert_eq!(read_msg::<Request>(&mut c).unwrap(), req(Op::Ping));
         // Truncated inside the data segment.
-        let w = encode(&req(Op::Write { path: "f".into(), layout: Layout::striped(1, 1, vec![0]), offset: 0, handle: OpenHandle::default(), data: vec![7; 100] }));
+        let w = encode(&req(Op::Write {
+            path: "f".into(),
+            layout: Layout::striped(1, 1, vec![0]),
+            offset: 0,
+            handle: OpenHandle::default(),
+            data: vec![7; 100],
+        }));
         let e = read_frame(&mut Cursor::new(&w[..w.len() - 10])).unwrap_err();
         assert!(matches!(e, FrameError::Truncated { .. }) && !e.recoverable(), "{e}");
     }
@@ -918,7 +1007,14 @@ mod tests {
 
     #[test]
     fn idempotence_classes() {
-        assert!(Op::Write { path: "a".into(), layout: Layout::striped(1, 1, vec![0]), offset: 0, handle: OpenHandle::default(), data: vec![] }.idempotent());
+        assert!(Op::Write {
+            path: "a".into(),
+            layout: Layout::striped(1, 1, vec![0]),
+            offset: 0,
+            handle: OpenHandle::default(),
+            data: vec![]
+        }
+        .idempotent());
         assert!(!Op::Unlink { path: "a".into() }.idempotent());
         assert!(!Op::Rename { from: "a".into(), to: "b".into(), noreplace: false }.idempotent());
     }

@@ -60,7 +60,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pharos_fwd_proto::{errno, validate_path, Attr, DirEntry, Kind, Layout, OpenHandle, SetAttr, StatFs, Time, WireError};
+use pharos_fwd_proto::{
+    errno, validate_path, Attr, Ctx, DirEntry, Kind, Layout, OpenHandle, SetAttr, StatFs, Time, WireError,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::shm::TargetShm;
@@ -301,7 +303,11 @@ pub fn pieces(l: &Layout, off: u64, len: u64) -> Vec<Piece> {
 /// Logical file size implied by component `k` (of `component_size` bytes) holding `s`
 /// bytes: 0 when empty.
 pub fn logical_from_component(component_size: u64, k: u64, s: u64) -> u64 {
-    if s == 0 { 0 } else { k * component_size + s }
+    if s == 0 {
+        0
+    } else {
+        k * component_size + s
+    }
 }
 
 /// Size of stripe object `i` when the file is `size` bytes long.
@@ -313,7 +319,14 @@ pub fn obj_size(l: &Layout, size: u64, i: u32) -> u64 {
     let rows = full / k;
     let col = full % k;
     let i = i as u64;
-    rows * ss + if i < col { ss } else if i == col { rem } else { 0 }
+    rows * ss
+        + if i < col {
+            ss
+        } else if i == col {
+            rem
+        } else {
+            0
+        }
 }
 
 /// Logical file size implied by stripe object `i` having `s` bytes.
@@ -571,7 +584,9 @@ impl Backend {
             }
             if let Some(cs) = pool.component_size {
                 if cs == 0 || cs % COMPONENT_ALIGN != 0 {
-                    return Err(format!("pool {name}: component_size {cs} must be a positive multiple of {COMPONENT_ALIGN}"));
+                    return Err(format!(
+                        "pool {name}: component_size {cs} must be a positive multiple of {COMPONENT_ALIGN}"
+                    ));
                 }
                 if pool.stripe_count.is_some_and(|c| c > 1) {
                     return Err(format!("pool {name}: component_size and stripe_count > 1 exclude each other"));
@@ -766,7 +781,11 @@ impl Backend {
     /// Targets a classic file counts as open on from open to release (progressive files
     /// count per written component instead, see [`Backend::enter`]).
     fn whole_file_targets(l: &Layout) -> &[u32] {
-        if l.is_progressive() { &[] } else { &l.targets }
+        if l.is_progressive() {
+            &[]
+        } else {
+            &l.targets
+        }
     }
 
     /// Open `h` of progressive file `l` is about to write component `k`: returns its target
@@ -850,7 +869,11 @@ impl Backend {
         for (idx, ti) in self.objects(l)? {
             let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
             let md = f.metadata().map_err(werr)?;
-            let end = if l.is_progressive() { logical_from_component(l.component_size, idx, md.size()) } else { logical_from_obj(l, idx as u32, md.size()) };
+            let end = if l.is_progressive() {
+                logical_from_component(l.component_size, idx, md.size())
+            } else {
+                logical_from_obj(l, idx as u32, md.size())
+            };
             size = size.max(end);
             blocks += md.blocks();
             let m = t(md.mtime(), md.mtime_nsec());
@@ -970,9 +993,11 @@ impl Backend {
         Ok(())
     }
 
-    /// Creates (or, when `!excl` and it exists, opens) a regular file. Returns its attr,
-    /// layout and open handle, and counts it open on its targets.
-    pub fn create(&self, path: &str, mode: u32, excl: bool, token: u64, job: &str, uid: u32, gid: u32) -> Res<(Attr, Layout, OpenHandle)> {
+    /// Creates (or, when `!excl` and it exists, opens) a regular file for the caller `ctx`
+    /// (its job picks the placement pool, its uid/gid own the file). Returns its attr, layout
+    /// and open handle, and counts it open on its targets.
+    pub fn create(&self, path: &str, mode: u32, excl: bool, token: u64, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        let (job, uid, gid) = (ctx.job_id.as_str(), ctx.uid, ctx.gid);
         let p = self.ns_path(path)?;
         if p == self.ns {
             return Err(eno(errno::EISDIR, "namespace root"));
@@ -1180,7 +1205,9 @@ impl Backend {
             }
             for q in paths {
                 let c = CString::new(q.as_os_str().as_encoded_bytes()).map_err(|_| eno(errno::EINVAL, "NUL"))?;
-                if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+                if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }
+                    != 0
+                {
                     let e = io::Error::last_os_error();
                     // A component placed but never written has no object yet.
                     if !(e.kind() == io::ErrorKind::NotFound && q != p) {
@@ -1419,7 +1446,8 @@ mod tests {
 
     fn backend(n: usize) -> (tempfile::TempDir, Backend) {
         let d = tempfile::tempdir().unwrap();
-        let ts: Vec<(String, PathBuf)> = (0..n).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
+        let ts: Vec<(String, PathBuf)> =
+            (0..n).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
         let b = Backend::new(&d.path().join("mdt"), &ts).unwrap();
         (d, b)
     }
@@ -1428,7 +1456,7 @@ mod tests {
     fn striped_file_roundtrip_and_truncate() {
         let (_d, b) = backend(4);
         b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
-        let (_, l, _) = b.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, l, _) = b.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
         assert_eq!(l.targets.len(), 3);
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let mut info = IoInfo::default();
@@ -1450,12 +1478,17 @@ mod tests {
 
     fn obj_count(d: &tempfile::TempDir) -> usize {
         (0..4)
-            .map(|i| fs::read_dir(d.path().join(format!("ost{i}"))).map(|it| it.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()).unwrap_or(0))
+            .map(|i| {
+                fs::read_dir(d.path().join(format!("ost{i}")))
+                    .map(|it| it.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+                    .unwrap_or(0)
+            })
             .sum()
     }
 
     fn backend_on(d: &tempfile::TempDir, n: usize) -> Backend {
-        let ts: Vec<(String, PathBuf)> = (0..n).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
+        let ts: Vec<(String, PathBuf)> =
+            (0..n).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
         Backend::new(&d.path().join("mdt"), &ts).unwrap()
     }
 
@@ -1464,7 +1497,7 @@ mod tests {
         let (d, a) = backend(2);
         let b = backend_on(&d, 2); // a second daemon on the same backend
         let mut info = IoInfo::default();
-        let (_, l, h1) = a.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, l, h1) = a.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
         let (_, l2, h2) = b.open("f", false, false).unwrap();
         assert_eq!(l, l2);
         a.write(&l, NOH, 0, b"hello", &mut info).unwrap();
@@ -1476,7 +1509,7 @@ mod tests {
         a.write(&l, NOH, 5, b" world", &mut info).unwrap();
         assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
         // A new file under the same name is another object.
-        let (_, n, hn) = b.create("f", 0o644, true, 2, "", 0, 0).unwrap();
+        let (_, n, hn) = b.create("f", 0o644, true, 2, &Ctx::default()).unwrap();
         assert_ne!(n.oid, l.oid);
         // Releases may come through either daemon: the last one deletes the data.
         b.release(&l, h1).unwrap();
@@ -1485,7 +1518,7 @@ mod tests {
         assert!(!a.is_orphan(l.oid));
         assert_eq!(obj_count(&d), 1, "only the new file's object remains");
         // Rename over an open file: same rules.
-        let (_, o, ho) = a.create("g", 0o644, true, 3, "", 0, 0).unwrap();
+        let (_, o, ho) = a.create("g", 0o644, true, 3, &Ctx::default()).unwrap();
         b.rename("f", "g", false).unwrap();
         assert!(a.is_orphan(o.oid));
         a.write(&o, NOH, 0, b"still here", &mut info).unwrap();
@@ -1507,8 +1540,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let live = backend_on(&d, 2);
         let dead = backend_on(&d, 2);
-        let (_, lx, _hx) = dead.create("x", 0o644, true, 1, "", 0, 0).unwrap();
-        let (_, ly, hy) = live.create("y", 0o644, true, 2, "", 0, 0).unwrap();
+        let (_, lx, _hx) = dead.create("x", 0o644, true, 1, &Ctx::default()).unwrap();
+        let (_, ly, hy) = live.create("y", 0o644, true, 2, &Ctx::default()).unwrap();
         let (_, lz, _hz) = dead.open("y", false, false).unwrap();
         assert_eq!(lz, ly);
         live.unlink("x").unwrap();
@@ -1537,7 +1570,7 @@ mod tests {
         let b = Arc::new(b);
         for i in 0..200 {
             let name = format!("r{i}");
-            let (_, l, h) = b.create(&name, 0o644, true, 0, "", 0, 0).unwrap();
+            let (_, l, h) = b.create(&name, 0o644, true, 0, &Ctx::default()).unwrap();
             b.release(&l, h).unwrap();
             let b2 = b.clone();
             let n2 = name.clone();
@@ -1563,10 +1596,10 @@ mod tests {
     #[test]
     fn create_is_exclusive_and_replayable() {
         let (_d, b) = backend(2);
-        b.create("f", 0o644, true, 42, "", 0, 0).unwrap();
-        assert_eq!(b.create("f", 0o644, true, 43, "", 0, 0).unwrap_err().errno, errno::EEXIST);
+        b.create("f", 0o644, true, 42, &Ctx::default()).unwrap();
+        assert_eq!(b.create("f", 0o644, true, 43, &Ctx::default()).unwrap_err().errno, errno::EEXIST);
         // Same token: the replay of a create that already happened succeeds.
-        b.create("f", 0o644, true, 42, "", 0, 0).unwrap();
+        b.create("f", 0o644, true, 42, &Ctx::default()).unwrap();
         assert_eq!(b.ns_path("../x").unwrap_err().errno, errno::EINVAL);
     }
 
@@ -1574,14 +1607,23 @@ mod tests {
     fn performance_aware_placement_follows_max_perf() {
         let (_d, b) = backend(3);
         let mut pools = BTreeMap::new();
-        let perf: BTreeMap<String, f64> = [("ost0", 10.0), ("ost1", 30.0), ("ost2", 20.0)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        pools.insert("p".to_string(), Pool { targets: vec!["ost0".into(), "ost1".into(), "ost2".into()], max_perf: perf, stripe_count: None, component_size: None });
+        let perf: BTreeMap<String, f64> =
+            [("ost0", 10.0), ("ost1", 30.0), ("ost2", 20.0)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        pools.insert(
+            "p".to_string(),
+            Pool {
+                targets: vec!["ost0".into(), "ost1".into(), "ost2".into()],
+                max_perf: perf,
+                stripe_count: None,
+                component_size: None,
+            },
+        );
         let p = Placement { pools, default_pool: Some("p".into()), ..Default::default() };
         b.validate_placement(&p).unwrap();
         b.placement.store(Arc::new(p));
         let mut counts = [0; 3];
         for i in 0..12 {
-            let (_, l, _) = b.create(&format!("f{i}"), 0o644, true, 0, "", 0, 0).unwrap();
+            let (_, l, _) = b.create(&format!("f{i}"), 0o644, true, 0, &Ctx::default()).unwrap();
             counts[l.targets[0] as usize] += 1;
         }
         // D'Hondt allocation of 12 files over 10:30:20.
@@ -1594,7 +1636,8 @@ mod tests {
         let names: Vec<String> = (0..perf.len()).map(|i| format!("ost{i}")).collect();
         let max_perf = names.iter().cloned().zip(perf.iter().copied()).collect();
         let pool = Pool { targets: names, max_perf, stripe_count: None, component_size: Some(cs) };
-        let p = Placement { pools: [("p".to_string(), pool)].into(), default_pool: Some("p".into()), ..Default::default() };
+        let p =
+            Placement { pools: [("p".to_string(), pool)].into(), default_pool: Some("p".into()), ..Default::default() };
         b.validate_placement(&p).unwrap();
         b.placement.store(Arc::new(p));
     }
@@ -1605,7 +1648,13 @@ mod tests {
 
     #[test]
     fn component_mapping_and_sidecar_format() {
-        let l = Layout { oid: 0xab, stripe_size: 1 << 20, targets: vec![0, 1, 2], component_size: 8192, perf: vec![50.0, 0.0, 12.5] };
+        let l = Layout {
+            oid: 0xab,
+            stripe_size: 1 << 20,
+            targets: vec![0, 1, 2],
+            component_size: 8192,
+            perf: vec![50.0, 0.0, 12.5],
+        };
         let ps = pieces(&l, 8000, 10_000);
         assert_eq!(ps[0], Piece { obj: 0, obj_off: 8000, len: 192, buf_off: 0 });
         assert_eq!(ps[1], Piece { obj: 1, obj_off: 0, len: 8192, buf_off: 192 });
@@ -1619,10 +1668,25 @@ mod tests {
         let c = Layout::striped(7, 4096, vec![3, 1]);
         assert_eq!(layout_text(&c, 5), "pharos-layout v1 oid=0000000000000007 stripe_size=4096 targets=3,1 token=5\n");
         assert_eq!(parse_layout("pharos-layout v1 oid=7 stripe_size=4096 targets=3,1 token=5"), Some((c, 5)));
-        assert_eq!(parse_layout("pharos-layout v2 oid=7 stripe_size=4096 targets=3,1 component_size=4096 perf=1"), None);
+        assert_eq!(
+            parse_layout("pharos-layout v2 oid=7 stripe_size=4096 targets=3,1 component_size=4096 perf=1"),
+            None
+        );
         assert_eq!(parse_layout("pharos-layout v3 oid=7 stripe_size=4096 targets=3,1"), None);
         let (_d, b) = backend(2);
-        let mut bad = Placement { pools: [("p".to_string(), Pool { targets: vec!["ost0".into()], max_perf: BTreeMap::new(), stripe_count: None, component_size: Some(1000) })].into(), ..Default::default() };
+        let mut bad = Placement {
+            pools: [(
+                "p".to_string(),
+                Pool {
+                    targets: vec!["ost0".into()],
+                    max_perf: BTreeMap::new(),
+                    stripe_count: None,
+                    component_size: Some(1000),
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
         assert!(b.validate_placement(&bad).is_err());
         bad.pools.get_mut("p").unwrap().component_size = Some(0);
         assert!(b.validate_placement(&bad).is_err());
@@ -1632,7 +1696,7 @@ mod tests {
     fn progressive_file_roundtrip_holes_truncate_and_unlink() {
         let (d, b) = backend(3);
         progressive(&b, &[10.0, 30.0, 20.0], 8192);
-        let (_, l, h) = b.create("f", 0o644, true, 1, "", 0, 0).unwrap();
+        let (_, l, h) = b.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
         assert!(l.is_progressive() && l.targets == vec![0, 1, 2]);
         assert_eq!(b.getattr("f").unwrap().size, 0);
         assert_eq!(obj_count(&d), 0, "components are placed by their first write");
@@ -1683,7 +1747,7 @@ mod tests {
         let mut info = IoInfo::default();
         let mut opens = Vec::new();
         for i in 0..6 {
-            let (_, l, h) = a.create(&format!("f{i}"), 0o644, true, 0, "", 0, 0).unwrap();
+            let (_, l, h) = a.create(&format!("f{i}"), 0o644, true, 0, &Ctx::default()).unwrap();
             // Each writer holds its first component: the rule spreads them 10:30:20.
             a.write(&l, h, 0, &[1; 100], &mut info).unwrap();
             opens.push((l, h));
@@ -1711,7 +1775,7 @@ mod tests {
         // A dead daemon's open: the start-time GC drops its count with its marker.
         let dead = backend_on(&d, 3);
         progressive(&dead, &[10.0, 30.0, 20.0], 4096);
-        let (_, l, h) = dead.create("g", 0o644, true, 0, "", 0, 0).unwrap();
+        let (_, l, h) = dead.create("g", 0o644, true, 0, &Ctx::default()).unwrap();
         dead.write(&l, h, 0, &[1; 10], &mut info).unwrap();
         assert_eq!(counts(&a).iter().sum::<i64>(), 1);
         drop(dead);
@@ -1729,7 +1793,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let daemons: Vec<Arc<Backend>> = (0..2).map(|_| Arc::new(backend_on(&d, 4))).collect();
         progressive(&daemons[0], &[10.0, 10.0, 10.0, 10.0], 4096);
-        let (_, l, _) = daemons[0].create("f", 0o644, true, 0, "", 0, 0).unwrap();
+        let (_, l, _) = daemons[0].create("f", 0o644, true, 0, &Ctx::default()).unwrap();
         for round in 0..50u64 {
             let barrier = Arc::new(std::sync::Barrier::new(8));
             let threads: Vec<_> = (0..8)

@@ -82,7 +82,9 @@ struct Cli {
 }
 
 fn kv(s: &str, what: &str) -> Result<(String, String), String> {
-    s.split_once('=').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| format!("{what} {s:?}: expected NAME=VALUE"))
+    s.split_once('=')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .ok_or_else(|| format!("{what} {s:?}: expected NAME=VALUE"))
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -108,8 +110,13 @@ fn run(cli: Cli) -> Result<(), String> {
             return Err(format!("target {n} given twice"));
         }
     }
-    let weights: Vec<u32> = cli.weights.split(',').map(|w| w.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|_| format!("--weights {:?}: expected three integers", cli.weights))?;
-    if weights.len() != 3 || weights.iter().any(|&w| w == 0) {
+    let weights: Vec<u32> = cli
+        .weights
+        .split(',')
+        .map(|w| w.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("--weights {:?}: expected three integers", cli.weights))?;
+    if weights.len() != 3 || weights.contains(&0) {
         return Err(format!("--weights {:?}: expected three integers >= 1", cli.weights));
     }
     if cli.metrics_interval_ms == 0 {
@@ -175,15 +182,26 @@ fn run(cli: Cli) -> Result<(), String> {
     };
     let server = Server::new(cfg, Arc::new(backend), records.clone());
     server.start(listener);
-    admin::spawn(admin_l, Arc::new(AdminState { server: server.clone(), metrics_stats: Box::new(shipper.stats_handle()) }));
+    admin::spawn(
+        admin_l,
+        Arc::new(AdminState { server: server.clone(), metrics_stats: Box::new(shipper.stats_handle()) }),
+    );
 
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
     }
     if let Some(f) = &cli.ready_file {
-        std::fs::write(f, format!("{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", listen_addr, admin_addr, std::process::id()))
-            .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+        std::fs::write(
+            f,
+            format!(
+                "{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n",
+                listen_addr,
+                admin_addr,
+                std::process::id()
+            ),
+        )
+        .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
     }
     log::info!("pharos-fwd {} serving on {} (admin {})", cli.node_name, listen_addr, admin_addr);
     let interval = Duration::from_millis(cli.metrics_interval_ms as u64);

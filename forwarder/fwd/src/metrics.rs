@@ -44,7 +44,10 @@ pub struct TargetStats {
 
 impl TargetStats {
     pub fn new(n: usize) -> TargetStats {
-        TargetStats { cur: (0..n).map(|_| Mutex::default()).collect(), depth: (0..n).map(|_| AtomicI64::new(0)).collect() }
+        TargetStats {
+            cur: (0..n).map(|_| Mutex::default()).collect(),
+            depth: (0..n).map(|_| AtomicI64::new(0)).collect(),
+        }
     }
 
     pub fn queued(&self, t: u32, d: i64) {
@@ -180,7 +183,14 @@ impl MetricsShipper {
             ),
             None => None,
         };
-        Ok(MetricsShipper { producer, topic: topic.into(), producer_id: producer_id.into(), host: host.into(), seq: 0, c })
+        Ok(MetricsShipper {
+            producer,
+            topic: topic.into(),
+            producer_id: producer_id.into(),
+            host: host.into(),
+            seq: 0,
+            c,
+        })
     }
 
     pub fn ship(&mut self, metrics: Vec<TargetMetrics>) {

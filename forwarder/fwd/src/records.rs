@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
-use pharos_wire::sink::{Sink, SinkStats};
+use pharos_wire::sink::Sink;
 use pharos_wire::IoRecord;
 use serde::Serialize;
 
@@ -51,7 +51,7 @@ impl RecordSink {
     }
 
     pub fn stats(&self) -> RecordStats {
-        let s = self.sink.as_ref().map(|s| s.stats()).unwrap_or_else(SinkStats::default);
+        let s = self.sink.as_ref().map(|s| s.stats()).unwrap_or_default();
         RecordStats {
             produced: self.produced.load(Relaxed),
             bytes: self.bytes.load(Relaxed),

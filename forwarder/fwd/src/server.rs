@@ -104,7 +104,14 @@ impl Conn {
         let sock = w.as_raw_fd();
         let mut sent = 0;
         while sent < head.len() {
-            let n = unsafe { libc::send(sock, head[sent..].as_ptr() as *const libc::c_void, head.len() - sent, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+            let n = unsafe {
+                libc::send(
+                    sock,
+                    head[sent..].as_ptr() as *const libc::c_void,
+                    head.len() - sent,
+                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                )
+            };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -274,7 +281,10 @@ impl Server {
                 .expect("spawn worker");
         }
         let s = self.clone();
-        std::thread::Builder::new().name("fwd-accept".into()).spawn(move || s.accept(listener)).expect("spawn acceptor");
+        std::thread::Builder::new()
+            .name("fwd-accept".into())
+            .spawn(move || s.accept(listener))
+            .expect("spawn acceptor");
     }
 
     fn accept(self: Arc<Self>, listener: TcpListener) {
@@ -355,7 +365,9 @@ impl Server {
             let class = classify(&req.op, self.cfg.small_max);
             // Target of the first byte (a progressive component not placed yet: none).
             let target = match &req.op {
-                Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => self.backend.first_target(layout, *offset),
+                Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => {
+                    self.backend.first_target(layout, *offset)
+                }
                 _ => None,
             };
             if let Some(t) = target {
@@ -378,9 +390,9 @@ impl Server {
             if let Ok(w) = self.rxs[pref].try_recv() {
                 return Some((w, CLASSES[pref]));
             }
-            for i in 0..3 {
-                if let Ok(w) = self.rxs[i].try_recv() {
-                    return Some((w, CLASSES[i]));
+            for (rx, class) in self.rxs.iter().zip(CLASSES) {
+                if let Ok(w) = rx.try_recv() {
+                    return Some((w, class));
                 }
             }
             // All empty: sleep until a decoder rings (or re-check the stop flag). The check
@@ -408,7 +420,9 @@ impl Server {
             // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
             let mut span = None;
             let body = match &work.req.op {
-                Op::Read { layout, offset, size, .. } if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max => {
+                Op::Read { layout, offset, size, .. }
+                    if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
+                {
                     match self.backend.read_span(layout, *offset, *size, &mut info) {
                         Ok(Some(s)) => {
                             span = Some(s);
@@ -422,7 +436,9 @@ impl Server {
             };
             let mut service = started.elapsed();
             let (result, size) = match (&body, &work.req.op) {
-                (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => (span.as_ref().unwrap().len as i64, *size as u64),
+                (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {
+                    (span.as_ref().unwrap().len as i64, *size as u64)
+                }
                 (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
                 (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, data.len() as u64),
                 (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
@@ -470,7 +486,15 @@ impl Server {
         }
     }
 
-    fn record(&self, w: &Work, info: &IoInfo, queue_wait: Duration, service: Duration, result: i64, size: u64) -> IoRecord {
+    fn record(
+        &self,
+        w: &Work,
+        info: &IoInfo,
+        queue_wait: Duration,
+        service: Duration,
+        result: i64,
+        size: u64,
+    ) -> IoRecord {
         use pharos_wire::Op as WOp;
         let (op, path, offset, ft) = match &w.req.op {
             Op::Read { path, offset, .. } => (WOp::Pread, path.as_str(), *offset, FileType::Regular),
@@ -483,7 +507,9 @@ impl Server {
             Op::Unlink { path } | Op::Rmdir { path } => (WOp::Unlink, path.as_str(), 0, FileType::Unspecified),
             Op::Mkdir { path, .. } => (WOp::Mkdir, path.as_str(), 0, FileType::Directory),
             Op::Rename { from, .. } => (WOp::Rename, from.as_str(), 0, FileType::Unspecified),
-            Op::Setattr { path, .. } | Op::Readdir { path } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
+            Op::Setattr { path, .. } | Op::Readdir { path } => {
+                (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified)
+            }
             Op::Statfs | Op::Ping => (WOp::Unspecified, "", 0, FileType::Unspecified),
         };
         let mut abs = String::with_capacity(path.len() + 1);
@@ -544,7 +570,7 @@ impl Server {
                 Body::Ok
             }
             Op::Create { path, mode, excl, token } => {
-                let (attr, layout, handle) = b.create(path, *mode, *excl, *token, &c.job_id, c.uid, c.gid)?;
+                let (attr, layout, handle) = b.create(path, *mode, *excl, *token, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
                 Body::Opened { attr, layout, handle }
@@ -574,7 +600,9 @@ impl Server {
                     }
                 }
             }
-            Op::Write { layout, offset, handle, data, .. } => Body::Written(b.write(layout, *handle, *offset, data, info)?),
+            Op::Write { layout, offset, handle, data, .. } => {
+                Body::Written(b.write(layout, *handle, *offset, data, info)?)
+            }
             Op::Fsync { layout, datasync, .. } => {
                 b.fsync(layout, *datasync, info)?;
                 Body::Ok

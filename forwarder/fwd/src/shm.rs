@@ -94,7 +94,11 @@ impl TargetShm {
     /// Service-time factor, >= 1 (1 = no fault).
     pub fn slowdown(&self) -> f64 {
         let s = f64::from_bits(self.l().slowdown_bits.load(Relaxed));
-        if s.is_finite() && s >= 1.0 { s } else { 1.0 }
+        if s.is_finite() && s >= 1.0 {
+            s
+        } else {
+            1.0
+        }
     }
     pub fn set_slowdown(&self, f: f64) {
         self.l().slowdown_bits.store(f.max(1.0).to_bits(), Relaxed);

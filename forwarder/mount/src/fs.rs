@@ -17,8 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::consts::FOPEN_DIRECT_IO;
 use fuser::{
-    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use pharos_fwd_proto::{errno, Attr, Body, Ctx, DirEntry, Kind, Layout, Op, OpenHandle, SetAttr, Time};
 
@@ -59,7 +59,10 @@ fn env_of(pid: u32) -> HashMap<String, String> {
         for kv in b.split(|&c| c == 0) {
             if let Ok(s) = std::str::from_utf8(kv) {
                 if let Some((k, v)) = s.split_once('=') {
-                    if matches!(k, "PHAROS_JOB_ID" | "PHAROS_RANK" | "PMI_RANK" | "OMPI_COMM_WORLD_RANK" | "SLURM_PROCID") {
+                    if matches!(
+                        k,
+                        "PHAROS_JOB_ID" | "PHAROS_RANK" | "PMI_RANK" | "OMPI_COMM_WORLD_RANK" | "SLURM_PROCID"
+                    ) {
                         out.insert(k.to_string(), v.to_string());
                     }
                 }
@@ -214,7 +217,14 @@ impl Shared {
 
     fn ctx(&self, req: &Request<'_>) -> Ctx {
         let (job_id, rank) = self.jobs.get(req.pid());
-        Ctx { job_id, rank, pid: req.pid(), uid: req.uid(), gid: req.gid(), compute_node: self.rpc.compute_node.clone() }
+        Ctx {
+            job_id,
+            rank,
+            pid: req.pid(),
+            uid: req.uid(),
+            gid: req.gid(),
+            compute_node: self.rpc.compute_node.clone(),
+        }
     }
 }
 
@@ -275,7 +285,12 @@ pub struct TaskQueue {
 
 impl TaskQueue {
     fn new(cap: usize) -> TaskQueue {
-        TaskQueue { q: Mutex::new((VecDeque::new(), false)), ready: Condvar::new(), room: Condvar::new(), cap: cap.max(1) }
+        TaskQueue {
+            q: Mutex::new((VecDeque::new(), false)),
+            ready: Condvar::new(),
+            room: Condvar::new(),
+            cap: cap.max(1),
+        }
     }
 
     /// Queues `t`; blocks while the queue is full (backpressure towards the kernel).
@@ -419,9 +434,21 @@ impl Filesystem for PharosFs {
         self.remove(req, parent, name, reply, true)
     }
 
-    fn rename(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32, reply: ReplyEmpty) {
+    fn rename(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
         let ctx = self.sh.ctx(req);
-        let (from, to) = match (self.sh.path(parent).and_then(|p| join(&p, name)), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
+        let (from, to) = match (
+            self.sh.path(parent).and_then(|p| join(&p, name)),
+            self.sh.path(newparent).and_then(|p| join(&p, newname)),
+        ) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
@@ -429,32 +456,43 @@ impl Filesystem for PharosFs {
             return reply.error(errno::EINVAL);
         }
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
-            Ok(_) => {
-                let mut m = sh.inodes.lock().unwrap();
-                let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
-                // The entry replaced at `to` (if any) is gone.
-                for (ino, i) in m.iter_mut() {
-                    if i.path == to && !moved.contains(ino) && *ino != ROOT {
-                        i.path = STALE.to_string();
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
+                Ok(_) => {
+                    let mut m = sh.inodes.lock().unwrap();
+                    let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
+                    // The entry replaced at `to` (if any) is gone.
+                    for (ino, i) in m.iter_mut() {
+                        if i.path == to && !moved.contains(ino) && *ino != ROOT {
+                            i.path = STALE.to_string();
+                        }
                     }
-                }
-                let pre = format!("{from}/");
-                for i in m.values_mut() {
-                    if i.path == from {
-                        i.path = to.clone();
-                    } else if let Some(rest) = i.path.strip_prefix(&pre) {
-                        i.path = format!("{to}/{rest}");
+                    let pre = format!("{from}/");
+                    for i in m.values_mut() {
+                        if i.path == from {
+                            i.path = to.clone();
+                        } else if let Some(rest) = i.path.strip_prefix(&pre) {
+                            i.path = format!("{to}/{rest}");
+                        }
                     }
+                    drop(m);
+                    reply.ok()
                 }
-                drop(m);
-                reply.ok()
+                Err(e) => reply.error(e),
             }
-            Err(e) => reply.error(e),
         });
     }
 
-    fn create(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
             Ok(p) => p,
@@ -462,15 +500,17 @@ impl Filesystem for PharosFs {
         };
         let excl = flags & libc::O_EXCL != 0;
         let token = crate::random_token();
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, excl, token }) {
-            Ok(Body::Opened { attr, layout, handle }) => {
-                let ino = sh.learn(attr.ino, &path);
-                let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
-                reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, excl, token }) {
+                Ok(Body::Opened { attr, layout, handle }) => {
+                    let ino = sh.learn(attr.ino, &path);
+                    let fh = sh.next_fh.fetch_add(1, Relaxed);
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
+                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
         });
     }
 
@@ -493,20 +533,32 @@ impl Filesystem for PharosFs {
         });
     }
 
-    fn read(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, size: u32, _flags: i32, _lock: Option<u64>, reply: ReplyData) {
+    fn read(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock: Option<u64>,
+        reply: ReplyData,
+    ) {
         let ctx = self.sh.ctx(req);
         let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
         let path = self.sh.path(ino).unwrap_or_default();
         if offset < 0 {
             return reply.error(errno::EINVAL);
         }
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Read { path, layout: f.layout.clone(), offset: offset as u64, size }) {
-            Ok(Body::Data { data }) => {
-                reply.data(&data);
-                sh.rpc.bufs.put(data);
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(c, &ctx, Op::Read { path, layout: f.layout.clone(), offset: offset as u64, size }) {
+                Ok(Body::Data { data }) => {
+                    reply.data(&data);
+                    sh.rpc.bufs.put(data);
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
         });
     }
 
@@ -533,19 +585,38 @@ impl Filesystem for PharosFs {
         buf.clear();
         buf.extend_from_slice(data);
         let data = buf;
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Write { path, layout: f.layout.clone(), offset: offset as u64, handle: f.handle, data }) {
-            Ok(Body::Written(n)) => reply.written(n),
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(
+                c,
+                &ctx,
+                Op::Write { path, layout: f.layout.clone(), offset: offset as u64, handle: f.handle, data },
+            ) {
+                Ok(Body::Written(n)) => reply.written(n),
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
+            }
         });
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
         // No client-side data cache: nothing to write back.
-        if self.sh.files.lock().unwrap().contains_key(&fh) { reply.ok() } else { reply.error(errno::EBADF) }
+        if self.sh.files.lock().unwrap().contains_key(&fh) {
+            reply.ok()
+        } else {
+            reply.error(errno::EBADF)
+        }
     }
 
-    fn release(&mut self, req: &Request<'_>, ino: u64, fh: u64, _flags: i32, _lock: Option<u64>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         let ctx = self.sh.ctx(req);
         let Some(f) = self.sh.files.lock().unwrap().remove(&fh) else { return reply.error(errno::EBADF) };
         let path = self.sh.path(ino).unwrap_or_default();
@@ -606,7 +677,8 @@ impl Filesystem for PharosFs {
                     Err(e) => return reply.error(e),
                 },
             };
-            let mut all: Vec<(u64, FileType, &str)> = vec![(ino, FileType::Directory, "."), (ROOT, FileType::Directory, "..")];
+            let mut all: Vec<(u64, FileType, &str)> =
+                vec![(ino, FileType::Directory, "."), (ROOT, FileType::Directory, "..")];
             for e in entries.iter() {
                 let k = if e.kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
                 all.push((e.ino, k, e.name.as_str()));
@@ -623,7 +695,9 @@ impl Filesystem for PharosFs {
     fn statfs(&mut self, req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
         let ctx = self.sh.ctx(req);
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Statfs) {
-            Ok(Body::Statfs(s)) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize),
+            Ok(Body::Statfs(s)) => {
+                reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize)
+            }
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
         });

@@ -32,7 +32,13 @@ struct Cli {
     #[arg(long, env = "PHAROS_MOUNT_POINT")]
     mountpoint: PathBuf,
     /// A forwarding node NAME=HOST:PORT (repeatable, in ring order).
-    #[arg(long = "fwd", value_name = "NAME=HOST:PORT", env = "PHAROS_MOUNT_FWD", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "fwd",
+        value_name = "NAME=HOST:PORT",
+        env = "PHAROS_MOUNT_FWD",
+        value_delimiter = ',',
+        required = true
+    )]
     fwd: Vec<String>,
     /// Index of this compute node: the default forwarding node is index mod #nodes.
     #[arg(long, env = "PHAROS_MOUNT_NODE_INDEX", default_value_t = 0)]
@@ -80,7 +86,10 @@ async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
     }))
 }
 
-async fn put_mapping(State(a): State<Arc<AdminState>>, Json(m): Json<Mapping>) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
+async fn put_mapping(
+    State(a): State<Arc<AdminState>>,
+    Json(m): Json<Mapping>,
+) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
     a.sh.rpc.validate(&m).map_err(|e| (StatusCode::BAD_REQUEST, Json(json!({"error": e}))))?;
     a.sh.rpc.mapping.store(Arc::new(m.clone()));
     Ok(Json(json!(m)))
@@ -120,7 +129,8 @@ fn run(cli: Cli) -> Result<(), String> {
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
-    let session = fuser::spawn_mount2(fs, &cli.mountpoint, &opts).map_err(|e| format!("mount {}: {e}", cli.mountpoint.display()))?;
+    let session = fuser::spawn_mount2(fs, &cli.mountpoint, &opts)
+        .map_err(|e| format!("mount {}: {e}", cli.mountpoint.display()))?;
     // The mount is live once a stat of the mount point is answered by this file system.
     std::fs::metadata(&cli.mountpoint).map_err(|e| format!("mount {} not answering: {e}", cli.mountpoint.display()))?;
 
@@ -130,7 +140,10 @@ fn run(cli: Cli) -> Result<(), String> {
         rt.block_on(async move {
             admin_l.set_nonblocking(true).expect("nonblocking");
             let l = tokio::net::TcpListener::from_std(admin_l).expect("admin listener");
-            let app = Router::new().route("/status", get(status)).route("/mapping", get(get_mapping).put(put_mapping)).with_state(st);
+            let app = Router::new()
+                .route("/status", get(status))
+                .route("/mapping", get(get_mapping).put(put_mapping))
+                .with_state(st);
             if let Err(e) = axum::serve(l, app).await {
                 log::error!("admin server: {e}");
             }
@@ -142,8 +155,16 @@ fn run(cli: Cli) -> Result<(), String> {
         signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
     }
     if let Some(f) = &cli.ready_file {
-        std::fs::write(f, format!("{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n", cli.mountpoint.display(), admin_addr, std::process::id()))
-            .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+        std::fs::write(
+            f,
+            format!(
+                "{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n",
+                cli.mountpoint.display(),
+                admin_addr,
+                std::process::id()
+            ),
+        )
+        .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
     }
     log::info!("pharos-mount: {} mounted (admin {})", cli.mountpoint.display(), admin_addr);
     while !term.load(Ordering::Relaxed) {

@@ -101,7 +101,13 @@ impl Rpc {
             bufs: BufPool::new(64),
             nodes: nodes
                 .into_iter()
-                .map(|(name, addr)| Node { name, addr, down_until_ms: AtomicU64::new(0), requests: AtomicU64::new(0), failures: AtomicU64::new(0) })
+                .map(|(name, addr)| Node {
+                    name,
+                    addr,
+                    down_until_ms: AtomicU64::new(0),
+                    requests: AtomicU64::new(0),
+                    failures: AtomicU64::new(0),
+                })
                 .collect(),
             default_idx: node_index % n,
             mapping: ArcSwap::from_pointee(Mapping::default()),
@@ -190,13 +196,23 @@ impl Rpc {
                     n.failures.fetch_add(1, Relaxed);
                     n.down_until_ms.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Relaxed);
                     match f {
-                        Fail::NotSent(e) => log::warn!("forwarding node {} ({}): {e}; trying the next node", n.name, n.addr),
+                        Fail::NotSent(e) => {
+                            log::warn!("forwarding node {} ({}): {e}; trying the next node", n.name, n.addr)
+                        }
                         Fail::Sent(e) => {
                             if !req.op.idempotent() {
-                                log::warn!("forwarding node {} failed during non-idempotent {}: {e}", n.name, req.op.name());
+                                log::warn!(
+                                    "forwarding node {} failed during non-idempotent {}: {e}",
+                                    n.name,
+                                    req.op.name()
+                                );
                                 return Err(errno::EIO);
                             }
-                            log::warn!("forwarding node {} failed during {}: {e}; replaying on the next node", n.name, req.op.name());
+                            log::warn!(
+                                "forwarding node {} failed during {}: {e}; replaying on the next node",
+                                n.name,
+                                req.op.name()
+                            );
                             self.replays.fetch_add(1, Relaxed);
                         }
                     }

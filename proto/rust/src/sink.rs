@@ -148,10 +148,7 @@ struct Shared {
 type SharedRef = Arc<Mutex<Shared>>;
 
 fn job_entry<'a>(s: &'a mut SinkStats, job: &str) -> &'a mut DropCounters {
-    s.per_job.entry(job.to_string()).or_insert_with(|| DropCounters {
-        job_id: job.to_string(),
-        ..Default::default()
-    })
+    s.per_job.entry(job.to_string()).or_insert_with(|| DropCounters { job_id: job.to_string(), ..Default::default() })
 }
 
 /// Per-job record counts of one batch, handed to the delivery callback.
@@ -221,8 +218,7 @@ impl Sink {
         for (k, v) in &cfg.extra {
             cc.set(k, v);
         }
-        let producer: ThreadedProducer<Ctx> =
-            cc.create_with_context(Ctx { shared: shared.clone() })?;
+        let producer: ThreadedProducer<Ctx> = cc.create_with_context(Ctx { shared: shared.clone() })?;
         let (tx, rx) = mpsc::sync_channel(cfg.queue_max_records.max(1));
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -382,9 +378,7 @@ impl Worker {
             sh.stats
                 .per_job
                 .values()
-                .filter(|d| {
-                    d.ringbuf_drops + d.delivery_failures + d.overflow_drops + d.unmerged_fallbacks > 0
-                })
+                .filter(|d| d.ringbuf_drops + d.delivery_failures + d.overflow_drops + d.unmerged_fallbacks > 0)
                 .cloned()
                 .collect()
         };
@@ -402,9 +396,7 @@ impl Worker {
         let payload = batch.encode_to_vec();
         let mut info = Box::new(BatchInfo { records: n, per_job });
         loop {
-            let rec = BaseRecord::with_opaque_to(&self.cfg.topic, info)
-                .key(&self.cfg.producer_id)
-                .payload(&payload);
+            let rec = BaseRecord::with_opaque_to(&self.cfg.topic, info).key(&self.cfg.producer_id).payload(&payload);
             match self.producer.send(rec) {
                 Ok(()) => return,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec))
