@@ -2,6 +2,7 @@
 
 Stack:   pharos up [--detach] · pharos down · pharos status
 Jobs:    pharos run --job ID [--ranks N] -- CMD... · pharos jobs · pharos job ID [--json]
+Control: pharos hint JOB · pharos control actions|pins|pin|unpin
 Demo:    pharos demo
 Parts:   pharos broker · pharos agent · pharos serve (what `pharos up` starts)
 
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from pharos_pipeline.settings import get_settings
 
+from .cli_control import register as register_control_commands
 from .cli_diagnose import register as register_diagnose_commands
 from .cli_jobs import register as register_jobs_commands
 from .cli_system import register as register_system_commands
@@ -297,6 +299,7 @@ def show_config() -> None:
 register_jobs_commands(app)
 register_diagnose_commands(app)
 register_system_commands(app)
+register_control_commands(app)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import threading
 import uvicorn
 
 from pharos_analytics.alerts import DetectionLoop
+from pharos_analytics.control.loop import ControlLoop
 from pharos_pipeline.ingest import Pipeline
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import migrate, open_store
@@ -38,6 +39,9 @@ def serve(settings: Settings) -> None:
     # system-side diagnosis: fail-slow + interference every [diagnosis] detect_period_s, alerts
     sysdiag = DetectionLoop(store, generator_url=settings.api_url + "/v1/anomalies").start()
     app.state.sysdiag = sysdiag
+    # the control loop (DFRA, live remapping, placement hints) every [control] period_s
+    control = ControlLoop(store, settings, detector=sysdiag).start()
+    app.state.control = control
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning")
     server = uvicorn.Server(config)
     log.info("API on %s (OpenAPI at %s/docs)", settings.api_url, settings.api_url)
@@ -45,6 +49,7 @@ def serve(settings: Settings) -> None:
         server.run()
     finally:
         stop.set()
+        control.stop()
         sysdiag.stop()
         consumer.join(timeout=30)
         store.close()

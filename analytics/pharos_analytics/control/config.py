@@ -1,0 +1,230 @@
+"""Thresholds and switches of the control loop: ONE config, every default sourced.
+
+Override any field in the Pharos settings file (``pharos.toml``, or the file named by
+``PHAROS_CONFIG``) under a ``[control]`` table, or with an environment variable
+``PHAROS_CONTROL_<FIELD>`` (e.g. ``PHAROS_CONTROL_DRY_RUN=true``). Precedence: explicit
+arguments, environment, file, defaults: the same pydantic-settings sources as
+:class:`~pharos_analytics.diagnosis_config.DiagnosisConfig` (``[diagnosis]``).
+
+Sources of the defaults:
+
+* **Beacon** (Yang et al., NSDI'19), the classifier released with it and used by DFRA: a
+  job *benefits from more forwarding nodes* when its I/O pattern is N-N or N-1, it moves
+  ≥ 20 GB, it issues ≤ 1,000 metadata operations per data operation, and ≥ 32 processes
+  do I/O. Metadata-heavy: > 1,000 metadata operations per second (as in ``[diagnosis]``).
+* **DFRA** (Ji et al., FAST'19 §3-4): the decision is taken at job dispatch from the history
+  of the job's earlier runs (same name, user, command): default mapping, more forwarding
+  nodes, or dedicated forwarding nodes; metadata-heavy jobs are isolated on dedicated nodes;
+  the number of nodes follows the predicted demand over one node's capacity; dedicated
+  nodes come from a reserved set and are returned when the job ends.
+* **Sunway storage lessons** §5: performance-aware pools (``max_perf`` per target), slow
+  targets kept out of the pool.
+* **Pharos**: the rest (periods, hysteresis, quiet period, measurement windows), chosen here
+  and marked so in the field descriptions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+GB = 1_000_000_000
+MiB = 1 << 20
+
+Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
+
+
+class ControlConfig(BaseSettings):
+    """Every threshold of :mod:`pharos_analytics.control` (DFRA, live remapping, placement hints,
+    the loop itself). Units are in the field names: ``_s`` seconds, ``_b_s`` bytes/s, ``_bytes``
+    bytes."""
+
+    model_config = SettingsConfigDict(env_prefix="PHAROS_CONTROL_", extra="ignore")
+
+    # -- the loop (Pharos) --------------------------------------------------------------------
+    period_s: float = Field(
+        default=10.0, ge=0, description="Pharos. Period (s) of the control loop in `pharos serve`; 0 = off."
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Pharos. Decide and record every action (status 'recorded') without pushing anything "
+        "to the mount or the daemons.",
+    )
+    http_timeout_s: float = Field(
+        default=3.0, gt=0, description="Pharos. Timeout (s) of one admin HTTP call to a mount or daemon."
+    )
+    retry_max_backoff_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Pharos. A failed push is retried next cycle, then with doubling back-off up to this (s).",
+    )
+    mount_admin_urls: list[str] = Field(
+        default_factory=list,
+        description="Pharos. Admin base URLs of the FUSE clients (http://127.0.0.1:7501). Empty: the one "
+        "`pharos up` starts (its ready file, else Settings.mount_admin_port).",
+    )
+    fwd_admin_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="Pharos. Forwarding node name -> admin base URL of its daemon. Empty: fwd0..fwd<N-1> of "
+        "`pharos up` (ready files, else Settings.fwd_port_base + 10 i + 1).",
+    )
+    active_job_max_age_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="Pharos. A job with a start event and no end event is active for at most this long (s).",
+    )
+    anomaly_max_age_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Pharos. Fail-slow and interference results of the detection loop older than this (s) "
+        "are not acted on.",
+    )
+    # -- DFRA at job start (Beacon NSDI'19 classifier; DFRA FAST'19 §3-4) -----------------------
+    dfra_patterns: list[Pattern] = Field(
+        default=["N-N", "N-1"],
+        description="Beacon (NSDI'19) / DFRA. I/O patterns that can use more forwarding nodes.",
+    )
+    dfra_min_bytes: float = Field(
+        default=20 * GB,
+        ge=0,
+        description="Beacon / DFRA. Bytes moved per run (mean of the history) from which "
+        "a job benefits from more forwarding nodes (20 GB).",
+    )
+    dfra_max_metadata_per_data_op: float = Field(
+        default=1000.0,
+        ge=0,
+        description="Beacon / DFRA. At most this many metadata operations per data operation for a job to benefit.",
+    )
+    dfra_min_io_ranks: int = Field(
+        default=32, ge=1, description="Beacon / DFRA. Processes (ranks) doing I/O needed for a job to benefit."
+    )
+    dfra_metadata_heavy_ops_s: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Beacon (NSDI'19). Metadata operations per second (over the I/O span) that make a job "
+        "metadata-heavy: DFRA isolates it on a dedicated forwarding node.",
+    )
+    dfra_dedicated_min_bytes: float = Field(
+        default=1000 * GB,
+        ge=0,
+        description="Pharos (DFRA gives no number). Bytes per run from which a benefiting job gets dedicated "
+        "(reserved) forwarding nodes instead of more shared ones: very high volume (1 TB).",
+    )
+    dfra_history_runs: int = Field(
+        default=5, ge=1, description="Pharos. Newest earlier runs (same name, user, command) a decision reads."
+    )
+    dfra_saturation_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Pharos. A run whose bandwidth reached this share of (node capacity x nodes it used) was "
+        "limited by its forwarding nodes: it is given at least one node more than it had.",
+    )
+    dfra_more_nodes_min: int = Field(
+        default=2, ge=2, description="Pharos. 'More forwarding nodes' means at least this many."
+    )
+    reserved_nodes: list[str] = Field(
+        default_factory=list,
+        description="DFRA. Forwarding nodes kept out of the default mapping and handed out, one job at a time, "
+        "as dedicated nodes (e.g. ['fwd2', 'fwd3']).",
+    )
+    reservation_start_grace_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Pharos. Reserved nodes handed to a job (hint) that has not started after this (s) are returned.",
+    )
+    node_capacity_b_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Pharos. One forwarding node's capacity (bytes/s). 0 = measured: the highest per-node p99 "
+        "of per-second forwarded bytes over capacity_lookback_s.",
+    )
+    node_capacity_fallback_b_s: float = Field(
+        default=500e6,
+        gt=0,
+        description="Pharos. Capacity (bytes/s) assumed before any forwarder traffic has been measured.",
+    )
+    capacity_lookback_s: float = Field(
+        default=86400.0, gt=0, description="Pharos. History (s) the node capacity is measured over."
+    )
+    load_window_s: float = Field(
+        default=30.0, gt=0, description="Pharos. Window (s) of the current load (bytes/s) of each forwarding node."
+    )
+    # -- live remapping (Pharos; DFRA is static once a job runs) -------------------------------
+    remap_enabled: bool = Field(default=True, description="Pharos. Act on interference events by remapping.")
+    remap_min_interval_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Pharos (hysteresis). A job is not moved again within this many seconds of its last move.",
+    )
+    remap_max_moves_per_cycle: int = Field(
+        default=1, ge=0, description="Pharos. At most this many jobs are moved per control cycle."
+    )
+    remap_min_load_gain: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Pharos (hysteresis). The destination's load plus the moved job's must stay below "
+        "(1 - this) x the source node's load, so near-equal loads never trade a job back and forth.",
+    )
+    # -- placement-pool hints (Sunway lessons §5) -----------------------------------------------
+    placement_enabled: bool = Field(default=True, description="Pharos. Maintain the placement pool.")
+    placement_pool: str = Field(
+        default="pharos", description="Pharos. Name of the pool the loop maintains (made the default pool)."
+    )
+    placement_component_size: int = Field(
+        default=2 * MiB,
+        ge=0,
+        description="Pharos (bench/placement.py: 2 MiB components reach 0.96-0.99 of the summed bandwidth). "
+        "component_size of the pool when the loop creates it (0 = whole-file placement); an existing pool keeps its own.",
+    )
+    placement_window_s: float = Field(
+        default=120.0, gt=0, description="Pharos. Window (s) of target metrics max_perf is measured over."
+    )
+    placement_quantile: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Pharos. max_perf = this quantile of a target's bandwidth in its loaded intervals "
+        "(served with a queue or throttled: bandwidth under load, not the configured limit).",
+    )
+    placement_min_loaded_intervals: int = Field(
+        default=5, ge=1, description="Pharos. Loaded intervals needed for a measured max_perf."
+    )
+    placement_min_change: float = Field(
+        default=0.15,
+        ge=0,
+        description="Pharos (hysteresis). A pool is re-pushed only when a target joins or leaves it, or a "
+        "max_perf moves by more than this share.",
+    )
+    placement_quiet_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Pharos. A fail-slow target returns to the pool after this many seconds without an active "
+        "fail-slow detection.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file, toml_table_header=("control",)),
+        )

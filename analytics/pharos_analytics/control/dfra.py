@@ -1,0 +1,289 @@
+"""DFRA at job start: default mapping, more forwarding nodes, or dedicated forwarding nodes.
+
+Source: Ji et al., "Automatic, Application-Aware I/O Forwarding Resource Allocation" (DFRA,
+FAST'19 §3-4): at a job's dispatch, the history of the job's earlier runs
+(same name, user and command) decides its forwarding resources; the classifier of Beacon
+(Yang et al., NSDI'19) says which jobs benefit from more forwarding nodes: I/O pattern N-N or
+N-1, ≥ 20 GB moved, ≤ 1,000 metadata operations per data operation, ≥ 32 processes doing I/O.
+Metadata-heavy jobs are isolated on a dedicated node, very high volume jobs get dedicated
+(reserved) nodes; the number of nodes is the predicted bandwidth over one node's measured
+capacity, never more than exist. Thresholds: :class:`~.config.ControlConfig`.
+
+Pure logic (:func:`classify`, :func:`decide`) works on :class:`JobHistory` and
+:class:`NodeState`; :func:`job_history` reads the history from the store.
+
+Decision classes:
+
+* ``default``: the mount's default node, unless it is fail-slow or reserved (then the least
+  loaded healthy shared node). ``nodes`` has one name.
+* ``more_nodes``: ``max(dfra_more_nodes_min, ceil(predicted / capacity))`` healthy shared
+  (non-reserved) nodes, least loaded first, capped by how many exist.
+* ``dedicated``: ``ceil(predicted / capacity)`` (1 for metadata-heavy jobs) healthy reserved
+  nodes not held by another job; they are held by this job until it ends. When none is free
+  the job falls back to ``more_nodes`` (reason says so).
+
+A job without history gets ``default``. Fail-slow nodes, and nodes whose daemon does not
+answer, are never chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pharos_pipeline.store import Store
+
+from ..profiles import job_metrics
+from .config import ControlConfig
+
+DfraClass = Literal["default", "more_nodes", "dedicated"]
+
+#: Earlier runs of a (name, user[, command]) that ended before a job started, newest first.
+HISTORY_SQL = """
+SELECT job_id, toUnixTimestamp64Nano(minIf(time, kind = 'start')) AS start_ns
+FROM job_events FINAL
+WHERE job_id != {job_id:String} AND name = {name:String} AND user = {user:String}
+  AND (NOT {match_command:UInt8} OR job_id IN (
+        SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND command = {command:Array(String)}))
+GROUP BY job_id
+HAVING countIf(kind = 'start') > 0 AND (countIf(kind = 'end') > 0)
+ORDER BY start_ns DESC
+LIMIT {limit:UInt32}
+"""
+
+
+@dataclass
+class JobHistory:
+    """What the job's earlier runs did (means over ``runs``; bytes, ops, ranks, bytes/s)."""
+
+    runs: int
+    jobs: list[str]  # newest first
+    pattern: str  # most frequent Beacon pattern of the runs
+    bytes: float
+    data_requests: float
+    metadata_ops: float
+    metadata_ops_s: float
+    io_ranks: float
+    bandwidth_b_s: float
+    forwarding_nodes: float  # forwarding nodes the runs used (mean)
+
+    @property
+    def metadata_per_data_op(self) -> float:
+        return self.metadata_ops / max(self.data_requests, 1.0)
+
+
+@dataclass
+class NodeState:
+    """A forwarding node as the decision sees it. ``load_b_s``: forwarded bytes/s now;
+    ``holder``: the job a reserved node is handed to ('' = free); ``down``: its daemon's admin
+    interface does not answer."""
+
+    name: str
+    reserved: bool = False
+    fail_slow: bool = False
+    load_b_s: float = 0.0
+    holder: str = ""
+    down: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return not (self.fail_slow or self.down)
+
+
+@dataclass
+class DfraDecision:
+    """The forwarding nodes of one job. ``nodes``: primary first (the mount's mapping entry);
+    ``reserved``: those of ``nodes`` held by the job until it ends."""
+
+    job_id: str
+    klass: DfraClass
+    nodes: list[str]
+    reserved: list[str]
+    reason: str
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def history_from_metrics(metrics: list) -> JobHistory | None:
+    """A :class:`JobHistory` from :class:`~pharos_analytics.profiles.JobMetrics` of earlier runs
+    (newest first); None when there are none."""
+    if not metrics:
+        return None
+    n = len(metrics)
+
+    def mean(k: str) -> float:
+        return sum(m.numbers[k] for m in metrics) / n
+
+    pats = Counter(m.pattern for m in metrics)
+    return JobHistory(
+        runs=n,
+        jobs=[m.job_id for m in metrics],
+        pattern=pats.most_common(1)[0][0],
+        bytes=mean("bytes"),
+        data_requests=mean("data_requests"),
+        metadata_ops=mean("metadata_ops"),
+        metadata_ops_s=mean("metadata_ops_s"),
+        io_ranks=mean("io_ranks"),
+        bandwidth_b_s=mean("bandwidth_b_s"),
+        forwarding_nodes=mean("forwarding_nodes"),
+    )
+
+
+def job_history(
+    store: Store, name: str, user: str, command: list[str] | None, cfg: ControlConfig, job_id: str = ""
+) -> JobHistory | None:
+    """The history of the newest ``cfg.dfra_history_runs`` finished runs with this name and user
+    (and exactly this command when ``command`` is given), ``job_id`` itself excluded. None when
+    ``name`` is empty or no earlier run did I/O."""
+    if not name:
+        return None
+    rows = store.query(
+        HISTORY_SQL,
+        {
+            "job_id": job_id,
+            "name": name,
+            "user": user,
+            "match_command": int(bool(command)),
+            "command": list(command or []),
+            "limit": cfg.dfra_history_runs,
+        },
+    )
+    ids = [r["job_id"] for r in rows]
+    if not ids:
+        return None
+    order = {j: i for i, j in enumerate(ids)}
+    ms = [m for m in job_metrics(store, job_ids=ids) if m.numbers["bytes"] > 0 or m.numbers["metadata_ops"] > 0]
+    ms.sort(key=lambda m: order[m.job_id])
+    return history_from_metrics(ms)
+
+
+def classify(h: JobHistory | None, cfg: ControlConfig) -> tuple[DfraClass, str, dict]:
+    """The DFRA class of a job from its history: (class, reason, the criteria and their values)."""
+    if h is None:
+        return "default", "no earlier run with this name, user and command", {}
+    crit = {
+        "pattern": {"value": h.pattern, "need": list(cfg.dfra_patterns), "ok": h.pattern in cfg.dfra_patterns},
+        "bytes": {"value": h.bytes, "need": f">= {cfg.dfra_min_bytes:g}", "ok": h.bytes >= cfg.dfra_min_bytes},
+        "metadata_per_data_op": {
+            "value": round(h.metadata_per_data_op, 3),
+            "need": f"<= {cfg.dfra_max_metadata_per_data_op:g}",
+            "ok": h.metadata_per_data_op <= cfg.dfra_max_metadata_per_data_op,
+        },
+        "io_ranks": {
+            "value": h.io_ranks,
+            "need": f">= {cfg.dfra_min_io_ranks}",
+            "ok": h.io_ranks >= cfg.dfra_min_io_ranks,
+        },
+    }
+    ev = {"runs": h.runs, "jobs": h.jobs, "criteria": crit, "metadata_ops_s": h.metadata_ops_s}
+    if h.metadata_ops_s >= cfg.dfra_metadata_heavy_ops_s:
+        return (
+            "dedicated",
+            f"metadata-heavy: {h.metadata_ops_s:.0f} metadata ops/s >= {cfg.dfra_metadata_heavy_ops_s:g} (Beacon); "
+            "isolated on a dedicated forwarding node (DFRA)",
+            ev,
+        )
+    failed = [k for k, c in crit.items() if not c["ok"]]
+    if failed:
+        return (
+            "default",
+            "does not benefit from more forwarding nodes (Beacon rule): "
+            + ", ".join(f"{k}={crit[k]['value']} (need {crit[k]['need']})" for k in failed),
+            ev,
+        )
+    if h.bytes >= cfg.dfra_dedicated_min_bytes:
+        return (
+            "dedicated",
+            f"benefits (Beacon rule) and very high volume: {h.bytes:.3g} B >= {cfg.dfra_dedicated_min_bytes:.3g} B",
+            ev,
+        )
+    return "more_nodes", "benefits from more forwarding nodes (Beacon rule: pattern, volume, metadata, ranks)", ev
+
+
+def wanted_nodes(h: JobHistory, klass: DfraClass, capacity_b_s: float, cfg: ControlConfig) -> tuple[int, dict]:
+    """How many forwarding nodes the job should get: ceil(predicted bandwidth / one node's
+    capacity), one more than it used when its runs saturated their nodes; at least
+    ``dfra_more_nodes_min`` for ``more_nodes``, exactly 1 for metadata-heavy ``dedicated``."""
+    cap = max(capacity_b_s, 1.0)
+    used = max(1, math.ceil(h.forwarding_nodes - 1e-9)) if h.forwarding_nodes > 0 else 1
+    n = max(1, math.ceil(h.bandwidth_b_s / cap - 1e-9))
+    saturated = h.bandwidth_b_s >= cfg.dfra_saturation_ratio * cap * used
+    if saturated:
+        n = max(n, used + 1)
+    if klass == "more_nodes":
+        n = max(n, cfg.dfra_more_nodes_min)
+    if klass == "dedicated" and h.metadata_ops_s >= cfg.dfra_metadata_heavy_ops_s:
+        n = 1
+    return n, {
+        "predicted_bandwidth_b_s": h.bandwidth_b_s,
+        "node_capacity_b_s": capacity_b_s,
+        "nodes_used_before": used,
+        "saturated": saturated,
+        "wanted": n,
+    }
+
+
+def _by_load(nodes: list[NodeState]) -> list[NodeState]:
+    return sorted(nodes, key=lambda n: (n.load_b_s, n.name))
+
+
+def decide(
+    job_id: str,
+    history: JobHistory | None,
+    nodes: list[NodeState],
+    default_node: str | None,
+    capacity_b_s: float,
+    cfg: ControlConfig,
+) -> DfraDecision:
+    """The DFRA decision of ``job_id`` (see the module doc). ``nodes``: every forwarding node that
+    exists; ``default_node``: the mount's default (None: unknown). Never names a fail-slow node,
+    a reserved node held by another job, or more nodes than exist. Pure."""
+    klass, reason, ev = classify(history, cfg)
+    healthy = [n for n in nodes if n.usable]
+    shared = _by_load([n for n in healthy if not n.reserved])
+    free_reserved = _by_load([n for n in healthy if n.reserved and n.holder in ("", job_id)])
+    ev = dict(ev, fail_slow=sorted(n.name for n in nodes if n.fail_slow), down=sorted(n.name for n in nodes if n.down))
+
+    def default(why: str) -> DfraDecision:
+        by = {n.name: n for n in shared}
+        if default_node in by:
+            pick = [default_node]
+        elif shared:
+            pick = [shared[0].name]
+        elif free_reserved:  # only reserved nodes are healthy: borrow one rather than a fail-slow node
+            return DfraDecision(job_id, "default", [free_reserved[0].name], [free_reserved[0].name], why, ev)
+        else:
+            pick = []
+        if default_node is not None and pick and pick[0] != default_node:
+            state = (
+                "fail-slow" if default_node in ev["fail_slow"] else "down" if default_node in ev["down"] else "reserved"
+            )
+            why += f"; default node {default_node} is {state}"
+        if not pick:
+            why += "; no healthy forwarding node: mount default kept"
+        return DfraDecision(job_id, "default", pick, [], why, ev)
+
+    if klass == "default" or history is None:
+        return default(reason)
+    want, sizing = wanted_nodes(history, klass, capacity_b_s, cfg)
+    ev["sizing"] = sizing
+    if klass == "dedicated":
+        if free_reserved:
+            got = [n.name for n in free_reserved[:want]]
+            note = "" if len(got) == want else f" (wanted {want}, {len(got)} free)"
+            return DfraDecision(job_id, "dedicated", got, got, f"{reason}; {len(got)} dedicated node(s){note}", ev)
+        reason += "; no free reserved forwarding node: more shared nodes instead"
+        klass = "more_nodes"
+        want = max(want, cfg.dfra_more_nodes_min)
+    if len(shared) < 2:
+        return default(reason + f"; only {len(shared)} healthy shared forwarding node(s)")
+    got = [n.name for n in shared[:want]]
+    if default_node in got:  # keep the default node as primary: no move for what the job already has
+        got.remove(default_node)
+        got.insert(0, default_node)
+    note = "" if len(got) == want else f" (wanted {want}, {len(got)} exist)"
+    return DfraDecision(job_id, "more_nodes", got, [], f"{reason}; {len(got)} shared node(s){note}", ev)

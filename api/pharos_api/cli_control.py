@@ -1,0 +1,254 @@
+"""``pharos hint`` and ``pharos control ...``: the control loop over HTTP.
+
+* ``pharos hint JOB`` (or ``--name/--user/--command`` for a job not started yet): the DFRA
+  decision, i.e. which forwarding nodes and why.
+* ``pharos control actions``: the audit trail (decisions, pushes, failures).
+* ``pharos control pins``, ``pharos control pin job JOB NODE...``, ``pharos control pin pool
+  POOL TARGET... [--max-perf ost0=50]``, ``pharos control unpin job|pool NAME``.
+
+Like ``pharos jobs``, these ask the API (``--api URL``, ``PHAROS_API_URL``, else
+``Settings.api_url``) and never open the store; ``--json`` prints the API's JSON; errors are
+one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .cli_jobs import HTTP_TIMEOUT_S, ApiError, ApiOption, _api_url, _fail, api_get
+
+_CLASS = {"default": "", "more_nodes": "bold cyan", "dedicated": "bold magenta"}
+_STATUS = {"applied": "green", "failed": "bold red", "recorded": "yellow"}
+
+
+def api_call(api_url: str, method: str, path: str, body: Any = None) -> httpx.Response:
+    """PUT/DELETE ``api_url + path``; a 2xx response, else :class:`ApiError` (one line)."""
+    try:
+        r = httpx.request(method, api_url + path, json=body, timeout=HTTP_TIMEOUT_S)
+    except httpx.TransportError:
+        raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        raise ApiError(f"Pharos API error {r.status_code}: {detail if isinstance(detail, str) else json.dumps(detail)}")
+    return r
+
+
+def render_hint(console: Console, h: dict) -> None:
+    who = f"job {h['job_id']}" if h["job_id"] else "a new job"
+    console.print(
+        Text.assemble(
+            f"{who}: ",
+            (h["class"].replace("_", " "), _CLASS.get(h["class"], "")),
+            " → forwarding node(s) ",
+            (", ".join(h["nodes"]) or "(mount default)", "bold"),
+            f"  (dedicated: {', '.join(h['reserved'])})" if h.get("reserved") else "",
+        )
+    )
+    console.print(Text(f"  why: {h['reason']}"))
+    crit = (h.get("evidence") or {}).get("criteria") or {}
+    if crit:
+        t = Table("criterion (Beacon/DFRA)", "value", "needed", "ok", box=box.SIMPLE_HEAD, pad_edge=False)
+        for k, c in crit.items():
+            t.add_row(k, str(c["value"]), str(c["need"]), Text("yes", "green") if c["ok"] else Text("no", "red"))
+        console.print(t)
+    if h.get("pinned"):
+        console.print(f"  [yellow]pinned by an admin to {', '.join(h['pinned'])}[/yellow]")
+    cur = h.get("current_nodes")
+    if cur and cur != h["nodes"]:
+        console.print(f"  now on {', '.join(cur)} (remapped live)")
+    if h.get("status"):
+        console.print(Text(f"  push: {h['status']} {h.get('error') or ''}".rstrip(), _STATUS.get(h["status"], "")))
+    if h.get("dry_run"):
+        console.print("  [yellow]control loop in dry-run: nothing is pushed[/yellow]")
+
+
+def actions_table(data: dict) -> Table:
+    t = Table(title="control actions (newest first)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("time (UTC)", "kind", "job / resource", "from → to", "status", "reason"):
+        t.add_column(c, no_wrap=c not in ("reason", "from → to"))
+    for a in data["items"]:
+        status = Text(a["status"] + (" (dry-run)" if a["dry_run"] else ""), _STATUS.get(a["status"], ""))
+        reason = a["reason"] + (f" [error: {a['error']}]" if a["error"] else "")
+        t.add_row(
+            a["time"].replace("T", " ")[:19],
+            a["kind"],
+            a["job_id"] or a["resource"],
+            f"{a['from_state'] or '-'} → {a['to_state'] or '-'}",
+            status,
+            reason,
+        )
+    return t
+
+
+def pins_table(data: dict) -> Table:
+    t = Table("scope", "name", "pinned to", "reason", title="pins", title_justify="left", box=box.SIMPLE_HEAD)
+    for p in data["items"]:
+        v = p["value"]
+        shown = ", ".join(v) if isinstance(v, list) else json.dumps(v)
+        t.add_row(p["scope"], p["name"], shown, p["reason"] or "-")
+    return t
+
+
+def _max_perf(items: list[str]) -> dict[str, float]:
+    out = {}
+    for it in items:
+        t, sep, v = it.partition("=")
+        try:
+            out[t] = float(v)
+        except ValueError:
+            sep = ""
+        if not sep or not t:
+            _fail(f"--max-perf {it!r}: expected TARGET=MB_S, e.g. ost0=50")
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hint`` and the ``control`` group (actions, pins, pin, unpin) to ``app``."""
+    control = typer.Typer(
+        help="The control loop: DFRA allocation, live remapping, placement hints (audit and pins).",
+        no_args_is_help=True,
+    )
+    pin = typer.Typer(help="Pin a job's forwarding nodes or a placement pool: the loop never changes them.")
+    unpin = typer.Typer(help="Remove a pin.")
+    control.add_typer(pin, name="pin")
+    control.add_typer(unpin, name="unpin")
+    app.add_typer(control, name="control")
+
+    @app.command("hint")
+    def hint_cmd(
+        job: Annotated[str | None, typer.Argument(help="Job id (decided and recorded if new).")] = None,
+        name: Annotated[str | None, typer.Option(help="Job name (for a job that has not started).")] = None,
+        user: Annotated[str | None, typer.Option(help="User (with --name).")] = None,
+        command: Annotated[str | None, typer.Option(help="Command line (with --name), e.g. 'fio job.fio'.")] = None,
+        apply: Annotated[bool, typer.Option("--apply", help="Push the mapping to the mount now (JOB only).")] = False,
+        api: ApiOption = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+    ) -> None:
+        """DFRA decision for a job: which forwarding nodes (default, more, dedicated) and why."""
+        if job is None and not name:
+            _fail("give a JOB id, or --name (and --user, --command) for a job not started yet")
+        params: dict[str, Any] = {}
+        if name:
+            params["name"] = name
+        if user:
+            params["user"] = user
+        if command:
+            params["command"] = shlex.split(command)
+        try:
+            if job is not None:
+                r = api_get(
+                    _api_url(api), f"/v1/hints/jobs/{quote(job, safe='')}", params | {"apply": str(apply).lower()}
+                )
+            else:
+                r = api_get(_api_url(api), "/v1/hints", params)
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
+            return
+        render_hint(Console(), r.json())
+
+    @control.command("actions")
+    def actions_cmd(
+        job: Annotated[str | None, typer.Option(help="Only this job's actions.")] = None,
+        kind: Annotated[
+            str | None,
+            typer.Option(
+                help="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release | placement | sync | pin | unpin"
+            ),
+        ] = None,
+        since: Annotated[float, typer.Option(help="Recorded in the last SECONDS.", min=1)] = 86400.0,
+        limit: Annotated[int, typer.Option(help="At most this many rows.", min=1, max=10000)] = 100,
+        api: ApiOption = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+    ) -> None:
+        """Every decision and push of the control loop, applied, failed (and why) or recorded."""
+        params: dict[str, Any] = {"since_s": since, "limit": limit}
+        params |= {k: v for k, v in (("job", job), ("kind", kind)) if v}
+        try:
+            r = api_get(_api_url(api), "/v1/control/actions", params)
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
+            return
+        Console().print(actions_table(r.json()))
+
+    @control.command("pins")
+    def pins_cmd(
+        api: ApiOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False
+    ) -> None:
+        """Admins' pins of jobs and pools."""
+        try:
+            r = api_get(_api_url(api), "/v1/control/pins")
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
+            return
+        Console().print(pins_table(r.json()))
+
+    @pin.command("job")
+    def pin_job(
+        job: Annotated[str, typer.Argument(help="Job id.")],
+        nodes: Annotated[list[str], typer.Argument(help="Forwarding nodes, primary first.")],
+        reason: Annotated[str, typer.Option(help="Why (kept in the audit trail).")] = "",
+        api: ApiOption = None,
+    ) -> None:
+        """Pin JOB to forwarding NODES: the loop neither allocates nor remaps it."""
+        try:
+            api_call(
+                _api_url(api), "PUT", f"/v1/control/pins/jobs/{quote(job, safe='')}", {"nodes": nodes, "reason": reason}
+            )
+        except ApiError as exc:
+            _fail(str(exc))
+        typer.echo(f"job {job} pinned to {', '.join(nodes)}")
+
+    @pin.command("pool")
+    def pin_pool(
+        pool: Annotated[str, typer.Argument(help="Pool name (the loop's is [control] placement_pool, 'pharos').")],
+        targets: Annotated[list[str], typer.Argument(help="Targets of the pool.")],
+        max_perf: Annotated[
+            list[str] | None, typer.Option("--max-perf", help="TARGET=MB_S (repeatable): the pool's max_perf.")
+        ] = None,
+        reason: Annotated[str, typer.Option(help="Why (kept in the audit trail).")] = "",
+        api: ApiOption = None,
+    ) -> None:
+        """Pin placement POOL to TARGETS (and their max_perf) as given."""
+        body = {"targets": targets, "max_perf": _max_perf(max_perf or []), "reason": reason}
+        try:
+            api_call(_api_url(api), "PUT", f"/v1/control/pins/pools/{quote(pool, safe='')}", body)
+        except ApiError as exc:
+            _fail(str(exc))
+        typer.echo(f"pool {pool} pinned to {', '.join(targets)}")
+
+    @unpin.command("job")
+    def unpin_job(job: Annotated[str, typer.Argument(help="Job id.")], api: ApiOption = None) -> None:
+        """Remove JOB's pin: the loop manages it again."""
+        try:
+            api_call(_api_url(api), "DELETE", f"/v1/control/pins/jobs/{quote(job, safe='')}")
+        except ApiError as exc:
+            _fail(str(exc))
+        typer.echo(f"job {job} unpinned")
+
+    @unpin.command("pool")
+    def unpin_pool(pool: Annotated[str, typer.Argument(help="Pool name.")], api: ApiOption = None) -> None:
+        """Remove POOL's pin: the loop manages it again."""
+        try:
+            api_call(_api_url(api), "DELETE", f"/v1/control/pins/pools/{quote(pool, safe='')}")
+        except ApiError as exc:
+            _fail(str(exc))
+        typer.echo(f"pool {pool} unpinned")

@@ -1,0 +1,129 @@
+"""GET /v1/hints..., /v1/control/actions, pins, and `pharos hint` / `pharos control ...` on a real
+chDB store and a real uvicorn server (no forwarding layer configured: decisions are recorded)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import control_rows as cr
+import pytest
+import typer
+import uvicorn
+from fastapi.testclient import TestClient
+from pharos_testkit import free_port
+from typer.testing import CliRunner
+
+from pharos_api.app import create_app
+from pharos_api.cli_control import register
+from pharos_pipeline.settings import Settings
+
+T = time.time_ns() - 3600 * cr.NS
+
+
+@pytest.fixture(scope="module")
+def app(store, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("PHAROS_CONTROL_DFRA_MIN_BYTES", str(100 * cr.MiB))
+    monkeypatch_module.setenv("PHAROS_CONTROL_DFRA_MIN_IO_RANKS", "8")
+    monkeypatch_module.setenv("PHAROS_CONTROL_PLACEMENT_ENABLED", "false")
+    store.insert_rows("job_events", cr.job_events("w-prev", T, T + 20 * cr.NS, "wave", ranks=8))
+    store.insert_rows("io_requests", cr.requests("w-prev", T, 8, 64))
+    # fwd_nodes=2 on closed ports: nodes fwd0/fwd1 exist by name, their daemons do not answer
+    s = Settings(state_dir=tmp_path_factory.mktemp("api"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9)
+    return create_app(store, s)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+def test_hints(client):
+    p = client.get("/v1/hints", params={"name": "wave", "user": "alice", "command": ["wave"]}).json()
+    assert p["class"] == "default" and not p["decided"]  # both nodes down: nothing usable
+    assert p["evidence"]["criteria"]["io_ranks"] == {"value": 8.0, "need": ">= 8", "ok": True}
+    new = client.get("/v1/hints", params={"name": "never-ran"}).json()
+    assert new["reason"].startswith("no earlier run with this name, user and command")
+    assert client.get("/v1/hints/jobs/unknown-job").status_code == 404
+    h = client.get("/v1/hints/jobs/w1", params={"name": "wave", "user": "alice", "command": ["wave"]}).json()
+    assert h["decided"] and h["new"] and h["status"] == "recorded"
+    again = client.get("/v1/hints/jobs/w1").json()
+    assert not again["new"] and again["class"] == h["class"]
+    assert client.get("/v1/hints", params={"name": ""}).status_code == 422
+
+
+def test_actions_pins_and_bounds(client):
+    a = client.get("/v1/control/actions", params={"job": "w1"}).json()
+    assert [x["kind"] for x in a["items"]] == ["dfra_default"] and a["loop"] is None
+    assert client.get("/v1/control/actions", params={"limit": 10**12}).status_code == 422
+    assert client.get("/v1/control/actions", params={"since_s": 1e300}).status_code == 422
+    assert client.get("/v1/control/actions", params={"kind": "bogus"}).status_code == 422
+    r = client.put("/v1/control/pins/jobs/w1", json={"nodes": ["fwd1"], "reason": "test"})
+    assert r.status_code == 200 and r.json()["value"] == ["fwd1"]
+    assert client.put("/v1/control/pins/jobs/w1", json={"nodes": ["fwd9"]}).status_code == 400
+    assert client.put("/v1/control/pins/jobs/w1", json={"nodes": []}).status_code == 422
+    assert (
+        client.put("/v1/control/pins/pools/p1", json={"targets": ["ost0"], "max_perf": {"ost1": 5}}).status_code == 400
+    )
+    assert (
+        client.put("/v1/control/pins/pools/p1", json={"targets": ["ost0"], "max_perf": {"ost0": 5}}).status_code == 200
+    )
+    pins = client.get("/v1/control/pins").json()["items"]
+    assert [(p["scope"], p["name"]) for p in pins] == [("job", "w1"), ("pool", "p1")]
+    assert client.delete("/v1/control/pins/pools/p1").status_code == 204
+    assert client.delete("/v1/control/pins/pools/p1").status_code == 404
+    assert [x["kind"] for x in client.get("/v1/control/actions", params={"kind": "unpin"}).json()["items"]] == ["unpin"]
+    ops = {op["operationId"] for path in client.get("/openapi.json").json()["paths"].values() for op in path.values()}
+    assert {"get_job_hint", "get_hint_by_identity", "list_control_actions", "put_job_pin", "delete_pool_pin"} <= ops
+
+
+@pytest.fixture(scope="module")
+def api_url(app):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    th.join(10)
+
+
+def _cli():
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_cli(api_url):
+    run = lambda *a: CliRunner().invoke(_cli(), [*a, "--api", api_url], env={"COLUMNS": "200"})  # noqa: E731
+    r = run("hint", "--name", "wave", "--user", "alice", "--command", "wave")
+    assert r.exit_code == 0, r.output
+    assert "a new job: default" in r.output and "io_ranks" in r.output
+    r = run("hint", "w2", "--name", "wave", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["job_id"] == "w2"
+    r = CliRunner().invoke(_cli(), ["hint", "--api", api_url])
+    assert r.exit_code == 1 and "give a JOB id" in r.output
+    r = run("control", "pin", "job", "w2", "fwd0", "--reason", "cli")
+    assert r.exit_code == 0 and "pinned to fwd0" in r.output
+    r = run("control", "pin", "pool", "px", "ost0", "--max-perf", "ost0=abc")
+    assert r.exit_code == 1 and "expected TARGET=MB_S" in r.output
+    r = run("control", "pins")
+    assert r.exit_code == 0 and "w2" in r.output and "fwd0" in r.output
+    r = run("control", "actions", "--job", "w2")
+    assert r.exit_code == 0 and "pin" in r.output and "dfra_default" in r.output
+    r = run("control", "unpin", "job", "nope")
+    assert r.exit_code == 1 and "not pinned" in r.output
+    r = CliRunner().invoke(_cli(), ["control", "actions", "--api", f"http://127.0.0.1:{free_port()}"])
+    assert r.exit_code == 1 and "not reachable" in r.output

@@ -1,0 +1,144 @@
+"""DFRA at job start (Ji et al. FAST'19; Beacon NSDI'19 classifier): pure decisions, then the
+history lookup and reserved-node hand-out / return on a real chDB store."""
+
+from __future__ import annotations
+
+import math
+
+import control_rows as cr
+import pytest
+
+from pharos_analytics.control.config import GB, ControlConfig
+from pharos_analytics.control.dfra import JobHistory, NodeState, classify, decide, job_history
+
+CAP = 100e6  # one forwarding node: 100 MB/s
+
+
+def hist(**kw) -> JobHistory:
+    base = dict(
+        runs=2,
+        jobs=["a1", "a0"],
+        pattern="N-N",
+        bytes=40 * GB,
+        data_requests=40_000,
+        metadata_ops=100,
+        metadata_ops_s=10.0,
+        io_ranks=64,
+        bandwidth_b_s=250e6,
+        forwarding_nodes=1,
+    )
+    return JobHistory(**(base | kw))
+
+
+def nodes(**kw) -> list[NodeState]:
+    out = [
+        NodeState("fwd0", load_b_s=50e6),
+        NodeState("fwd1", load_b_s=10e6),
+        NodeState("fwd2", reserved=True),
+        NodeState("fwd3", reserved=True, load_b_s=1e6),
+    ]
+    for n in out:
+        for k, v in kw.get(n.name, {}).items():
+            setattr(n, k, v)
+    return out
+
+
+def cfg(**kw) -> ControlConfig:
+    return ControlConfig(reserved_nodes=["fwd2", "fwd3"], **kw)
+
+
+def test_no_history_gets_the_default_node():
+    d = decide("j1", None, nodes(), "fwd0", CAP, cfg())
+    assert (d.klass, d.nodes, d.reserved) == ("default", ["fwd0"], [])
+    assert "no earlier run" in d.reason
+
+
+def test_beacon_rule_each_criterion_can_fail():
+    c = cfg()
+    assert classify(hist(), c)[0] == "more_nodes"
+    for bad in (dict(pattern="1-1"), dict(bytes=19 * GB), dict(metadata_ops=40_000 * 1001), dict(io_ranks=31)):
+        klass, reason, ev = classify(hist(**bad), c)
+        assert klass == "default", bad
+        failed = [k for k, v in ev["criteria"].items() if not v["ok"]]
+        assert len(failed) == 1 and failed[0] in reason
+
+
+def test_benefiting_job_gets_more_shared_nodes_sized_by_capacity():
+    d = decide("j2", hist(), nodes(), "fwd0", CAP, cfg())
+    # 250 MB/s over 100 MB/s -> 3 wanted, only 2 shared healthy nodes exist: capped, default stays primary
+    assert d.klass == "more_nodes" and d.nodes == ["fwd0", "fwd1"] and d.reserved == []
+    assert d.evidence["sizing"]["wanted"] == math.ceil(250e6 / CAP) and "wanted 3, 2 exist" in d.reason
+
+
+def test_very_high_volume_gets_dedicated_reserved_nodes():
+    d = decide("j3", hist(bytes=2000 * GB), nodes(), "fwd0", CAP, cfg())
+    assert d.klass == "dedicated" and d.nodes == d.reserved == ["fwd2", "fwd3"]  # least loaded first
+
+
+def test_metadata_heavy_is_isolated_on_one_dedicated_node():
+    d = decide("j4", hist(metadata_ops_s=5000.0, pattern="1-1"), nodes(), "fwd0", CAP, cfg())
+    assert d.klass == "dedicated" and d.nodes == ["fwd2"] and "metadata-heavy" in d.reason
+
+
+def test_fail_slow_and_down_nodes_are_never_chosen():
+    c = cfg()
+    d = decide("j5", hist(bytes=2000 * GB), nodes(fwd2={"fail_slow": True}), "fwd0", CAP, c)
+    assert d.nodes == ["fwd3"]
+    d = decide("j6", None, nodes(fwd0={"fail_slow": True}), "fwd0", CAP, c)
+    assert d.nodes == ["fwd1"] and "fail-slow" in d.reason
+    d = decide("j7", hist(), nodes(fwd1={"down": True}), "fwd0", CAP, c)
+    assert "fwd1" not in d.nodes and d.klass == "default"  # one usable shared node cannot be 'more'
+
+
+def test_reserved_node_held_by_another_job_is_not_handed_out():
+    d = decide(
+        "j8", hist(bytes=2000 * GB), nodes(fwd2={"holder": "other"}, fwd3={"holder": "other"}), "fwd0", CAP, cfg()
+    )
+    assert d.klass == "more_nodes" and set(d.nodes) == {"fwd0", "fwd1"} and "no free reserved" in d.reason
+    # the holder itself gets its node again (idempotent)
+    d = decide("other", hist(bytes=2000 * GB), nodes(fwd2={"holder": "other"}), "fwd0", CAP, cfg())
+    assert "fwd2" in d.nodes
+
+
+def test_saturated_history_asks_one_node_more_than_it_had():
+    d = decide("j9", hist(bandwidth_b_s=0.9 * CAP, forwarding_nodes=1), nodes(), "fwd0", CAP, cfg())
+    assert d.evidence["sizing"]["saturated"] and d.evidence["sizing"]["wanted"] == 2
+
+
+# -- on the store -----------------------------------------------------------------------------
+
+T0 = 1_750_000_000 * cr.NS
+
+
+def _insert(store, *parts):
+    for rows in parts:
+        tbl = "job_events" if "kind" in rows[0] else "io_requests"
+        store.insert_rows(tbl, rows)
+
+
+@pytest.fixture(scope="module")
+def history_store(store):
+    # two earlier runs of 'sim' (N-N, 8 ranks x 64 MiB) and one of 'tiny' (1 rank); 'sim' also ran
+    # with another command, which must not count when the command is given
+    _insert(
+        store,
+        cr.job_events("s1", T0, T0 + 20 * cr.NS, "sim", command=["sim", "-n", "8"], ranks=8),
+        cr.requests("s1", T0, 8, 64),
+        cr.job_events("s2", T0 + 100 * cr.NS, T0 + 120 * cr.NS, "sim", command=["sim", "-n", "8"], ranks=8),
+        cr.requests("s2", T0 + 100 * cr.NS, 8, 64),
+        cr.job_events("s3", T0 + 200 * cr.NS, T0 + 220 * cr.NS, "sim", command=["sim", "other"], ranks=1),
+        cr.requests("s3", T0 + 200 * cr.NS, 1, 4),
+        cr.job_events("t1", T0, T0 + 20 * cr.NS, "tiny", ranks=1),
+        cr.requests("t1", T0, 1, 4),
+    )
+    return store
+
+
+def test_history_matches_name_user_and_command(history_store):
+    c = ControlConfig()
+    h = job_history(history_store, "sim", "alice", ["sim", "-n", "8"], c)
+    assert h.runs == 2 and h.jobs == ["s2", "s1"] and h.pattern == "N-N"
+    assert h.io_ranks == 8 and h.bytes == 8 * 64 * cr.MiB
+    assert job_history(history_store, "sim", "alice", None, c).runs == 3
+    assert job_history(history_store, "sim", "bob", None, c) is None
+    assert job_history(history_store, "nothing", "alice", None, c) is None
