@@ -48,6 +48,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def kafka_bootstrap() -> str:
+    """A loopback bootstrap address for a stack's own broker: port p with p + 1 (the KRaft
+    controller listener, see pharos_pipeline.broker) free too, checked by binding both."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return f"127.0.0.1:{port}"
+    raise RuntimeError("no pair of free loopback ports found")
+
+
 def topic_settings(kafka_broker, state_dir: Path, **overrides):
     """Settings on the session broker (``kafka_broker`` fixture) with fresh topics and consumer
     group of their own (created, 3 request partitions) and ``state_dir``; ``overrides`` are

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from pharos_testkit import free_port
+from pharos_testkit import free_port, kafka_bootstrap
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -31,7 +31,7 @@ def live_stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack")
     settings = Settings(
         state_dir=state,
-        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        kafka_bootstrap=kafka_bootstrap(),
         api_port=free_port(),
         cgroup_parent="pharos-test",
         agent_metrics_addr=f"127.0.0.1:{free_port()}",

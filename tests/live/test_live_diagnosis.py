@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import free_port, running_alertmanager
+from pharos_testkit import free_port, kafka_bootstrap, running_alertmanager
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -121,7 +121,7 @@ def live(tmp_path_factory, alertmanager):
     state = tmp_path_factory.mktemp("live")
     settings = Settings(
         state_dir=state,
-        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        kafka_bootstrap=kafka_bootstrap(),
         api_port=free_port(),
         cgroup_parent="pharos-live",
         agent_metrics_addr=f"127.0.0.1:{free_port()}",

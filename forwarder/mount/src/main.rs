@@ -40,7 +40,11 @@ struct Cli {
         required = true
     )]
     fwd: Vec<String>,
-    /// Index of this compute node: the default forwarding node is index mod #nodes.
+    /// Forwarding nodes reserved for dedicated allocation by the control loop (repeatable):
+    /// never this client's default node, last in failover order for jobs not mapped to them.
+    #[arg(long = "reserved", value_name = "NAME", env = "PHAROS_MOUNT_RESERVED", value_delimiter = ',')]
+    reserved: Vec<String>,
+    /// Index of this compute node: the default forwarding node is index mod #shared nodes.
     #[arg(long, env = "PHAROS_MOUNT_NODE_INDEX", default_value_t = 0)]
     node_index: usize,
     /// Name of this compute node (in every request's record).
@@ -82,7 +86,7 @@ async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
     Json(json!({
         "jobs": r.mapping.load_full().jobs,
         "default": r.nodes[r.default_idx].name,
-        "nodes": r.nodes.iter().map(|n| json!({"name": n.name, "addr": n.addr})).collect::<Vec<_>>(),
+        "nodes": r.nodes.iter().map(|n| json!({"name": n.name, "addr": n.addr, "reserved": n.reserved})).collect::<Vec<_>>(),
     }))
 }
 
@@ -109,7 +113,9 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     let compute_node = cli.compute_node.clone().unwrap_or_else(|| format!("{host}-cn{}", cli.node_index));
-    let rpc = Rpc::new(nodes, cli.node_index, Duration::from_millis(cli.rpc_timeout_ms.max(1)), compute_node);
+    let rpc =
+        Rpc::new(nodes, &cli.reserved, cli.node_index, Duration::from_millis(cli.rpc_timeout_ms.max(1)), compute_node)
+            .map_err(|e| format!("--reserved: {e}"))?;
     let mut m = Mapping::default();
     for j in &cli.job_map {
         let (job, ns) = j.split_once('=').ok_or_else(|| format!("--job-map {j:?}: expected JOB=NODE[:NODE...]"))?;

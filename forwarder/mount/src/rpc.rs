@@ -1,10 +1,13 @@
 //! Client side of the forwarding protocol: routing by the job → forwarding-node mapping,
 //! per-thread connections, failover with idempotent replay.
 //!
-//! Routing (DFRA-style mapping): a request of job `J` goes to the nodes of `jobs[J]` in
-//! order when the mapping has an entry, else to the static default node
-//! `node_index mod nodes.len()`; every other node follows in ring order as a failover
-//! candidate. The order is chosen once per request, so a mapping change (arc-swap) never
+//! Routing (DFRA-style mapping, Ji et al. FAST'19 §4): a request of job `J` goes to one of
+//! the nodes of `jobs[J]` when the mapping has an entry — rank `r` of the job starts at node
+//! `r mod k` of its `k` nodes, so a job given more forwarding nodes spreads its ranks over
+//! them (rank -1, unknown, starts at the first) — else to the static default node, the
+//! `node_index mod s`-th of the `s` shared (not reserved) nodes. The job's other nodes, then
+//! the shared nodes in ring order, then the reserved ones follow as failover candidates:
+//! reserved (dedicated) nodes serve only the jobs mapped to them unless nothing else is up. The order is chosen once per request, so a mapping change (arc-swap) never
 //! moves a request already in flight. A node that fails (connect error, reset, EOF,
 //! timeout) is marked down for `DOWN_FOR` and skipped while another candidate is up.
 //! The failed request is replayed on the next candidate when that is safe: always when
@@ -31,6 +34,8 @@ const DOWN_FOR: Duration = Duration::from_secs(2);
 pub struct Node {
     pub name: String,
     pub addr: String,
+    /// Reserved for dedicated allocation: never a default node (`--reserved`).
+    pub reserved: bool,
     down_until_ms: AtomicU64,
     pub requests: AtomicU64,
     pub failures: AtomicU64,
@@ -95,13 +100,29 @@ enum Fail {
 }
 
 impl Rpc {
-    pub fn new(nodes: Vec<(String, String)>, node_index: usize, timeout: Duration, compute_node: String) -> Rpc {
-        let n = nodes.len();
-        Rpc {
+    /// `nodes`: (name, host:port) in ring order; `reserved`: names among them kept for
+    /// dedicated allocation. Errors: no nodes, an unknown reserved name, or every node reserved.
+    pub fn new(
+        nodes: Vec<(String, String)>,
+        reserved: &[String],
+        node_index: usize,
+        timeout: Duration,
+        compute_node: String,
+    ) -> Result<Rpc, String> {
+        if let Some(r) = reserved.iter().find(|r| !nodes.iter().any(|(n, _)| n == *r)) {
+            return Err(format!("reserved node {r} is not a forwarding node"));
+        }
+        let shared: Vec<usize> = (0..nodes.len()).filter(|&i| !reserved.contains(&nodes[i].0)).collect();
+        if shared.is_empty() {
+            return Err("every forwarding node is reserved: none left for the default mapping".into());
+        }
+        Ok(Rpc {
             bufs: BufPool::new(64),
+            default_idx: shared[node_index % shared.len()],
             nodes: nodes
                 .into_iter()
                 .map(|(name, addr)| Node {
+                    reserved: reserved.contains(&name),
                     name,
                     addr,
                     down_until_ms: AtomicU64::new(0),
@@ -109,7 +130,6 @@ impl Rpc {
                     failures: AtomicU64::new(0),
                 })
                 .collect(),
-            default_idx: node_index % n,
             mapping: ArcSwap::from_pointee(Mapping::default()),
             timeout,
             compute_node,
@@ -117,7 +137,7 @@ impl Rpc {
             failovers: AtomicU64::new(0),
             replays: AtomicU64::new(0),
             epoch: Instant::now(),
-        }
+        })
     }
 
     pub fn node_index(&self, name: &str) -> Option<usize> {
@@ -138,8 +158,8 @@ impl Rpc {
         Ok(())
     }
 
-    /// Candidate nodes of a request of `job`, primary first.
-    pub fn order(&self, job: &str) -> Vec<usize> {
+    /// Candidate nodes of a request of rank `rank` (-1: unknown) of `job`, primary first.
+    pub fn order(&self, job: &str, rank: i32) -> Vec<usize> {
         let m = self.mapping.load();
         let mut out: Vec<usize> = match m.jobs.get(job) {
             Some(ns) => ns.iter().filter_map(|n| self.node_index(n)).collect(),
@@ -148,11 +168,18 @@ impl Rpc {
         if out.is_empty() {
             out.push(self.default_idx);
         }
+        if out.len() > 1 && rank > 0 {
+            let k = out.len();
+            out.rotate_left(rank as usize % k);
+        }
         let first = out[0];
-        for k in 1..self.nodes.len() {
-            let i = (first + k) % self.nodes.len();
-            if !out.contains(&i) {
-                out.push(i);
+        let n = self.nodes.len();
+        for reserved in [false, true] {
+            for k in 1..=n {
+                let i = (first + k) % n;
+                if self.nodes[i].reserved == reserved && !out.contains(&i) {
+                    out.push(i);
+                }
             }
         }
         out
@@ -178,7 +205,7 @@ impl Rpc {
     }
 
     fn call_req(&self, conns: &mut Conns, req: &Request) -> Result<Body, i32> {
-        let order = self.order(&req.ctx.job_id);
+        let order = self.order(&req.ctx.job_id, req.ctx.rank);
         // Up nodes first, in mapping order; down ones only as a last resort.
         let mut tries: Vec<usize> = order.iter().copied().filter(|&i| !self.is_down(i)).collect();
         tries.extend(order.iter().copied().filter(|&i| self.is_down(i)));
@@ -259,7 +286,7 @@ impl Rpc {
             .enumerate()
             .map(|(i, n)| {
                 serde_json::json!({
-                    "name": n.name, "addr": n.addr, "default": i == self.default_idx,
+                    "name": n.name, "addr": n.addr, "default": i == self.default_idx, "reserved": n.reserved,
                     "down": self.is_down(i), "requests": n.requests.load(Relaxed), "failures": n.failures.load(Relaxed),
                 })
             })
@@ -270,5 +297,54 @@ impl Rpc {
             "failovers": self.failovers.load(Relaxed),
             "replays": self.replays.load(Relaxed),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn rpc(reserved: &[&str], node_index: usize) -> Result<Rpc, String> {
+        let nodes = (0..4).map(|i| (format!("fwd{i}"), format!("127.0.0.1:{}", 9000 + i))).collect();
+        let reserved: Vec<String> = reserved.iter().map(|s| s.to_string()).collect();
+        Rpc::new(nodes, &reserved, node_index, Duration::from_secs(1), "cn".into())
+    }
+
+    fn names<'a>(r: &'a Rpc, job: &str, rank: i32) -> Vec<&'a str> {
+        r.order(job, rank).into_iter().map(|i| r.nodes[i].name.as_str()).collect()
+    }
+
+    #[test]
+    fn default_node_is_never_reserved_and_reserved_nodes_come_last() {
+        let r = rpc(&["fwd2", "fwd3"], 0).unwrap();
+        assert_eq!(names(&r, "j", 0), ["fwd0", "fwd1", "fwd2", "fwd3"]);
+        let r = rpc(&["fwd2", "fwd3"], 1).unwrap();
+        assert_eq!(names(&r, "j", 0), ["fwd1", "fwd0", "fwd2", "fwd3"]);
+        // node index 2 of 2 shared nodes wraps to fwd0, not to the reserved fwd2
+        let r = rpc(&["fwd2", "fwd3"], 2).unwrap();
+        assert_eq!(names(&r, "j", 5), ["fwd0", "fwd1", "fwd2", "fwd3"]);
+        // no reservation: the ring as before
+        let r = rpc(&[], 2).unwrap();
+        assert_eq!(names(&r, "j", 0), ["fwd2", "fwd3", "fwd0", "fwd1"]);
+    }
+
+    #[test]
+    fn a_job_on_more_nodes_spreads_its_ranks() {
+        let r = rpc(&["fwd2", "fwd3"], 0).unwrap();
+        r.mapping.store(Arc::new(Mapping { jobs: [("big".to_string(), vec!["fwd2".into(), "fwd3".into()])].into() }));
+        assert_eq!(names(&r, "big", 0), ["fwd2", "fwd3", "fwd0", "fwd1"]);
+        assert_eq!(names(&r, "big", 1), ["fwd3", "fwd2", "fwd0", "fwd1"]);
+        assert_eq!(names(&r, "big", 2), ["fwd2", "fwd3", "fwd0", "fwd1"]);
+        assert_eq!(names(&r, "big", -1), ["fwd2", "fwd3", "fwd0", "fwd1"]);
+        // other jobs keep the default
+        assert_eq!(names(&r, "small", 1), ["fwd0", "fwd1", "fwd2", "fwd3"]);
+    }
+
+    #[test]
+    fn bad_reservations_are_refused() {
+        assert!(rpc(&["fwd9"], 0).err().unwrap().contains("fwd9"));
+        assert!(rpc(&["fwd0", "fwd1", "fwd2", "fwd3"], 0).err().unwrap().contains("every forwarding node"));
     }
 }
