@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pharos_testkit import free_port, kafka_bootstrap
+from pharos_testkit import stack_settings
 
 from pharos_agents.cgroups import job_cgroup, join_cgroup, remove_cgroup
 from pharos_agents.runner import JobEventProducer
@@ -105,13 +105,7 @@ def main() -> int:
         return 2
 
     state = Path(tempfile.mkdtemp(prefix="pharos-bench-"))
-    settings = Settings(
-        state_dir=state,
-        kafka_bootstrap=kafka_bootstrap(),
-        api_port=free_port(),
-        cgroup_parent="pharos-bench",
-        agent_metrics_addr=f"127.0.0.1:{free_port()}",
-    )
+    settings = stack_settings(state, "pharos-bench")
     data_dir = Path(tempfile.mkdtemp(prefix="pharos-bench-data-", dir="/var/tmp"))
     print(f"starting a private stack in {state} ...", flush=True)
     stack.start(settings)

@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -86,6 +87,47 @@ def topic_settings(kafka_broker, state_dir: Path, **overrides):
     )
     ensure_topics(settings)
     return settings
+
+
+@contextlib.contextmanager
+def served(app) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port in a thread; yields its base
+    URL (``http://127.0.0.1:PORT``); stops it on exit. Raises RuntimeError when it has not
+    started within 10 s."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not th.is_alive():
+            raise RuntimeError("uvicorn did not start within 10 s")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        th.join(10)
+
+
+def stack_settings(state_dir: Path, cgroup_parent: str, **overrides):
+    """Settings of a whole embedded stack (``pharos_api.stack``) of a test or benchmark: its own
+    state dir and job cgroup parent, free loopback ports for the broker (with its controller
+    port), API, agent metrics, daemons and mount; ``overrides`` are further Settings fields."""
+    from pharos_pipeline.settings import Settings
+
+    fields = {
+        "state_dir": state_dir,
+        "kafka_bootstrap": kafka_bootstrap(),
+        "api_port": free_port(),
+        "cgroup_parent": cgroup_parent,
+        "agent_metrics_addr": f"127.0.0.1:{free_port()}",
+        "fwd_port_base": 0,
+        "mount_admin_port": 0,
+    }
+    return Settings(**{**fields, **overrides})
 
 
 @contextlib.contextmanager

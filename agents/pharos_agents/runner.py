@@ -4,6 +4,14 @@ The job's ranks are started in ``<cgroup2>/<parent>/job_<ID>`` so the eBPF agent
 them (and nothing else); each rank gets ``PHAROS_JOB_ID``, ``PHAROS_RANK`` (0..N-1) and
 ``PHAROS_NRANKS`` in its environment, which the agent reads to attribute requests to ranks.
 Start and end are recorded as ``JobEvent`` messages on the jobs topic.
+
+Before the ranks start (and before the start event), the job asks the API for its DFRA
+forwarding-node decision (:func:`request_hint`: ``GET /v1/hints/jobs/{id}?apply=true`` with
+the job's name, user and command; Ji et al., FAST'19: decided at dispatch from the job's
+earlier runs), which the control loop pushes to the FUSE mount at once, so the job's first
+I/O already goes to the nodes decided. An unreachable or failing API never fails the job: one
+warning on stderr and the mount's default mapping. ``Settings.run_hint`` (``PHAROS_RUN_HINT``)
+or ``pharos run --no-hint`` skips the request.
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from confluent_kafka import KafkaException, Producer
 
 from pharos_pipeline.settings import Settings
@@ -42,6 +52,7 @@ class JobResult:
     start_ns: int
     end_ns: int
     outputs: list[Path] = field(default_factory=list)
+    hint: dict | None = None  # the API's DFRA decision (HintOut), None: not asked or not reachable
 
 
 def _user() -> str:
@@ -91,6 +102,77 @@ class JobEventProducer:
             raise RunError(f"job event for {event.job_id} not delivered: {errors or 'timeout'}")
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def request_hint(settings: Settings, job_id: str, name: str, user: str, command: list[str]) -> tuple[dict | None, str]:
+    """Ask the API for the DFRA decision of ``job_id`` and have it applied before the first I/O.
+
+    ``GET {settings.api_url}/v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
+    (one ``command`` parameter per argv word: the history is matched by name, user and exact
+    command; see :mod:`pharos_analytics.control.dfra`), waiting at most
+    ``settings.run_hint_timeout_s`` seconds. Returns (the decision as the API gives it:
+    ``class``, ``nodes`` primary first, ``reserved``, ``status`` applied | failed | recorded,
+    ``reason``, ...; '') or (None, a one-line reason it could not be had: unreachable, timeout,
+    HTTP error, not JSON). Never raises for the API's sake."""
+    url = f"{settings.api_url}/v1/hints/jobs/{job_id}"
+    params = {"apply": "true", "name": name, "user": user, "command": command}
+    try:
+        r = httpx.get(url, params=params, timeout=settings.run_hint_timeout_s)
+    except httpx.HTTPError as exc:
+        return None, f"{settings.api_url} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
+    if r.status_code != 200:
+        return None, f"GET /v1/hints/jobs/{job_id}: HTTP {r.status_code} {r.text[:160]}"
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or "class" not in doc or not isinstance(doc.get("nodes"), list):
+        return None, f"GET /v1/hints/jobs/{job_id}: not a hint: {r.text[:160]}"
+    return doc, ""
+
+
+def hint_line(job_id: str, hint: dict) -> str:
+    """One line saying what the job got: class, nodes (primary first) and whether it was applied."""
+    nodes = ",".join(hint.get("nodes") or []) or "the mount's default node"
+    if hint.get("pinned"):
+        nodes = ",".join(hint["pinned"]) + " (pinned by an admin)"
+    if hint.get("dry_run"):
+        state = "dry run: not applied"
+    elif hint.get("status") == "failed":
+        state = f"NOT applied: {(hint.get('error') or '')[:160]}"
+    elif hint.get("new") is False:
+        state = "decided earlier"
+    else:
+        state = hint.get("status") or "recorded"
+    return f"pharos run: job {job_id}: forwarding {hint['class']} on {nodes} ({state})"
+
+
+def job_hint(
+    settings: Settings,
+    job_id: str,
+    name: str,
+    user: str,
+    command: list[str],
+    hint: bool | None = None,
+    quiet: bool = False,
+    report: Callable[[str], None] = _stderr,
+) -> dict | None:
+    """The hint step of :func:`run_job`: when ``hint`` (None: ``settings.run_hint``), ask for and
+    apply the job's DFRA decision (:func:`request_hint`) and say it in one line on ``report``
+    (not when ``quiet``); when it cannot be had, one warning line on ``report`` (also when
+    ``quiet``) and None: the job runs with the mount's default mapping. Never raises."""
+    if not (settings.run_hint if hint is None else hint):
+        return None
+    decision, why = request_hint(settings, job_id, name, user, command)
+    if decision is None:
+        report(f"pharos run: warning: no forwarding hint for job {job_id}, default mapping: {why}")
+    elif not quiet:
+        report(hint_line(job_id, decision))
+    return decision
+
+
 def run_job(
     settings: Settings,
     job_id: str,
@@ -99,13 +181,20 @@ def run_job(
     name: str | None = None,
     output_dir: Path | None = None,
     events: JobEventProducer | None = None,
+    hint: bool | None = None,
+    quiet: bool = False,
+    report: Callable[[str], None] = _stderr,
 ) -> JobResult:
     """Run ``ranks`` copies of ``command`` as job ``job_id`` and wait for all of them.
 
     ``output_dir``: when set, rank r's standard output goes to ``output_dir/rank_<r>.out``,
     written by this process (outside the job's cgroup, so it is not traced as job I/O);
-    otherwise the ranks inherit this process's output. Raises RunError when the job cannot
-    start; the ranks' own failures are reported in the result's exit code.
+    otherwise the ranks inherit this process's output. ``hint`` (None: ``settings.run_hint``):
+    ask for and apply the job's DFRA decision before the ranks start (:func:`request_hint`);
+    its one-line summary goes to ``report`` (stderr) unless ``quiet``; a hint that cannot be
+    had is one warning line on ``report`` and the job runs with the mount's default mapping.
+    Raises RunError when the job cannot start; the ranks' own failures are reported in the
+    result's exit code.
     """
     validate_job_id(job_id)
     if ranks < 1:
@@ -123,6 +212,7 @@ def run_job(
     events = events or JobEventProducer(settings)
     host = socket.gethostname()
     name = name or Path(command[0]).name
+    decision = job_hint(settings, job_id, name, _user(), command, hint, quiet, report)
     start_ns = time.time_ns()
     events.send(
         JobEvent(
@@ -202,7 +292,7 @@ def run_job(
     # Leave the cgroup in place for a moment: records flushed at rank exit are still being
     # attributed by the agent through the cgroup's directory.
     threading.Thread(target=_remove_later, args=(cg,), daemon=False).start()
-    return JobResult(job_id, first_failure, [codes[r] for r in range(ranks)], start_ns, end_ns, outputs)
+    return JobResult(job_id, first_failure, [codes[r] for r in range(ranks)], start_ns, end_ns, outputs, decision)
 
 
 def _pump(stream, path: Path) -> None:

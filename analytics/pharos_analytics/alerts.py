@@ -40,6 +40,7 @@ from pharos_pipeline.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, detect_failslow
 from .interference import InterferenceEvent, detect_interference
+from .periodic import PeriodicLoop
 
 log = logging.getLogger("pharos.alerts")
 HTTP_TIMEOUT_S = 5.0
@@ -330,10 +331,14 @@ def anomaly_rows(anoms: list[Anomaly], events: list[InterferenceEvent], now_ns: 
     return rows
 
 
-class DetectionLoop:
-    """Periodic fail-slow + interference detection and alerting on one store (a daemon thread).
+class DetectionLoop(PeriodicLoop):
+    """Periodic fail-slow + interference detection and alerting on one store (a daemon thread,
+    every ``[diagnosis] detect_period_s``; :class:`~pharos_analytics.periodic.PeriodicLoop`).
 
     ``cfg_factory`` is called every cycle (``DiagnosisConfig`` re-reads file and environment)."""
+
+    thread_name = "sysdiag"
+    cycle_name = "detection"
 
     def __init__(
         self, store: Store, cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig, generator_url: str = ""
@@ -342,11 +347,7 @@ class DetectionLoop:
         self.cfg_factory = cfg_factory
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
-        self.period_s = cfg.detect_period_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.cycles = 0
-        self.last: dict = {}
+        super().__init__(cfg.detect_period_s, log)
 
     def run_once(self, now_ns: int | None = None) -> dict:
         cfg = self.cfg_factory()
@@ -376,25 +377,6 @@ class DetectionLoop:
             "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]],
         }
         return self.last
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:  # a failing cycle must not end the loop
-                log.exception("detection cycle failed")
-            self._stop.wait(self.period_s)
-
-    def start(self) -> DetectionLoop:
-        if self.period_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sysdiag", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def status(self) -> dict:
         return {

@@ -23,26 +23,21 @@ Sources of the defaults:
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from pydantic import Field
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
+
+from pharos_pipeline.settings import PharosSettings
 
 MiB = 1 << 20
 
 
-class DiagnosisConfig(BaseSettings):
+class DiagnosisConfig(PharosSettings):
     """Every threshold of :mod:`pharos_analytics.phases`, :mod:`pharos_analytics.insights` and the
     system-side diagnosis (:mod:`~pharos_analytics.failslow`, :mod:`~pharos_analytics.interference`,
     :mod:`~pharos_analytics.alerts`)."""
 
     model_config = SettingsConfigDict(env_prefix="PHAROS_DIAGNOSIS_", extra="ignore")
+    toml_table = "diagnosis"
 
     # -- phases (Pharos) --------------------------------------------------------------
     phase_gap_s: float = Field(
@@ -255,19 +250,3 @@ class DiagnosisConfig(BaseSettings):
         gt=0,
         description="Pharos. Look-back (s) of the 'recent' numbers of /v1/targets and /v1/forwarders.",
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
-        return (
-            init_settings,
-            env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=toml_file, toml_table_header=("diagnosis",)),
-        )

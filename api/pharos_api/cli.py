@@ -118,11 +118,23 @@ def run(
     output_dir: Annotated[
         Path | None, typer.Option("--output-dir", help="Write rank r's stdout to DIR/rank_<r>.out.")
     ] = None,
+    hint: Annotated[
+        bool | None,
+        typer.Option(
+            "--hint/--no-hint",
+            help="Ask the API for the job's forwarding nodes (DFRA) and apply them before the first I/O "
+            "(default: setting run_hint, PHAROS_RUN_HINT, true).",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print the forwarding decision.")] = False,
 ) -> None:
     """Run N ranks of CMD as a traced job: pharos run --job ID [--ranks N] -- CMD...
 
     Each rank runs in the job's cgroup with PHAROS_JOB_ID, PHAROS_RANK and PHAROS_NRANKS
-    set; start and end go to the jobs topic. Exits with the first non-zero rank exit code.
+    set; start and end go to the jobs topic. Before the ranks start, the job's DFRA decision
+    (forwarding nodes from its earlier runs) is asked from the API and pushed to the mount; one
+    line on stderr says it (or warns that the API did not answer: the default mapping then).
+    Exits with the first non-zero rank exit code.
     """
     from pharos_agents.runner import RunError, run_job
 
@@ -130,7 +142,9 @@ def run(
     if command and command[0] == "--":
         command = command[1:]
     try:
-        result = run_job(get_settings(), job, command, ranks=ranks, name=name, output_dir=output_dir)
+        result = run_job(
+            get_settings(), job, command, ranks=ranks, name=name, output_dir=output_dir, hint=hint, quiet=quiet
+        )
     except (RunError, ValueError) as exc:
         fail(str(exc), 2)
     raise typer.Exit(result.exit_code)
@@ -227,6 +241,42 @@ def fwd(
     os.execv(argv[0], argv + list(extra or []))
 
 
+def mount_node_order(s) -> list[str]:
+    """The forwarding nodes in the order `pharos mount` passes them (``--fwd``): the shared nodes
+    (not in ``[control] reserved_nodes``) first, then the reserved ones, each in index order.
+    pharos-mount's default node is ``--node-index`` mod the number of nodes, and its failover
+    candidates follow in ring order, so with :func:`mount_node_index` the default is always a
+    shared node and the reserved ones come last among the failover candidates."""
+    from pharos_analytics.control.config import ControlConfig
+
+    reserved = set(ControlConfig().reserved_nodes)
+    names = [f"fwd{i}" for i in range(s.fwd_nodes)]
+    return [n for n in names if n not in reserved] + [n for n in names if n in reserved]
+
+
+def mount_reserved(s) -> list[str]:
+    """The reserved nodes `pharos mount` tells pharos-mount about (``PHAROS_MOUNT_RESERVED``:
+    never its default node, last failover candidates): those of ``[control] reserved_nodes``
+    that exist, none when no shared node would be left."""
+    order = mount_node_order(s)
+    reserved = order[mount_shared_count(s) :]
+    return reserved if len(reserved) < len(order) else []
+
+
+def mount_shared_count(s) -> int:
+    """How many of the ``fwd_nodes`` forwarding nodes are shared (not reserved)."""
+    from pharos_analytics.control.config import ControlConfig
+
+    reserved = set(ControlConfig().reserved_nodes)
+    return sum(1 for i in range(s.fwd_nodes) if f"fwd{i}" not in reserved)
+
+
+def mount_node_index(s) -> int:
+    """``--node-index`` of `pharos mount`: ``compute_node_index`` mod the shared nodes (all nodes
+    when every node is reserved), so the default node is a shared one."""
+    return s.compute_node_index % (mount_shared_count(s) or max(s.fwd_nodes, 1))
+
+
 @app.command()
 def mount(
     extra: Annotated[list[str] | None, typer.Argument(help="Extra flags passed to pharos-mount.")] = None,
@@ -239,12 +289,13 @@ def mount(
     s = get_settings()
     if not s.mount_binary.exists():
         fail(f"FUSE client {s.mount_binary} not built: run `make build`", 2)
+    names = mount_node_order(s)
     nodes = []
-    for i in range(s.fwd_nodes):
-        f = ready_file(s, f"fwd{i}")
+    for name in names:
+        f = ready_file(s, name)
         if not f.exists():
-            fail(f"forwarding daemon fwd{i} is not running (no {f}): start it with `pharos up`", 2)
-        nodes += ["--fwd", f"fwd{i}={json.loads(f.read_text())['listen']}"]
+            fail(f"forwarding daemon {name} is not running (no {f}): start it with `pharos up`", 2)
+        nodes += ["--fwd", f"{name}={json.loads(f.read_text())['listen']}"]
     mp = s.mount_point
     try:
         mp.mkdir(parents=True, exist_ok=True)
@@ -257,13 +308,17 @@ def mount(
         str(mp),
         *nodes,
         "--node-index",
-        str(s.compute_node_index),
+        str(mount_node_index(s)),
         "--admin",
         f"127.0.0.1:{s.mount_admin_port}",
         "--ready-file",
         str(ready_file(s, "mount")),
     ]
-    os.execv(argv[0], argv + list(extra or []))
+    env = dict(os.environ)
+    reserved = mount_reserved(s)
+    if reserved:  # through the environment: a pharos-mount without --reserved ignores it
+        env["PHAROS_MOUNT_RESERVED"] = ",".join(reserved)
+    os.execve(argv[0], argv + list(extra or []), env)
 
 
 @app.command()

@@ -144,6 +144,7 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
             ranks=job.ranks,
             name=f"fio-{job.kind}",
             output_dir=settings.state_dir / "demo-output" / job_id,
+            report=lambda line: console.print("  " + line, highlight=False),
         )
         if res.exit_code != 0:
             console.print(f"[red]  fio failed with exit code {res.exit_code}[/]")

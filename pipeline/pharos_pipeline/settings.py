@@ -4,6 +4,10 @@ Precedence (highest first): environment variables ``PHAROS_<FIELD>`` (e.g.
 ``PHAROS_KAFKA_BOOTSTRAP``), the TOML file named by ``PHAROS_CONFIG`` (default
 ``pharos.toml`` in the working directory, if present), then the defaults below, which run
 the embedded stack on loopback.
+
+:class:`PharosSettings` is the one place where these sources are set up; every Pharos
+configuration class derives from it (:class:`Settings` at the file's top level,
+``DiagnosisConfig`` in its ``[diagnosis]`` table, ``ControlConfig`` in ``[control]``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 from pydantic_settings import (
@@ -23,7 +28,40 @@ from pydantic_settings import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class Settings(BaseSettings):
+def config_file() -> Path:
+    """The Pharos settings file: the path in ``PHAROS_CONFIG``, else ``pharos.toml`` in the
+    working directory (read only if it exists)."""
+    return Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
+
+
+class PharosSettings(BaseSettings):
+    """Base of every Pharos configuration class: one set-up of the sources.
+
+    Precedence (highest first): explicit constructor arguments, environment variables
+    (``model_config["env_prefix"]`` + field name), the settings file (:func:`config_file`) at
+    its top level or, when ``toml_table`` is set, in that table (``[diagnosis]``,
+    ``[control]``), then the field defaults. Dotenv and secret files are not read."""
+
+    toml_table: ClassVar[str | None] = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        header = (cls.toml_table,) if cls.toml_table else None
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=config_file(), toml_table_header=header),
+        )
+
+
+class Settings(PharosSettings):
     """Every Pharos process reads this. Paths are absolute after validation."""
 
     model_config = SettingsConfigDict(env_prefix="PHAROS_", extra="ignore")
@@ -76,7 +114,11 @@ class Settings(BaseSettings):
         default=REPO_ROOT / "target" / "release" / "pharos-mount", description="The FUSE client built by `make build`."
     )
     fwd_nodes: int = Field(
-        default=2, ge=0, description="Forwarding daemons `pharos up` starts (0: no forwarding layer)."
+        default=4,
+        ge=0,
+        description="Forwarding daemons `pharos up` starts, fwd0..fwd<N-1> (0: no forwarding layer). Those named "
+        "in `[control] reserved_nodes` (default fwd2, fwd3) are kept out of the mount's default mapping and handed "
+        "out by the control loop as dedicated nodes (DFRA); the others serve the default mapping.",
     )
     fwd_port_base: int = Field(
         default=7400,
@@ -92,11 +134,24 @@ class Settings(BaseSettings):
         default=7501, ge=0, description="Admin HTTP port of the FUSE client (0: a free port)."
     )
     compute_node_index: int = Field(
-        default=0, ge=0, description="This compute node's index: its default forwarding node is index mod fwd_nodes."
+        default=0,
+        ge=0,
+        description="This compute node's index: its default forwarding node is index mod the number of "
+        "non-reserved forwarding nodes (fwd0, fwd1 by default).",
     )
     cgroup_parent: str = Field(
         default="pharos",
         description="cgroup v2 folder (relative to the cgroup2 mount) under which `pharos run` creates job_<id>.",
+    )
+    run_hint: bool = Field(
+        default=True,
+        description="`pharos run` asks the API for the job's DFRA forwarding-node decision (GET "
+        "/v1/hints/jobs/{id}?apply=true) before starting the ranks; false (or --no-hint): the mount's default.",
+    )
+    run_hint_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="`pharos run`: longest wait (s) for the hint; past it the job runs with the default mapping.",
     )
 
     @property
@@ -116,22 +171,6 @@ class Settings(BaseSettings):
     @property
     def api_url(self) -> str:
         return f"http://{self.api_host}:{self.api_port}"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
-        return (
-            init_settings,
-            env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
-        )
 
 
 @lru_cache(maxsize=1)

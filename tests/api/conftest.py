@@ -1,19 +1,16 @@
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 # The synthetic jobs live with the analytics tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analytics"))
 
 from pharos_synthetic_jobs import build_store
-from pharos_testkit import free_port
+from pharos_testkit import free_port, served
 
 from pharos_api.app import create_app
 from pharos_pipeline.settings import Settings
@@ -48,15 +45,5 @@ def dead_url():
 @pytest.fixture(scope="module")
 def api_url(app):
     """The app served by uvicorn on a free loopback port, in a thread."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(app) as url:
+        yield url

@@ -4,15 +4,13 @@ chDB store and a real uvicorn server (no forwarding layer configured: decisions 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import control_rows as cr
 import pytest
 import typer
-import uvicorn
 from fastapi.testclient import TestClient
-from pharos_testkit import free_port
+from pharos_testkit import free_port, served
 from typer.testing import CliRunner
 
 from pharos_api.app import create_app
@@ -88,16 +86,8 @@ def test_actions_pins_and_bounds(client):
 
 @pytest.fixture(scope="module")
 def api_url(app):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    th.join(10)
+    with served(app) as url:
+        yield url
 
 
 def _cli():

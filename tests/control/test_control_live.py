@@ -261,6 +261,30 @@ def test_pins_are_respected(store, cluster):
         end(store, job, "x", t + 20 * S)
 
 
+def test_mapping_set_outside_the_loop_is_kept_by_a_default_decision(store, cluster):
+    """An admin (or a test, or the scheduler) mapped a job on the mount before it started: DFRA's
+    "default" (no history) does not undo it, neither at the hint (pharos run) nor in a cycle."""
+    d0, d1 = cluster.start_daemon("fwd0"), cluster.start_daemon("fwd1")
+    m = cluster.start_mount([d0, d1])  # default forwarding node: fwd0
+    http("PUT", m.admin + "/mapping", {"jobs": {"ext": ["fwd1"]}})
+    t = 1_775_000_000 * S
+    loop = loop_on(store, cluster, [m.admin], {"fwd0": d0.admin, "fwd1": d1.admin}, placement_enabled=False)
+    h = loop.hint("ext", "never-ran", "alice", ["never-ran"], apply=True, now_ns=t)
+    assert (h["class"], h["nodes"], h["status"]) == ("default", ["fwd1"], "applied")
+    assert "already maps the job to fwd1: kept" in h["reason"] and h["evidence"]["default_nodes"] == ["fwd0"]
+    start(store, "ext", "never-ran", t + S)
+    start(store, "plain", "never-ran", t + S)  # not mapped before: the default node, no entry
+    loop.cycle(now_ns=t + 2 * S)
+    jobs = http("GET", m.admin + "/mapping")["jobs"]  # (a pin of an earlier test is there too)
+    assert jobs["ext"] == ["fwd1"] and "plain" not in jobs
+    write_as("ext", m.path / "ext.dat")
+    assert (m.path / "ext.dat").stat().st_size == 65536
+    end(store, "ext", "never-ran", t + 10 * S)
+    end(store, "plain", "never-ran", t + 10 * S)
+    loop.cycle(now_ns=t + 11 * S)
+    assert "ext" not in http("GET", m.admin + "/mapping")["jobs"]  # the ended job's entry is dropped
+
+
 @pytest.fixture(autouse=True)
 def _slow_guard():
     t = time.monotonic()

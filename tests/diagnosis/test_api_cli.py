@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from pharos_testkit import DARSHAN_LOGS as LOGS
-from pharos_testkit import need_darshan
+from pharos_testkit import need_darshan, served
 
 from pharos_api.app import create_app
 from pharos_api.routers import diagnosis
@@ -43,19 +39,9 @@ def client(app):
 
 @pytest.fixture(scope="module")
 def api_url(app):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and t.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    t.join(timeout=10)
+    """The app served by uvicorn on a free loopback port, in a thread."""
+    with served(app) as url:
+        yield url
 
 
 def cli(*args, env=None, timeout=300):

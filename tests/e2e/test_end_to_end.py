@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from pharos_testkit import free_port, kafka_bootstrap
+from pharos_testkit import stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -29,15 +29,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent and jo
 def live_stack(tmp_path_factory):
     """A whole embedded stack on its own ports and state dir, stopped afterwards."""
     state = tmp_path_factory.mktemp("stack")
-    settings = Settings(
-        state_dir=state,
-        kafka_bootstrap=kafka_bootstrap(),
-        api_port=free_port(),
-        cgroup_parent="pharos-test",
-        agent_metrics_addr=f"127.0.0.1:{free_port()}",
-        fwd_port_base=0,
-        mount_admin_port=0,
-    )
+    settings = stack_settings(state, "pharos-test")
     try:
         stack.start(settings)
         yield settings

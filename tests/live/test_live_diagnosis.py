@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import free_port, kafka_bootstrap, running_alertmanager
+from pharos_testkit import running_alertmanager, stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -119,14 +119,9 @@ def live(tmp_path_factory, alertmanager):
     """A whole embedded stack on free ports and its own state dir; the server's DetectionLoop
     posts to the real Alertmanager. Stopped at the module's end."""
     state = tmp_path_factory.mktemp("live")
-    settings = Settings(
-        state_dir=state,
-        kafka_bootstrap=kafka_bootstrap(),
-        api_port=free_port(),
-        cgroup_parent="pharos-live",
-        agent_metrics_addr=f"127.0.0.1:{free_port()}",
-        fwd_port_base=0,
-        mount_admin_port=0,
+    settings = stack_settings(
+        state,
+        "pharos-live",
         fwd_nodes=2,
         fwd_targets=N_TARGETS,
         fwd_target_limits_mb_s=[],

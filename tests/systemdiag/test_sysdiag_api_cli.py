@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pharos_sysdiag_sim as sim
 import pytest
 import typer
-import uvicorn
 from fastapi.testclient import TestClient
-from pharos_testkit import free_port
+from pharos_testkit import free_port, served
 from typer.testing import CliRunner
 
 from pharos_analytics.alerts import DetectionLoop
@@ -117,16 +114,9 @@ def test_profiles(client):
 
 @pytest.fixture(scope="module")
 def api_url(app):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    th.join(10)
+    """The app served by uvicorn on a free loopback port, in a thread."""
+    with served(app) as url:
+        yield url
 
 
 def _cli():

@@ -11,7 +11,9 @@ Sources of the defaults:
 * **Beacon** (Yang et al., NSDI'19), the classifier released with it and used by DFRA: a
   job *benefits from more forwarding nodes* when its I/O pattern is N-N or N-1, it moves
   ≥ 20 GB, it issues ≤ 1,000 metadata operations per data operation, and ≥ 32 processes
-  do I/O. Metadata-heavy: > 1,000 metadata operations per second (as in ``[diagnosis]``).
+  do I/O. Metadata-heavy: > 1,000 metadata operations per second, read from
+  :class:`~pharos_analytics.diagnosis_config.DiagnosisConfig` ``metadata_rate_ops_s``
+  (``[diagnosis]``): one threshold for the diagnosis and the control loop.
 * **DFRA** (Ji et al., FAST'19 §3-4): the decision is taken at job dispatch from the history
   of the job's earlier runs (same name, user, command): default mapping, more forwarding
   nodes, or dedicated forwarding nodes; metadata-heavy jobs are isolated on dedicated nodes;
@@ -25,17 +27,12 @@ Sources of the defaults:
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
+
+from pharos_pipeline.settings import PharosSettings
 
 GB = 1_000_000_000
 MiB = 1 << 20
@@ -43,12 +40,13 @@ MiB = 1 << 20
 Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
 
 
-class ControlConfig(BaseSettings):
+class ControlConfig(PharosSettings):
     """Every threshold of :mod:`pharos_analytics.control` (DFRA, live remapping, placement hints,
     the loop itself). Units are in the field names: ``_s`` seconds, ``_b_s`` bytes/s, ``_bytes``
     bytes."""
 
     model_config = SettingsConfigDict(env_prefix="PHAROS_CONTROL_", extra="ignore")
+    toml_table = "control"
 
     # -- the loop (Pharos) --------------------------------------------------------------------
     period_s: float = Field(
@@ -107,12 +105,6 @@ class ControlConfig(BaseSettings):
     dfra_min_io_ranks: int = Field(
         default=32, ge=1, description="Beacon / DFRA. Processes (ranks) doing I/O needed for a job to benefit."
     )
-    dfra_metadata_heavy_ops_s: float = Field(
-        default=1000.0,
-        gt=0,
-        description="Beacon (NSDI'19). Metadata operations per second (over the I/O span) that make a job "
-        "metadata-heavy: DFRA isolates it on a dedicated forwarding node.",
-    )
     dfra_dedicated_min_bytes: float = Field(
         default=1000 * GB,
         ge=0,
@@ -133,9 +125,10 @@ class ControlConfig(BaseSettings):
         default=2, ge=2, description="Pharos. 'More forwarding nodes' means at least this many."
     )
     reserved_nodes: list[str] = Field(
-        default_factory=list,
+        default=["fwd2", "fwd3"],
         description="DFRA. Forwarding nodes kept out of the default mapping and handed out, one job at a time, "
-        "as dedicated nodes (e.g. ['fwd2', 'fwd3']).",
+        "as dedicated nodes. Default: fwd2, fwd3, the 2 of the 4 daemons `pharos up` starts (Settings.fwd_nodes) "
+        "that `pharos mount` keeps out of its default mapping; names that do not exist are ignored.",
     )
     reservation_start_grace_s: float = Field(
         default=300.0,
@@ -212,19 +205,3 @@ class ControlConfig(BaseSettings):
         description="Pharos. A fail-slow target returns to the pool after this many seconds without an active "
         "fail-slow detection.",
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = Path(os.environ.get("PHAROS_CONFIG", "pharos.toml"))
-        return (
-            init_settings,
-            env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=toml_file, toml_table_header=("control",)),
-        )

@@ -7,7 +7,9 @@ FAST'19 §3-4): at a job's dispatch, the history of the job's earlier runs
 N-1, ≥ 20 GB moved, ≤ 1,000 metadata operations per data operation, ≥ 32 processes doing I/O.
 Metadata-heavy jobs are isolated on a dedicated node, very high volume jobs get dedicated
 (reserved) nodes; the number of nodes is the predicted bandwidth over one node's measured
-capacity, never more than exist. Thresholds: :class:`~.config.ControlConfig`.
+capacity, never more than exist. Thresholds: :class:`~.config.ControlConfig`; the metadata-heavy
+rate is :class:`~pharos_analytics.diagnosis_config.DiagnosisConfig` ``metadata_rate_ops_s``
+(Beacon, 1,000 ops/s), shared with the diagnosis.
 
 Pure logic (:func:`classify`, :func:`decide`) works on :class:`JobHistory` and
 :class:`NodeState`; :func:`job_history` reads the history from the store.
@@ -35,6 +37,7 @@ from typing import Literal
 
 from pharos_pipeline.store import Store
 
+from ..diagnosis_config import DiagnosisConfig
 from ..profiles import job_metrics
 from .config import ControlConfig
 
@@ -161,8 +164,17 @@ def job_history(
     return history_from_metrics(ms)
 
 
-def classify(h: JobHistory | None, cfg: ControlConfig) -> tuple[DfraClass, str, dict]:
-    """The DFRA class of a job from its history: (class, reason, the criteria and their values)."""
+def _metadata_heavy_ops_s(diag: DiagnosisConfig | None) -> float:
+    """Metadata ops/s from which a job is metadata-heavy (Beacon): ``[diagnosis] metadata_rate_ops_s``."""
+    return (diag or DiagnosisConfig()).metadata_rate_ops_s
+
+
+def classify(
+    h: JobHistory | None, cfg: ControlConfig, diag: DiagnosisConfig | None = None
+) -> tuple[DfraClass, str, dict]:
+    """The DFRA class of a job from its history: (class, reason, the criteria and their values).
+    ``diag``: the diagnosis thresholds (metadata-heavy rate); None reads ``DiagnosisConfig()``."""
+    heavy_ops_s = _metadata_heavy_ops_s(diag)
     if h is None:
         return "default", "no earlier run with this name, user and command", {}
     crit = {
@@ -180,10 +192,10 @@ def classify(h: JobHistory | None, cfg: ControlConfig) -> tuple[DfraClass, str, 
         },
     }
     ev = {"runs": h.runs, "jobs": h.jobs, "criteria": crit, "metadata_ops_s": h.metadata_ops_s}
-    if h.metadata_ops_s >= cfg.dfra_metadata_heavy_ops_s:
+    if h.metadata_ops_s >= heavy_ops_s:
         return (
             "dedicated",
-            f"metadata-heavy: {h.metadata_ops_s:.0f} metadata ops/s >= {cfg.dfra_metadata_heavy_ops_s:g} (Beacon); "
+            f"metadata-heavy: {h.metadata_ops_s:.0f} metadata ops/s >= {heavy_ops_s:g} (Beacon); "
             "isolated on a dedicated forwarding node (DFRA)",
             ev,
         )
@@ -204,10 +216,13 @@ def classify(h: JobHistory | None, cfg: ControlConfig) -> tuple[DfraClass, str, 
     return "more_nodes", "benefits from more forwarding nodes (Beacon rule: pattern, volume, metadata, ranks)", ev
 
 
-def wanted_nodes(h: JobHistory, klass: DfraClass, capacity_b_s: float, cfg: ControlConfig) -> tuple[int, dict]:
+def wanted_nodes(
+    h: JobHistory, klass: DfraClass, capacity_b_s: float, cfg: ControlConfig, diag: DiagnosisConfig | None = None
+) -> tuple[int, dict]:
     """How many forwarding nodes the job should get: ceil(predicted bandwidth / one node's
     capacity), one more than it used when its runs saturated their nodes; at least
-    ``dfra_more_nodes_min`` for ``more_nodes``, exactly 1 for metadata-heavy ``dedicated``."""
+    ``dfra_more_nodes_min`` for ``more_nodes``, exactly 1 for metadata-heavy ``dedicated``
+    (``diag`` as in :func:`classify`)."""
     cap = max(capacity_b_s, 1.0)
     used = max(1, math.ceil(h.forwarding_nodes - 1e-9)) if h.forwarding_nodes > 0 else 1
     n = max(1, math.ceil(h.bandwidth_b_s / cap - 1e-9))
@@ -216,7 +231,7 @@ def wanted_nodes(h: JobHistory, klass: DfraClass, capacity_b_s: float, cfg: Cont
         n = max(n, used + 1)
     if klass == "more_nodes":
         n = max(n, cfg.dfra_more_nodes_min)
-    if klass == "dedicated" and h.metadata_ops_s >= cfg.dfra_metadata_heavy_ops_s:
+    if klass == "dedicated" and h.metadata_ops_s >= _metadata_heavy_ops_s(diag):
         n = 1
     return n, {
         "predicted_bandwidth_b_s": h.bandwidth_b_s,
@@ -238,11 +253,14 @@ def decide(
     default_node: str | None,
     capacity_b_s: float,
     cfg: ControlConfig,
+    diag: DiagnosisConfig | None = None,
 ) -> DfraDecision:
     """The DFRA decision of ``job_id`` (see the module doc). ``nodes``: every forwarding node that
-    exists; ``default_node``: the mount's default (None: unknown). Never names a fail-slow node,
-    a reserved node held by another job, or more nodes than exist. Pure."""
-    klass, reason, ev = classify(history, cfg)
+    exists; ``default_node``: the mount's default (None: unknown); ``diag`` as in
+    :func:`classify`. Never names a fail-slow node, a reserved node held by another job, or more
+    nodes than exist. Pure (given ``diag``)."""
+    diag = diag or DiagnosisConfig()
+    klass, reason, ev = classify(history, cfg, diag)
     healthy = [n for n in nodes if n.usable]
     shared = _by_load([n for n in healthy if not n.reserved])
     free_reserved = _by_load([n for n in healthy if n.reserved and n.holder in ("", job_id)])
@@ -269,7 +287,7 @@ def decide(
 
     if klass == "default" or history is None:
         return default(reason)
-    want, sizing = wanted_nodes(history, klass, capacity_b_s, cfg)
+    want, sizing = wanted_nodes(history, klass, capacity_b_s, cfg, diag)
     ev["sizing"] = sizing
     if klass == "dedicated":
         if free_reserved:

@@ -44,6 +44,8 @@ import httpx
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, ns_to_datetime64
 
+from ..diagnosis_config import DiagnosisConfig
+from ..periodic import PeriodicLoop
 from .config import ControlConfig
 from .dfra import DfraDecision, NodeState, decide, job_history
 from .placement import measure_targets, plan_placement
@@ -193,13 +195,19 @@ def _canon(x):
     return x
 
 
-class ControlLoop:
-    """The control loop on one store (see the module doc); a daemon thread once started.
+class ControlLoop(PeriodicLoop):
+    """The control loop on one store (see the module doc); a daemon thread once started
+    (:class:`~pharos_analytics.periodic.PeriodicLoop`, every ``[control] period_s``).
 
-    ``cfg_factory`` is called every cycle (``ControlConfig`` re-reads file and environment);
+    ``cfg_factory`` is called every cycle (``ControlConfig`` re-reads file and environment), and
+    so is ``diag_factory`` (``DiagnosisConfig``: the thresholds shared with the diagnosis, e.g.
+    the metadata-heavy rate);
     ``detector``: the in-process :class:`~pharos_analytics.alerts.DetectionLoop`, whose newest
     cycle tells which anomalies are current (else the newest ``anomalies`` rows no older than
     ``anomaly_max_age_s``); ``client``: the HTTP client for the admin interfaces."""
+
+    thread_name = "control"
+    cycle_name = "control"
 
     def __init__(
         self,
@@ -209,24 +217,32 @@ class ControlLoop:
         detector=None,
         client: httpx.Client | None = None,
         endpoints: Endpoints | None = None,
+        diag_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig,
     ) -> None:
         self.store = store
         self.settings = settings
         self.cfg_factory = cfg_factory
+        self.diag_factory = diag_factory
         self.cfg = cfg_factory()
+        self.diag = diag_factory()
+        super().__init__(self.cfg.period_s, log)
         self.detector = detector
         self.client = client or httpx.Client(timeout=self.cfg.http_timeout_s)
         self._endpoints = endpoints
-        self.period_s = self.cfg.period_s
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._backoff: dict[str, _Backoff] = {}
         self._dry_seen: dict[tuple[str, str], str] = {}
-        self.cycles = 0
-        self.last: dict = {}
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _reload(self) -> None:
+        """Re-read both configs (file and environment may have changed)."""
+        self.cfg = self.cfg_factory()
+        self.diag = self.diag_factory()
+
+    def run_once(self) -> dict:
+        """One cycle at the current time (:meth:`cycle`); what the loop's thread runs."""
+        return self.cycle()
+
     @property
     def endpoints(self) -> Endpoints:
         return self._endpoints or Endpoints.from_settings(self.settings, self.cfg)
@@ -398,7 +414,16 @@ class ControlLoop:
         hist = job_history(self.store, name, user, command, cfg, job_id=job_id)
         nodes = self._node_states(view, now_ns, anomalies)
         cap, cap_src = self.node_capacity(now_ns)
-        d = decide(job_id, hist, nodes, view.default_node, cap, cfg)
+        d = decide(job_id, hist, nodes, view.default_node, cap, cfg, self.diag)
+        # A job the mount already maps (set there by an admin, the scheduler or a test, not by this
+        # loop: the job has no decision yet) keeps that entry when DFRA has nothing better than the
+        # default: "default" means no allocation of ours, not "undo someone else's".
+        known = set(view.node_names)
+        entry = next((m[job_id] for m in view.mount_maps.values() if m and m.get(job_id)), None)
+        if d.klass == "default" and job_id and entry and all(n in known for n in entry) and entry != d.nodes:
+            d.evidence["default_nodes"] = d.nodes
+            d.nodes, d.reserved = list(entry), [n for n in entry if n in d.reserved]
+            d.reason += f"; the mount already maps the job to {_nodes_text(entry)}: kept"
         d.evidence |= {
             "name": name,
             "user": user,
@@ -514,7 +539,7 @@ class ControlLoop:
     def cycle(self, now_ns: int | None = None) -> dict:
         """One control cycle (see the module doc); returns a summary. Raises StoreError."""
         with self._lock:
-            self.cfg = self.cfg_factory()
+            self._reload()
             return self._cycle(time.time_ns() if now_ns is None else now_ns)
 
     def _cycle(self, now_ns: int) -> dict:
@@ -778,7 +803,7 @@ class ControlLoop:
         pushes the mapping at once (before the job's first I/O). Raises ControlError when the job
         is unknown and no name is given, StoreError."""
         with self._lock:
-            self.cfg = self.cfg_factory()
+            self._reload()
             now_ns = time.time_ns() if now_ns is None else now_ns
             ev = self._q(JOB_SQL, job_id=job_id)
             ident = ev[0] if ev else None
@@ -842,7 +867,7 @@ class ControlLoop:
         if not name:
             raise ControlError("name is required: the history is matched by job name, user and command")
         with self._lock:
-            self.cfg = self.cfg_factory()
+            self._reload()
             now_ns = time.time_ns() if now_ns is None else now_ns
             d = self._decide_job("", name, user, command, self._view(), now_ns, False)
             out = d.to_dict() | {"class": d.klass, "decided": False, "new": False, "dry_run": self.cfg.dry_run}
@@ -948,27 +973,6 @@ class ControlLoop:
             r["time_ns"] = int(r["time_ns"])
             out.append(r)
         return out
-
-    # -- thread -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.cycle()
-            except Exception:  # a failing cycle must not end the loop
-                log.exception("control cycle failed")
-            self._stop.wait(self.period_s)
-
-    def start(self) -> ControlLoop:
-        """Run :meth:`cycle` every ``period_s`` in a daemon thread (not when period_s is 0)."""
-        if self.period_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="control", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def status(self) -> dict:
         return {

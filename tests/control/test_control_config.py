@@ -1,0 +1,114 @@
+"""One set-up of the configuration sources for Settings, DiagnosisConfig and ControlConfig
+(pharos_pipeline.settings.PharosSettings), the metadata-heavy rate shared by the diagnosis and DFRA,
+the mount's node order that keeps reserved forwarding nodes out of its default mapping, and the
+PeriodicLoop of the detection and control loops. Pure logic."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from pharos_analytics.alerts import DetectionLoop
+from pharos_analytics.control.config import ControlConfig
+from pharos_analytics.control.dfra import JobHistory, NodeState, classify, decide
+from pharos_analytics.control.loop import ControlLoop
+from pharos_analytics.diagnosis_config import DiagnosisConfig
+from pharos_analytics.periodic import PeriodicLoop
+from pharos_api.cli import mount_node_index, mount_node_order, mount_reserved
+from pharos_pipeline.settings import PharosSettings, Settings
+
+
+def test_one_source_setup_reads_each_table_and_env_wins(tmp_path, monkeypatch):
+    f = tmp_path / "p.toml"
+    f.write_text("fwd_nodes = 6\n[diagnosis]\nphase_gap_s = 4\n[control]\ndry_run = true\nperiod_s = 3\n")
+    monkeypatch.setenv("PHAROS_CONFIG", str(f))
+    assert all(issubclass(c, PharosSettings) for c in (Settings, DiagnosisConfig, ControlConfig))
+    assert (Settings().fwd_nodes, DiagnosisConfig().phase_gap_s, ControlConfig().dry_run) == (6, 4, True)
+    assert ControlConfig().period_s == 3
+    monkeypatch.setenv("PHAROS_CONTROL_PERIOD_S", "7")
+    monkeypatch.setenv("PHAROS_FWD_NODES", "5")
+    assert (ControlConfig().period_s, Settings().fwd_nodes) == (7, 5)  # environment over file
+    assert ControlConfig(period_s=9).period_s == 9  # arguments over environment
+    monkeypatch.setenv("PHAROS_CONFIG", str(tmp_path / "missing.toml"))
+    assert (Settings().fwd_nodes, DiagnosisConfig().phase_gap_s, ControlConfig().dry_run) == (5, 1.0, False)
+
+
+def test_metadata_heavy_rate_is_the_diagnosis_threshold(monkeypatch):
+    assert "dfra_metadata_heavy_ops_s" not in ControlConfig.model_fields
+    h = JobHistory(1, ["a"], "1-1", 1e6, 100, 5000, 1500.0, 1, 1e6, 1)
+    cfg = ControlConfig(reserved_nodes=["fwd1"])
+    assert classify(h, cfg, DiagnosisConfig())[0] == "dedicated"  # 1,500 >= 1,000 ops/s (Beacon)
+    assert classify(h, cfg, DiagnosisConfig(metadata_rate_ops_s=2000))[0] == "default"
+    monkeypatch.setenv("PHAROS_DIAGNOSIS_METADATA_RATE_OPS_S", "2000")  # read when no config is given
+    assert classify(h, cfg)[0] == "default"
+    d = decide("j", h, [NodeState("fwd0"), NodeState("fwd1", reserved=True)], "fwd0", 1e8, cfg)
+    assert (d.klass, d.nodes) == ("default", ["fwd0"])
+
+
+def test_mount_default_node_is_never_a_reserved_one():
+    assert ControlConfig.model_fields["reserved_nodes"].default == ["fwd2", "fwd3"]
+    assert Settings.model_fields["fwd_nodes"].default == 4  # pharos up: 2 default + 2 reserved daemons
+    s = Settings(fwd_nodes=4)
+    assert mount_node_order(s) == ["fwd0", "fwd1", "fwd2", "fwd3"]
+    # pharos-mount's default is nodes[index mod len]: fwd0, fwd1, fwd0, ... never fwd2/fwd3
+    defaults = [mount_node_order(s)[mount_node_index(Settings(fwd_nodes=4, compute_node_index=i))] for i in range(5)]
+    assert defaults == ["fwd0", "fwd1", "fwd0", "fwd1", "fwd0"]
+    assert mount_node_order(Settings(fwd_nodes=2)) == ["fwd0", "fwd1"]
+    # pharos-mount --reserved (PHAROS_MOUNT_RESERVED) gets only nodes that exist
+    assert mount_reserved(s) == ["fwd2", "fwd3"] and mount_reserved(Settings(fwd_nodes=3)) == ["fwd2"]
+    assert mount_reserved(Settings(fwd_nodes=2)) == []
+
+
+def test_mount_order_puts_reserved_nodes_last(monkeypatch):
+    monkeypatch.setenv("PHAROS_CONTROL_RESERVED_NODES", '["fwd0"]')
+    s = Settings(fwd_nodes=3, compute_node_index=1)
+    assert mount_node_order(s) == ["fwd1", "fwd2", "fwd0"] and mount_node_index(s) == 1  # default fwd2
+    monkeypatch.setenv("PHAROS_CONTROL_RESERVED_NODES", '["fwd0", "fwd1", "fwd2"]')
+    assert mount_node_index(Settings(fwd_nodes=3, compute_node_index=4)) == 1  # all reserved: all nodes
+    assert mount_reserved(Settings(fwd_nodes=3)) == []  # pharos-mount refuses to have no shared node
+
+
+class Flaky(PeriodicLoop):
+    thread_name = "flaky-test"
+    cycle_name = "flaky"
+
+    def __init__(self, period_s: float) -> None:
+        super().__init__(period_s, logging.getLogger("pharos.test.flaky"))
+        self.ran = threading.Event()
+
+    def run_once(self) -> dict:
+        self.cycles += 1
+        if self.cycles == 1:
+            raise RuntimeError("first cycle fails")
+        if self.cycles >= 3:
+            self.ran.set()
+        return {}
+
+
+def test_periodic_loop_survives_a_failing_cycle_and_stops(caplog):
+    loop = Flaky(0.01)
+    with caplog.at_level(logging.ERROR, logger="pharos.test.flaky"):
+        assert loop.start() is loop and loop.start() is loop  # one thread only
+        assert loop.ran.wait(5)
+        loop.stop(5)
+    assert not loop._thread.is_alive() and loop._thread.name == "flaky-test"
+    assert [r.getMessage() for r in caplog.records] == ["flaky cycle failed"]
+    n = loop.cycles
+    time.sleep(0.05)
+    assert loop.cycles == n
+
+
+def test_period_zero_starts_no_thread():
+    loop = Flaky(0)
+    loop.start()
+    assert loop._thread is None
+    loop.stop()
+
+
+@pytest.mark.parametrize("cls", [DetectionLoop, ControlLoop])
+def test_both_server_loops_are_periodic_loops(cls):
+    assert issubclass(cls, PeriodicLoop) and cls.run_once is not PeriodicLoop.run_once
+    assert {DetectionLoop: "sysdiag", ControlLoop: "control"}[cls] == cls.thread_name
