@@ -13,6 +13,7 @@ configuration class derives from it (:class:`Settings` at the file's top level,
 from __future__ import annotations
 
 import os
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
@@ -54,10 +55,16 @@ class PharosSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         header = (cls.toml_table,) if cls.toml_table else None
+        path = config_file()
+        if header and path.is_file():
+            # a file without this class's table (e.g. only [control]) gives it nothing, not an error
+            with path.open("rb") as f:
+                if cls.toml_table not in tomllib.load(f):
+                    return init_settings, env_settings
         return (
             init_settings,
             env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=config_file(), toml_table_header=header),
+            TomlConfigSettingsSource(settings_cls, toml_file=path, toml_table_header=header),
         )
 
 

@@ -36,6 +36,19 @@ def test_one_source_setup_reads_each_table_and_env_wins(tmp_path, monkeypatch):
     assert (Settings().fwd_nodes, DiagnosisConfig().phase_gap_s, ControlConfig().dry_run) == (5, 1.0, False)
 
 
+def test_a_file_without_a_table_leaves_that_class_its_defaults(tmp_path, monkeypatch):
+    """A settings file with only [control] (the dry-run switch an admin flips) must not stop
+    `pharos serve`: DiagnosisConfig keeps its defaults instead of raising KeyError."""
+    f = tmp_path / "p.toml"
+    f.write_text("[control]\ndry_run = true\n")
+    monkeypatch.setenv("PHAROS_CONFIG", str(f))
+    assert DiagnosisConfig().phase_gap_s == DiagnosisConfig.model_fields["phase_gap_s"].default
+    assert ControlConfig().dry_run is True
+    assert Settings().fwd_nodes == Settings.model_fields["fwd_nodes"].default
+    f.write_text("[diagnosis]\nphase_gap_s = 4\n")
+    assert (DiagnosisConfig().phase_gap_s, ControlConfig().dry_run) == (4, False)
+
+
 def test_metadata_heavy_rate_is_the_diagnosis_threshold(monkeypatch):
     assert "dfra_metadata_heavy_ops_s" not in ControlConfig.model_fields
     h = JobHistory(1, ["a"], "1-1", 1e6, 100, 5000, 1500.0, 1, 1e6, 1)
