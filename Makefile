@@ -66,10 +66,12 @@ lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 evaluate: setup ## Live detection figures: patterns, fail-slow precision/recall over 5 runs, interference, fault-to-alert latency (also in make test)
 	@$(RUN) pytest -q -s tests/live
 
-bench: setup ## Benchmarks: agent overhead (fio with vs without), forwarding layer vs direct
+bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints)
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
 	@$(RUN) python bench/placement.py
+	@$(RUN) python bench/interference.py --rounds 2
+	@$(RUN) python bench/placement_hints.py --rounds 2
 
 down: ## Stop a stack left running by `make demo`
 	@$(RUN) pharos down

@@ -172,3 +172,78 @@ def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@contextlib.contextmanager
+def running_stack(state_dir: Path, cgroup_parent: str, env: dict[str, str], **overrides) -> Iterator:
+    """A whole embedded stack (``pharos_api.stack.start``) of a test or benchmark on
+    :func:`stack_settings` (``overrides``: further Settings fields), its processes started with
+    the environment variables ``env`` on top of this process's (e.g. ``PHAROS_CONTROL_*``,
+    ``PHAROS_FWD_WORKERS``); yields the Settings; stops the stack and restores this process's
+    environment on exit. Raises pharos_api.stack.StackError when a component does not start."""
+    from pharos_api import stack
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    settings = None
+    try:
+        settings = stack_settings(state_dir, cgroup_parent, **overrides)
+        stack.start(settings)
+        yield settings
+    finally:
+        if settings is not None:
+            stack.stop(settings)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class StackAdmin:
+    """Admin handles of a running stack: its API URL, the daemons' and the mount's admin URLs
+    (from their ready files), target faults, the mount's mapping, a file's layout targets."""
+
+    def __init__(self, settings) -> None:
+        import json
+
+        from pharos_api import stack
+
+        self.settings = settings
+        self.api = settings.api_url
+
+        def admin(name: str) -> str:
+            return "http://" + json.loads(stack.ready_file(settings, name).read_text())["admin"]
+
+        self.fwd_admin = {f"fwd{i}": admin(f"fwd{i}") for i in range(settings.fwd_nodes)}
+        self.mount_admin = admin("mount")
+
+    def set_target(self, target: str, **fault) -> None:
+        """A fault or limit of a target (``added_latency_ms``, ``slowdown``, ``max_perf_mb_s``) set
+        through fwd0 and checked on every daemon (the targets' state is shared)."""
+        r = httpx.put(f"{self.fwd_admin['fwd0']}/targets/{target}", json=fault, timeout=5)
+        assert r.status_code == 200, r.text
+        for node, url in self.fwd_admin.items():
+            t = {x["name"]: x for x in httpx.get(f"{url}/targets", timeout=5).json()}
+            for k, v in fault.items():
+                if k == "added_latency_ms":
+                    assert t[target]["added_latency_ns"] == int(v * 1e6), (node, t[target])
+                elif k in t[target]:
+                    assert t[target][k] == v, (node, t[target])
+
+    def set_mapping(self, jobs: dict[str, list[str]]) -> None:
+        r = httpx.put(f"{self.mount_admin}/mapping", json={"jobs": jobs}, timeout=5)
+        assert r.status_code == 200, r.text
+
+    def mapping(self) -> dict:
+        return httpx.get(self.mount_admin + "/mapping", timeout=5).json()
+
+    def layout_targets(self, path: Path) -> list[int]:
+        """The targets of a file on the mount, from its layout sidecar in the MDT namespace."""
+        import re
+
+        rel = path.relative_to(self.settings.mount_point)
+        text = (self.settings.fwd_backend / "mdt" / "ns" / rel).read_text()
+        m = re.search(r"targets=([0-9,]+)", text)
+        assert m, text
+        return [int(x) for x in m.group(1).split(",")]

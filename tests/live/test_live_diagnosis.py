@@ -25,9 +25,7 @@ well above the service-time noise of 2 shared cores. Needs root (eBPF, cgroups, 
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import running_alertmanager, stack_settings
+from pharos_testkit import StackAdmin, running_alertmanager, stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -81,41 +79,13 @@ def alertmanager(tmp_path_factory):
         yield url
 
 
-class Live:
-    """The running stack: settings, admin addresses, and the files of the fail-slow workload."""
+class Live(StackAdmin):
+    """The running stack (admin handles) and the files of the fail-slow workload."""
 
     def __init__(self, settings: Settings, am_url: str) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.am = am_url
-        self.api = settings.api_url
-        rd = lambda n: json.loads(stack.ready_file(settings, n).read_text())  # noqa: E731
-        self.fwd_admin = {f"fwd{i}": "http://" + rd(f"fwd{i}")["admin"] for i in range(settings.fwd_nodes)}
-        self.mount_admin = "http://" + rd("mount")["admin"]
         self.target_files: dict[int, Path] = {}
-
-    def set_target(self, target: str, **fault) -> None:
-        """A fault or limit of a target; set through fwd0, shared by every daemon (mapped state)."""
-        r = httpx.put(f"{self.fwd_admin['fwd0']}/targets/{target}", json=fault, timeout=5)
-        assert r.status_code == 200, r.text
-        for node, url in self.fwd_admin.items():  # every daemon sees it
-            t = {x["name"]: x for x in httpx.get(f"{url}/targets", timeout=5).json()}
-            for k, v in fault.items():
-                if k == "added_latency_ms":
-                    assert t[target]["added_latency_ns"] == int(v * 1e6), (node, t[target])
-                else:
-                    assert t[target][k] == v, (node, t[target])
-
-    def set_mapping(self, jobs: dict[str, list[str]]) -> None:
-        r = httpx.put(f"{self.mount_admin}/mapping", json={"jobs": jobs}, timeout=5)
-        assert r.status_code == 200, r.text
-
-    def layout_targets(self, path: Path) -> list[int]:
-        """The targets of a file on the mount, from its layout sidecar in the MDT namespace."""
-        rel = path.relative_to(self.settings.mount_point)
-        text = (self.settings.fwd_backend / "mdt" / "ns" / rel).read_text()
-        m = re.search(r"targets=([0-9,]+)", text)
-        assert m, text
-        return [int(x) for x in m.group(1).split(",")]
 
 
 @pytest.fixture(scope="module")
