@@ -114,3 +114,14 @@ def test_no_flapping_over_ten_cycles_of_a_borderline_load():
             last[m.job_id] = now
             moves_seen.append((k, m.job_id, m.to_node))
     assert moves_seen == [(0, "small", "fwd1")]
+
+
+def test_an_event_is_resolved_once_either_job_left_the_node():
+    """The windows of an event outlive the move that cured it: the next cycle must not move the
+    other job, least of all onto the node the first one went to (seen live: both on fwd1)."""
+    moves, skipped = plan([ev()], mapping={"small": ["fwd1"]}, last={"small": 999 * S})
+    assert moves == [] and any("resolved: small no longer on fwd0" in s["why"] for s in skipped), skipped
+    moves, skipped = plan([ev()], mapping={"heavy": ["fwd2"]})
+    assert moves == [] and any("resolved: heavy" in s["why"] for s in skipped), skipped
+    # both still on fwd0: the event stands and one of them moves
+    assert [m.job_id for m in plan([ev()], mapping={"small": ["fwd0"]})[0]] == ["small"]

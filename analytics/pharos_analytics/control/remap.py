@@ -11,8 +11,10 @@ For each event, newest evidence first:
 
 1. **Who moves**: the victim or the culprit, whichever costs least to move: fewer bytes on the
    shared node in the event (fewer requests in flight, less to replay), then fewer bytes/s now.
-   A job that is pinned by an admin, not running, moved within ``remap_min_interval_s``
-   (hysteresis), or no longer on that node, is not a candidate.
+   A job that is pinned by an admin, not running or moved within ``remap_min_interval_s``
+   (hysteresis) is not a candidate. An event is resolved (nothing moves) once either job has
+   left the node: its windows predate that move, and moving the other job would put it back
+   beside the first.
 2. **Where**: the least loaded healthy node the job does not use already, shared or reserved
    and held by that job, and only if its load plus the mover's stays below
    ``(1 - remap_min_load_gain)`` x the shared node's load: a move must clearly relieve the
@@ -84,6 +86,12 @@ def plan_moves(
         if len(moves) >= cfg.remap_max_moves_per_cycle:
             skipped.append({"event": ev.key, "why": f"max {cfg.remap_max_moves_per_cycle} move(s) per cycle"})
             continue
+        # Resolved once either job has left the node: the windows that still show the event
+        # predate that move, and moving the other job could put it back beside the first one.
+        gone = [j for j in (ev.victim, ev.culprit) if ev.node not in (mapping.get(j) or [default_node])]
+        if gone:
+            skipped.append({"event": ev.key, "why": f"resolved: {', '.join(gone)} no longer on {ev.node}"})
+            continue
         cands = []
         for job, nbytes in ((ev.victim, ev.victim_bytes), (ev.culprit, ev.culprit_bytes)):
             cur = mapping.get(job) or ([default_node] if default_node else [])
@@ -96,8 +104,6 @@ def plan_moves(
                 why = "already moved this cycle"
             elif job in last_move_ns and now_ns - last_move_ns[job] < min_gap:
                 why = f"moved {(now_ns - last_move_ns[job]) / 1e9:.0f} s ago (< {cfg.remap_min_interval_s:g} s)"
-            elif ev.node not in cur:
-                why = f"no longer on {ev.node}"
             if why:
                 skipped.append({"event": ev.key, "job": job, "why": why})
                 continue
