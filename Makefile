@@ -55,7 +55,7 @@ export PHAROS_REQUIRE_ALL
 test: setup lint ## All tests: linters, Rust (incl. root eBPF tests), Python (unit + end-to-end); skips fail
 	@cargo test --release --quiet --workspace
 	@cargo test --release --quiet -p pharos-agent -- --ignored
-	@$(RUN) pytest -q -rsfE
+	@$(RUN) pytest -q -rsfE -m "not evaluation"
 
 lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@$(RUN) ruff check --quiet .
@@ -63,8 +63,9 @@ lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@cargo fmt --all --check
 	@cargo clippy --release --quiet --workspace --all-targets -- -D warnings
 
-evaluate: setup ## Live detection figures: patterns, fail-slow precision/recall over 5 runs, interference, fault-to-alert latency (also in make test)
+evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only)
 	@$(RUN) pytest -q -s tests/live
+	@$(RUN) pytest -q -s -m evaluation tests
 
 bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints)
 	@$(RUN) python bench/agent_overhead.py

