@@ -21,7 +21,8 @@ same tables as traced jobs, so the summary, phases and insights work on both:
   long format: one row per (record, counter) with a non-zero value (absent = 0); ``rank``
   -1 is a shared record. **LUSTRE** records become ``LUSTRE_STRIPE_SIZE`` (first
   component), ``LUSTRE_STRIPE_COUNT`` (largest over components), ``LUSTRE_OSTS`` (distinct
-  OST ids) and ``LUSTRE_COMPONENTS``. APMPI/APXC (MPI and Cray profiling, not I/O) and
+  OST ids), ``LUSTRE_COMPONENTS`` and one ``LUSTRE_OST_ID_<id>`` (value 1) per OST the
+  file is striped over (straggler attribution, :mod:`pharos_analytics.straggler`). APMPI/APXC (MPI and Cray profiling, not I/O) and
   heatmaps are not imported; the result says so.
 * **Job record** -> ``job_events``: a ``start`` event (the log's start time, ``ranks`` =
   nprocs, ``user`` = uid as text, ``command`` = the exe line split on blanks, ``name`` =
@@ -278,6 +279,8 @@ def _lustre_counters(recs: list[dict]) -> list[tuple[str, int, int, str, float]]
             "LUSTRE_COMPONENTS": len(comps),
         }
         out += [("LUSTRE", rank, rid, k, float(v)) for k, v in values.items() if v > 0]
+        # which OSTs: one counter per OST id (value 1), for straggler attribution (TOKIO darshan_bad_ost)
+        out += [("LUSTRE", rank, rid, f"LUSTRE_OST_ID_{o}", 1.0) for o in sorted(osts)]
     return out
 
 
@@ -478,7 +481,25 @@ def import_log(store: Store, path: str | Path, job_id: str | None = None, name: 
                 f"{log.dxt_skipped} DXT_MPIIO segment(s) of POSIX-traced files not stored as requests "
                 "(the same bytes as their DXT_POSIX segments; see the MPIIO_* counters)"
             )
+        _attribute_stragglers(store, jid, result)
         return result
+
+
+def _attribute_stragglers(store: Store, job_id: str, result: LogImport) -> None:
+    """A slow OST found in the job's own log (pharos_analytics.straggler) becomes an ``anomalies``
+    row (kind straggler_resource); a failure here is a warning, never a failed import."""
+    try:
+        from pharos_analytics.straggler import record_straggler_anomalies
+
+        rep = record_straggler_anomalies(store, job_id)
+    except Exception as exc:  # the import itself succeeded; attribution is best effort
+        result.warnings.append(f"straggler attribution failed: {str(exc).splitlines()[0][:200]}")
+        return
+    for f in rep.findings:
+        result.warnings.append(
+            f"slow {f.resource_type} {f.resource}: {len(f.files)} file(s) {f.verdict.ratio:.1f}x slower than on its "
+            "peers (stored in anomalies as straggler_resource)"
+        )
 
 
 def import_logs(

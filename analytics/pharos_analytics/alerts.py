@@ -41,6 +41,7 @@ from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, detect_failslow
 from .interference import InterferenceEvent, detect_interference
 from .periodic import PeriodicLoop
+from .straggler import record_straggler_anomalies
 
 log = logging.getLogger("pharos.alerts")
 HTTP_TIMEOUT_S = 5.0
@@ -283,6 +284,13 @@ class Alerter:
             return {"firing": len(self.open), "sent": len(firing), "resolved": len(resolved)}
 
 
+#: Jobs whose end event falls in (since, until].
+ENDED_JOBS_SQL = """
+SELECT DISTINCT job_id FROM job_events
+WHERE kind = 'end' AND time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+"""
+
+
 def anomaly_rows(anoms: list[Anomaly], events: list[InterferenceEvent], now_ns: int) -> list[dict]:
     """Rows of the ``anomalies`` table for one detection cycle."""
     det = ns_to_datetime64(now_ns)
@@ -359,6 +367,7 @@ class DetectionLoop(PeriodicLoop):
         rows = anomaly_rows(rep.anomalies, events, now_ns)
         if rows:
             self.store.insert_rows("anomalies", rows)
+        stragglers = self._stragglers(cfg, now_ns)
         conds = [Condition.from_anomaly(a) for a in rep.anomalies if a.active]
         conds += [Condition.from_interference(e) for e in events if e.active]
         sent = (
@@ -372,11 +381,29 @@ class DetectionLoop(PeriodicLoop):
             "duration_s": round(time.monotonic() - t0, 3),
             "anomalies": len(rep.anomalies),
             "interference": len(events),
+            "straggler_resources": stragglers,
             "conditions": len(conds),
             **sent,
             "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]],
         }
         return self.last
+
+    def _stragglers(self, cfg: DiagnosisConfig, now_ns: int) -> int:
+        """Straggler attribution (:mod:`~pharos_analytics.straggler`) of the jobs that ended since the
+        previous cycle, and in the 30 s before it (their last forwarder records may come after the
+        end event), on the first cycle within ``interference_lookback_s``; each blamed resource is
+        stored once per job (kind ``straggler_resource``). Returns the resources found."""
+        since = int(self.last.get("time_ns", 0)) if self.last else now_ns - int(cfg.interference_lookback_s * 1e9)
+        jobs = self.store.query(
+            ENDED_JOBS_SQL, {"since": ns_to_datetime64(since - 30_000_000_000), "until": ns_to_datetime64(now_ns)}
+        )
+        n = 0
+        for r in jobs:
+            try:
+                n += len(record_straggler_anomalies(self.store, r["job_id"], cfg, now_ns).findings)
+            except Exception as exc:  # one job's attribution never stops the detection loop
+                log.warning("straggler attribution of job %s failed: %s", r["job_id"], str(exc).splitlines()[0])
+        return n
 
     def status(self) -> dict:
         return {

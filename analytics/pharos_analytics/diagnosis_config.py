@@ -15,6 +15,14 @@ Sources of the defaults:
   0.3, ``interface_stdio`` 0.1, ``imbalance_operations`` 0.1.
 * **Beacon** (Yang et al., NSDI'19): a job is metadata-heavy above 1,000 metadata
   operations per second.
+* **Significance** (Drishti's share and absolute thresholds, applied to every rule):
+  ``significance_share`` 0.1 (Drishti's small_requests / misaligned_requests / interface_stdio
+  shares), ``significance_min_requests`` 1000 (Drishti small_requests_absolute /
+  random_operations_absolute).
+* **TOKIO** (Total Knowledge of I/O, NERSC/LBNL; pytokio ``tokio/cli/darshan_bad_ost.py``): straggler attribution correlates per-file performance
+  with each OST; ``straggler_p_value`` 0.05 (its ``--p-threshold``), ``straggler_correlation``
+  0.5 (its ``--c-warning``, "this OST looks unhealthy"); ``straggler_min_ratio`` 2.0 is
+  Beacon §5.3's 0.5 bandwidth ratio.
 * **Beacon §5.3** (slow node detection): ``failslow_bw_ratio`` 0.5, ``failslow_volume_ratio``
   0.6, ``failslow_windows_s`` 1 h, 4 h, 12 h, 96 h.
 * **Pharos**: the rest (phase gap, sustain window, file/fsync/stripe thresholds, the fail-slow
@@ -142,6 +150,54 @@ class DiagnosisConfig(PharosSettings):
     )
     stdio_min_bytes: int = Field(
         default=MiB, ge=0, description="Pharos. Bytes through STDIO below which its share is not worth an insight."
+    )
+    # -- significance of every insight (Drishti thresholds, applied to bytes and time) ----------
+    significance_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Drishti small_requests / misaligned_requests / interface_stdio (0.1). An insight is "
+        "high severity only when what it describes is at least this share (0-1) of the job's bytes or of "
+        "its I/O time (summed over ranks; the slowest rank's I/O time for rank-time rules).",
+    )
+    significance_min_requests: int = Field(
+        default=1000,
+        ge=0,
+        description="Drishti small_requests_absolute / random_operations_absolute (1000). A rule about "
+        "requests (small, misaligned, random) is high severity only with at least this many of them.",
+    )
+    # -- straggler attribution (TOKIO darshan_bad_ost; Beacon §5.3 ratio) ------------------------
+    straggler_p_value: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="TOKIO darshan_bad_ost --p-threshold (0.05). Largest p-value of the Pearson correlation "
+        "of per-file log performance with a resource's indicator that counts.",
+    )
+    straggler_correlation: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="TOKIO darshan_bad_ost --c-warning (0.5). The correlation must be <= -this "
+        "('this OST looks unhealthy').",
+    )
+    straggler_min_ratio: float = Field(
+        default=2.0,
+        gt=1,
+        description="Beacon §5.3 (bandwidth < 0.5 x peers). The resource's median per-file performance must "
+        "be at most 1/this of its peers' median (effect size).",
+    )
+    straggler_min_files: int = Field(
+        default=2,
+        ge=2,
+        description="Pharos. Files on the resource AND files on its peers needed to judge it: with one file "
+        "per resource a slow file and a slow resource cannot be told apart.",
+    )
+    straggler_min_file_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description="Pharos. Files (observations) moving fewer bytes are left out of the attribution: the "
+        "time of a few tiny requests is latency (locks, opens), not the resource's bandwidth.",
     )
     # -- bounds of the sequential (Python) analyses ----------------------------------------
     scan_max_records: int = Field(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pharos_pipeline.store import Store
@@ -938,6 +938,7 @@ def single_target(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
                 "ranks": n,
                 "layout": what,
                 "min_ranks": cfg.shared_file_min_ranks,
+                "bytes": int(sum(h[3] for h in hits)),
             },
             [
                 "Stripe the file over many targets before writing it (lfs setstripe -c <n> or -1 on the "
@@ -946,6 +947,58 @@ def single_target(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) 
             "Pharos (Lustre striping; Darshan corpus imbalanced_io)",
         )
     ]
+
+
+@rule
+def straggler_resource(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) -> list[Insight]:
+    """The resource the slow files (and their ranks) share. Source: TOKIO darshan_bad_ost
+    (Pearson r of per-file log performance with each OST <= -``straggler_correlation``
+    (dimensionless, default 0.5), p < ``straggler_p_value`` (default 0.05)) + Beacon §5.3 (median
+    performance, B/s, <= 1/``straggler_min_ratio`` (default 2) of the peers'); at least
+    ``straggler_min_files`` (files, default 2) of at least ``straggler_min_file_bytes`` (bytes,
+    default 64 KiB) on the resource and on its peers; see :mod:`pharos_analytics.straggler`. Trace (live jobs): storage
+    targets, forwarding nodes, compute nodes of the forwarder-layer requests; counters: OSTs
+    of the Darshan LUSTRE records. Weighed by the excess time of its files (time beyond what
+    the peers' median performance needs) against the slowest rank's I/O time."""
+    from .straggler import job_stragglers
+
+    rep = job_stragglers(t.store, t.job_id, cfg)
+    out = []
+    for f in rep.findings:
+        v = f.verdict
+        kind = {"ost": "OST", "target": "storage target", "forwarding_node": "forwarding node"}.get(
+            f.resource_type, f.resource_type.replace("_", " ")
+        )
+        files = ", ".join(f.files[:5]) + (f" +{len(f.files) - 5}" if len(f.files) > 5 else "")
+        ranks = ", ".join(map(str, f.ranks[:16])) + (f" +{len(f.ranks) - 16}" if len(f.ranks) > 16 else "")
+        out.append(
+            Insight(
+                "straggler_resource",
+                f"Slow files share {kind} {f.resource}",
+                "high",
+                "trace" if f.source == "trace" else "counters",
+                f"the {v.files} file(s) on {kind} {f.resource} ran at a median {_mib(v.median_perf_b_s)}/s, "
+                f"{v.ratio:.1f}x slower than the {v.peer_files} file(s) on its peers ({_mib(v.peers_median_perf_b_s)}/s; "
+                f"Pearson r {v.coefficient:.2f}, p {v.p_value:.2g}): files {files}; ranks {ranks}; "
+                f"{f.excess_time_s:.2f} s more than at the peers' performance",
+                {
+                    **f.evidence(),
+                    "median_perf_b_s": v.median_perf_b_s,
+                    "peers_median_perf_b_s": v.peers_median_perf_b_s,
+                    "peer_files": v.peer_files,
+                    "ratio": v.ratio,
+                    "coefficient": v.coefficient,
+                    "p_value": v.p_value,
+                },
+                [
+                    f"Report {kind} {f.resource} to the administrators (GET /v1/anomalies lists it as evidence "
+                    "from this job); avoid it for new files (lfs setstripe -o / a placement pool without it) "
+                    "until it is healthy again."
+                ],
+                "TOKIO darshan_bad_ost (per-file performance vs OST correlation) + Beacon NSDI'19 §5.3 ratio",
+            )
+        )
+    return out
 
 
 @rule
@@ -1049,9 +1102,163 @@ def _overlap(starts: list[int], ends: list[int], lo: int, hi: int) -> int:
 # Public API
 
 
+# ======================================================================================
+# Significance: every insight weighs the bytes and the time it concerns
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """The job's I/O to weigh insights against. Bytes in bytes, times in seconds; per
+    direction (``read``/``write``): requests, bytes, data time summed over ranks."""
+
+    bytes: float
+    time_s: float  # data + metadata time summed over ranks
+    crit_s: float  # the slowest rank's data + metadata time (the job's critical path in I/O)
+    dirs: dict[str, tuple[float, float, float]]  # direction -> (requests, bytes, time_s)
+
+
+def _totals(c: _Counters, t: _Trace) -> _Totals:
+    """From the counters when the job has POSIX records (the rules use them then), else the trace.
+
+    Counters: POSIX + STDIO bytes and F_{READ,WRITE,META}_TIME; a shared record's time counts
+    once in the sum and as its POSIX_F_SLOWEST_RANK_TIME on the critical path, added to the
+    slowest rank of the non-shared records (an upper bound). Trace: per-rank data and
+    metadata time of the requests."""
+    if c.present and c.posix:
+        dirs: dict[str, list[float]] = {"read": [0.0, 0.0, 0.0], "write": [0.0, 0.0, 0.0]}
+        meta = 0.0
+        per_rank: dict[int, float] = {}
+        shared_crit = 0.0
+        for r in c.posix + c.stdio:
+            m = r.module
+            for d, D in (("read", "READ"), ("write", "WRITE")):
+                dirs[d][0] += r.g(f"{m}_{D}S")
+                dirs[d][1] += r.g(f"{m}_BYTES_{D if D == 'READ' else 'WRITTEN'}")
+                dirs[d][2] += r.g(f"{m}_F_{D}_TIME")
+            rt = r.g(f"{m}_F_READ_TIME") + r.g(f"{m}_F_WRITE_TIME") + r.g(f"{m}_F_META_TIME")
+            meta += r.g(f"{m}_F_META_TIME")
+            if r.rank >= 0:
+                per_rank[r.rank] = per_rank.get(r.rank, 0.0) + rt
+            else:
+                shared_crit += r.g(f"{m}_F_SLOWEST_RANK_TIME") or rt / c.nprocs(r)
+        total_t = meta + dirs["read"][2] + dirs["write"][2]
+        return _Totals(
+            bytes=dirs["read"][1] + dirs["write"][1],
+            time_s=total_t,
+            crit_s=max(per_rank.values(), default=0.0) + shared_crit,
+            dirs={d: (v[0], v[1], v[2]) for d, v in dirs.items()},
+        )
+    per = [(int(r["data_ns"]) + int(r["meta_ns"])) / 1e9 for r in t.ranks]
+    data_s = sum(int(r["data_ns"]) for r in t.ranks) / 1e9
+    nr, nw = t.f("reads"), t.f("writes")
+    br = bw = 0.0
+    if t.files:
+        prof = job_phases(t.store, t.job_id, "client", t.cfg).job
+        br, bw = (float(prof.bytes_read), float(prof.bytes_written)) if prof else (0.0, 0.0)
+    n = max(nr + nw, 1.0)
+    return _Totals(
+        bytes=br + bw,
+        time_s=sum(per),
+        crit_s=max(per, default=0.0),
+        dirs={"read": (nr, br, data_s * nr / n), "write": (nw, bw, data_s * nw / n)},
+    )
+
+
+def _concerns(i: Insight, tot: _Totals) -> tuple[float | None, float | None, float | None, str]:
+    """(requests, bytes, time_s, time basis) an insight is about; ``None`` when the rule does not
+    say. Requests of a direction are weighed pro rata: n of the direction's N requests are
+    taken to move n/N of its bytes and to take n/N of its time."""
+    ev = i.evidence
+    d = "read" if "read" in i.id else ("write" if "write" in i.id else None)
+    if i.id.startswith(("small_", "random_", "misaligned_")):
+        n = float(ev.get("small_requests", ev.get("random", ev.get("misaligned", 0))))
+        if d is None:  # misaligned: all data requests
+            N = sum(v[0] for v in tot.dirs.values())
+            B = sum(v[1] for v in tot.dirs.values())
+            T = sum(v[2] for v in tot.dirs.values())
+        else:
+            N, B, T = tot.dirs[d]
+        f = min(n / N, 1.0) if N else 0.0
+        return n, f * B, f * T, "sum"
+    if i.id in ("rank_imbalance_bytes", "rank_imbalance_time"):
+        if "slowest_rank_time_s" in ev:
+            return None, None, float(ev["slowest_rank_time_s"]) - float(ev["fastest_rank_time_s"]), "critical"
+        return None, float(ev.get("file_bytes", 0)) or None, None, "critical"
+    if i.id == "metadata_time":
+        return None, None, float(ev["worst_s"]), "critical"
+    if i.id == "single_target_shared_file":
+        return None, float(ev.get("bytes") or 0) or None, None, "sum"
+    if i.id == "straggler_resource":  # the excess time, against the slowest rank's I/O time
+        return None, None, float(ev.get("excess_time_s", 0)), "critical"
+    return None, None, None, "sum"
+
+
+def weigh(i: Insight, tot: _Totals, cfg: DiagnosisConfig) -> Insight:
+    """The insight with its severity weighed by what it costs (Drishti thresholds, ONE rule for all).
+
+    A rule's ``high`` stays high only when what it describes is at least
+    ``significance_share`` (0-1, Drishti 0.1) of the job's bytes or of its I/O time (summed
+    over ranks; for rank-time rules, the slowest rank's I/O time; a share that cannot be
+    computed is not held against the insight) and, for rules about
+    requests there are at least as many as the rule's absolute threshold (Drishti:
+    ``small_requests_absolute`` for small requests, ``random_absolute`` for random ones,
+    ``significance_min_requests`` for misaligned ones; 1000 each). Otherwise it becomes ``warn`` when one of the two holds, else
+    ``info``. ``warn``/``info`` insights keep their severity. The numbers go to
+    ``evidence["significance"]``: requests, bytes, time_s, bytes_share, time_share (0-1,
+    ``None`` when not known), time_basis (``sum`` or ``critical``); rules that concern neither
+    requests, bytes nor time (fsync storms, metadata rate, ...) are left as they are."""
+    n, b, ts, basis = _concerns(i, tot)
+    if n is None and b is None and ts is None:
+        return i  # the rule's own threshold is its significance (warn/info rules, Pharos rules)
+    T = tot.crit_s if basis == "critical" else tot.time_s
+    bshare = min(b / tot.bytes, 1.0) if b is not None and tot.bytes > 0 else None
+    tshare = min(ts / T, 1.0) if ts is not None and T > 0 else None
+    shares = [x for x in (bshare, tshare) if x is not None]
+    material = max(shares) >= cfg.significance_share if shares else True  # unknown: not held against it
+    min_n = (
+        cfg.small_requests_absolute
+        if i.id.startswith("small_")
+        else cfg.random_absolute
+        if i.id.startswith("random_")
+        else cfg.significance_min_requests
+    )
+    many = n is None or n >= min_n
+    sev = i.severity
+    if sev == "high" and not (material and many):
+        sev = "warn" if (material or many) else "info"
+    sig = {
+        "requests": n,
+        "bytes": b,
+        "time_s": ts,
+        "bytes_share": bshare,
+        "time_share": tshare,
+        "time_basis": basis,
+        "share_threshold": cfg.significance_share,
+        "min_requests": min_n,
+    }
+    msg = i.message
+    if sev != i.severity:
+        what = " and ".join(
+            x
+            for x in (
+                f"{_pct(bshare)} of the bytes" if bshare is not None else "",
+                f"{_pct(tshare)} of the I/O time" if tshare is not None else "",
+                f"{int(n)} requests" if n is not None else "",
+            )
+            if x
+        )
+        msg += f" (concerns {what}: below the significance thresholds, so {sev}, not high)"
+    return replace(i, severity=sev, message=msg, evidence={**i.evidence, "significance": sig})
+
+
+# ======================================================================================
+# Public API
+
+
 def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) -> JobInsights:
-    """Run every rule on ``job_id`` (client layer). Insights sorted by severity, then id.
-    An unknown job or one without I/O gives no insight (and its phases' source ``none``)."""
+    """Run every rule on ``job_id`` (client layer), weigh each insight's severity by the bytes
+    and time it concerns (:func:`weigh`), sort by severity, then id. An unknown job or one
+    without I/O gives no insight (and its phases' source ``none``)."""
     cfg = cfg or DiagnosisConfig()
     ph = job_phases(store, job_id, "client", cfg)
     counters = _Counters(store, job_id)
@@ -1065,6 +1272,9 @@ def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) 
     out: list[Insight] = []
     for r in RULES:
         out += r(counters, trace, cfg, ph)
+    if out:
+        tot = _totals(counters, trace)
+        out = [weigh(i, tot, cfg) for i in out]
     out.sort(key=lambda i: (SEVERITY_ORDER[i.severity], i.id))
     return JobInsights(job_id=job_id, insights=out, phases=ph, notes=notes)
 

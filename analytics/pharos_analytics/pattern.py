@@ -7,15 +7,28 @@ files they read or write: N-N (each rank its own file), N-1 (all ranks one share
 or reading several files) and ``none`` (no data I/O), and classify over *data files*:
 regular files outside system paths (:data:`SYSTEM_PREFIXES`) that saw data reads or writes.
 
+A job (or a phase) often mixes modes: e.g. every rank writes its own output (N-N) and all of
+them read one input file (N-1). Over all data files together that is N-M, which hides what
+dominates. Beacon labels a job by **volume dominance** (NSDI'19 §4): the mode that carries
+more than half of the bytes when the job has two modes, more than a third when it has three
+or more. :func:`decide_pattern` is that rule, and the ONE place where a job's or a phase's
+pattern is decided: the job summary and list (:mod:`~pharos_analytics.summary`), the phases
+and profiles (:mod:`~pharos_analytics.phases`, :mod:`~pharos_analytics.profiles`), hence
+``pharos job``, ``pharos jobs``, ``pharos diagnose`` and the API all report its result. The
+modes are the per-direction patterns (reads alone, writes alone, each weighted by its bytes);
+they stay available as detail (``patterns``), as does the fan-in pattern of all data I/O
+together (``fan_in_pattern``), which is also the answer when no mode dominates.
+
 Everything here is pure: no store, no I/O. :mod:`pharos_analytics.summary` computes the
-same fan-in statistics in ClickHouse and calls :func:`classify_fan_in`.
+same fan-in statistics in ClickHouse and calls :func:`classify_fan_in` and
+:func:`decide_pattern`.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Literal
 
 Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
@@ -97,3 +110,56 @@ def classify_pattern(pairs: Iterable[tuple[Hashable, Hashable]]) -> Pattern:
         ranks_per_file[file].add(rank)
     fan_in = max((len(r) for r in ranks_per_file.values()), default=0)
     return classify_fan_in(len(ranks), len(ranks_per_file), fan_in)
+
+
+#: Beacon's dominance shares (NSDI'19 §4): a mode must carry MORE than this share of the bytes,
+#: by the number of distinct modes (2 -> one half; 3 or more -> one third).
+DOMINANCE_TWO_MODES = 1 / 2
+DOMINANCE_MANY_MODES = 1 / 3
+
+
+def decide_pattern(modes: Iterable[tuple[Pattern, int]], fan_in: Pattern) -> Pattern:
+    """The pattern of a job or phase by Beacon's volume dominance (NSDI'19 §4).
+
+    Args:
+        modes: (pattern, bytes) of each component of the I/O, e.g. ``[(read pattern,
+            bytes read), (write pattern, bytes written)]``; bytes >= 0. Components with
+            pattern ``none`` or 0 bytes carry no volume and are ignored; components with the
+            same pattern add up.
+        fan_in: the pattern of all the data I/O together (:func:`classify_fan_in` over every
+            data file); returned when no mode dominates or there is no volume at all.
+
+    Returns:
+        The only mode when there is one; with two distinct modes the one with more than
+        1/2 of the bytes; with three or more the largest one if it has more than 1/3 of the
+        bytes; otherwise ``fan_in``. E.g. 99 GiB of N-N writes and 1 MiB of N-1 reads of one
+        input file give ``N-N`` (the fan-in over all files says ``N-M``).
+
+    Raises:
+        ValueError: a negative byte count.
+    """
+    vol: dict[Pattern, int] = defaultdict(int)
+    for pattern, nbytes in modes:
+        if nbytes < 0:
+            raise ValueError("a mode's bytes must be >= 0")
+        if pattern != "none" and nbytes > 0:
+            vol[pattern] += int(nbytes)
+    if not vol:
+        return fan_in
+    if len(vol) == 1:
+        return next(iter(vol))
+    total = sum(vol.values())
+    ranked = sorted(vol.items(), key=lambda kv: -kv[1])
+    share = DOMINANCE_TWO_MODES if len(vol) == 2 else DOMINANCE_MANY_MODES
+    (top, top_b), (_, second_b) = ranked[0], ranked[1]
+    if top_b / total > share and top_b > second_b:
+        return top
+    return fan_in
+
+
+def decide_directions(patterns: Mapping[str, Pattern], bytes_read: int, bytes_written: int, fan_in: Pattern) -> Pattern:
+    """:func:`decide_pattern` over the two directions: ``patterns`` is ``{"read": p, "write": p}``
+    (Beacon pattern of the reads alone and of the writes alone), bytes in bytes."""
+    return decide_pattern(
+        [(patterns.get("read", "none"), bytes_read), (patterns.get("write", "none"), bytes_written)], fan_in
+    )

@@ -10,7 +10,13 @@ defines them; one layer at a time (``client`` by default).
 
 Each phase, and the job, gets an :class:`IoProfile`:
 
-* ``pattern``: Beacon's N-N / N-1 / N-M / 1-1 / 1-N (:func:`pattern.classify_fan_in`).
+* ``pattern``: Beacon's N-N / N-1 / N-M / 1-1 / 1-N decided by volume dominance over the
+  span's reads and writes (:func:`pattern.decide_pattern`, NSDI'19 §4), the same function
+  the job summary uses; ``patterns`` keeps the pattern of the reads alone and of the writes
+  alone, ``fan_in_pattern`` the fan-in pattern of all data I/O together
+  (:func:`pattern.classify_fan_in`). For the whole job the pattern fields are those of
+  :func:`pharos_analytics.summary.job_summary` (same definition and data: for a job judged
+  from Darshan counters, the summary's POSIX + STDIO, or MPI-IO, records).
 * ``direction``: ``write`` or ``read`` when |writes - reads| / (reads + writes), in bytes,
   exceeds ``dominance_ratio`` (Drishti imbalance_operations), else ``mixed``.
 * ``access``: ``random`` when the share of non-sequential requests exceeds ``random_ratio``
@@ -44,20 +50,21 @@ count, so ``metadata_heavy`` means the *average* rate is above the threshold).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
 from pharos_pipeline.store import Store
 
 from .diagnosis_config import DiagnosisConfig
-from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, is_system_path
+from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions, is_system_path
 from .summary import (
     DATA_OPS,
     META_OPS,
     NON_FILE_TYPES,
     READ_OPS,
     _check_layer,
+    _darshan_figures,
     ns_to_datetime,
     sql_list,
 )
@@ -101,6 +108,8 @@ class IoProfile:
     metadata_peak_ops_s: float
     metadata_busy_s: int
     metadata_heavy: bool
+    patterns: dict[str, Pattern] = field(default_factory=dict)
+    fan_in_pattern: Pattern = "none"
 
 
 @dataclass(frozen=True)
@@ -208,7 +217,13 @@ SELECT
     sum(data_time_ns)                                       AS data_time_ns,
     length(groupUniqArrayArray(franks))                     AS n_ranks,
     countIf(notEmpty(franks))                               AS n_files,
-    max(length(franks))                                     AS max_fan_in
+    max(length(franks))                                     AS max_fan_in,
+    length(groupUniqArrayArray(rranks))                     AS n_read_ranks,
+    countIf(notEmpty(rranks))                               AS n_read_files,
+    max(length(rranks))                                     AS max_read_fan_in,
+    length(groupUniqArrayArray(wranks))                     AS n_write_ranks,
+    countIf(notEmpty(wranks))                               AS n_write_files,
+    max(length(wranks))                                     AS max_write_fan_in
 FROM
 (
     SELECT
@@ -232,7 +247,9 @@ FROM
         sumIf(count, NOT is_data)                                           AS meta_ops,
         sumIf(duration_ns, NOT is_data)                                     AS meta_time_ns,
         sumIf(duration_ns, is_data)                                         AS data_time_ns,
-        groupUniqArrayIf(rank, is_data)                                     AS franks
+        groupUniqArrayIf(rank, is_data)                                     AS franks,
+        groupUniqArrayIf(rank, is_data AND is_read)                         AS rranks,
+        groupUniqArrayIf(rank, is_data AND NOT is_read)                     AS wranks
     FROM phased
     GROUP BY phase, file
 )
@@ -348,11 +365,18 @@ def _profile(r: dict, busy: list[tuple[int, int]], cfg: DiagnosisConfig) -> IoPr
     if not peak and meta_ops:
         peak = meta_ops / max(duration, 1.0)  # none above the rate: report the average instead
     misaligned = max(x for x in (mis, smis, 0.0) if x is not None)
+    fan_in = classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in"))
+    patterns: dict[str, Pattern] = {
+        "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
+        "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
+    }
     return IoProfile(
         start=ns_to_datetime(start_ns),
         end=ns_to_datetime(end_ns),
         duration_s=duration,
-        pattern=classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in")),
+        pattern=decide_directions(patterns, g("bytes_read"), g("bytes_written"), fan_in),
+        patterns=patterns,
+        fan_in_pattern=fan_in,
         io_ranks=g("n_ranks"),
         n_files=g("n_files"),
         max_fan_in=g("max_fan_in"),
@@ -520,15 +544,77 @@ def counters_profile(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
     )
 
 
+def _summary_pattern(prof: IoProfile | None, figs: dict | None, cfg: DiagnosisConfig) -> IoProfile | None:
+    """``prof`` with the pattern fields of the job's Darshan-counter summary (``figs``, from
+    :func:`pharos_analytics.summary._darshan_figures`): one definition of a counter job's pattern.
+    A job with counters but no POSIX record (STDIO or MPI-IO only) gets a profile of its
+    summary's figures alone (shares unknown: ``None``)."""
+    if figs is None:
+        return prof
+    fields = {
+        "pattern": figs["pattern"],
+        "patterns": figs["patterns"],
+        "fan_in_pattern": figs["fan_in_pattern"],
+        "io_ranks": figs["io_ranks"],
+        "n_files": figs["n_files"],
+    }
+    if prof is not None:
+        return replace(prof, **fields)
+    reads, writes = figs["ops"].get("read", 0), figs["ops"].get("write", 0)
+    span = figs["io_span_s"] or 0.0
+    return IoProfile(
+        start=figs["first_io"],
+        end=figs["last_io"],
+        duration_s=span,
+        max_fan_in=max((f.ranks for f in figs["files"]), default=0),
+        reads=reads,
+        writes=writes,
+        bytes_read=figs["bytes_read"],
+        bytes_written=figs["bytes_written"],
+        direction=_direction(figs["bytes_read"], figs["bytes_written"], cfg),
+        sequential_share=None,
+        consecutive_share=None,
+        access="none",
+        small_share=None,
+        size_class="none",
+        misaligned_share=None,
+        alignment="none",
+        alignment_bytes=cfg.alignment_bytes,
+        stripe_misaligned_share=None,
+        metadata_ops=figs["ops"].get("open", 0) + figs["ops"].get("stat", 0),
+        metadata_time_s=0.0,
+        data_time_s=figs["io_time_s"],
+        metadata_peak_ops_s=0.0,
+        metadata_busy_s=0,
+        metadata_heavy=False,
+        **fields,
+    )
+
+
 def job_phases(store: Store, job_id: str, layer: str = "client", cfg: DiagnosisConfig | None = None) -> JobPhases:
     """A job's phases and profile: from its traced requests when it has any on ``layer``,
-    else (client layer) from its Darshan counters, else empty (``source`` ``none``)."""
+    else (client layer) from its Darshan counters, else empty (``source`` ``none``).
+
+    The job profile's pattern fields (``pattern``, ``patterns``, ``fan_in_pattern``,
+    ``io_ranks``, ``n_files``) are those of :func:`pharos_analytics.summary.job_summary` for
+    the same job and layer: from the trace when the job has data requests there, else (client
+    layer) from the Darshan counters the summary uses."""
     cfg = cfg or DiagnosisConfig()
     job, phases, gap_s = trace_phases(store, job_id, layer, cfg)
+    figs = None
+    if layer == "client" and (job is None or job.reads + job.writes == 0):
+        figs = _darshan_figures(store, job_id, 100)  # the summary's fallback: same pattern
     if job is not None and (job.reads + job.writes + job.metadata_ops) > 0:
-        return JobPhases(job_id=job_id, layer=layer, source="trace", gap_s=gap_s, job=job, phases=phases)
+        return JobPhases(
+            job_id=job_id,
+            layer=layer,
+            source="trace",
+            gap_s=gap_s,
+            job=_summary_pattern(job, figs, cfg),
+            phases=phases,
+        )
     if layer == "client":
-        prof = counters_profile(store, job_id, cfg)
+        prof = _summary_pattern(counters_profile(store, job_id, cfg), figs, cfg)
         if prof is not None:
             return JobPhases(job_id=job_id, layer=layer, source="counters", gap_s=gap_s, job=prof, phases=[])
     return JobPhases(job_id=job_id, layer=layer, source="none", gap_s=gap_s, job=None, phases=[])

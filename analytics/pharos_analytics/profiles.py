@@ -7,8 +7,8 @@ else the storage layer; names and users from ``job_events``): bytes read and wri
 I/O span (s, first to last request), bandwidth (bytes/s over the span), busy seconds, data
 requests and mean request size (bytes), metadata ops and their rate (ops/s over the span),
 ranks that did I/O, forwarding nodes and targets used (forwarder-layer rows of the job,
-whatever layer the rest comes from), and the Beacon I/O pattern (NSDI'19 §4, fan-in on
-data files, :mod:`pharos_analytics.summary`). Per (name, user): mean, population std, n,
+whatever layer the rest comes from), and the Beacon I/O pattern (NSDI'19 §4, volume dominance over
+reads and writes, :func:`pharos_analytics.summary.fan_in_patterns`). Per (name, user): mean, population std, n,
 min and max of every number, and the pattern counts.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 from pharos_pipeline.store import Store, ns_to_datetime64
 
-from .pattern import SYSTEM_PATH_REGEX, classify_fan_in
-from .summary import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, sql_list
+from .pattern import SYSTEM_PATH_REGEX
+from .summary import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, fan_in_patterns, sql_list
 
 _META = f"op IN {sql_list(META_OPS)}"
 
@@ -176,7 +176,7 @@ def job_metrics(store: Store, job_ids: list[str] | None = None, since_ns: int | 
             "forwarding_nodes": float(fwd["forwarding_nodes"]),
             "targets": float(fwd["targets"]),
         }
-        pattern = classify_fan_in(int(f["n_ranks"]), int(f["n_files"]), int(f["max_fan_in"])) if f else "none"
+        pattern = fan_in_patterns(f, int(r["bytes_read"]), int(r["bytes_written"]))[2]  # volume dominance
         out.append(
             JobMetrics(
                 j,

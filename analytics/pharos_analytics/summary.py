@@ -66,7 +66,7 @@ from typing import Literal
 
 from pharos_pipeline.store import Store
 
-from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in
+from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions
 
 READ_OPS: tuple[str, ...] = ("read", "pread", "readv")
 WRITE_OPS: tuple[str, ...] = ("write", "pwrite", "writev")
@@ -142,7 +142,10 @@ class JobSummary:
 
     ``size_histogram`` is ``{"read": {bin: requests}, "write": {bin: requests}}`` with
     Darshan's bins (:data:`SIZE_BINS`, all present, in order), weighted by ``count``.
-    ``patterns`` is the Beacon pattern of reads alone and writes alone.
+    ``pattern`` is the job's Beacon pattern decided by volume dominance over its reads and
+    writes (:func:`pharos_analytics.pattern.decide_pattern`, NSDI'19 §4); ``patterns`` is the
+    pattern of reads alone and of writes alone (the modes), ``fan_in_pattern`` the pattern of
+    all data I/O together (the answer when no mode dominates).
     ``io_time_s`` is the cumulative time inside data ops (Darshan's ``POSIX_F_*_TIME``,
     summed over ranks and threads); ``io_span_s`` is ``last_io - first_io``;
     ``bandwidth_mib_s`` is ``(bytes_read + bytes_written) / 2**20 / io_span_s``, ``None``
@@ -186,6 +189,7 @@ class JobSummary:
     dropped_records: int
     drops: Drops
     source: SummarySource = "traces"
+    fan_in_pattern: Pattern = "none"
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,9 @@ class JobListItem:
     n_files: int
     bytes_read: int
     bytes_written: int
+    patterns: dict[str, Pattern] = field(default_factory=dict)
+    fan_in_pattern: Pattern = "none"
+    source: SummarySource = "traces"
 
 
 # --------------------------------------------------------------------------------------
@@ -551,22 +558,30 @@ def _check_layer(layer: str) -> None:
         raise ValueError(f"unknown layer {layer!r}; expected one of {', '.join(LAYERS)}")
 
 
-def _patterns(fan: dict | None) -> tuple[int, int, Pattern, dict[str, Pattern]]:
-    """(io_ranks, n_files, pattern, {"read": p, "write": p}) from a fan-in row."""
+def fan_in_patterns(
+    fan: dict | None, bytes_read: int, bytes_written: int
+) -> tuple[int, int, Pattern, dict[str, Pattern], Pattern]:
+    """(io_ranks, n_files, pattern, {"read": p, "write": p}, fan-in pattern) from a fan-in row
+    (the columns of :data:`FAN_IN_SELECT`) and the bytes read and written (bytes): the pattern
+    is decided by Beacon's volume dominance over the two directions
+    (:func:`pharos_analytics.pattern.decide_directions`)."""
     if fan is None:
-        return 0, 0, "none", {"read": "none", "write": "none"}
+        return 0, 0, "none", {"read": "none", "write": "none"}, "none"
 
     def g(k):
         return int(fan[k] or 0)
 
+    fan_in = classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in"))
+    patterns: dict[str, Pattern] = {
+        "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
+        "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
+    }
     return (
         g("n_ranks"),
         g("n_files"),
-        classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in")),
-        {
-            "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
-            "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
-        },
+        decide_directions(patterns, bytes_read, bytes_written, fan_in),
+        patterns,
+        fan_in,
     )
 
 
@@ -594,7 +609,7 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
         d: {label: int(r[f"hist_{d}"][i]) if len(r[f"hist_{d}"]) > i else 0 for i, (label, _) in enumerate(SIZE_BINS)}
         for d in ("read", "write")
     }
-    io_ranks, n_files, pattern, patterns = _patterns(r)
+    io_ranks, n_files, pattern, patterns, fan_in = fan_in_patterns(r, g("bytes_read"), g("bytes_written"))
     first_ns, last_ns = g("start_ns") or None, g("end_ns") or None
     span_s = (last_ns - first_ns) / 1e9 if first_ns and last_ns else None
     total = g("bytes_read") + g("bytes_written")
@@ -604,6 +619,7 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
         "io_ranks": io_ranks,
         "pattern": pattern,
         "patterns": patterns,
+        "fan_in_pattern": fan_in,
         "bytes_read": g("bytes_read"),
         "bytes_written": g("bytes_written"),
         "ops": ops,
@@ -725,7 +741,9 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         for r in store.query(JOB_FILES_SQL, {**fp, "limit": files_limit})
     ]
     fan_rows = store.query(JOB_FAN_IN_SQL, fp)
-    io_ranks, n_files, pattern, patterns = _patterns(fan_rows[0] if fan_rows else None)
+    io_ranks, n_files, pattern, patterns, fan_in = fan_in_patterns(
+        fan_rows[0] if fan_rows else None, bytes_read, bytes_written
+    )
 
     d = store.query(JOB_DROPS_SQL, {"job_id": job_id})[0]
     drops = Drops(
@@ -778,6 +796,7 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         bandwidth_mib_s=bandwidth,
         dropped_records=drops.total,
         drops=drops,
+        fan_in_pattern=fan_in,
     )
     return replace(summary, **darshan) if darshan else summary
 
@@ -785,8 +804,12 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
 def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "client") -> list[JobListItem]:
     """Jobs known from ``job_events``, newest start first, ``limit`` from ``offset``.
 
-    Bytes and pattern come from ``layer``'s data I/O (see module docstring). Jobs that
-    have records but no event are not listed (they still have a summary).
+    Bytes and pattern come from ``layer``'s data I/O (see module docstring), the pattern
+    decided as in :func:`job_summary` (volume dominance). On the ``client`` layer, a job
+    without data-op rows but with Darshan counters (a log imported without DXT) gets its
+    bytes and pattern from the counters, as its summary does (``source``
+    ``darshan-counters``; one more query per such job). Jobs that have records but no event
+    are not listed (they still have a summary).
 
     Raises:
         ValueError: unknown layer, ``limit`` < 0 or ``offset`` < 0.
@@ -810,8 +833,19 @@ def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "clie
     out = []
     for ev in events:
         jid = ev["job_id"]
-        io_ranks, n_files, pattern, _ = _patterns(fan.get(jid))
         b = io.get(jid)
+        br, bw = (int(b["bytes_read"]), int(b["bytes_written"])) if b else (0, 0)
+        io_ranks, n_files, pattern, patterns, fan_in = fan_in_patterns(fan.get(jid), br, bw)
+        source: SummarySource = "traces"
+        if layer == "client" and jid not in fan and (d := _darshan_figures(store, jid, 0)) is not None:
+            io_ranks, n_files, pattern, patterns, fan_in = (
+                d["io_ranks"],
+                d["n_files"],
+                d["pattern"],
+                d["patterns"],
+                d["fan_in_pattern"],
+            )
+            br, bw, source = d["bytes_read"], d["bytes_written"], "darshan-counters"
         out.append(
             JobListItem(
                 job_id=jid,
@@ -826,8 +860,11 @@ def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "clie
                 pattern=pattern,
                 io_ranks=io_ranks,
                 n_files=n_files,
-                bytes_read=int(b["bytes_read"]) if b else 0,
-                bytes_written=int(b["bytes_written"]) if b else 0,
+                bytes_read=br,
+                bytes_written=bw,
+                patterns=patterns,
+                fan_in_pattern=fan_in,
+                source=source,
             )
         )
     return out

@@ -42,8 +42,12 @@ def describe_profile(p: dict) -> str:
         words = "no data I/O"
     else:
         dom = {"read": "read-dominant", "write": "write-dominant", "mixed": "mixed reads and writes"}[p["direction"]]
+        pats = p.get("patterns") or {}
+        detail = ", ".join(f"{d}s {pats[d]}" for d in ("write", "read") if pats.get(d, "none") != "none")
         words = (
-            f"{p['pattern']} ({p['io_ranks']} rank(s) on {p['n_files']} file(s)), {dom}, "
+            f"{p['pattern']} ({p['io_ranks']} rank(s) on {p['n_files']} file(s)"
+            + (f"; {detail}" if detail else "")
+            + f"), {dom}, "
             f"{p['access']} ({_share(p['sequential_share'])} sequential), "
             f"{p['size_class']} requests ({_share(p['small_share'])} under 1 MiB), "
             f"{p['alignment']} ({_share(p['misaligned_share'])} off {p['alignment_bytes']} B)"

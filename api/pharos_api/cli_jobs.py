@@ -144,7 +144,8 @@ def render_job(console: Console, s: dict) -> None:
         console.print(f"source {s['source']} (per-file totals; no per-request traces)", markup=False)
     ranks = "-" if s["ranks"] is None else s["ranks"]
     console.print(
-        f"[bold]pattern {s['pattern']}[/bold] (reads {s['patterns']['read']}, writes {s['patterns']['write']})"
+        f"[bold]pattern {s['pattern']}[/bold] (by volume: writes {s['patterns']['write']}, reads "
+        f"{s['patterns']['read']}; all files together {s.get('fan_in_pattern', '-')})"
         f"   ranks {ranks} launched, {s['io_ranks']} did data I/O on {s['n_files']} file(s)"
     )
     bw = "-" if s["bandwidth_mib_s"] is None else f"{s['bandwidth_mib_s']:.1f} MiB/s"

@@ -44,7 +44,9 @@ def anomalies_table(data: dict) -> Table:
     for c in ("kind", "node / resource", "job <- culprit", "state", "severity", "ratio", "onset (UTC)"):
         t.add_column(c, no_wrap=c != "job <- culprit")
     for a in data["items"]:
-        job = f"{a.get('job_id')} <- {a.get('culprit_job')}" if a.get("job_id") else "-"
+        job = a.get("job_id") or "-"
+        if a.get("culprit_job"):
+            job += f" <- {a['culprit_job']}"
         state = ("active" if a["active"] else "cleared") + (f" {a['persistence']}" if a.get("persistence") else "")
         ratio = a.get("ratio", a.get("rel_service", a.get("latency_ratio")))
         t.add_row(

@@ -65,8 +65,14 @@ class JobSummaryOut(_Out):
     end: datetime | None
     state: JobState
     io_ranks: int = Field(description="Ranks that did data I/O on data files.")
-    pattern: Pattern = Field(description="Beacon I/O pattern (NSDI'19 §4) of all data I/O.")
-    patterns: dict[str, Pattern] = Field(description="Pattern of reads alone and of writes alone.")
+    pattern: Pattern = Field(
+        description="Beacon I/O pattern (NSDI'19 §4) decided by volume dominance over reads and writes "
+        "(pharos_analytics.pattern.decide_pattern): the one every view of the job reports."
+    )
+    patterns: dict[str, Pattern] = Field(description="Pattern of reads alone and of writes alone (the modes).")
+    fan_in_pattern: Pattern = Field(
+        "none", description="Pattern of all data I/O together (file fan-in); used when no mode dominates."
+    )
     bytes_read: int
     bytes_written: int
     ops: dict[str, int] = Field(description="Op -> requests, regular files and metadata ops.")
@@ -103,11 +109,16 @@ class JobListItemOut(_Out):
     exit_code: int | None
     start: datetime | None
     end: datetime | None
-    pattern: Pattern
+    pattern: Pattern = Field(description="As JobSummaryOut.pattern (volume dominance).")
     io_ranks: int
     n_files: int
     bytes_read: int
     bytes_written: int
+    patterns: dict[str, Pattern] = Field(default_factory=dict, description="Pattern of reads and of writes.")
+    fan_in_pattern: Pattern = "none"
+    source: Literal["traces", "darshan-counters"] = Field(
+        "traces", description="darshan-counters: bytes and pattern from a log imported without DXT."
+    )
 
 
 class JobListOut(BaseModel):

@@ -28,7 +28,7 @@ def test_get_job(client, store):
     assert r.status_code == 200
     j = r.json()
     assert set(j) >= REQUIRED
-    assert j["job_id"] == "mix" and j["pattern"] == "N-N" and j["state"] == "finished"
+    assert j["job_id"] == "mix" and j["pattern"] == "1-1" and j["fan_in_pattern"] == "N-N" and j["state"] == "finished"
     assert (j["ranks"], j["io_ranks"], j["n_files"]) == (4, 2, 2)
     assert j["bytes_written"] == 4 * MiB + 299
     assert j["files"][0] == {
@@ -70,7 +70,7 @@ def test_list_jobs(client):
     j = r.json()
     assert (j["total"], j["limit"], j["offset"]) == (5, 50, 0)
     assert [i["job_id"] for i in j["items"]] == ["one", "nm", "failed", "n1", "mix"]
-    assert j["items"][-1]["pattern"] == "N-N" and j["items"][-1]["bytes_written"] == 4 * MiB + 299
+    assert j["items"][-1]["pattern"] == "1-1" and j["items"][-1]["bytes_written"] == 4 * MiB + 299
     page = client.get("/v1/jobs", params={"limit": 2, "offset": 1}).json()
     assert [i["job_id"] for i in page["items"]] == ["nm", "failed"] and page["total"] == 5
     assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422

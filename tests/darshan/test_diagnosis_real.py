@@ -31,8 +31,14 @@ def test_one_byte_hdf5_writes_give_the_small_write_insight(store):
     # All 40 POSIX writes are small; 40 is under Drishti's 1000, so the default severity is info.
     assert small.evidence["small_requests"] == small.evidence["requests"] == 40
     assert small.severity == "info"
-    strict = job_insights(store, r.job_id, DiagnosisConfig(small_requests_absolute=10)).insights
-    assert {i.id: i.severity for i in strict}["small_writes"] == "high"
+    strict = {i.id: i for i in job_insights(store, r.job_id, DiagnosisConfig(small_requests_absolute=10)).insights}
+    # 40 requests pass a count threshold of 10, but their 15,930 bytes are no material share of the job's
+    # 2.6 MB nor of its I/O time: significance keeps it below high.
+    sig = strict["small_writes"].evidence["significance"]
+    assert strict["small_writes"].severity == "warn" and sig["bytes_share"] < 0.01, sig
+    assert sig["time_share"] < 0.1, sig
+    loose = DiagnosisConfig(small_requests_absolute=10, significance_share=0.0)
+    assert {i.id: i.severity for i in job_insights(store, r.job_id, loose).insights}["small_writes"] == "high"
     # The DXT trace gives the phases: the 1-byte writes are there as requests.
     jp = job_phases(store, r.job_id)
     assert jp.source == "trace" and jp.job.writes == 40 and jp.job.size_class == "small"

@@ -40,7 +40,12 @@ class IoProfileOut(_Out):
     start: datetime | None
     end: datetime | None
     duration_s: float
-    pattern: Pattern = Field(description="Beacon I/O pattern (NSDI'19 §4).")
+    pattern: Pattern = Field(
+        description="Beacon I/O pattern (NSDI'19 §4) by volume dominance over reads and writes; for the "
+        "whole job the same as GET /v1/jobs/{id} (pharos_analytics.pattern.decide_pattern)."
+    )
+    patterns: dict[str, Pattern] = Field(default_factory=dict, description="Pattern of reads alone, writes alone.")
+    fan_in_pattern: Pattern = Field("none", description="Pattern of all data I/O together (file fan-in).")
     io_ranks: int
     n_files: int
     max_fan_in: int = Field(description="Most ranks on one file.")

@@ -1,8 +1,10 @@
 """System-side diagnosis: fail-slow targets and forwarding nodes, interference, job profiles.
 
-``GET /v1/anomalies``: current and recent anomalies (fail-slow nodes, interference events)
-as stored by the server's periodic detection (``anomalies`` table), or computed now
-(``live=true``). ``GET /v1/targets`` and ``GET /v1/forwarders``: recent load, latency, limits,
+``GET /v1/anomalies``: current and recent anomalies (fail-slow nodes, interference events,
+and ``straggler_resource`` rows: a storage target / OST / forwarding node that a job's own
+slow files shared, stored by the Darshan import and by the detection loop for ended jobs,
+``job_id`` the job, ``start``/``end`` its I/O time range) as stored in the ``anomalies``
+table, or computed now (``live=true``; fail-slow and interference only). ``GET /v1/targets`` and ``GET /v1/forwarders``: recent load, latency, limits,
 injected faults and fail-slow state per target / forwarding node. ``GET
 /v1/jobs/{id}/interference``: the jobs that shared a job's forwarding nodes and targets and
 what it cost it. ``GET /v1/profiles``: per job name and user, from history.
@@ -38,6 +40,7 @@ SELECT key, argMax(kind, detected) AS kind, argMax(node, detected) AS node, argM
        argMax(persistence, detected) AS persistence, argMax(active, detected) AS active,
        argMax(severity, detected) AS severity, argMax(ratio, detected) AS ratio,
        toUnixTimestamp64Nano(argMax(onset, detected)) AS onset_ns,
+       toUnixTimestamp64Nano(argMax(start, detected)) AS start_ns, toUnixTimestamp64Nano(argMax(end, detected)) AS end_ns,
        toUnixTimestamp64Nano(min(detected)) AS first_seen_ns, toUnixTimestamp64Nano(max(detected)) AS last_seen_ns,
        count() AS cycles, argMax(evidence, detected) AS evidence
 FROM anomalies
@@ -136,6 +139,8 @@ def _anomaly_out(r: dict) -> dict:
         "severity": r["severity"],
         "ratio": float(r["ratio"]),
         "onset": _iso(r["onset_ns"]),
+        "start": _iso(r.get("start_ns")),
+        "end": _iso(r.get("end_ns")),
         "first_seen": _iso(r["first_seen_ns"]),
         "last_seen": _iso(r["last_seen_ns"]),
         "cycles": int(r["cycles"]),
@@ -149,7 +154,7 @@ def _anomaly_out(r: dict) -> dict:
 def list_anomalies(
     store: StoreDep,
     request: Request,
-    kind: Literal["fail_slow_target", "fail_slow_forwarder", "interference"] | None = None,
+    kind: Literal["fail_slow_target", "fail_slow_forwarder", "interference", "straggler_resource"] | None = None,
     node: str | None = Query(default=None, description="Target, forwarding node or shared resource."),
     job: str | None = Query(default=None, description="Interference: the slowed job or the culprit."),
     active: bool | None = Query(default=None, description="Only active (true) or only cleared (false)."),
