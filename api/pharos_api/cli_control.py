@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .cli_jobs import HTTP_TIMEOUT_S, ApiError, ApiOption, _api_url, _fail, api_get
+from .cli_jobs import HTTP_TIMEOUT_S, ApiError, ApiOption, _api_url, _fail, api_get, show
 
 _CLASS = {"default": "", "more_nodes": "bold cyan", "dedicated": "bold magenta"}
 _STATUS = {"applied": "green", "failed": "bold red", "recorded": "yellow"}
@@ -178,28 +178,14 @@ def register(app: typer.Typer) -> None:
         """Every decision and push of the control loop, applied, failed (and why) or recorded."""
         params: dict[str, Any] = {"since_s": since, "limit": limit}
         params |= {k: v for k, v in (("job", job), ("kind", kind)) if v}
-        try:
-            r = api_get(_api_url(api), "/v1/control/actions", params)
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(actions_table(r.json()))
+        show(_api_url(api), "/v1/control/actions", params, as_json=as_json, render=actions_table)
 
     @control.command("pins")
     def pins_cmd(
         api: ApiOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False
     ) -> None:
         """Admins' pins of jobs and pools."""
-        try:
-            r = api_get(_api_url(api), "/v1/control/pins")
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(pins_table(r.json()))
+        show(_api_url(api), "/v1/control/pins", as_json=as_json, render=pins_table)
 
     @pin.command("job")
     def pin_job(

@@ -9,6 +9,7 @@ print one error line to stderr and exit with code 1.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -65,6 +66,21 @@ def api_get(api_url: str, path: str, params: dict[str, Any] | None = None) -> ht
             detail = json.dumps(detail)
         raise ApiError(f"Pharos API error {r.status_code}: {detail}")
     return r
+
+
+def show(
+    api_url: str, path: str, params: dict[str, Any] | None = None, *, as_json: bool, render: Callable[[Any], Any]
+) -> None:
+    """GET ``path`` from the API and print it: the API's JSON with ``as_json``, else the rich
+    renderable ``render(json)``; an API error is one line on stderr and exit code 1."""
+    try:
+        r = api_get(api_url, path, params)
+    except ApiError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(r.text)
+        return
+    Console().print(render(r.json()))
 
 
 def _fail(msg: str) -> None:
@@ -229,14 +245,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List jobs, newest first: state, ranks, I/O pattern, bytes."""
         url = _api_url(api)
-        try:
-            r = api_get(url, "/v1/jobs", {"limit": limit, "offset": offset})
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(_jobs_table(r.json()))
+        show(url, "/v1/jobs", {"limit": limit, "offset": offset}, as_json=as_json, render=_jobs_table)
 
     @app.command("job")
     def job_cmd(

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, human_bytes
+from .cli_jobs import ApiOption, _api_url, human_bytes, show
 
 _SEV = {"critical": "bold red", "warning": "yellow"}
 
@@ -173,14 +173,7 @@ def register(app: typer.Typer) -> None:
         params |= {k: v for k, v in (("kind", kind), ("node", node), ("job", job)) if v}
         if active is not None:
             params["active"] = str(active).lower()
-        try:
-            r = api_get(_api_url(api), "/v1/anomalies", params)
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(anomalies_table(r.json()))
+        show(_api_url(api), "/v1/anomalies", params, as_json=as_json, render=anomalies_table)
 
     @app.command("targets")
     def targets_cmd(
@@ -191,14 +184,13 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """Storage targets: recent bandwidth, latency, limits, injected faults, fail-slow state."""
-        try:
-            r = api_get(_api_url(api), "/v1/targets", {"window_s": window} if window else None)
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(targets_table(r.json()))
+        show(
+            _api_url(api),
+            "/v1/targets",
+            {"window_s": window} if window else None,
+            as_json=as_json,
+            render=targets_table,
+        )
 
     @app.command("forwarders")
     def forwarders_cmd(
@@ -209,11 +201,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """Forwarding nodes: recent load, queue wait, service time, jobs, fail-slow state."""
-        try:
-            r = api_get(_api_url(api), "/v1/forwarders", {"window_s": window} if window else None)
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        Console().print(forwarders_table(r.json()))
+        show(
+            _api_url(api),
+            "/v1/forwarders",
+            {"window_s": window} if window else None,
+            as_json=as_json,
+            render=forwarders_table,
+        )
