@@ -5,7 +5,8 @@ export PATH := $(HOME)/.cargo/bin:$(HOME)/.local/bin:$(PATH)
 
 STAMPS := build/.stamps
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev fuse3 libfuse3-dev libcurl4-openssl-dev \
-	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps prometheus-alertmanager
+	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps prometheus-alertmanager mpich libmpich-dev \
+	slurmctld slurmd slurm-client munge libslurm-dev
 UV := uv
 RUN := $(UV) run --frozen
 
@@ -39,8 +40,13 @@ proto: python ## Generate the wire contract's Python code (Rust generates at bui
 	@$(RUN) python -m grpc_tools.protoc -I proto --python_out=pipeline/pharos_pipeline/wire \
 	  --pyi_out=pipeline/pharos_pipeline/wire proto/pharos/v1/io.proto
 
-build: deps ## Build the eBPF agent, forwarding daemon and FUSE client (Rust, release)
+build: deps build/slurm/pharos_spank.so ## Build the eBPF agent, forwarding daemon, FUSE client (Rust, release) and the Slurm plugin (C)
 	@cargo build --release --quiet -p pharos-agent -p pharos-fwd -p pharos-mount
+
+# The Pharos SPANK plugin (agents/slurm), against Debian's slurm/spank.h; libcurl talks to the API.
+build/slurm/pharos_spank.so: agents/slurm/pharos_spank.c $(STAMPS)/apt
+	@mkdir -p $(@D)
+	@gcc -O2 -g -Wall -Wextra -Werror -Wno-format-truncation -shared -fPIC -o $@ $< -lcurl
 
 kafka: deps ## Fetch the pinned Kafka jars with Maven into build/kafka (git-ignored)
 	@bash pipeline/kafka/fetch.sh build/kafka

@@ -1,6 +1,7 @@
 """Helpers shared by test folders (importable because tests/conftest.py puts tests/ on
 sys.path): paths to the shared data beside the repository, free loopback ports, settings with
-a test's own Kafka topics on the session broker, the real Alertmanager on a free loopback port."""
+a test's own Kafka topics on the session broker, the real Alertmanager on a free loopback port,
+a job cgroup to run a command in as a job."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,12 @@ import pytest
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 REPO = Path(__file__).resolve().parents[1]
+#: ``pytestmark`` of a test on a whole real stack (eBPF agent, job cgroups and FUSE need root).
+LIVE_STACK_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent, job cgroups and FUSE need root"),
+]
 
 
 def shared_path(rel: str, env: str) -> Path:
@@ -130,6 +138,36 @@ def stack_settings(state_dir: Path, cgroup_parent: str, **overrides):
     return Settings(**{**fields, **overrides})
 
 
+def pharos_run(settings, job_id: str, command: list[str], ranks: int = 1, name: str = "", output_dir=None):
+    """(argv, env) of ``pharos run`` as a user types it: the CLI in a subprocess of its own, on
+    the stack of ``settings`` (its settings as PHAROS_* variables): job ``job_id``, ``ranks``
+    copies of ``command``, rank r's stdout in ``output_dir/rank_<r>.out`` when given."""
+    from pharos_api import stack
+
+    argv = [sys.executable, "-m", "pharos_api.cli", "run", "--job", job_id, "--ranks", str(ranks)]
+    argv += ["--name", name] if name else []
+    argv += ["--output-dir", str(output_dir)] if output_dir is not None else []
+    return [*argv, "--", *command], dict(os.environ, **stack.settings_env(settings))
+
+
+@contextlib.contextmanager
+def in_job(job_id: str | None, parent: str = "pharos-test") -> Iterator[Callable[[], None] | None]:
+    """A ``preexec_fn`` that moves the child into the job cgroup ``<cgroup2>/<parent>/job_<job_id>``
+    before exec (created here, removed on exit): how a test runs a command as job ``job_id``,
+    since the mount and the agent take a job id only from the cgroup, never from the environment
+    (pharos-attribution, proto/attribution). ``job_id`` None: yields None (no job). Needs root."""
+    if job_id is None:
+        yield None
+        return
+    from pharos_agents.cgroups import job_cgroup, join_cgroup, remove_cgroup
+
+    cg = job_cgroup(job_id, parent)
+    try:
+        yield lambda: join_cgroup(cg)
+    finally:
+        remove_cgroup(cg)
+
+
 @contextlib.contextmanager
 def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
     """Run the real Alertmanager (Debian prometheus-alertmanager) with ``config_yaml`` on a
@@ -198,6 +236,30 @@ def running_stack(state_dir: Path, cgroup_parent: str, env: dict[str, str], **ov
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def dfra_live_env(io_ranks: int) -> dict[str, str]:
+    """``PHAROS_CONTROL_*`` of live DFRA tests: the classifier's thresholds lowered for this
+    machine's size (64 MiB and ``io_ranks`` I/O ranks benefit, 64 MiB is "very high volume" and
+    gets dedicated nodes; one node's capacity 10 GB/s so one dedicated node is enough), placement
+    off, a 2 s control period."""
+    mib = 1 << 20
+    return {
+        "PHAROS_CONTROL_DFRA_MIN_BYTES": str(64 * mib),  # Beacon: 20 GB
+        "PHAROS_CONTROL_DFRA_MIN_IO_RANKS": str(io_ranks),  # Beacon: 32
+        "PHAROS_CONTROL_DFRA_DEDICATED_MIN_BYTES": str(64 * mib),  # Pharos: 1 TB
+        "PHAROS_CONTROL_NODE_CAPACITY_B_S": "1e10",  # one dedicated node suffices
+        "PHAROS_CONTROL_PLACEMENT_ENABLED": "false",  # not under test here
+        "PHAROS_CONTROL_PERIOD_S": "2",
+    }
+
+
+def forwarder_nodes(api: str, job_id: str) -> dict[str, int]:
+    """Forwarding node -> bytes of ``job_id``'s requests, from the forwarding daemons' records
+    (io_requests, layer 'forwarder', column forwarding_node) through GET /v1/forwarders."""
+    r = httpx.get(f"{api}/v1/forwarders", params={"window_s": 3600}, timeout=30)
+    assert r.status_code == 200, r.text
+    return {it["node"]: j["bytes"] for it in r.json()["items"] for j in it["jobs"] if j["job_id"] == job_id}
 
 
 class StackAdmin:

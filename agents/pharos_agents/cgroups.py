@@ -2,9 +2,10 @@
 
 A job runs in ``<cgroup2 mount>/<parent>/job_<ID>`` (``parent`` is Settings.cgroup_parent,
 "pharos" by default), rank r in its child ``rank_<r>``. The eBPF agent traces exactly the
-processes below ``<parent>`` (and Slurm's ``job_<id>/step_<n>/.../task_<r>`` cgroups) and
-takes the job id from the ``job_<ID>`` component and the rank from ``rank_<r>`` (the
-cgroup outlives a short rank, its environment does not).
+processes below ``<parent>`` (and Slurm's ``job_<id>/step_<n>/.../task_<r>`` cgroups). Agent and
+FUSE mount take the job id from the ``job_<ID>`` component only (``pharos-attribution``,
+proto/attribution) and the rank from the innermost launcher's variable (an MPI launcher's
+``PMI_RANK`` before ``PHAROS_RANK``), else from ``rank_<r>``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ def cgroup2_mount(mounts: Path = Path("/proc/mounts")) -> Path:
 
 
 def validate_job_id(job_id: str) -> str:
-    """Job ids are 1-64 characters of [A-Za-z0-9_.-], not starting with a dot or dash."""
-    if not JOB_ID_RE.match(job_id):
-        raise ValueError(f"invalid job id {job_id!r}: use 1-64 characters of letters, digits, '_', '.', '-'")
+    """Job ids are 1-64 characters of [A-Za-z0-9_.-], not starting with a dot or dash and not
+    ending in ``.scope`` (the attribution rule strips that suffix: ``job_<ID>.scope`` units)."""
+    if not JOB_ID_RE.match(job_id) or job_id.endswith(".scope"):
+        raise ValueError(
+            f"invalid job id {job_id!r}: use 1-64 characters of letters, digits, '_', '.', '-' (not ending in .scope)"
+        )
     return job_id
 
 

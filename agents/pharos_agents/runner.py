@@ -1,8 +1,10 @@
 """``pharos run``: launch the ranks of a job in a job cgroup and record its life cycle.
 
-The job's ranks are started in ``<cgroup2>/<parent>/job_<ID>`` so the eBPF agent traces
+The job's ranks are started in ``<cgroup2>/<parent>/job_<ID>/rank_<r>`` so the eBPF agent traces
 them (and nothing else); each rank gets ``PHAROS_JOB_ID``, ``PHAROS_RANK`` (0..N-1) and
-``PHAROS_NRANKS`` in its environment, which the agent reads to attribute requests to ranks.
+``PHAROS_NRANKS`` in its environment. The agent and the mount take the job from the cgroup and
+the rank from ``PHAROS_RANK``, unless a launcher the rank runs (``mpiexec``) gives its processes
+their own (``PMI_RANK``...: the innermost wins, ``pharos-attribution``).
 Start and end are recorded as ``JobEvent`` messages on the jobs topic.
 
 Before the ranks start (and before the start event), the job asks the API for its DFRA

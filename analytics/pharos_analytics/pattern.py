@@ -47,16 +47,30 @@ SYSTEM_PREFIXES: tuple[str, ...] = (
     "/sbin",
     "/run",
     "/var/lib",
+    "/var/spool",  # schedulers' spools: Slurm's batch script copies (/var/spool/slurmd), PBS's
 )
 
+#: Darshan's names of the standard streams. The eBPF agent gives them to reads and writes on
+#: file descriptors 0, 1 and 2 that no process of the job opened (inherited from the launcher:
+#: e.g. srun writing its tasks' output to the job's output file that slurmstepd opened). Like
+#: Darshan's STDIO records they are standard-stream I/O, not data files.
+STREAM_PATHS: tuple[str, ...] = ("<STDIN>", "<STDOUT>", "<STDERR>")
+
 #: The same test as :func:`is_system_path`, as an RE2/PCRE regular expression (ClickHouse
-#: ``match``): a system prefix followed by '/' or the end of the path.
-SYSTEM_PATH_REGEX: str = "^(" + "|".join(re.escape(p) for p in SYSTEM_PREFIXES) + ")(/|$)"
+#: ``match``): a system prefix followed by '/' or the end of the path, or a standard stream.
+SYSTEM_PATH_REGEX: str = (
+    "^(("
+    + "|".join(re.escape(p) for p in SYSTEM_PREFIXES)
+    + ")(/|$)|("
+    + "|".join(re.escape(p) for p in STREAM_PATHS)
+    + ")$)"
+)
 _SYSTEM_PATH_RE = re.compile(SYSTEM_PATH_REGEX)
 
 
 def is_system_path(path: str) -> bool:
-    """True when ``path`` lies in a system folder (``/usr/lib/x.so``, ``/etc``), not ``/usrdata``."""
+    """True when ``path`` lies in a system folder (``/usr/lib/x.so``, ``/etc``), not ``/usrdata``,
+    or is a standard stream (:data:`STREAM_PATHS`): not a data file either way."""
     return _SYSTEM_PATH_RE.match(path) is not None
 
 

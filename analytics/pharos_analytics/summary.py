@@ -17,7 +17,10 @@ Definitions used throughout (one layer at a time, ``client`` by default):
   (:data:`pharos_analytics.pattern.SYSTEM_PREFIXES`) that saw data ops. ``files``,
   ``n_files``, ``io_ranks`` and ``pattern`` use data files only. A file is its path, or
   ``dev:<dev>:inode:<inode>`` when the path is unknown.
-* *non-file ops*: any op on pipes, sockets and character devices (terminals), counted apart.
+* *non-file ops*: any op on pipes, sockets and character devices (terminals), and data ops on
+  the standard streams (path ``<STDIN>``/``<STDOUT>``/``<STDERR>``: descriptors 0-2 inherited
+  from the launcher, as Darshan's STDIO module names them; ``by_type`` key ``stdio``), counted
+  apart.
 * ``ops``: requests per op on regular files plus metadata ops (open, close, fsync,
   fdatasync, stat, unlink, mkdir, rename) on anything but non-file descriptors;
   everything else (block-layer ops, data ops on directories or unknown file types) is in
@@ -66,7 +69,7 @@ from typing import Literal
 
 from pharos_pipeline.store import Store
 
-from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions
+from .pattern import STREAM_PATHS, SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions
 
 READ_OPS: tuple[str, ...] = ("read", "pread", "readv")
 WRITE_OPS: tuple[str, ...] = ("write", "pwrite", "writev")
@@ -268,11 +271,12 @@ SELECT
     sum(duration_ns)                         AS duration_ns,
     toUnixTimestamp64Nano(min(start))        AS first_ns,
     toUnixTimestamp64Nano(max(end))          AS last_ns,
-    match(path, {system_re:String})          AS system_path
+    match(path, {system_re:String})          AS system_path,
+    path IN __STREAMS__                      AS stream
 FROM io_requests
 WHERE job_id = {job_id:String} AND layer = {layer:String}
-GROUP BY op, file_type, system_path
-"""
+GROUP BY op, file_type, system_path, stream
+""".replace("__STREAMS__", "(" + ", ".join(f"'{p}'" for p in STREAM_PATHS) + ")")
 
 #: Darshan access-size histogram of data ops: requests per (direction, bin index).
 JOB_SIZE_HISTOGRAM_SQL = f"""
@@ -697,12 +701,12 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
     first_ns: int | None = None
     last_ns: int | None = None
     for r in op_rows:
-        op, ftype = r["op"], r["file_type"]
+        op, ftype = r["op"], "stdio" if int(r["stream"]) else r["file_type"]
         n = int(r["requests"])
         records += int(r["records"])
         requests += n
         failed += int(r["failed"])
-        if ftype in NON_FILE_TYPES:
+        if ftype in NON_FILE_TYPES or ftype == "stdio":
             non_file[ftype] = non_file.get(ftype, 0) + n
             nf_requests += n
             nf_bytes += int(r["bytes"])

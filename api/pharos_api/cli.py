@@ -28,6 +28,7 @@ from pharos_pipeline.settings import get_settings
 from .cli_control import register as register_control_commands
 from .cli_diagnose import register as register_diagnose_commands
 from .cli_jobs import register as register_jobs_commands
+from .cli_slurm import register as register_slurm_commands
 from .cli_system import register as register_system_commands
 
 app = typer.Typer(
@@ -355,6 +356,7 @@ register_jobs_commands(app)
 register_diagnose_commands(app)
 register_system_commands(app)
 register_control_commands(app)
+register_slurm_commands(app)
 
 
 def main() -> None:

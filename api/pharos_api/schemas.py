@@ -6,7 +6,7 @@ Units: bytes in bytes, times ISO 8601 UTC, durations in seconds, rates in MiB/s 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,3 +156,24 @@ class PipelineOut(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str
+
+
+class JobEventIn(BaseModel):
+    """A job's start or end, as a scheduler plugin reports it (the Pharos SPANK plugin does at its
+    job prolog and epilog); stored as a ``JobEvent`` on the jobs topic like ``pharos run``'s."""
+
+    kind: Literal["start", "end"]
+    name: str = Field("", max_length=256, description="Job name (Slurm: --job-name).")
+    user: str = Field("", max_length=256)
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
+    ranks: int = Field(0, ge=0, le=10_000_000, description="Tasks of the job (0: not known yet).")
+    host: str = Field("", max_length=1024, description="Node or node list (Slurm hostlist, e.g. cn[1-4]).")
+    exit_code: int = Field(0, ge=-(2**31), le=2**31 - 1, description="End only: the job's exit code.")
+    time_ns: int | None = Field(None, ge=0, le=2**63 - 1, description="Wall clock ns; default: now.")
+
+
+class JobEventOut(BaseModel):
+    job_id: str
+    kind: Literal["start", "end"]
+    time_ns: int
+    delivered: bool = Field(description="Acknowledged by Kafka (acks=all).")

@@ -35,7 +35,7 @@ def test_valid_job_ids(job_id):
     assert validate_job_id(job_id) == job_id
 
 
-@pytest.mark.parametrize("job_id", ["", "../etc", "a/b", "-x", ".x", "A" * 65, "a b"])
+@pytest.mark.parametrize("job_id", ["", "../etc", "a/b", "-x", ".x", "A" * 65, "a b", "7.scope"])
 def test_invalid_job_ids(job_id):
     with pytest.raises(ValueError, match="invalid job id"):
         validate_job_id(job_id)

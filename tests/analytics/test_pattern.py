@@ -104,4 +104,5 @@ def test_system_prefixes_cover_the_documented_folders():
         "/sbin",
         "/run",
         "/var/lib",
+        "/var/spool",
     }

@@ -117,3 +117,14 @@ def test_cli(api_url):
     assert r.exit_code == 1 and "not pinned" in r.output
     r = CliRunner().invoke(_cli(), ["control", "actions", "--api", f"http://127.0.0.1:{free_port()}"])
     assert r.exit_code == 1 and "not reachable" in r.output
+
+
+def test_io_classes_for_job_submit(client, tmp_path):
+    """GET /v1/hints/classes: one row per (user, name) with history, the class a new job of it gets;
+    ``pharos slurm classes --out`` writes the table job_submit.lua reads."""
+    doc = client.get("/v1/hints/classes").json()
+    wave = [i for i in doc["items"] if i["name"] == "wave"]
+    assert len(wave) == 1 and wave[0]["runs"] >= 1 and wave[0]["pattern"] == "N-N", doc
+    want = client.get("/v1/hints", params={"name": "wave", "user": wave[0]["user"]}).json()["class"]
+    assert wave[0]["class"] == want
+    assert client.get("/v1/hints/classes", params={"since_s": 0}).status_code == 422

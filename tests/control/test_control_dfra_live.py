@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import stack_settings
+from pharos_testkit import dfra_live_env, forwarder_nodes, stack_settings
 
 from pharos_agents.runner import _user
 from pharos_api import stack
@@ -45,14 +45,7 @@ pytestmark = [
 
 MiB = 1 << 20
 RANKS = 4
-CONTROL_ENV = {
-    "PHAROS_CONTROL_DFRA_MIN_BYTES": str(64 * MiB),  # Beacon: 20 GB
-    "PHAROS_CONTROL_DFRA_MIN_IO_RANKS": str(RANKS),  # Beacon: 32
-    "PHAROS_CONTROL_DFRA_DEDICATED_MIN_BYTES": str(64 * MiB),  # Pharos: 1 TB
-    "PHAROS_CONTROL_NODE_CAPACITY_B_S": "1e10",  # one dedicated node suffices
-    "PHAROS_CONTROL_PLACEMENT_ENABLED": "false",  # not under test here
-    "PHAROS_CONTROL_PERIOD_S": "2",
-}
+CONTROL_ENV = dfra_live_env(RANKS)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +79,6 @@ def pharos_run(settings: Settings, job_id: str, name: str, data_dir: Path, out: 
     env = dict(os.environ, **stack.settings_env(settings))
     p = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     return p.returncode, p.stderr.decode(errors="replace")
-
-
-def forwarder_nodes(api: str, job_id: str) -> dict[str, int]:
-    """Forwarding node -> bytes of ``job_id``'s requests, from the forwarding daemons' records
-    (io_requests, layer 'forwarder', column forwarding_node) through GET /v1/forwarders."""
-    r = httpx.get(f"{api}/v1/forwarders", params={"window_s": 3600}, timeout=30)
-    assert r.status_code == 200, r.text
-    return {it["node"]: j["bytes"] for it in r.json()["items"] for j in it["jobs"] if j["job_id"] == job_id}
 
 
 def dfra_action(api: str, job_id: str) -> dict:

@@ -5,7 +5,6 @@ retried while the previous mapping keeps serving, dry-run changes nothing, pins 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
@@ -13,6 +12,7 @@ import control_rows as cr
 import pharos_sysdiag_sim as sim
 import pytest
 from forwarder_testkit import BIN, Daemon, free_port, http, wait_file
+from pharos_testkit import in_job
 
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
@@ -79,13 +79,14 @@ def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
 
 
 def write_as(job: str, path, data: bytes = b"x" * 65536) -> None:
-    subprocess.run(
-        ["dd", "of=" + str(path), "bs=64k", "count=1", "status=none"],
-        input=data,
-        check=True,
-        env=dict(os.environ, PHAROS_JOB_ID=job),
-        timeout=30,
-    )
+    with in_job(job) as preexec:
+        subprocess.run(
+            ["dd", "of=" + str(path), "bs=64k", "count=1", "status=none"],
+            input=data,
+            check=True,
+            preexec_fn=preexec,
+            timeout=30,
+        )
 
 
 def saturated_metrics(store, t_end: int) -> None:

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pharos_testkit import free_port
+from pharos_testkit import free_port, in_job
 
 REPO = Path(__file__).resolve().parents[2]
 # PHAROS_FWD_BIN_DIR: run against other builds (e.g. to show a test fails on an older one).
@@ -193,10 +193,12 @@ def wait_for(pred, timeout: float = 10.0) -> bool:
     return pred()
 
 
-def fio(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
-    """Runs fio with JSON output; raises with fio's output when it fails."""
+def fio(*args: str, timeout: float = 300, env: dict | None = None, job: str | None = None) -> dict:
+    """Runs fio with JSON output, as job ``job`` (in its cgroup, :func:`in_job`) when given;
+    raises with fio's output when it fails."""
     cmd = ["fio", "--output-format=json", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    with in_job(job) as preexec:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec)
     if r.returncode != 0:
         raise AssertionError(f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     out = r.stdout[r.stdout.index("{") :]

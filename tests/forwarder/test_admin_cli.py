@@ -14,10 +14,9 @@ from forwarder_testkit import BIN, fio, http
 def test_live_job_mapping_moves_new_requests(cluster):
     d0, d1 = cluster.start_daemon("fwd0"), cluster.start_daemon("fwd1")
     m = cluster.start_mount([d0, d1], 0)
-    env = dict(os.environ, PHAROS_JOB_ID="77")
 
     def write(name: str) -> None:
-        fio("--name=w", f"--filename={m.path / name}", "--rw=write", "--bs=1M", "--size=8M", env=env)
+        fio("--name=w", f"--filename={m.path / name}", "--rw=write", "--bs=1M", "--size=8M", job="77")
 
     write("a")
     assert d0.status()["counters"]["bytes_written"] == 8 << 20
@@ -35,7 +34,7 @@ def test_live_job_mapping_moves_new_requests(cluster):
         "--rw=write",
         "--bs=1M",
         "--size=4M",
-        env=dict(os.environ, PHAROS_JOB_ID="other"),
+        job="other",
     )
     assert d0.status()["counters"]["bytes_written"] == 12 << 20
     # Unknown nodes are refused and the mapping stays.
@@ -82,7 +81,7 @@ def test_placement_pool_set_live(cluster):
         "--rw=write",
         "--bs=4k",
         "--size=4k",
-        env=dict(os.environ, PHAROS_JOB_ID="9"),
+        job="9",
     )
     assert len(list((cluster.backend / "ost6").glob("*.0"))) >= 1
     with pytest.raises(urllib.error.HTTPError) as e:

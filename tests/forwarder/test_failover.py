@@ -4,7 +4,6 @@ finishes with crc32c verification passing."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -25,7 +24,6 @@ def test_kill_forwarding_daemon_mid_run(cluster):
     def run(job: str) -> None:
         d = m.path / job
         d.mkdir()
-        env = dict(os.environ, PHAROS_JOB_ID=job)
         try:
             results[job] = fio(
                 "--name=f",
@@ -40,7 +38,7 @@ def test_kill_forwarding_daemon_mid_run(cluster):
                 "--do_verify=1",
                 "--verify_fatal=1",
                 "--group_reporting",
-                env=env,
+                job=job,
                 timeout=150,
             )
         except BaseException as e:

@@ -1,6 +1,6 @@
 """Per-request forwarder records and per-target metrics land in the real Kafka broker.
 
-fio writes through the mount under job id "fj42" (PHAROS_JOB_ID); the daemon ships one
+fio writes through the mount as job "fj42" (in its job cgroup); the daemon ships one
 IoRecord per request (layer = LAYER_FORWARDER) through the shared bounded sink. The
 PWRITE records of the job must add up to exactly the bytes fio wrote, carry the
 forwarding node, compute node, target and object id, and no loss may be reported.
@@ -8,7 +8,6 @@ forwarding node, compute node, target and object id, and no loss may be reported
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 
@@ -67,7 +66,7 @@ def test_forwarder_records_in_kafka_match_fio_bytes(cluster, kafka_settings):
         "--size=16M",
         "--ioengine=psync",
         "--group_reporting",
-        env=dict(os.environ, PHAROS_JOB_ID=JOB),
+        job=JOB,
         timeout=120,
     )
     fio_bytes = out["jobs"][0]["write"]["io_bytes"]

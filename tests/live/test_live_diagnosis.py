@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import StackAdmin, running_alertmanager, stack_settings
+from pharos_testkit import StackAdmin, pharos_run, running_alertmanager, stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -118,25 +117,7 @@ def live(tmp_path_factory, alertmanager):
 
 def start_job(live: Live, job_id: str, ranks: int, rank_cmd: str, out: Path, name: str) -> subprocess.Popen:
     """``pharos run`` as a user would run it (a subprocess: jobs can overlap)."""
-    env = dict(os.environ, **stack.settings_env(live.settings))
-    argv = [
-        sys.executable,
-        "-m",
-        "pharos_api.cli",
-        "run",
-        "--job",
-        job_id,
-        "--ranks",
-        str(ranks),
-        "--name",
-        name,
-        "--output-dir",
-        str(out),
-        "--",
-        "sh",
-        "-c",
-        f"exec {rank_cmd}",
-    ]
+    argv, env = pharos_run(live.settings, job_id, ["sh", "-c", f"exec {rank_cmd}"], ranks, name, out)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

@@ -79,13 +79,20 @@ impl<W: Write> Converter<'_, W> {
     /// Converts one event and hands the record on.
     pub fn handle(&mut self, e: &Event<'_>) {
         let ev = &e.ev;
+        if ev.op == tracer::OP_EXEC {
+            // not a request: a chunk of the environment of a process that exec'd, for its rank
+            let truncated = ev.flags & tracer::F_ENV_TRUNCATED != 0;
+            let sent = if truncated { tracer::ENV_CHUNK * tracer::ENV_CHUNKS } else { ev.size };
+            self.registry.exec_chunk(ev.pid, ev.cgroup_id, ev.offset, e.path, sent, truncated);
+            return;
+        }
         self.stats.records_received += 1;
         let op = Op::try_from(ev.op as i32).unwrap_or(Op::Unspecified);
         let is_block = matches!(op, Op::BlockRead | Op::BlockWrite | Op::BlockOther);
         let path_op = matches!(op, Op::Stat | Op::Unlink | Op::Mkdir | Op::Rename | Op::Open)
             && ev.path_kind == tracer::PATH_USER;
         let job_id = self.registry.job(ev.cgroup_id);
-        let rank = if is_block && job_id.is_empty() { -1 } else { self.registry.rank(ev.pid, ev.cgroup_id) };
+        let rank = self.registry.rank(ev.pid, ev.cgroup_id);
         let mut fd = ev.fd;
         let path = match ev.path_kind {
             tracer::PATH_DENTRY => dentry_path(e.path, ev.flags & tracer::F_PATH_TRUNCATED != 0),

@@ -1,19 +1,27 @@
 //! Attribution registry, separate from the tracer (coroot-node-agent style): cgroup id → job,
 //! process → rank, and the file tables that give records their paths.
 //!
+//! Job and rank follow the one rule of `pharos-attribution` (proto/attribution), which the FUSE
+//! mount applies too:
+//!
 //! * cgroup v2 ids equal the inode number of the cgroup's directory; on a miss the watched
-//!   roots are walked and every directory seen is cached. The job id is the `job_<ID>` path
-//!   component (`pharos run`: `<root>/job_<ID>`; Slurm: `.../job_<id>/step_<n>`).
-//! * rank: the `rank_<r>` component of the cgroup path (`pharos run` starts rank r in
-//!   `<root>/job_<ID>/rank_<r>`; Slurm: `task_<r>`), which stays readable after a short-lived
-//!   rank has exited; else the first of PHAROS_RANK, SLURM_PROCID, PMI_RANK,
-//!   OMPI_COMM_WORLD_RANK in /proc/<pid>/environ; -1 when unknown; cached per (pid, cgroup id).
+//!   roots are walked and every directory seen is cached with what its path says
+//!   ([`JobCgroup`]: the last `job_<ID>` component, `.scope` stripped, and a `rank_<r>` /
+//!   `task_<r>` component below it).
+//! * rank: the innermost launcher's variable in the process's environment (PMI_RANK,
+//!   PMIX_RANK, OMPI_COMM_WORLD_RANK, then PHAROS_RANK, then SLURM_PROCID), else the cgroup
+//!   path's rank, else -1; -1 outside a job. The environment comes from the kernel's exec event
+//!   ([`Registry::exec`]: read in the kernel when a process of a watched cgroup execs, so a
+//!   rank that writes and exits before its first record is read still has it), else from
+//!   /proc/<pid>/environ at the pid's first record; cached per (pid, cgroup id). A process gone
+//!   before either gets the cgroup path's rank (not cached).
 //! * files: (dev, inode) → path from OPEN records, and (pid, fd) → (dev, inode, path).
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-const RANK_VARS: [&str; 4] = ["PHAROS_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"];
+use pharos_attribution::JobCgroup;
+
 /// Bounds of the caches; a full cache is cleared (entries are re-learnt).
 const MAX_FILES: usize = 1 << 20;
 const MAX_PROCS: usize = 1 << 16;
@@ -28,13 +36,19 @@ pub struct FdEntry {
 pub struct Registry {
     /// Absolute directories of the watched root cgroups.
     roots: Vec<PathBuf>,
-    /// cgroup id → job id ("" = known cgroup, no job; None = not below a watched root).
-    cgroups: HashMap<u64, Option<String>>,
+    /// cgroup id → what its path says (None = not below a watched root).
+    cgroups: HashMap<u64, Option<JobCgroup>>,
+    /// (pid, cgroup id) → rank, learnt from the process's environment.
     ranks: HashMap<(u32, u64), i32>,
-    /// cgroup id → rank from its path (`rank_<r>` / Slurm `task_<r>`), for cgroups that have one.
-    cgroup_ranks: HashMap<u64, i32>,
+    /// pid → (cgroup id, environment so far) of exec events still arriving in chunks.
+    envs: HashMap<u32, (u64, Vec<u8>)>,
     files: HashMap<(u64, u64), String>,
     fds: HashMap<(u32, i32), FdEntry>,
+}
+
+/// The environment block of a live process, None when it is gone (or a zombie: empty).
+fn read_environ(pid: u32) -> Option<Vec<u8>> {
+    std::fs::read(format!("/proc/{pid}/environ")).ok().filter(|e| !e.is_empty())
 }
 
 /// Kernel-internal dev_t ((major << 20) | minor, as `s_dev`) of a user-space st_dev.
@@ -43,45 +57,13 @@ pub fn kernel_dev(st_dev: u64) -> u64 {
     (major << 20) | minor
 }
 
-/// Job id of a cgroup path: the text after the last `job_` component, "" when none.
-pub fn job_of_path(p: &Path) -> String {
-    p.components().rev().find_map(|c| c.as_os_str().to_str()?.strip_prefix("job_")).unwrap_or("").to_string()
-}
-
-/// Rank from a cgroup path: the last `rank_<r>` (pharos run) or `task_<r>` (Slurm) component.
-pub fn rank_of_path(p: &Path) -> Option<i32> {
-    p.components().rev().find_map(|c| {
-        let s = c.as_os_str().to_str()?;
-        s.strip_prefix("rank_").or_else(|| s.strip_prefix("task_"))?.parse::<i32>().ok()
-    })
-}
-
-/// Rank from a NUL-separated environment block.
-pub fn rank_of_environ(env: &[u8]) -> i32 {
-    let vars: HashMap<&[u8], &[u8]> = env
-        .split(|&b| b == 0)
-        .filter_map(|kv| {
-            let i = kv.iter().position(|&b| b == b'=')?;
-            Some((&kv[..i], &kv[i + 1..]))
-        })
-        .collect();
-    for name in RANK_VARS {
-        if let Some(v) = vars.get(name.as_bytes()) {
-            if let Some(r) = std::str::from_utf8(v).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-                return r;
-            }
-        }
-    }
-    -1
-}
-
 impl Registry {
     pub fn new(roots: Vec<PathBuf>) -> Self {
         Registry {
             roots,
             cgroups: HashMap::new(),
             ranks: HashMap::new(),
-            cgroup_ranks: HashMap::new(),
+            envs: HashMap::new(),
             files: HashMap::new(),
             fds: HashMap::new(),
         }
@@ -92,10 +74,7 @@ impl Registry {
         let mut stack: Vec<PathBuf> = self.roots.clone();
         while let Some(dir) = stack.pop() {
             let Ok(meta) = std::fs::metadata(&dir) else { continue };
-            self.cgroups.insert(meta.ino(), Some(job_of_path(&dir)));
-            if let Some(r) = rank_of_path(&dir) {
-                self.cgroup_ranks.insert(meta.ino(), r);
-            }
+            self.cgroups.insert(meta.ino(), Some(JobCgroup::from_path(&dir.to_string_lossy())));
             f(&dir);
             if let Ok(rd) = std::fs::read_dir(&dir) {
                 for e in rd.flatten() {
@@ -107,20 +86,25 @@ impl Registry {
         }
     }
 
+    /// What the path of a cgroup id says (default: no job, e.g. not below a watched root).
+    fn cgroup(&mut self, cgroup_id: u64) -> &JobCgroup {
+        static NONE: JobCgroup = JobCgroup { job: String::new(), rank: None };
+        if cgroup_id == 0 {
+            return &NONE;
+        }
+        if !self.cgroups.contains_key(&cgroup_id) {
+            if self.cgroups.len() > MAX_PROCS {
+                self.cgroups.clear();
+            }
+            self.walk(|_| {});
+            self.cgroups.entry(cgroup_id).or_insert(None);
+        }
+        self.cgroups.get(&cgroup_id).and_then(Option::as_ref).unwrap_or(&NONE)
+    }
+
     /// Job id of a cgroup id, "" when it belongs to no job.
     pub fn job(&mut self, cgroup_id: u64) -> String {
-        if cgroup_id == 0 {
-            return String::new();
-        }
-        if let Some(j) = self.cgroups.get(&cgroup_id) {
-            return j.clone().unwrap_or_default();
-        }
-        if self.cgroups.len() > MAX_PROCS {
-            self.cgroups.clear();
-            self.cgroup_ranks.clear();
-        }
-        self.walk(|_| {});
-        self.cgroups.entry(cgroup_id).or_insert(None).clone().unwrap_or_default()
+        self.cgroup(cgroup_id).job.clone()
     }
 
     /// Rank of a process (cached per (pid, cgroup id)), -1 when unknown.
@@ -131,14 +115,57 @@ impl Registry {
         if let Some(r) = self.ranks.get(&(pid, cgroup_id)) {
             return *r;
         }
-        self.job(cgroup_id); // resolves (walks) the cgroup if it is new
-        if let Some(r) = self.cgroup_ranks.get(&cgroup_id) {
-            return *r;
+        if self.cgroup(cgroup_id).job.is_empty() {
+            return -1;
         }
-        let r = match std::fs::read(format!("/proc/{pid}/environ")) {
-            Ok(env) if !env.is_empty() => rank_of_environ(&env),
-            _ => return -1, // gone (or a zombie): do not cache
+        match read_environ(pid) {
+            Some(env) => self.learn(pid, cgroup_id, &env),
+            None => self.cgroup(cgroup_id).rank(None), // gone (or a zombie): not cached
+        }
+    }
+
+    /// A chunk (from byte `offset`) of the environment of a process that exec'd in a watched
+    /// cgroup, of which the kernel sends `sent` bytes in all (fewer than the environment has when
+    /// `truncated`): once all have come, [`Registry::exec`]. A chunk out of order (one was lost)
+    /// drops what came so far: the rank is then read from /proc/<pid>/environ.
+    pub fn exec_chunk(&mut self, pid: u32, cgroup_id: u64, offset: u64, chunk: &[u8], sent: u64, truncated: bool) {
+        if offset == 0 {
+            if self.envs.len() > MAX_PROCS {
+                self.envs.clear();
+            }
+            self.envs.insert(pid, (cgroup_id, Vec::with_capacity(sent.min(1 << 20) as usize)));
+        }
+        let Some((cg, env)) = self.envs.get_mut(&pid) else { return };
+        if *cg != cgroup_id || env.len() as u64 != offset {
+            self.envs.remove(&pid);
+            return;
+        }
+        env.extend_from_slice(chunk);
+        if env.len() as u64 >= sent {
+            let (cg, env) = self.envs.remove(&pid).unwrap_or_default();
+            self.exec(pid, cg, &env, truncated);
+        }
+    }
+
+    /// A process of a watched cgroup exec'd with the environment `env` (read by the kernel at
+    /// exec, `truncated` when the kernel sent only its beginning): learns its rank.
+    pub fn exec(&mut self, pid: u32, cgroup_id: u64, env: &[u8], truncated: bool) {
+        if pid == 0 || self.cgroup(cgroup_id).job.is_empty() {
+            return;
+        }
+        let whole = if truncated { read_environ(pid) } else { None };
+        let env = match &whole {
+            Some(w) => w.as_slice(),
+            // the last variable may be cut: keep whole ones only
+            None if truncated => &env[..env.iter().rposition(|&b| b == 0).unwrap_or(0)],
+            None => env,
         };
+        self.learn(pid, cgroup_id, env);
+    }
+
+    /// Applies the rule to `env` of `pid` in `cgroup_id` and caches the rank.
+    fn learn(&mut self, pid: u32, cgroup_id: u64, env: &[u8]) -> i32 {
+        let r = self.cgroup(cgroup_id).rank(Some(env));
         if self.ranks.len() > MAX_PROCS {
             self.ranks.clear();
         }
@@ -164,14 +191,24 @@ impl Registry {
         self.fds.remove(&(pid, fd));
     }
 
-    /// Path of the file (dev, ino) behind `fd` of `pid`, "" when unknown.
+    /// Path of the file (dev, ino) behind `fd` of `pid`, "" when unknown. Descriptors 0, 1 and 2
+    /// that no traced process opened (inherited from the launcher: e.g. srun writing its tasks'
+    /// output to the job's output file that slurmstepd opened) are the standard streams, named
+    /// as Darshan's STDIO module names them: `<STDIN>`, `<STDOUT>`, `<STDERR>` (the analytics
+    /// count them as stream I/O, not data files). A stream a job process opened itself (a shell
+    /// redirection) keeps its path.
     pub fn path_of(&self, pid: u32, fd: i32, dev: u64, ino: u64) -> String {
         if let Some(p) = self.files.get(&(dev, ino)) {
             return p.clone();
         }
         match self.fds.get(&(pid, fd)) {
             Some(e) if (e.dev, e.ino) == (dev, ino) || (dev, ino) == (0, 0) => e.path.clone(),
-            _ => String::new(),
+            _ => match fd {
+                0 => "<STDIN>".to_string(),
+                1 => "<STDOUT>".to_string(),
+                2 => "<STDERR>".to_string(),
+                _ => String::new(),
+            },
         }
     }
 
@@ -222,31 +259,66 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// The shared attribution vectors (proto/attribution/vectors.json) through the registry:
+    /// each case's cgroup v2 path made a directory below a watched root, its environment given
+    /// as the kernel's exec event would, or, when unreadable, a process that is gone.
     #[test]
-    fn job_ids_from_paths() {
-        assert_eq!(job_of_path(Path::new("/sys/fs/cgroup/pharos/job_42")), "42");
-        assert_eq!(job_of_path(Path::new("/sys/fs/cgroup/pharos/job_42/rank_1")), "42");
-        assert_eq!(
-            job_of_path(Path::new("/sys/fs/cgroup/system.slice/slurmstepd.scope/job_17/step_0/user/task_0")),
-            "17"
-        );
-        assert_eq!(job_of_path(Path::new("/sys/fs/cgroup/pharos")), "");
+    fn attribution_vectors() {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(pharos_attribution::VECTORS).unwrap()).unwrap();
+        const GONE: u32 = u32::MAX; // above any pid_max: /proc/<pid>/environ never exists
+        for (i, c) in doc["cases"].as_array().unwrap().iter().enumerate() {
+            let v2 = pharos_attribution::cgroup_v2_path(c["cgroup"].as_str().unwrap());
+            let (_root, mut r, id) = registry_with(v2.unwrap_or("/"));
+            let cgroup_id = if v2.is_some() { id } else { 1 }; // None: in no cgroup the agent watches
+            let pid = GONE - i as u32;
+            if let Some(vars) = c["environ"].as_array() {
+                let env: Vec<String> = vars.iter().map(|v| format!("{}\0", v.as_str().unwrap())).collect();
+                r.exec(pid, cgroup_id, env.concat().as_bytes(), false);
+            }
+            let want = (c["job"].as_str().unwrap().to_string(), c["rank"].as_i64().unwrap() as i32);
+            assert_eq!((r.job(cgroup_id), r.rank(pid, cgroup_id)), want, "case {}", c["name"]);
+        }
+    }
+
+    /// A registry watching a temporary root with the cgroup directory `rel` below it; its id.
+    fn registry_with(rel: &str) -> (tempfile::TempDir, Registry, u64) {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join(rel.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        let id = std::fs::metadata(&dir).unwrap().ino();
+        let r = Registry::new(vec![root.path().to_path_buf()]);
+        (root, r, id)
     }
 
     #[test]
-    fn ranks_from_paths() {
-        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42/rank_3")), Some(3));
-        assert_eq!(rank_of_path(Path::new("/x/slurmstepd.scope/job_17/step_0/user/task_5")), Some(5));
-        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42")), None);
-        assert_eq!(rank_of_path(Path::new("/sys/fs/cgroup/pharos/job_42/rank_x")), None);
+    fn exec_environ_in_chunks() {
+        let (_root, mut r, id) = registry_with("job_5/rank_7");
+        let env = b"A=1\0PHAROS_RANK=0\0PMI_RANK=12\0";
+        let (pid, n) = (u32::MAX, env.len() as u64);
+        r.exec_chunk(pid, id, 0, &env[..10], n, false);
+        assert_eq!(r.rank(pid, id), 7, "incomplete: the process is gone, the cgroup's rank");
+        r.exec_chunk(pid, id, 10, &env[10..], n, false);
+        assert_eq!(r.rank(pid, id), 12);
+        // a lost chunk: nothing learnt from the rest
+        r.exec_chunk(pid - 1, id, 0, &env[..4], n, false);
+        r.exec_chunk(pid - 1, id, 20, &env[20..], n, false);
+        assert_eq!(r.rank(pid - 1, id), 7);
+        // an empty environment: one empty chunk
+        r.exec_chunk(pid - 2, id, 0, b"", 0, false);
+        assert_eq!(r.rank(pid - 2, id), 7);
+        assert_eq!(crate::tracer::ENV_CHUNK, 16384, "iotrace.h PH_ENV_CHUNK");
     }
 
     #[test]
-    fn ranks_from_environ() {
-        assert_eq!(rank_of_environ(b"A=1\0PMI_RANK=4\0SLURM_PROCID=3\0"), 3);
-        assert_eq!(rank_of_environ(b"OMPI_COMM_WORLD_RANK=7\0PHAROS_RANK=2\0"), 2);
-        assert_eq!(rank_of_environ(b"PHAROS_RANK=x\0PMI_RANK=5\0"), 5);
-        assert_eq!(rank_of_environ(b"HOME=/\0"), -1);
+    fn truncated_exec_environ_keeps_whole_variables() {
+        let (_root, mut r, id) = registry_with("job_5/rank_7");
+        // "PMI_RANK=12" cut after "PMI_RANK=1" (the process is gone): not a rank
+        r.exec(u32::MAX, id, b"A=1\0PHAROS_RANK=3\0PMI_RANK=1", true);
+        assert_eq!(r.rank(u32::MAX, id), 3);
+        r.exec(u32::MAX - 1, id, b"PMI_RANK=1", true);
+        assert_eq!(r.rank(u32::MAX - 1, id), 7); // nothing whole: the cgroup's rank
+        assert_eq!(r.job(id), "5");
     }
 
     #[test]
@@ -267,5 +339,12 @@ mod tests {
         assert_eq!(r.absolute(10, 5, "/abs"), "/abs");
         r.closed(10, 3);
         assert_eq!(r.path_of(10, 5, 7, 7), "");
+        // inherited standard streams get Darshan's names; one the job opened keeps its path
+        assert_eq!(r.path_of(10, 1, 9, 9), "<STDOUT>");
+        assert_eq!(r.path_of(10, 2, 9, 9), "<STDERR>");
+        assert_eq!(r.path_of(10, 0, 9, 9), "<STDIN>");
+        r.opened(12, 1, 8, 8, "/home/u/out.txt");
+        assert_eq!(r.path_of(12, 1, 8, 8), "/home/u/out.txt");
+        assert_eq!(r.path_of(13, 1, 8, 8), "/home/u/out.txt"); // inherited by a child: same file
     }
 }

@@ -15,7 +15,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/iotrace.skel.rs"));
 }
-pub use skel::types::{ph_counters, ph_event, ph_root};
+pub use skel::types::{ph_counters, ph_env_event, ph_event, ph_root};
 use skel::*;
 
 /// `ph_event.path_kind` values (iotrace.h).
@@ -23,9 +23,20 @@ pub const PATH_DENTRY: u8 = 1;
 pub const PATH_USER: u8 = 2;
 /// `ph_event.flags` bits (iotrace.h).
 pub const F_PATH_TRUNCATED: u8 = 1;
+pub const F_ENV_TRUNCATED: u8 = 4;
+/// `ph_event.op` of an exec event (iotrace.h PH_OP_EXEC, not a wire Op): `path` holds a chunk
+/// (from byte `offset`, of `size` in all) of the environment of a process that exec'd in a
+/// watched cgroup.
+pub const OP_EXEC: u32 = 255;
+/// Environment bytes per exec event (iotrace.h PH_ENV_CHUNK, from the event's layout) and exec
+/// events per exec (PH_ENV_CHUNKS), at most: the kernel sends at most ENV_CHUNK * ENV_CHUNKS
+/// bytes of an environment.
+pub const ENV_CHUNK: u64 = (std::mem::size_of::<ph_env_event>() - std::mem::size_of::<ph_event>()) as u64;
+pub const ENV_CHUNKS: u64 = 16;
 pub const MAX_ROOTS: usize = 8;
 
-/// A decoded ring-buffer event: the fixed part and, for OPEN and path ops, the path bytes.
+/// A decoded ring-buffer event: the fixed part and, for OPEN and path ops, the path bytes (for
+/// exec events, the environment).
 pub struct Event<'a> {
     pub ev: ph_event,
     pub path: &'a [u8],

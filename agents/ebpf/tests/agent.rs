@@ -96,10 +96,11 @@ impl Drop for JobCgroup {
     }
 }
 
-/// Re-executes this test binary as a workload `mode` with `arg`, optionally inside `cgroup`.
-fn spawn_child(mode: &str, arg: &Path, cgroup: Option<&Path>, rank: &str) -> Child {
+/// Re-executes this test binary as a workload `mode` with `arg`, optionally inside `cgroup`,
+/// with the environment variables `env` added.
+fn spawn_child(mode: &str, arg: &Path, cgroup: Option<&Path>, env: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env(CHILD_ENV, format!("{mode}:{}", arg.display())).env("PHAROS_RANK", rank).stdout(Stdio::null());
+    cmd.env(CHILD_ENV, format!("{mode}:{}", arg.display())).envs(env.iter().copied()).stdout(Stdio::null());
     if let Some(cg) = cgroup {
         let procs = CString::new(cg.join("cgroup.procs").to_str().unwrap()).unwrap();
         unsafe {
@@ -201,6 +202,11 @@ fn workload_outside(path: &Path) {
     }
 }
 
+/// Workload of a short-lived rank: one 4 KiB write, then exit at once.
+fn workload_quick(path: &Path) {
+    std::fs::write(path, [5u8; 4096]).unwrap();
+}
+
 /// Entry point of a re-executed child (`spec` is `mode:arg` from CHILD_ENV).
 fn child_main(spec: &str) {
     let (mode, arg) = spec.split_once(':').unwrap();
@@ -208,6 +214,7 @@ fn child_main(spec: &str) {
         "io" => workload_io(Path::new(arg)),
         "race" => workload_race(Path::new(arg)),
         "outside" => workload_outside(Path::new(arg)),
+        "quick" => workload_quick(Path::new(arg)),
         m => panic!("unknown workload {m}"),
     }
 }
@@ -260,8 +267,8 @@ fn traces_job_io_exactly() {
     let outside_file = dir.path().join("outside.bin");
 
     let agent = Agent::start();
-    let mut outside = spawn_child("outside", &outside_file, None, "9");
-    let mut inside = spawn_child("io", &file, Some(&cg.0), "2");
+    let mut outside = spawn_child("outside", &outside_file, None, &[("PHAROS_RANK", "9")]);
+    let mut inside = spawn_child("io", &file, Some(&cg.0), &[("PHAROS_RANK", "2")]);
     assert!(inside.wait().unwrap().success());
     assert!(outside.wait().unwrap().success());
     let inside_pid = inside.id();
@@ -273,9 +280,15 @@ fn traces_job_io_exactly() {
     let path = file.to_str().unwrap();
     let mine: Vec<&Value> = records.iter().filter(|r| s(r, "job_id") == job).collect();
     assert!(!mine.is_empty(), "no records of job {job} among {}", records.len());
+    // The child's own joining of the cgroup (open, write, close of cgroup.procs) happens before
+    // its exec, with the test's environment: not yet the rank's.
+    let cgroupfs = std::fs::metadata(cgroup2()).unwrap().dev();
+    let cgroupfs = ((libc::major(cgroupfs) as u64) << 20) | libc::minor(cgroupfs) as u64;
     for r in &mine {
         assert_eq!(u(r, "pid") as u32, inside_pid, "record of another process in the job: {r}");
-        assert_eq!(i(r, "rank"), 2, "rank: {r}");
+        if u(r, "dev") != cgroupfs {
+            assert_eq!(i(r, "rank"), 2, "rank: {r}");
+        }
         assert_eq!(s(r, "layer"), "LAYER_CLIENT");
     }
     let on_file: Vec<&Value> = mine.iter().copied().filter(|r| u(r, "inode") == ino).collect();
@@ -315,7 +328,7 @@ fn merging_is_exact_when_sweeper_races_owner() {
     let cg = JobCgroup::new(&job);
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start();
-    let mut child = spawn_child("race", dir.path(), Some(&cg.0), "0");
+    let mut child = spawn_child("race", dir.path(), Some(&cg.0), &[("PHAROS_RANK", "0")]);
     assert!(child.wait().unwrap().success());
     std::thread::sleep(Duration::from_millis(200));
     let records = agent.stop();
@@ -339,6 +352,58 @@ fn merging_is_exact_when_sweeper_races_owner() {
         }
         eprintln!("thread {t}: {want} writes in {} records", recs.len());
     }
+}
+
+/// MPI ranks as `pharos run -- mpiexec` starts them: all in the job's `rank_0` cgroup with the
+/// inherited PHAROS_RANK=0, each with its own PMI_RANK, living a few ms (exec, one write, exit):
+/// gone before the agent reads their first record. Each record must still carry its PMI_RANK
+/// (the kernel reads the environment at exec), not the cgroup's rank 0; also for every fourth
+/// rank, whose environment holds 100 KiB before PMI_RANK (sent in several chunks).
+fn short_lived_ranks_keep_their_rank() {
+    assert!(is_root());
+    let job = format!("agentquick_{}", std::process::id());
+    let cg = JobCgroup::new(&job);
+    let rank0 = JobCgroup({
+        let p = cg.0.join("rank_0");
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start();
+    const N: usize = 48;
+    let big = "x".repeat(100 << 10);
+    let mut children = Vec::new();
+    for i in 0..N {
+        let rank = (i + 1).to_string();
+        let mut env = vec![("PHAROS_RANK", "0"), ("PMI_RANK", rank.as_str()), ("PMI_SIZE", "49")];
+        if i % 4 == 0 {
+            env.push(("AAA_PADDING", big.as_str())); // sorted first: before PMI_RANK
+        }
+        let file = dir.path().join(format!("q{i}"));
+        children.push((spawn_child("quick", &file, Some(&rank0.0), &env), i as i64 + 1, file));
+    }
+    let mut pids = BTreeMap::new();
+    for (child, rank, file) in &mut children {
+        assert!(child.wait().unwrap().success());
+        pids.insert(child.id(), (*rank, std::fs::metadata(file).unwrap().ino()));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let records = agent.stop();
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for r in records.iter().filter(|r| s(r, "job_id") == job && s(r, "op") == "OP_WRITE") {
+        let Some(&(rank, ino)) = pids.get(&(u(r, "pid") as u32)) else { continue };
+        if u(r, "inode") != ino {
+            continue;
+        }
+        seen += 1;
+        if i(r, "rank") != rank {
+            wrong.push((u(r, "pid"), rank, i(r, "rank")));
+        }
+    }
+    eprintln!("{N} short-lived ranks: {seen} write records, {} with a wrong rank {wrong:?}", wrong.len());
+    assert_eq!(seen, N, "one write record per rank");
+    assert!(wrong.is_empty(), "(pid, PMI_RANK, record's rank): {wrong:?}");
 }
 
 fn unprivileged_start_fails_with_one_line() {
@@ -374,6 +439,7 @@ fn main() -> std::process::ExitCode {
     let tests = vec![
         root("traces_job_io_exactly", traces_job_io_exactly),
         root("merging_is_exact_when_sweeper_races_owner", merging_is_exact_when_sweeper_races_owner),
+        root("short_lived_ranks_keep_their_rank", short_lived_ranks_keep_their_rank),
         libtest_mimic::Trial::test("unprivileged_start_fails_with_one_line", || {
             unprivileged_start_fails_with_one_line();
             Ok(())

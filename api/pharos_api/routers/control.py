@@ -26,6 +26,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from pharos_analytics.control.loop import ControlError, ControlLoop
+from pharos_analytics.profiles import job_profiles
 
 from ..deps import SettingsDep, StoreDep
 from ..schemas import ErrorOut
@@ -166,6 +167,48 @@ def get_hint(
     command: Annotated[list[str] | None, Query(max_length=256)] = None,
 ) -> dict[str, Any]:
     return get_loop(request, store, settings).preview(name, user, command)
+
+
+class IoClassOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    user: str
+    name: str
+    klass: Literal["default", "more_nodes", "dedicated"] = Field(alias="class")
+    pattern: str = Field(description="The job pattern most frequent in the history (Beacon's volume dominance).")
+    runs: int
+
+
+class IoClassesOut(BaseModel):
+    items: list[IoClassOut]
+
+
+@router.get(
+    "/hints/classes",
+    operation_id="list_io_classes",
+    response_model=IoClassesOut,
+    response_model_by_alias=True,
+    summary="Predicted I/O class of each (user, job name) with history: what the scheduler tags jobs with",
+)
+def list_io_classes(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    since_s: Annotated[float, Query(gt=0, le=10 * 365 * 86400.0, description="History of the last seconds.")] = (
+        30 * 86400.0
+    ),
+    limit: Annotated[int, Query(ge=1, le=100000)] = 10000,
+) -> dict[str, Any]:
+    """The DFRA class (default | more_nodes | dedicated; Ji et al., FAST'19 §3) a job of each
+    (user, name) in the history would get now, and its usual pattern: read by the Slurm
+    job_submit.lua (agents/slurm) through the file ``pharos slurm classes`` writes."""
+    loop = get_loop(request, store, settings)
+    since = max(0, time.time_ns() - int(since_s * 1e9))
+    items = []
+    for p in [p for p in job_profiles(store, since_ns=since) if p.name][:limit]:
+        d = loop.preview(p.name, p.user)
+        items.append({"user": p.user, "name": p.name, "class": d["class"], "pattern": p.pattern, "runs": p.runs})
+    return {"items": items}
 
 
 @router.get(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
+from pharos_agents.runner import JobEventProducer, RunError
 from pharos_analytics.summary import count_jobs, job_summary, list_jobs
+from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
-from ..deps import StoreDep
-from ..schemas import ErrorOut, JobListItemOut, JobListOut, JobSummaryOut
+from ..deps import SettingsDep, StoreDep
+from ..schemas import ErrorOut, JobEventIn, JobEventOut, JobListItemOut, JobListOut, JobSummaryOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -52,3 +57,51 @@ def get_job(
             detail=f"job {job_id!r} not found: no job event and no {layer}-layer I/O record",
         )
     return JobSummaryOut.model_validate(summary)
+
+
+_producer_lock = threading.Lock()
+
+
+def _job_events(request: Request, settings) -> JobEventProducer:
+    """The app's one job-event producer (made on first use). Raises RunError (Kafka unreachable)."""
+    with _producer_lock:
+        prod = getattr(request.app.state, "job_events", None)
+        if prod is None:
+            prod = JobEventProducer(settings, timeout=5.0)
+            request.app.state.job_events = prod
+        return prod
+
+
+@router.post(
+    "/{job_id}/events",
+    operation_id="post_job_event",
+    status_code=202,
+    response_model=JobEventOut,
+    responses={503: {"model": ErrorOut, "description": "Kafka did not acknowledge the event."}},
+    summary="Record a job's start or end (scheduler plugins; `pharos run` writes its own)",
+)
+def post_job_event(
+    job_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")],
+    body: JobEventIn,
+    request: Request,
+    settings: SettingsDep,
+) -> JobEventOut:
+    kind = io_pb2.JobEvent.KIND_START if body.kind == "start" else io_pb2.JobEvent.KIND_END
+    t = body.time_ns or time.time_ns()
+    event = JobEvent(
+        schema_version=SCHEMA_VERSION,
+        job_id=job_id,
+        kind=kind,
+        time_ns=t,
+        name=body.name,
+        command=body.command,
+        user=body.user,
+        ranks=body.ranks,
+        host=body.host or socket.gethostname(),
+        exit_code=body.exit_code,
+    )
+    try:
+        _job_events(request, settings).send(event)
+    except RunError as exc:
+        raise HTTPException(503, str(exc)) from None
+    return JobEventOut(job_id=job_id, kind=body.kind, time_ns=t, delivered=True)

@@ -29,7 +29,12 @@ const STALE: &str = "\0stale";
 
 type Task = Box<dyn FnOnce(&mut Conns) + Send>;
 
-/// Job id and rank of processes, cached per pid (bounded, 30 s TTL against pid reuse).
+/// Job id and rank of processes, cached per pid (bounded, 30 s TTL against pid reuse), by the
+/// rule the eBPF agent applies too (`pharos-attribution`, proto/attribution): the job from the
+/// `job_<ID>` component of the cgroup v2 path only (never the environment: a user can set
+/// PHAROS_JOB_ID, not join a cgroup), the rank from the innermost launcher's variable (PMI_RANK,
+/// PMIX_RANK, OMPI_COMM_WORLD_RANK, PHAROS_RANK, SLURM_PROCID), else the cgroup path's
+/// `rank_<r>` / `task_<r>`. The process is alive: it is waiting for this request.
 pub struct JobCache {
     m: Mutex<HashMap<u32, (Instant, String, i32)>>,
 }
@@ -37,39 +42,15 @@ pub struct JobCache {
 const JOB_CACHE_MAX: usize = 8192;
 const JOB_TTL: Duration = Duration::from_secs(30);
 
-/// Job id from a /proc/<pid>/cgroup text: the last path component `job_<ID>`.
-pub fn job_from_cgroup(text: &str) -> Option<String> {
-    let mut found = None;
-    for line in text.lines() {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        for c in path.split('/') {
-            if let Some(id) = c.strip_prefix("job_") {
-                if !id.is_empty() {
-                    found = Some(id.trim_end_matches(".scope").to_string());
-                }
-            }
-        }
-    }
-    found
+/// Job id ("" none) and rank (-1 none) from /proc/<pid>/cgroup text and the environment block
+/// (None: unreadable).
+pub fn job_from_cgroup(cgroup: &str, environ: Option<&[u8]>) -> (String, i32) {
+    pharos_attribution::attribute(cgroup, environ)
 }
 
-fn env_of(pid: u32) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    if let Ok(b) = std::fs::read(format!("/proc/{pid}/environ")) {
-        for kv in b.split(|&c| c == 0) {
-            if let Ok(s) = std::str::from_utf8(kv) {
-                if let Some((k, v)) = s.split_once('=') {
-                    if matches!(
-                        k,
-                        "PHAROS_JOB_ID" | "PHAROS_RANK" | "PMI_RANK" | "OMPI_COMM_WORLD_RANK" | "SLURM_PROCID"
-                    ) {
-                        out.insert(k.to_string(), v.to_string());
-                    }
-                }
-            }
-        }
-    }
-    out
+/// The environment block of `pid`, None when unreadable.
+fn env_of(pid: u32) -> Option<Vec<u8>> {
+    std::fs::read(format!("/proc/{pid}/environ")).ok()
 }
 
 impl JobCache {
@@ -86,16 +67,10 @@ impl JobCache {
                 return (j.clone(), *r);
             }
         }
-        let env = env_of(pid);
-        let job = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| job_from_cgroup(&t))
-            .or_else(|| env.get("PHAROS_JOB_ID").cloned())
-            .unwrap_or_default();
-        let rank = ["PHAROS_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
-            .iter()
-            .find_map(|k| env.get(*k).and_then(|v| v.parse().ok()))
-            .unwrap_or(-1);
+        let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return (String::new(), -1); // gone: nothing to cache
+        };
+        let (job, rank) = job_from_cgroup(&cgroup, env_of(pid).as_deref());
         let mut m = self.m.lock().unwrap();
         if m.len() >= JOB_CACHE_MAX {
             m.clear();
@@ -728,12 +703,40 @@ impl PharosFs {
 mod tests {
     use super::*;
 
+    /// The shared attribution vectors (proto/attribution/vectors.json) through the mount's
+    /// attribution: /proc/<pid>/cgroup text and environment → job and rank.
     #[test]
-    fn job_id_from_cgroup_lines() {
-        let v2 = "0::/pharos/job_1234\n";
-        assert_eq!(job_from_cgroup(v2).as_deref(), Some("1234"));
-        let hybrid = "12:memory:/\n1:name=systemd:/user.slice\n0::/pharos/job_77/step_0\n";
-        assert_eq!(job_from_cgroup(hybrid).as_deref(), Some("77"));
-        assert_eq!(job_from_cgroup("0::/user.slice/session-3.scope\n"), None);
+    fn attribution_vectors() {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(pharos_attribution::VECTORS).unwrap()).unwrap();
+        for c in doc["cases"].as_array().unwrap() {
+            let env = c["environ"]
+                .as_array()
+                .map(|vars| vars.iter().map(|v| format!("{}\0", v.as_str().unwrap())).collect::<String>().into_bytes());
+            let want = (c["job"].as_str().unwrap().to_string(), c["rank"].as_i64().unwrap() as i32);
+            assert_eq!(job_from_cgroup(c["cgroup"].as_str().unwrap(), env.as_deref()), want, "case {}", c["name"]);
+        }
+    }
+
+    /// A live process: its cgroup decides the job (a PHAROS_JOB_ID it sets is ignored), its
+    /// environment the rank.
+    #[test]
+    fn job_cache_reads_a_live_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .env("PHAROS_JOB_ID", "spoofed")
+            .env("PHAROS_RANK", "1")
+            .env("PMI_RANK", "3")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let got = JobCache::new().get(pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let in_job = !pharos_attribution::JobCgroup::from_proc_cgroup(&cgroup).job.is_empty();
+        assert_ne!(got.0, "spoofed");
+        assert_eq!(got, job_from_cgroup(&cgroup, Some(b"PHAROS_RANK=1\0PMI_RANK=3\0")));
+        assert_eq!(got.1, if in_job { 3 } else { -1 });
     }
 }

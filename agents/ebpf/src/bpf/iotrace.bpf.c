@@ -3,7 +3,8 @@
  *
  * System calls of the read/write family and of metadata operations, filtered in the kernel to
  * tasks below the watched root cgroups, plus block-layer device requests (raw tracepoints
- * block_rq_issue / block_rq_complete).
+ * block_rq_issue / block_rq_complete), plus the environment of every task of those cgroups that
+ * execs (sched_process_exec, for its rank: see on_exec).
  *
  * System calls are seen through two BTF raw tracepoint programs (tp_btf/sys_enter and
  * tp_btf/sys_exit) that dispatch on the syscall number through `sys_kind`, a table the loader
@@ -46,6 +47,7 @@ const volatile __u8 sys_kind[PH_NR_SYSCALLS] = {};
 
 /* Makes the event types visible in the skeleton's BTF-generated types. */
 struct ph_path_event ph_path_event_type_ = {};
+struct ph_env_event ph_env_event_type_ = {};
 struct ph_pending ph_pending_type_ = {};
 struct ph_counters ph_counters_type_ = {};
 enum ph_sys ph_sys_type_ = PH_SYS_NONE;
@@ -96,6 +98,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct ph_path_event);
 } scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ph_env_event);
+} env_scratch SEC(".maps");
 
 extern int bpf_iter_task_new(struct bpf_iter_task *it, struct task_struct *task,
 			     unsigned int flags) __weak __ksym;
@@ -687,6 +696,59 @@ int on_exit(void *ctx)
 		}
 	}
 	return 0; /* the sweeper held it throughout: it emits the record */
+}
+
+/* A process of a watched cgroup exec'd: send its new environment (the strings exec copied to the
+ * top of the new stack, mm->env_start..env_end, resident now) so that user space learns the
+ * rank from it (pharos-attribution) even if the process exits before its first record is read,
+ * when /proc/<pid>/environ is gone. In chunks of PH_ENV_CHUNK bytes, each event only as long as
+ * its chunk; beyond PH_ENV_CHUNKS chunks the rest is not sent (flagged). A chunk the ring buffer
+ * cannot take ends the exec's events: user space then reads /proc/<pid>/environ. */
+SEC("tracepoint/sched/sched_process_exec")
+int on_exec(void *ctx)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct ph_env_event *e;
+	struct mm_struct *mm;
+	__u32 zero = 0;
+	__u64 id, start, total;
+
+	if (!traced_task(t))
+		return 0;
+	mm = t->mm;
+	e = bpf_map_lookup_elem(&env_scratch, &zero);
+	if (!mm || !e)
+		return 0;
+	start = mm->env_start;
+	total = mm->env_end > start ? mm->env_end - start : 0;
+	__builtin_memset(&e->ev, 0, sizeof(e->ev));
+	id = bpf_get_current_pid_tgid();
+	e->ev.start_ns = e->ev.end_ns = bpf_ktime_get_ns();
+	e->ev.cgroup_id = bpf_get_current_cgroup_id();
+	e->ev.pid = id >> 32;
+	e->ev.tid = (__u32)id;
+	e->ev.fd = -1;
+	e->ev.op = PH_OP_EXEC;
+	e->ev.path_kind = PH_PATH_ENV;
+	e->ev.size = total;
+	e->ev.flags = total > (__u64)PH_ENV_CHUNK * PH_ENV_CHUNKS ? PH_F_ENV_TRUNCATED : 0;
+	bpf_get_current_comm(&e->ev.comm, sizeof(e->ev.comm));
+	for (int i = 0; i < PH_ENV_CHUNKS; i++) {
+		__u64 off = (__u64)i * PH_ENV_CHUNK, len;
+
+		if (off >= total && i > 0)
+			break;
+		len = total - off < PH_ENV_CHUNK ? total - off : PH_ENV_CHUNK;
+		if (off >= total)
+			len = 0; /* an empty environment: one empty event */
+		if (len && bpf_probe_read_user(e->env, len, (const void *)(start + off)))
+			break;
+		e->ev.offset = off;
+		e->ev.path_len = len;
+		if (bpf_ringbuf_output(&events, e, sizeof(e->ev) + len, wakeup_flag()))
+			break;
+	}
+	return 0;
 }
 
 /* Sweeper, run from user space with BPF_PROG_TEST_RUN every ~50 ms: emits every pending

@@ -9,6 +9,8 @@
 #define PH_PATH_BUF 4096        /* path bytes in a path event */
 #define PH_NAME_MAX 256         /* bytes read per path component */
 #define PH_PATH_DEPTH 32        /* path components walked in the kernel */
+#define PH_ENV_CHUNK 16384      /* environment bytes per exec event (the scratch map is per-CPU) */
+#define PH_ENV_CHUNKS 16        /* exec events per exec at most: 256 KiB of environment */
 
 /* Values equal pharos.v1.Op (proto/pharos/v1/io.proto). */
 enum ph_op {
@@ -29,6 +31,9 @@ enum ph_op {
 	PH_OP_BLOCK_READ = 15,
 	PH_OP_BLOCK_WRITE = 16,
 	PH_OP_BLOCK_OTHER = 17,
+	/* Not a pharos.v1.Op, never on the wire: a process of a watched cgroup exec'd; the event
+	 * carries a chunk of its new environment (ph_env_event) for rank attribution. */
+	PH_OP_EXEC = 255,
 };
 
 /* Traced system calls, the values of the loader-filled table `sys_kind` (syscall number ->
@@ -68,11 +73,13 @@ enum ph_path_kind {
 	PH_PATH_NONE = 0,
 	PH_PATH_DENTRY = 1,   /* components leaf first, each NUL-terminated ("c\0b\0a\0") */
 	PH_PATH_USER = 2,     /* the user-space path argument, NUL-terminated, maybe relative */
+	PH_PATH_ENV = 3,      /* PH_OP_EXEC: the environment block, NUL-separated K=V strings */
 };
 
 /* ph_event.flags */
 #define PH_F_PATH_TRUNCATED 1  /* dentry walk stopped at PH_PATH_DEPTH or PH_PATH_BUF */
 #define PH_F_NO_FILE 2         /* fd did not resolve to a struct file */
+#define PH_F_ENV_TRUNCATED 4   /* PH_OP_EXEC: the environment is longer than the chunks sent */
 
 /* One request or a merged run of `count` requests (Beacon's online compression).
  * Times are CLOCK_MONOTONIC ns (bpf_ktime_get_ns). dev is the kernel dev_t
@@ -103,6 +110,13 @@ struct ph_event {
 struct ph_path_event {
 	struct ph_event ev;
 	char path[PH_PATH_BUF];
+};
+
+/* PH_OP_EXEC: ev.path_len bytes of the environment from byte ev.offset follow the fixed part;
+ * ev.size is the environment's whole length. Chunks of one exec are sent in order. */
+struct ph_env_event {
+	struct ph_event ev;
+	char env[PH_ENV_CHUNK];
 };
 
 /* Per-thread state (task local storage map `tstate`).

@@ -1,0 +1,94 @@
+--[[
+Pharos job_submit.lua (Slurm's job_submit/lua plugin; slurm.conf: JobSubmitPlugins=lua, this
+file next to slurm.conf). It tags each submitted job with Pharos's predicted I/O class from
+history, in the job's admin_comment ("pharos:class=dedicated,pattern=N-1,runs=3"), which
+operators see in `scontrol show job` (AdminComment=) and `squeue -O AdminComment`.
+
+slurmctld runs job_submit with its locks held, so this never calls the network: it reads the
+table that `pharos slurm classes --out FILE` writes (user, job name, DFRA class, usual pattern,
+runs; from GET /v1/hints/classes), re-read when the file changes. FILE is
+$PHAROS_SLURM_CLASSES in slurmctld's environment, else /var/lib/pharos/slurm/classes.tsv.
+A job with no history, or no table, is submitted untouched; an admin_comment someone else set
+is kept (the tag is appended).
+]]
+
+local CLASSES = os.getenv("PHAROS_SLURM_CLASSES") or "/var/lib/pharos/slurm/classes.tsv"
+local cache = { stamp = nil, rows = {} }
+
+-- The file's size and first line, a cheap change check (Lua has no stat).
+local function stamp_of(path)
+	local f = io.open(path, "r")
+	if not f then
+		return nil
+	end
+	local size = f:seek("end")
+	f:seek("set", 0)
+	local head = f:read("*l") or ""
+	f:close()
+	return tostring(size) .. "|" .. head
+end
+
+local function load_classes()
+	local st = stamp_of(CLASSES)
+	if st == nil then
+		cache = { stamp = nil, rows = {} }
+		return cache.rows
+	end
+	if st == cache.stamp then
+		return cache.rows
+	end
+	local rows, n = {}, 0
+	for line in io.lines(CLASSES) do
+		if line:sub(1, 1) ~= "#" then
+			local user, name, class, pattern, runs = line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$")
+			if user then
+				rows[user .. "\t" .. name] = string.format("pharos:class=%s,pattern=%s,runs=%s", class, pattern, runs)
+				n = n + 1
+			end
+		end
+	end
+	cache = { stamp = st, rows = rows }
+	slurm.log_info("pharos: %d I/O classes read from %s", n, CLASSES)
+	return rows
+end
+
+local function user_name(uid)
+	local p = io.popen("getent passwd " .. tostring(math.floor(uid)))
+	if not p then
+		return ""
+	end
+	local line = p:read("*l") or ""
+	p:close()
+	return line:match("^([^:]*)") or ""
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	local name = job_desc.name or ""
+	if name == "" then
+		return slurm.SUCCESS
+	end
+	local ok, rows = pcall(load_classes)
+	if not ok then
+		slurm.log_error("pharos: cannot read %s: %s", CLASSES, tostring(rows))
+		return slurm.SUCCESS
+	end
+	local user = job_desc.user_name or user_name(job_desc.user_id or submit_uid)
+	local tag = rows[user .. "\t" .. name]
+	if tag then
+		local old = job_desc.admin_comment
+		if old ~= nil and old ~= "" then
+			job_desc.admin_comment = old .. " " .. tag
+		else
+			job_desc.admin_comment = tag
+		end
+		slurm.log_info("pharos: job %s of %s tagged %s", name, user, tag)
+	end
+	return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	return slurm.SUCCESS
+end
+
+slurm.log_info("pharos: job_submit.lua loaded (classes from %s)", CLASSES)
+return slurm.SUCCESS

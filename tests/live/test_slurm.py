@@ -1,0 +1,219 @@
+"""Slurm jobs on the REAL stack and a REAL Slurm (issue 13): ranks, pattern, bytes, the scheduler
+plugin's hint before the first I/O, and jobs that run when Pharos is down.
+
+One embedded stack (``pharos up``: Kafka, eBPF agent, forwarding daemons fwd0..fwd3 of which fwd2
+and fwd3 are reserved, the FUSE mount, pipeline + API + control loop on chDB) and one Slurm
+(munged, slurmctld, slurmd on loopback; tests/slurm_testkit.py) with the Pharos SPANK plugin
+(agents/slurm/pharos_spank.c) and job_submit.lua. The job is what a user submits: ``sbatch`` of a
+script whose ``srun --mpi=pmi2 -n 4`` runs an MPICH MPI-IO program (tests/data/mpi_write_at.c)
+in which each rank writes 32 MiB at its own offset of ONE file on the Pharos mount.
+
+1. The first job: Pharos shows it under Slurm's job id, with Slurm's job name and user, 4 I/O
+   ranks, pattern N-1 and exactly the bytes MPI reports, on the client layer (eBPF agent) and the
+   forwarder layer (mount + daemons); its DFRA decision (default mapping: no history) was taken
+   before its first forwarder record, and those records carry its node.
+2. ``pharos slurm classes`` writes the I/O class table; job_submit.lua tags the second job of the
+   same name (AdminComment ``pharos:class=dedicated,...``); its plugin's hint gives it a reserved
+   node before its first I/O, and the daemons' records of all its requests carry that node only.
+3. With the API unreachable (a closed port; then a port that accepts but never answers), the same
+   job completes, its I/O is still traced (the plugin's cgroup placement is local), and the
+   skipped hint and the failed events are counted (``pharos slurm status``).
+
+The classifier's thresholds are lowered by configuration for this machine's size, as in
+tests/control/test_control_dfra_live.py. Needs root (eBPF, cgroups, FUSE, slurmd), MPICH, Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from mpi_testkit import build_mpi_writer
+from pharos_testkit import dfra_live_env, forwarder_nodes, free_port, running_stack
+from slurm_testkit import SlurmCluster, running_slurm
+
+from pharos_api.demo import wait_for_summary
+from pharos_pipeline.settings import Settings
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF agent, job cgroups, FUSE and slurmd need root"),
+]
+
+MiB = 1 << 20
+RANKS = 4
+PER_RANK = 32 * MiB
+TOTAL = RANKS * PER_RANK
+NAME = "slurm-mpi-write"
+CONTROL_ENV = dfra_live_env(RANKS)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The stack and a Slurm whose plugin talks to its API; yields (settings, cluster)."""
+    state = tmp_path_factory.mktemp("slurm-stack")
+    t0 = time.monotonic()
+    with running_stack(state, "pharos-slurm", CONTROL_ENV) as settings:
+        options = {"api": settings.api_url, "cgroup_parent": settings.cgroup_parent, "timeout": "2"}
+        with running_slurm(options, job_submit=True) as cluster:
+            print(f"\n[slurm] stack and Slurm ready in {time.monotonic() - t0:.1f} s ({cluster.dir})")
+            yield settings, cluster
+
+
+@pytest.fixture(scope="module")
+def writer(tmp_path_factory) -> Path:
+    return build_mpi_writer(tmp_path_factory.mktemp("mpi"))
+
+
+def submit(cluster: SlurmCluster, exe: Path, data: Path, out_dir: Path, tag: str) -> tuple[str, dict, list[dict]]:
+    """sbatch a job script running ``srun --mpi=pmi2 -n 4`` of the writer; waits for it; returns
+    (Slurm job id, its final scontrol fields, the JSON lines its ranks printed)."""
+    script = out_dir / f"{tag}.sbatch"
+    out = out_dir / f"{tag}.out"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"#SBATCH --job-name={NAME}\n#SBATCH --ntasks={RANKS}\n#SBATCH --overcommit\n#SBATCH --output={out}\n"
+        + f"srun --mpi=pmi2 -n {RANKS} --overcommit {exe} {data} {PER_RANK} {MiB}\n"
+    )
+    job = cluster.sbatch(script)
+    info = cluster.wait(job)
+    text = out.read_text() if out.exists() else ""
+    assert info["JobState"] == "COMPLETED", f"job {job}: {info.get('JobState')} {info.get('ExitCode')}\n{text}"
+    printed = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert sorted(x["rank"] for x in printed) == list(range(RANKS)), text
+    assert sum(x["bytes_written"] for x in printed) == TOTAL, printed
+    return job, info, printed
+
+
+def decisions(api: str, job_id: str) -> list[dict]:
+    items = httpx.get(f"{api}/v1/control/actions", params={"job": job_id}, timeout=30).json()["items"]
+    return [a for a in items if a["kind"].startswith("dfra_")]
+
+
+def first_forwarder_record(settings: Settings, job_id: str) -> float:
+    """Wall-clock time (s) of the job's first forwarder-layer record, from the API's timeline."""
+    r = httpx.get(f"{settings.api_url}/v1/jobs/{job_id}", params={"layer": "forwarder"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return datetime.fromisoformat(r.json()["first_io"].replace("Z", "+00:00")).timestamp()
+
+
+def check_job(settings: Settings, job_id: str, user: str) -> dict:
+    """The job on both layers: Slurm's id, name and user, 4 I/O ranks, N-1, exact bytes."""
+    out = {}
+    for layer in ("client", "forwarder"):
+        s = wait_for_summary(settings.api_url, job_id, TOTAL, timeout_s=90, layer=layer)
+        assert s is not None, f"{layer}: Slurm job {job_id} never reached the API"
+        line = f"{layer}: {s['name']}/{s['user']} {s['io_ranks']} ranks {s['pattern']} {s['bytes_written']} B"
+        line += f", files {[(f['path'], f['bytes_written'], f['ranks']) for f in s['files']]}"
+        assert s["name"] == NAME and s["user"] == user, line
+        assert s["io_ranks"] == RANKS and s["pattern"] == "N-1", line
+        assert s["bytes_written"] == TOTAL and s["n_files"] == 1, line
+        out[layer] = s
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_srun_mpi_job_with_hint(site, writer: Path, tmp_path: Path):
+    settings, cluster = site
+    d = settings.mount_point / "slurm"
+    d.mkdir(exist_ok=True)
+    user = "root"
+
+    # 1. first job: no history, the default mapping, decided before its first I/O
+    t0 = time.monotonic()
+    job_a, info_a, _ = submit(cluster, writer, d / "a.dat", tmp_path, "a")
+    assert info_a["UserId"].startswith(user) and info_a["JobName"] == NAME, info_a
+    check_job(settings, job_a, user)
+    dec_a = decisions(settings.api_url, job_a)
+    assert len(dec_a) == 1 and dec_a[0]["kind"] == "dfra_default", dec_a
+    nodes_a = forwarder_nodes(settings.api_url, job_a)
+    want_a = dec_a[0]["to_state"].split(",") if dec_a[0]["to_state"] else ["fwd0"]
+    assert set(nodes_a) == set(want_a) and sum(nodes_a.values()) >= TOTAL, (nodes_a, dec_a)
+    t_dec = datetime.fromisoformat(dec_a[0]["time"].replace("Z", "+00:00")).timestamp()
+    assert t_dec <= first_forwarder_record(settings, job_a), "the hint came after the job's first I/O"
+    print(f"[slurm] job {job_a}: {time.monotonic() - t0:.1f} s, default mapping {want_a}, bytes per node {nodes_a}")
+
+    # 2. the class table for job_submit.lua, then the second job of the same name
+    deadline = time.monotonic() + 60
+    classes = [sys.executable, "-m", "pharos_api.cli", "slurm", "classes", "--api", settings.api_url]
+    while True:
+        r = subprocess.run(
+            [*classes, "--out", str(cluster.classes)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        rows = [ln.split("\t") for ln in cluster.classes.read_text().splitlines() if not ln.startswith("#")]
+        if any(x[:3] == [user, NAME, "dedicated"] for x in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    assert any(x[:4] == [user, NAME, "dedicated", "N-1"] for x in rows), rows
+
+    t0 = time.monotonic()
+    job_b, info_b, _ = submit(cluster, writer, d / "b.dat", tmp_path, "b")
+    assert info_b.get("AdminComment", "").startswith("pharos:class=dedicated,pattern=N-1"), info_b
+    check_job(settings, job_b, user)
+    dec_b = decisions(settings.api_url, job_b)
+    assert len(dec_b) == 1 and dec_b[0]["kind"] == "dfra_dedicated", dec_b
+    hinted = dec_b[0]["to_state"].split(",")
+    assert hinted and set(hinted) <= {"fwd2", "fwd3"}, dec_b  # the reserved nodes
+    nodes_b = forwarder_nodes(settings.api_url, job_b)
+    assert set(nodes_b) == set(hinted) and sum(nodes_b.values()) >= TOTAL, (nodes_b, hinted)
+    t_dec = datetime.fromisoformat(dec_b[0]["time"].replace("Z", "+00:00")).timestamp()
+    assert t_dec <= first_forwarder_record(settings, job_b), "the hint came after the job's first I/O"
+    print(f"[slurm] job {job_b}: {time.monotonic() - t0:.1f} s, {info_b['AdminComment']}, hint {hinted}, {nodes_b}")
+
+
+@pytest.mark.timeout(600)
+def test_job_runs_when_pharos_api_is_down(site, writer: Path, tmp_path: Path):
+    settings, cluster = site
+    d = settings.mount_point / "slurm-down"
+    d.mkdir(exist_ok=True)
+    status = [sys.executable, "-m", "pharos_api.cli", "slurm", "status", "--statedir", str(cluster.statedir)]
+
+    def counters() -> dict[str, int]:
+        r = subprocess.run([*status, "--json"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    hung = socket.socket()  # accepts connections (the kernel's backlog) and never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    urls = {"closed port": f"http://127.0.0.1:{free_port()}", "no answer": f"http://127.0.0.1:{hung.getsockname()[1]}"}
+    base = {"cgroup_parent": settings.cgroup_parent, "timeout": "1"}
+    try:
+        for i, (why, url) in enumerate(urls.items()):
+            before = counters()
+            cluster.set_plugin_options({"api": url, **base})
+            t0 = time.monotonic()
+            job, info, _ = submit(cluster, writer, d / f"{i}.dat", tmp_path, f"down{i}")
+            took = time.monotonic() - t0
+            after = counters()
+            diff = {k: after[k] - before[k] for k in after}
+            print(f"[slurm] API {why}: job {job} {info['JobState']} in {took:.1f} s; counters {diff}")
+            assert diff["hints_skipped"] == 1 and diff["hints_applied"] == 0, diff
+            assert diff["events_failed"] == 2 and diff["events_sent"] == 0, diff  # start and end
+            assert diff["tasks_placed"] == RANKS + 1 and diff["tasks_unplaced"] == 0, diff  # + the batch script
+            # still traced: the agent's records reach the store under Slurm's job id
+            deadline = time.monotonic() + 90
+            got = 0
+            while time.monotonic() < deadline and got < TOTAL:
+                r = httpx.get(f"{settings.api_url}/v1/jobs/{job}", timeout=10)
+                got = r.json().get("bytes_written", 0) if r.status_code == 200 else 0
+                time.sleep(0.5)
+            assert got == TOTAL, f"job {job}: {got} of {TOTAL} B traced with the API down"
+    finally:
+        hung.close()
+        cluster.set_plugin_options({"api": settings.api_url, **base})
+    shown = subprocess.run(status, capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0 and "hints_skipped" in shown.stdout, shown.stderr

@@ -1,0 +1,209 @@
+"""A real Slurm on loopback for tests: munged, slurmctld and slurmd from Debian's packages
+(Makefile APT_PACKAGES: slurmctld slurmd slurm-client munge libslurm-dev), one node with this
+machine's CPUs, started in a directory of its own under /run and stopped at the end.
+
+:func:`running_slurm` generates slurm.conf (auth/munge through a private munged socket and key,
+free loopback ports for slurmctld and slurmd, proctrack/linuxproc and task/none so Slurm itself
+creates no cgroups, select/cons_tres, one partition), a plugstack.conf loading the Pharos SPANK
+plugin (build/slurm/pharos_spank.so) with the given options, and, with ``job_submit``, Pharos's
+job_submit.lua next to slurm.conf. Commands (sbatch, squeue, scontrol) get ``SLURM_CONF`` from
+:attr:`SlurmCluster.env`. Needs root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pharos_testkit import REPO, free_port
+
+PLUGIN = REPO / "build" / "slurm" / "pharos_spank.so"
+JOB_SUBMIT_LUA = REPO / "agents" / "slurm" / "job_submit.lua"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+@dataclass
+class SlurmCluster:
+    dir: Path
+    node: str
+    env: dict[str, str]
+    plugstack: Path
+    plugin: Path  # the plugin's copy in ``dir``
+    statedir: Path  # the plugin's statedir= (counters)
+    classes: Path  # the table job_submit.lua reads ($PHAROS_SLURM_CLASSES)
+
+    def run(self, *argv: str, timeout: float = 30) -> str:
+        """A Slurm command with this cluster's SLURM_CONF; its stdout. Fails the test on error."""
+        r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}"
+        return r.stdout
+
+    def sbatch(self, script: Path) -> str:
+        """Submit ``script``; the Slurm job id."""
+        out = self.run("sbatch", "--parsable", str(script))
+        return out.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict of its Key=Value fields."""
+        text = self.run("scontrol", "show", "job", "-o", job_id)
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def wait(self, job_id: str, timeout_s: float = 180) -> dict[str, str]:
+        """Wait until the job has left the queue (a final state); its fields then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.job(job_id)
+            if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                return info
+            if time.monotonic() > deadline:
+                self.run("scancel", job_id)
+                pytest.fail(f"Slurm job {job_id} not done in {timeout_s:.0f} s: {info.get('JobState')} {info}")
+            time.sleep(0.5)
+
+    def set_plugin_options(self, options: dict[str, str]) -> None:
+        """Rewrite plugstack.conf (statedir= is always this cluster's): the job prolog and each
+        step read it when they start."""
+        self.plugstack.write_text(plugstack_line(self.plugin, {**options, "statedir": str(self.statedir)}))
+
+
+def plugstack_line(plugin: Path, options: dict[str, str]) -> str:
+    return f"optional {plugin} " + " ".join(f"{k}={v}" for k, v in options.items()) + "\n"
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log, "ab") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@contextlib.contextmanager
+def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> Iterator[SlurmCluster]:
+    """munged + slurmctld + slurmd (see the module doc) in a fresh directory under /run, a system
+    path like a site's /etc/slurm and /var/spool/slurmd, so that what Slurm's own processes in the
+    job (srun, the batch shell) read there is not the job's data I/O; the plugin is copied there
+    as a site installs it under Slurm's PluginDir. ``plugin_options``: the SPANK plugin's options
+    (statedir= is set to the cluster's). Fails the test when something is missing or a daemon
+    does not come up within 60 s; stops all three and removes the directory on exit."""
+    for tool in (*DAEMONS, "sbatch", "scontrol"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: apt-get install slurmctld slurmd slurm-client munge (Makefile)")
+    if not PLUGIN.exists():
+        pytest.fail(f"{PLUGIN} missing: `make build` builds the Pharos SPANK plugin")
+    d = Path("/run/pharos-test") / f"slurm-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    plugin = d / PLUGIN.name
+    shutil.copy(PLUGIN, plugin)
+    for sub in ("state", "spool", "munge"):
+        (d / sub).mkdir(exist_ok=True)
+    os.chmod(d / "munge", 0o755)  # job processes of other users reach the socket
+    key = d / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o600)
+    sock = d / "munge" / "munge.sock"
+    node = socket.gethostname().split(".")[0]
+    ctld_port, slurmd_port = free_port(), free_port()
+    plugstack = d / "plugstack.conf"
+    statedir, classes = d / "pharos-state", d / "pharos-state" / "classes.tsv"
+    plugstack.write_text(plugstack_line(plugin, {**plugin_options, "statedir": str(statedir)}))
+    conf = d / "slurm.conf"
+    lines = [
+        "ClusterName=pharostest",
+        f"SlurmctldHost={node}(127.0.0.1)",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"SlurmctldPort={ctld_port}",
+        f"SlurmdPort={slurmd_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={sock}",
+        f"StateSaveLocation={d / 'state'}",
+        f"SlurmdSpoolDir={d / 'spool'}",
+        f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+        f"SlurmdPidFile={d / 'slurmd.pid'}",
+        f"SlurmctldLogFile={d / 'slurmctld.log'}",
+        f"SlurmdLogFile={d / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "SchedulerType=sched/builtin",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "SlurmdParameters=config_overrides",
+        f"PlugStackConfig={plugstack}",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
+    ]
+    if job_submit:
+        shutil.copy(JOB_SUBMIT_LUA, d / "job_submit.lua")
+        lines.append("JobSubmitPlugins=lua")
+    conf.write_text("\n".join(lines) + "\n")
+    denv = dict(os.environ, SLURM_CONF=str(conf), PHAROS_SLURM_CLASSES=str(classes))
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(
+            _start(
+                [
+                    "munged",
+                    "-F",
+                    "-f",
+                    f"--socket={sock}",
+                    f"--key-file={key}",
+                    f"--pid-file={d / 'munged.pid'}",
+                    f"--seed-file={d / 'munged.seed'}",
+                    f"--log-file={d / 'munged.log'}",
+                    "--origin=127.0.0.1",
+                ],
+                d / "munged.out",
+                denv,
+            )
+        )
+        _wait_for(lambda: sock.exists(), procs, d, "munged")
+        procs.append(_start(["slurmctld", "-D", "-i", "-f", str(conf)], d / "slurmctld.out", denv))
+        procs.append(_start(["slurmd", "-D", "-f", str(conf), "-N", node], d / "slurmd.out", denv))
+        cluster = SlurmCluster(d, node, denv, plugstack, plugin, statedir, classes)
+
+        def node_idle() -> bool:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=denv, capture_output=True, text=True, timeout=10)
+            return r.returncode == 0 and r.stdout.strip() == "idle"
+
+        _wait_for(node_idle, procs, d, "slurmctld/slurmd")
+        yield cluster
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _wait_for(ok, procs: list[subprocess.Popen], d: Path, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        dead = [p.args[0] for p in procs if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            logs = {f.name: f.read_text()[-1500:] for f in d.glob("*.out")} | {
+                f.name: f.read_text()[-1500:] for f in d.glob("*.log")
+            }
+            pytest.fail(f"{what} did not come up ({'exited: ' + ', '.join(dead) if dead else 'timeout'}): {logs}")
+        time.sleep(0.3)
