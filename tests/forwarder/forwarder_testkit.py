@@ -240,10 +240,10 @@ def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout:
     return job
 
 
-# --- raw protocol frames (v3: bincode 1 header, fixint, little endian, then a raw data
+# --- raw protocol frames (v4: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 3
+VERSION = 4
 
 
 def _s(x: str) -> bytes:
@@ -252,8 +252,9 @@ def _s(x: str) -> bytes:
 
 
 def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "") -> bytes:
-    """A `Request` header: id, Ctx, then `Op` variant index and its fields."""
-    ctx = _s(job) + struct.pack("<iIII", -1, 0, 0, 0) + _s("test")
+    """A `Request` header: id, Ctx (job, rank, pid, uid, gid, compute node, no supplementary
+    groups), then `Op` variant index and its fields."""
+    ctx = _s(job) + struct.pack("<iIII", -1, 0, 0, 0) + _s("test") + struct.pack("<Q", 0)
     return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields
 
 

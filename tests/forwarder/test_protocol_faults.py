@@ -4,6 +4,7 @@ serving (a fresh connection's ping is answered afterwards)."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 
@@ -115,12 +116,13 @@ def test_v2_frame_faults_get_eproto_and_connection_goes_on(daemon):
 def test_raw_data_segment_write_then_read(daemon, cluster):
     data = bytes(range(256)) * 1024 + b"tail"  # 256 KiB + 4: a large request, unaligned end
     with connect(daemon) as s:
-        s.sendall(frame(request(30, OP_CREATE, _s("raw") + struct.pack("<I?Q", 0o644, True, 77))))
+        excl = os.O_CREAT | os.O_EXCL | os.O_RDWR  # Create { path, mode, flags, token }
+        s.sendall(frame(request(30, OP_CREATE, _s("raw") + struct.pack("<IiQ", 0o644, excl, 77))))
         rid, e, rest, seg = read_reply(s)
         assert (rid, e, seg) == (30, None, b"")
         (variant,) = struct.unpack("<I", rest[:4])
         assert variant == 3  # Body::Opened { attr, layout, handle }
-        (oid, ss, targets, cs, perf), handle = parse_layout(rest[4 + 80 :])
+        (oid, ss, targets, cs, perf), handle = parse_layout(rest[4 + 88 :])  # after the Attr
         assert (cs, perf) == (0, [])  # round-robin: a classic layout
         assert len(handle) == 16
         lo = layout(oid, ss, targets)

@@ -25,7 +25,10 @@
 //! Version history: 1 = whole message bincode (data as a byte field); 2 = header + raw
 //! data segment, open handles in `Opened`/`Release` (unlink of open files, see the daemon);
 //! 3 = progressive layouts ([`Layout::component_size`], [`Layout::perf`]) and the open
-//! handle in `Write` (the daemon counts the component each open is writing).
+//! handle in `Write` (the daemon counts the component each open is writing); 4 = POSIX
+//! namespace: the caller's supplementary groups in [`Ctx`] (the daemon checks permissions
+//! with the caller's credentials), symlinks, hard links, special files ([`Kind`], `rdev`),
+//! open flags, `Setattr` through an open file, and Readdir paginated by cookie.
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
@@ -35,7 +38,7 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Largest frame (version byte + payload), bytes: 8 MiB + 64 KiB of header room.
 pub const MAX_FRAME: usize = (8 << 20) + (64 << 10);
 /// Largest data payload of one read or write request, bytes.
@@ -58,6 +61,8 @@ pub mod errno {
     pub const ENOSPC: i32 = 28;
     pub const ENAMETOOLONG: i32 = 36;
     pub const ENOSYS: i32 = 38;
+    pub const ELOOP: i32 = 40;
+    pub const EROFS: i32 = 30;
     pub const ENOTEMPTY: i32 = 39;
     pub const EPROTO: i32 = 71;
     pub const EMSGSIZE: i32 = 90;
@@ -72,10 +77,13 @@ pub struct Ctx {
     /// MPI rank, -1 when unknown.
     pub rank: i32,
     pub pid: u32,
+    /// File-system uid and gid of the caller (FUSE's request credentials).
     pub uid: u32,
     pub gid: u32,
     /// Name of the compute node that sent the request.
     pub compute_node: String,
+    /// Supplementary groups of the caller (for the daemon's permission checks).
+    pub groups: Vec<u32>,
 }
 
 /// Where a file's data lives.
@@ -113,7 +121,7 @@ impl Layout {
     }
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Time {
     pub sec: i64,
     pub nsec: u32,
@@ -125,6 +133,10 @@ pub enum Kind {
     File,
     Dir,
     Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
     Other,
 }
 
@@ -140,6 +152,8 @@ pub struct Attr {
     pub size: u64,
     /// 512-byte blocks allocated.
     pub blocks: u64,
+    /// Device number of a character or block device (0 otherwise).
+    pub rdev: u64,
     pub atime: Time,
     pub mtime: Time,
     pub ctime: Time,
@@ -150,7 +164,13 @@ pub struct DirEntry {
     pub name: String,
     pub ino: u64,
     pub kind: Kind,
+    /// Cookie of the position after this entry (a Readdir from it continues there).
+    pub next: u64,
 }
+
+/// Bytes of entry names per Readdir reply (a page); a directory of any size is listed in
+/// pages far below [`MAX_FRAME`].
+pub const READDIR_PAGE_BYTES: usize = 256 << 10;
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct StatFs {
@@ -187,12 +207,18 @@ pub enum Op {
     Getattr {
         path: String,
     },
+    /// `by_fd`: through a file open for writing (ftruncate: no write permission needed).
     Setattr {
         path: String,
         set: SetAttr,
+        by_fd: bool,
     },
+    /// One page of the directory's entries from `cookie` (0 = the start; else an entry's
+    /// `next`). The cookies are the namespace file system's directory offsets, so every
+    /// daemon on the same namespace continues a listing the same way.
     Readdir {
         path: String,
+        cookie: u64,
     },
     Mkdir {
         path: String,
@@ -209,18 +235,19 @@ pub enum Op {
         to: String,
         noreplace: bool,
     },
-    /// Create a regular file; `excl` = fail with EEXIST when it exists. `token` makes a
-    /// replay of the same create idempotent.
+    /// Create a regular file. `token` makes a replay of the same create idempotent.
     Create {
         path: String,
         mode: u32,
-        excl: bool,
+        /// open(2) flags (`O_EXCL`: fail with EEXIST when it exists; the access mode checks
+        /// an existing file's permissions when not exclusive).
+        flags: i32,
         token: u64,
     },
+    /// Opens an existing file; `flags` are open(2)'s (access mode, `O_TRUNC`, ...).
     Open {
         path: String,
-        write: bool,
-        truncate: bool,
+        flags: i32,
     },
     /// Closes the open `handle` (returned by create/open) of the file with `layout`.
     Release {
@@ -251,6 +278,26 @@ pub enum Op {
         datasync: bool,
     },
     Statfs,
+    // v4 (at the end: earlier variants keep their indexes on the wire)
+    /// A symbolic link at `path` pointing to `target`.
+    Symlink {
+        path: String,
+        target: String,
+    },
+    Readlink {
+        path: String,
+    },
+    /// A hard link `to` of the file `from`.
+    Link {
+        from: String,
+        to: String,
+    },
+    /// A special file (FIFO, socket, character or block device): `mode` holds the type bits.
+    Mknod {
+        path: String,
+        mode: u32,
+        rdev: u64,
+    },
 }
 
 impl Op {
@@ -273,6 +320,10 @@ impl Op {
             Op::Write { .. } => "write",
             Op::Fsync { .. } => "fsync",
             Op::Statfs => "statfs",
+            Op::Symlink { .. } => "symlink",
+            Op::Readlink { .. } => "readlink",
+            Op::Link { .. } => "link",
+            Op::Mknod { .. } => "mknod",
         }
     }
 
@@ -280,7 +331,16 @@ impl Op {
     /// client may replay it on another forwarding node after a failure.
     /// Create is idempotent through its token.
     pub fn idempotent(&self) -> bool {
-        !matches!(self, Op::Mkdir { .. } | Op::Rmdir { .. } | Op::Unlink { .. } | Op::Rename { .. })
+        !matches!(
+            self,
+            Op::Mkdir { .. }
+                | Op::Rmdir { .. }
+                | Op::Unlink { .. }
+                | Op::Rename { .. }
+                | Op::Symlink { .. }
+                | Op::Link { .. }
+                | Op::Mknod { .. }
+        )
     }
 }
 
@@ -312,7 +372,11 @@ pub struct OpenHandle {
 pub enum Body {
     Ok,
     Attr(Attr),
-    Entries(Vec<DirEntry>),
+    /// A page of a directory: `eof` = no entry after the last one.
+    Entries {
+        entries: Vec<DirEntry>,
+        eof: bool,
+    },
     Opened {
         attr: Attr,
         layout: Layout,
@@ -325,6 +389,8 @@ pub enum Body {
     },
     Written(u32),
     Statfs(StatFs),
+    /// A symbolic link's target (v4).
+    Link(String),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -713,13 +779,18 @@ pub fn read_msg<T: for<'de> Deserialize<'de> + Payload>(r: &mut impl FrameRead) 
     decode(&mut read_frame(r)?)
 }
 
+/// Longest request path, bytes. Longer than `PATH_MAX` (4096): `PATH_MAX` bounds what one
+/// system call names (relative to its caller's working directory), not a file's depth below
+/// the namespace root, so a path near `PATH_MAX` inside a directory of the mount is longer.
+pub const MAX_PATH: usize = 32 << 10;
+
 /// Checks a request path and returns its components. Rejects `..`, `.`, empty components
 /// (other than one leading `/`), NUL bytes, components longer than 255 bytes and paths
-/// longer than 4096 bytes. The empty path and `/` are the namespace root (no components).
+/// longer than [`MAX_PATH`]. The empty path and `/` are the namespace root (no components).
 pub fn validate_path(path: &str) -> Result<Vec<&str>, WireError> {
     let bad = |m: &str| WireError { errno: errno::EINVAL, msg: format!("invalid path {path:?}: {m}") };
-    if path.len() > 4096 {
-        return Err(WireError { errno: errno::ENAMETOOLONG, msg: "path longer than 4096 bytes".into() });
+    if path.len() > MAX_PATH {
+        return Err(WireError { errno: errno::ENAMETOOLONG, msg: format!("path longer than {MAX_PATH} bytes") });
     }
     if path.contains('\0') {
         return Err(bad("NUL byte"));
@@ -750,7 +821,15 @@ mod tests {
     fn req(op: Op) -> Request {
         Request {
             id: 7,
-            ctx: Ctx { job_id: "42".into(), rank: 3, pid: 1, uid: 0, gid: 0, compute_node: "cn0".into() },
+            ctx: Ctx {
+                job_id: "42".into(),
+                rank: 3,
+                pid: 1,
+                uid: 0,
+                gid: 0,
+                compute_node: "cn0".into(),
+                groups: vec![5, 6],
+            },
             op,
         }
     }
@@ -761,9 +840,19 @@ mod tests {
         let ops = vec![
             Op::Ping,
             Op::Lookup { path: "a/b".into() },
-            Op::Setattr { path: "a".into(), set: SetAttr { size: Some(5), mtime: Some(None), ..Default::default() } },
+            Op::Setattr {
+                path: "a".into(),
+                set: SetAttr { size: Some(5), mtime: Some(None), ..Default::default() },
+                by_fd: true,
+            },
+            Op::Readdir { path: "d".into(), cookie: 77 },
+            Op::Open { path: "f".into(), flags: 0o1002 },
+            Op::Symlink { path: "l".into(), target: "../x".into() },
+            Op::Readlink { path: "l".into() },
+            Op::Link { from: "f".into(), to: "g".into() },
+            Op::Mknod { path: "p".into(), mode: 0o10644, rdev: 0 },
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
-            Op::Create { path: "f".into(), mode: 0o644, excl: true, token: 77 },
+            Op::Create { path: "f".into(), mode: 0o644, flags: 0o302, token: 77 },
             Op::Write {
                 path: "f".into(),
                 layout: l.clone(),
@@ -1003,6 +1092,9 @@ mod tests {
             assert_eq!(validate_path(bad).unwrap_err().errno, errno::EINVAL, "{bad:?}");
         }
         assert_eq!(validate_path(&"x".repeat(256)).unwrap_err().errno, errno::ENAMETOOLONG);
+        let deep = vec!["d".repeat(250); 20].join("/"); // beyond PATH_MAX, within MAX_PATH
+        assert_eq!(validate_path(&deep).unwrap().len(), 20);
+        assert_eq!(validate_path(&vec!["d".repeat(250); 200].join("/")).unwrap_err().errno, errno::ENAMETOOLONG);
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! * The namespace `<mdt>/ns` holds the directory tree. A regular file of the namespace is
 //!   a small sidecar whose content is the file's layout
 //!   (`pharos-layout v1 oid=<hex> stripe_size=<n> targets=<i,j,..> token=<n>`), written to
-//!   `<mdt>/tmp` first and `link(2)`ed into place, so creation is atomic (EEXIST races are
-//!   decided by the kernel) and other daemons never see a half-written layout.
+//!   an unnamed `O_TMPFILE` in its directory with the caller's credentials and `link(2)`ed
+//!   into place, so creation is atomic (EEXIST races are decided by the kernel) and other
+//!   daemons never see a half-written layout. Every name operation resolves from the
+//!   namespace root's fd with the caller's credentials ([`crate::nsfs`]): the kernel of the
+//!   forwarding node applies POSIX's permission rules. Hard links share the sidecar.
 //! * The data of stripe `s` of object `oid` is the file `<target dir>/<oid:016x>.<s>`.
 //!   Striping is RAID-0 over the layout's targets in units of `stripe_size`.
 //! * **Progressive layouts** (a pool with `component_size` C, Lustre-PFL-like; sidecar
@@ -50,10 +53,11 @@
 //! start-time garbage collection decrements the target of every dead daemon's marker it
 //! removes. Reads do not count.
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -62,9 +66,11 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use pharos_fwd_proto::{
     errno, validate_path, Attr, Ctx, DirEntry, Kind, Layout, OpenHandle, SetAttr, StatFs, Time, WireError,
+    READDIR_PAGE_BYTES,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::nsfs::{self, Caller};
 use crate::shm::TargetShm;
 
 /// One storage target (OST).
@@ -152,6 +158,8 @@ pub struct FileSpan {
 
 pub struct Backend {
     ns: PathBuf,
+    /// `O_PATH` fd of the namespace root: every name is resolved from it.
+    ns_fd: OwnedFd,
     tmp: PathBuf,
     open_dir: PathBuf,
     orphan_dir: PathBuf,
@@ -210,15 +218,16 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
-fn kind_of(ft: fs::FileType) -> Kind {
-    if ft.is_file() {
-        Kind::File
-    } else if ft.is_dir() {
-        Kind::Dir
-    } else if ft.is_symlink() {
-        Kind::Symlink
-    } else {
-        Kind::Other
+fn kind_of_mode(mode: u32) -> Kind {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => Kind::File,
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFLNK => Kind::Symlink,
+        libc::S_IFIFO => Kind::Fifo,
+        libc::S_IFSOCK => Kind::Socket,
+        libc::S_IFCHR => Kind::CharDev,
+        libc::S_IFBLK => Kind::BlockDev,
+        _ => Kind::Other,
     }
 }
 
@@ -370,6 +379,7 @@ impl Backend {
         let _ = fs::remove_file(&staged);
         linked?;
         Ok(Backend {
+            ns_fd: nsfs::open_dir(&ns)?,
             ns,
             tmp,
             open_dir,
@@ -405,7 +415,7 @@ impl Backend {
         let d = self.marker_dir(oid);
         let m = d.join(marker_name(h));
         for _ in 0..100 {
-            match fs::create_dir(&d) {
+            match fs::DirBuilder::new().mode(0o700).create(&d) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(werr(e)),
@@ -470,7 +480,14 @@ impl Backend {
     /// an orphan until the last open is released.
     fn drop_file(&self, l: &Layout) {
         let rec = self.orphan_path(l.oid);
-        if let Err(e) = fs::write(&rec, layout_text(l, 0)) {
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&rec)
+            .and_then(|mut f| f.write_all(layout_text(l, 0).as_bytes()));
+        if let Err(e) = written {
             log::warn!("orphan record {}: {e}", rec.display());
         }
         if !self.has_markers(l.oid) {
@@ -828,44 +845,105 @@ impl Backend {
         }
     }
 
-    /// Reads the layout sidecar of a namespace file.
-    pub fn read_layout(&self, p: &Path) -> Res<(Layout, u64)> {
-        let s = fs::read_to_string(p).map_err(werr)?;
-        parse_layout(&s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {}", p.display())))
+    /// The caller's credentials on this thread until the guard drops (see [`crate::nsfs`]).
+    fn caller(&self, ctx: &Ctx) -> Caller {
+        Caller::assume(ctx.uid, ctx.gid, &ctx.groups)
     }
 
-    fn attr_of(&self, p: &Path, md: &fs::Metadata) -> Res<Attr> {
-        let kind = kind_of(md.file_type());
+    /// The directory holding `path` (an `O_PATH` fd; the namespace root itself for the root)
+    /// and the last component (`.` for the root). Resolved with the thread's credentials
+    /// (search permission), never through a symlink nor out of the namespace.
+    fn parent(&self, path: &str) -> Res<(OwnedFd, CString)> {
+        let comps = validate_path(path)?;
+        let Some((last, dirs)) = comps.split_last() else {
+            return Ok((self.ns_fd.try_clone().map_err(werr)?, c".".to_owned()));
+        };
+        let name = nsfs::cstr(last).map_err(werr)?;
+        if dirs.is_empty() {
+            return Ok((self.ns_fd.try_clone().map_err(werr)?, name));
+        }
+        // Directories a few thousand bytes at a time: a path below the namespace root may be
+        // longer than PATH_MAX (see `pharos_fwd_proto::MAX_PATH`).
+        let mut d: Option<OwnedFd> = None;
+        let mut chunk = String::new();
+        for (i, c) in dirs.iter().enumerate() {
+            if !chunk.is_empty() {
+                chunk.push('/');
+            }
+            chunk.push_str(c);
+            if i + 1 < dirs.len() && chunk.len() + 1 + dirs[i + 1].len() < 3072 {
+                continue;
+            }
+            let rel = nsfs::cstr(&chunk).map_err(werr)?;
+            let from = d.as_ref().unwrap_or(&self.ns_fd).as_raw_fd();
+            d = Some(nsfs::open_beneath(from, &rel).map_err(|e| match e.raw_os_error() {
+                // A symlink on the way (RESOLVE_NO_SYMLINKS): a client never sends one.
+                Some(libc::ELOOP) | Some(libc::EXDEV) => eno(errno::ELOOP, "symlink in a request path"),
+                _ => werr(e),
+            })?);
+            chunk.clear();
+        }
+        Ok((d.expect("at least one directory"), name))
+    }
+
+    /// Reads the layout sidecar `name` of directory `dir` (as the daemon: sidecars may have
+    /// any mode); also returns the open sidecar (its link count tells when the last name
+    /// went).
+    fn layout_at(&self, dir: &OwnedFd, name: &CStr) -> Res<(Layout, u64, File)> {
+        // O_NOATIME: reading the layout is not an access of the file (its atime is the sidecar's).
+        let ro = libc::O_RDONLY | libc::O_NOFOLLOW;
+        let mut f = match nsfs::openat(dir.as_raw_fd(), name, ro | libc::O_NOATIME, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => nsfs::openat(dir.as_raw_fd(), name, ro, 0),
+            r => r,
+        }
+        .map_err(werr)?;
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut f, &mut s).map_err(werr)?;
+        let (l, tok) = parse_layout(&s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        Ok((l, tok, f))
+    }
+
+    /// Reads the layout sidecar of a namespace file (request path).
+    pub fn read_layout(&self, path: &str) -> Res<(Layout, u64)> {
+        let (d, name) = self.parent(path)?;
+        self.layout_at(&d, &name).map(|(l, t, _)| (l, t))
+    }
+
+    /// The attributes of `name` in `dir` whose `lstat` is `st`: a regular file's size,
+    /// blocks and times come from its data objects too (its sidecar is read as the daemon).
+    fn attr_at(&self, dir: &OwnedFd, name: &CStr, st: &libc::stat) -> Res<Attr> {
+        let kind = kind_of_mode(st.st_mode);
         let mut a = Attr {
-            ino: md.ino(),
+            ino: st.st_ino,
             kind,
-            perm: md.mode() & 0o7777,
-            nlink: md.nlink() as u32,
-            uid: md.uid(),
-            gid: md.gid(),
-            size: md.size(),
-            blocks: md.blocks(),
-            atime: t(md.atime(), md.atime_nsec()),
-            mtime: t(md.mtime(), md.mtime_nsec()),
-            ctime: t(md.ctime(), md.ctime_nsec()),
+            perm: st.st_mode & 0o7777,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            rdev: if matches!(kind, Kind::CharDev | Kind::BlockDev) { st.st_rdev } else { 0 },
+            atime: t(st.st_atime, st.st_atime_nsec),
+            mtime: t(st.st_mtime, st.st_mtime_nsec),
+            ctime: t(st.st_ctime, st.st_ctime_nsec),
         };
         if kind == Kind::File {
-            let (l, _) = self.read_layout(p)?;
-            let (size, blocks, mtime) = self.data_stat(&l)?;
+            let (l, _, _) = self.layout_at(dir, name)?;
+            let (size, blocks, mtime, ctime) = self.data_stat(&l)?;
             a.size = size;
             a.blocks = blocks;
-            if (mtime.sec, mtime.nsec) > (a.mtime.sec, a.mtime.nsec) {
-                a.mtime = mtime;
-                a.ctime = mtime;
-            }
+            // Data writes and truncates change the objects' times, name operations the
+            // sidecar's: the file's are the newer of each.
+            a.mtime = a.mtime.max(mtime);
+            a.ctime = a.ctime.max(ctime);
         }
         Ok(a)
     }
 
-    /// Logical size, blocks and newest mtime of a file's objects.
-    fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time)> {
+    /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
+    fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         self.check_layout(l)?;
-        let (mut size, mut blocks, mut mt) = (0u64, 0u64, t(0, 0));
+        let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
         for (idx, ti) in self.objects(l)? {
             let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
             let md = f.metadata().map_err(werr)?;
@@ -876,59 +954,154 @@ impl Backend {
             };
             size = size.max(end);
             blocks += md.blocks();
-            let m = t(md.mtime(), md.mtime_nsec());
-            if (m.sec, m.nsec) > (mt.sec, mt.nsec) {
-                mt = m;
+            mt = mt.max(t(md.mtime(), md.mtime_nsec()));
+            ct = ct.max(t(md.ctime(), md.ctime_nsec()));
+        }
+        Ok((size, blocks, mt, ct))
+    }
+
+    /// Attributes of `path` (lookup and getattr), with the caller's search permissions.
+    pub fn getattr(&self, path: &str, ctx: &Ctx) -> Res<Attr> {
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        drop(g);
+        self.attr_at(&d, &name, &st)
+    }
+
+    /// One page of the directory `path` from `cookie` (0 = start; else an entry's `next`),
+    /// at most [`READDIR_PAGE_BYTES`] of names; `true` = the end was reached. `.` and `..`
+    /// come as the file system lists them.
+    pub fn readdir(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<DirEntry>, bool)> {
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let f = nsfs::openat(d.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+            .map_err(werr)?;
+        drop(g);
+        let dir = unsafe { libc::fdopendir(f.as_raw_fd()) };
+        if dir.is_null() {
+            return Err(werr(io::Error::last_os_error()));
+        }
+        std::mem::forget(f); // owned by the DIR stream now
+        struct Closer(*mut libc::DIR);
+        impl Drop for Closer {
+            fn drop(&mut self) {
+                unsafe { libc::closedir(self.0) };
             }
         }
-        Ok((size, blocks, mt))
-    }
-
-    pub fn getattr(&self, path: &str) -> Res<Attr> {
-        let p = self.ns_path(path)?;
-        let md = fs::symlink_metadata(&p).map_err(werr)?;
-        self.attr_of(&p, &md)
-    }
-
-    pub fn readdir(&self, path: &str) -> Res<Vec<DirEntry>> {
-        let p = self.ns_path(path)?;
-        let mut out = Vec::new();
-        for e in fs::read_dir(&p).map_err(werr)? {
-            let e = e.map_err(werr)?;
-            let name = match e.file_name().into_string() {
-                Ok(n) => n,
-                Err(_) => continue,
+        let _close = Closer(dir);
+        if cookie != 0 {
+            unsafe { libc::seekdir(dir, cookie as libc::c_long) };
+        }
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
+        loop {
+            if bytes >= READDIR_PAGE_BYTES {
+                return Ok((out, false));
+            }
+            unsafe { *libc::__errno_location() = 0 };
+            let e = unsafe { libc::readdir64(dir) };
+            if e.is_null() {
+                let err = io::Error::last_os_error();
+                if err.raw_os_error().unwrap_or(0) != 0 {
+                    return Err(werr(err));
+                }
+                return Ok((out, true));
+            }
+            let e = unsafe { &*e };
+            let cname = unsafe { CStr::from_ptr(e.d_name.as_ptr()) };
+            let Ok(n) = cname.to_str() else { continue };
+            let kind = match e.d_type {
+                libc::DT_REG => Kind::File,
+                libc::DT_DIR => Kind::Dir,
+                libc::DT_LNK => Kind::Symlink,
+                libc::DT_FIFO => Kind::Fifo,
+                libc::DT_SOCK => Kind::Socket,
+                libc::DT_CHR => Kind::CharDev,
+                libc::DT_BLK => Kind::BlockDev,
+                _ => nsfs::lstat(unsafe { libc::dirfd(dir) }, cname)
+                    .map(|st| kind_of_mode(st.st_mode))
+                    .unwrap_or(Kind::Other),
             };
-            use std::os::unix::fs::DirEntryExt;
-            out.push(DirEntry { name, ino: e.ino(), kind: kind_of(e.file_type().map_err(werr)?) });
+            bytes += n.len() + 32;
+            out.push(DirEntry { name: n.to_string(), ino: e.d_ino, kind, next: e.d_off as u64 });
         }
-        Ok(out)
     }
 
-    fn chown(p: &Path, uid: Option<u32>, gid: Option<u32>) -> Res<()> {
-        if uid.is_none() && gid.is_none() {
-            return Ok(());
-        }
-        std::os::unix::fs::lchown(p, uid, gid).map_err(werr)
-    }
-
-    pub fn mkdir(&self, path: &str, mode: u32, uid: u32, gid: u32) -> Res<Attr> {
-        let p = self.ns_path(path)?;
-        if p == self.ns {
+    pub fn mkdir(&self, path: &str, mode: u32, ctx: &Ctx) -> Res<Attr> {
+        if validate_path(path)?.is_empty() {
             return Err(eno(errno::EEXIST, "namespace root"));
         }
-        fs::create_dir(&p).map_err(werr)?;
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode & 0o7777)).map_err(werr)?;
-        Self::chown(&p, Some(uid), Some(gid))?;
-        self.getattr(path)
+        nsfs::private_umask();
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        nsfs::mkdirat(d.as_raw_fd(), &name, mode & 0o7777).map_err(werr)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        drop(g);
+        self.attr_at(&d, &name, &st)
     }
 
-    pub fn rmdir(&self, path: &str) -> Res<()> {
-        let p = self.ns_path(path)?;
-        if p == self.ns {
+    pub fn rmdir(&self, path: &str, ctx: &Ctx) -> Res<()> {
+        if validate_path(path)?.is_empty() {
             return Err(eno(errno::EBUSY, "namespace root"));
         }
-        fs::remove_dir(&p).map_err(werr)
+        let _g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        nsfs::unlinkat(d.as_raw_fd(), &name, libc::AT_REMOVEDIR).map_err(werr)
+    }
+
+    /// A symbolic link `path` → `target`.
+    pub fn symlink(&self, path: &str, target: &str, ctx: &Ctx) -> Res<Attr> {
+        if validate_path(path)?.is_empty() {
+            return Err(eno(errno::EEXIST, "namespace root"));
+        }
+        let target = nsfs::cstr(target).map_err(werr)?;
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        nsfs::symlinkat(&target, d.as_raw_fd(), &name).map_err(werr)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        drop(g);
+        self.attr_at(&d, &name, &st)
+    }
+
+    pub fn readlink(&self, path: &str, ctx: &Ctx) -> Res<String> {
+        let _g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let b = nsfs::readlinkat(d.as_raw_fd(), &name).map_err(werr)?;
+        String::from_utf8(b).map_err(|_| eno(errno::EIO, "symlink target is not UTF-8"))
+    }
+
+    /// A hard link `to` of `from`: both names share the sidecar, hence the layout and data.
+    pub fn link(&self, from: &str, to: &str, ctx: &Ctx) -> Res<Attr> {
+        if validate_path(to)?.is_empty() {
+            return Err(eno(errno::EEXIST, "namespace root"));
+        }
+        let g = self.caller(ctx);
+        let (a, an) = self.parent(from)?;
+        let (b, bn) = self.parent(to)?;
+        nsfs::linkat(a.as_raw_fd(), &an, b.as_raw_fd(), &bn, 0).map_err(werr)?;
+        let st = nsfs::lstat(b.as_raw_fd(), &bn).map_err(werr)?;
+        drop(g);
+        self.attr_at(&b, &bn, &st)
+    }
+
+    /// A FIFO, socket or device node (the type bits of `mode`); a regular file gets a
+    /// layout like [`Backend::create`] (and is not left open).
+    pub fn mknod(&self, path: &str, mode: u32, rdev: u64, ctx: &Ctx) -> Res<Attr> {
+        if validate_path(path)?.is_empty() {
+            return Err(eno(errno::EEXIST, "namespace root"));
+        }
+        if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
+            let (a, l, h) = self.create(path, mode & 0o7777, libc::O_CREAT | libc::O_EXCL, 0, ctx)?;
+            self.release(&l, h)?;
+            return Ok(a);
+        }
+        nsfs::private_umask();
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        nsfs::mknodat(d.as_raw_fd(), &name, mode, rdev).map_err(werr)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        drop(g);
+        self.attr_at(&d, &name, &st)
     }
 
     /// Deletes the objects of `l` (and the component records of a progressive layout).
@@ -951,64 +1124,87 @@ impl Backend {
         }
     }
 
-    pub fn unlink(&self, path: &str) -> Res<()> {
-        let p = self.ns_path(path)?;
-        let md = fs::symlink_metadata(&p).map_err(werr)?;
-        if md.is_dir() {
-            return Err(eno(errno::EISDIR, "is a directory"));
+    /// The open sidecar and layout of `name` in `dir` when it is a regular file (to tell,
+    /// after a name operation, whether its last name went: link count 0).
+    fn file_at(&self, dir: &OwnedFd, name: &CStr) -> Option<(Layout, File)> {
+        let st = nsfs::lstat(dir.as_raw_fd(), name).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return None;
         }
-        let layout = if md.is_file() { self.read_layout(&p).ok() } else { None };
-        fs::remove_file(&p).map_err(werr)?;
-        if let Some((l, _)) = layout {
-            if md.nlink() <= 1 {
-                self.drop_file(&l);
-            }
+        self.layout_at(dir, name).ok().map(|(l, _, f)| (l, f))
+    }
+
+    /// After a name of the file (`l`, open sidecar `f`) went: its data goes too when that was
+    /// the last name (hard links share the sidecar; its link count says).
+    fn name_gone(&self, l: &Layout, f: &File) {
+        if nsfs::fstat(f.as_raw_fd()).map(|st| st.st_nlink == 0).unwrap_or(false) {
+            self.drop_file(l);
+        }
+    }
+
+    pub fn unlink(&self, path: &str, ctx: &Ctx) -> Res<()> {
+        if validate_path(path)?.is_empty() {
+            return Err(eno(errno::EISDIR, "namespace root"));
+        }
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        drop(g);
+        let file = self.file_at(&d, &name);
+        let g = self.caller(ctx);
+        nsfs::unlinkat(d.as_raw_fd(), &name, 0).map_err(werr)?;
+        drop(g);
+        if let Some((l, f)) = file {
+            self.name_gone(&l, &f);
         }
         Ok(())
     }
 
-    pub fn rename(&self, from: &str, to: &str, noreplace: bool) -> Res<()> {
-        let a = self.ns_path(from)?;
-        let b = self.ns_path(to)?;
-        if a == self.ns || b == self.ns {
+    pub fn rename(&self, from: &str, to: &str, noreplace: bool, ctx: &Ctx) -> Res<()> {
+        if validate_path(from)?.is_empty() || validate_path(to)?.is_empty() {
             return Err(eno(errno::EBUSY, "namespace root"));
         }
-        let replaced = match fs::symlink_metadata(&b) {
-            Ok(md) if md.is_file() => self.read_layout(&b).ok().map(|(l, _)| l),
-            _ => None,
-        };
-        let ca = CString::new(a.as_os_str().as_encoded_bytes()).map_err(|_| eno(errno::EINVAL, "NUL in path"))?;
-        let cb = CString::new(b.as_os_str().as_encoded_bytes()).map_err(|_| eno(errno::EINVAL, "NUL in path"))?;
+        let g = self.caller(ctx);
+        let (a, an) = self.parent(from)?;
+        let (b, bn) = self.parent(to)?;
+        drop(g);
+        let replaced = self.file_at(&b, &bn);
         let flags = if noreplace { libc::RENAME_NOREPLACE } else { 0 };
-        let r = unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), flags) };
-        if r != 0 {
-            return Err(werr(io::Error::last_os_error()));
-        }
-        if let Some(l) = replaced {
-            // The replaced file's objects go, unless the rename was a no-op on one file.
-            if self.read_layout(&b).map(|(nl, _)| nl.oid != l.oid).unwrap_or(true) {
-                self.drop_file(&l);
-            }
+        let g = self.caller(ctx);
+        nsfs::renameat2(a.as_raw_fd(), &an, b.as_raw_fd(), &bn, flags).map_err(werr)?;
+        drop(g);
+        // The replaced file's data goes with its last name (not when both names were links
+        // of one file: then rename does nothing).
+        if let Some((l, f)) = replaced {
+            self.name_gone(&l, &f);
         }
         Ok(())
     }
 
-    /// Creates (or, when `!excl` and it exists, opens) a regular file for the caller `ctx`
-    /// (its job picks the placement pool, its uid/gid own the file). Returns its attr, layout
-    /// and open handle, and counts it open on its targets.
-    pub fn create(&self, path: &str, mode: u32, excl: bool, token: u64, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
-        let (job, uid, gid) = (ctx.job_id.as_str(), ctx.uid, ctx.gid);
-        let p = self.ns_path(path)?;
-        if p == self.ns {
+    /// Creates (or, without `O_EXCL` in `flags` and when it exists, opens) a regular file for
+    /// the caller `ctx` (its job picks the placement pool; it owns the file, with the
+    /// parent's group in a setgid directory). Returns its attr, layout and open handle, and
+    /// counts it open on its targets. The sidecar is written as an unnamed file
+    /// (`O_TMPFILE`, with the caller's credentials) and linked into place, so other daemons
+    /// never see it half-written and the kernel decides EEXIST races.
+    pub fn create(&self, path: &str, mode: u32, flags: i32, token: u64, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        let excl = flags & libc::O_EXCL != 0;
+        if validate_path(path)?.is_empty() {
             return Err(eno(errno::EISDIR, "namespace root"));
         }
         if !excl {
-            match self.open(path, true, false) {
+            match self.open(path, flags & !libc::O_TRUNC, ctx) {
                 Err(e) if e.errno == errno::ENOENT => {}
                 r => return r,
             }
         }
-        let l = self.place(job);
+        nsfs::private_umask();
+        // Permission to create there first (search and write), before anything is placed.
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let staged = nsfs::openat(d.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, mode & 0o7777);
+        drop(g);
+        let mut staged = staged.map_err(werr)?;
+        let l = self.place(&ctx.job_id);
         let mut made = Vec::new();
         let cleanup = |made: &Vec<PathBuf>| {
             for m in made.iter().rev() {
@@ -1018,7 +1214,7 @@ impl Backend {
         if l.is_progressive() {
             // Components are placed by their first write; their records go here.
             let d = self.comp_dir(l.oid);
-            fs::create_dir(&d).map_err(werr)?;
+            fs::DirBuilder::new().mode(0o700).create(&d).map_err(werr)?;
             made.push(d);
         }
         for &(s, ti) in &self.objects(&l)? {
@@ -1038,28 +1234,23 @@ impl Backend {
                 return Err(e);
             }
         };
-        let tmp = self.tmp.join(format!("{:016x}", l.oid));
-        let res = (|| -> io::Result<()> {
-            let mut f = OpenOptions::new().write(true).create_new(true).mode(mode & 0o7777).open(&tmp)?;
-            f.write_all(layout_text(&l, token).as_bytes())?;
-            fs::set_permissions(&tmp, fs::Permissions::from_mode(mode & 0o7777))?;
-            std::os::unix::fs::lchown(&tmp, Some(uid), Some(gid))?;
-            fs::hard_link(&tmp, &p)
-        })();
-        let _ = fs::remove_file(&tmp);
+        let res = staged.write_all(layout_text(&l, token).as_bytes()).and_then(|()| {
+            let _g = self.caller(ctx);
+            nsfs::link_tmpfile(&staged, d.as_raw_fd(), &name)
+        });
+        drop(staged);
         if let Err(e) = res {
             self.remove_marker(l.oid, h);
             cleanup(&made);
             if e.raw_os_error() == Some(errno::EEXIST) {
                 // A replay of this very create (same token) succeeded earlier: open it.
-                if let Ok((old, tok)) = self.read_layout(&p) {
+                if let Ok((_, tok, _)) = self.layout_at(&d, &name) {
                     if tok == token && token != 0 {
-                        let _ = old;
-                        return self.open(path, true, false);
+                        return self.open(path, libc::O_RDWR, ctx);
                     }
                 }
                 if !excl {
-                    return self.open(path, true, false);
+                    return self.open(path, flags & !libc::O_TRUNC, ctx);
                 }
             }
             return Err(werr(e));
@@ -1067,7 +1258,8 @@ impl Backend {
         for &ti in Self::whole_file_targets(&l) {
             self.targets[ti as usize].shm.add_open(1);
         }
-        match self.getattr(path) {
+        let attr = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr).and_then(|st| self.attr_at(&d, &name, &st));
+        match attr {
             Ok(a) => Ok((a, l, h)),
             Err(e) => {
                 let _ = self.release(&l, h);
@@ -1076,26 +1268,45 @@ impl Backend {
         }
     }
 
-    /// Opens an existing regular file: returns attr, layout and open handle, and counts it
+    /// The access an open with `flags` needs (`O_TRUNC` needs write permission).
+    fn access_mode(flags: i32) -> libc::c_int {
+        let m = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => libc::W_OK,
+            libc::O_RDWR => libc::R_OK | libc::W_OK,
+            _ => libc::R_OK,
+        };
+        if flags & libc::O_TRUNC != 0 {
+            m | libc::W_OK
+        } else {
+            m
+        }
+    }
+
+    /// Opens an existing regular file with open(2) `flags` (access checked with the caller's
+    /// credentials; `O_TRUNC` truncates): returns attr, layout and open handle, and counts it
     /// open. The open is recorded (marker) before it is reported, so a later unlink keeps
     /// the data until [`Backend::release`].
-    pub fn open(&self, path: &str, _write: bool, truncate: bool) -> Res<(Attr, Layout, OpenHandle)> {
-        let p = self.ns_path(path)?;
+    pub fn open(&self, path: &str, flags: i32, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        let truncate = flags & libc::O_TRUNC != 0;
         for _ in 0..16 {
-            let md = fs::symlink_metadata(&p).map_err(werr)?;
-            if md.is_dir() {
-                return Err(eno(errno::EISDIR, "is a directory"));
+            let g = self.caller(ctx);
+            let (d, name) = self.parent(path)?;
+            let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => return Err(eno(errno::EISDIR, "is a directory")),
+                libc::S_IFLNK => return Err(eno(errno::ELOOP, "a symbolic link")),
+                libc::S_IFREG => {}
+                _ => return Err(eno(errno::EINVAL, "not a regular file")),
             }
-            if !md.is_file() {
-                return Err(eno(errno::EINVAL, "not a regular file"));
-            }
-            let (l, _) = self.read_layout(&p)?;
+            nsfs::access(d.as_raw_fd(), &name, Self::access_mode(flags)).map_err(werr)?;
+            drop(g);
+            let (l, _, _) = self.layout_at(&d, &name)?;
             self.check_layout(&l)?;
             let h = self.add_marker(l.oid)?;
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
-            match self.read_layout(&p) {
-                Ok((now, _)) if now.oid == l.oid => {}
+            match self.layout_at(&d, &name) {
+                Ok((now, _, _)) if now.oid == l.oid => {}
                 Ok(_) => {
                     self.unmark(&l, h);
                     continue;
@@ -1112,7 +1323,8 @@ impl Backend {
                 if truncate {
                     self.truncate(&l, 0)?;
                 }
-                self.attr_of(&p, &md)
+                let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+                self.attr_at(&d, &name, &st)
             })();
             return match done {
                 Ok(a) => Ok((a, l, h)),
@@ -1177,21 +1389,36 @@ impl Backend {
         Ok(())
     }
 
-    pub fn setattr(&self, path: &str, set: &SetAttr) -> Res<Attr> {
-        let p = self.ns_path(path)?;
-        let md = fs::symlink_metadata(&p).map_err(werr)?;
-        let layout = if md.is_file() { Some(self.read_layout(&p)?.0) } else { None };
-        if let Some(size) = set.size {
-            match &layout {
-                Some(l) => self.truncate(l, size)?,
-                None if md.is_dir() => return Err(eno(errno::EISDIR, "is a directory")),
-                None => return Err(eno(errno::EINVAL, "not a regular file")),
+    /// Changes attributes of `path` with the caller's credentials (chown, chmod and
+    /// utimensat rules are the kernel's); a size change needs write permission unless it
+    /// comes through a file open for writing (`by_fd`, ftruncate).
+    pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: bool, ctx: &Ctx) -> Res<Attr> {
+        let g = self.caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        let fmt = st.st_mode & libc::S_IFMT;
+        if set.size.is_some() {
+            match fmt {
+                libc::S_IFREG => {}
+                libc::S_IFDIR => return Err(eno(errno::EISDIR, "is a directory")),
+                _ => return Err(eno(errno::EINVAL, "not a regular file")),
+            }
+            if !by_fd {
+                nsfs::access(d.as_raw_fd(), &name, libc::W_OK).map_err(werr)?;
             }
         }
+        nsfs::fchownat(d.as_raw_fd(), &name, set.uid, set.gid).map_err(werr)?;
         if let Some(mode) = set.mode {
-            fs::set_permissions(&p, fs::Permissions::from_mode(mode & 0o7777)).map_err(werr)?;
+            if fmt == libc::S_IFLNK {
+                return Err(eno(libc::EOPNOTSUPP, "mode of a symbolic link"));
+            }
+            nsfs::fchmodat(d.as_raw_fd(), &name, mode & 0o7777).map_err(werr)?;
         }
-        Self::chown(&p, set.uid, set.gid)?;
+        drop(g);
+        let layout = if fmt == libc::S_IFREG { Some(self.layout_at(&d, &name)?.0) } else { None };
+        if let (Some(size), Some(l)) = (set.size, &layout) {
+            self.truncate(l, size)?;
+        }
         if set.atime.is_some() || set.mtime.is_some() {
             let ts = |x: &Option<Option<Time>>| match x {
                 None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
@@ -1199,24 +1426,24 @@ impl Backend {
                 Some(Some(t)) => libc::timespec { tv_sec: t.sec, tv_nsec: t.nsec as i64 },
             };
             let times = [ts(&set.atime), ts(&set.mtime)];
-            let mut paths = vec![p.clone()];
+            // Through an open file, "now" needs no permission (ftruncate's time update).
+            let now_only = set.atime.is_none_or(|t| t.is_none()) && set.mtime.is_none_or(|t| t.is_none());
+            let g = if by_fd && now_only { None } else { Some(self.caller(ctx)) };
+            nsfs::utimensat(d.as_raw_fd(), &name, &times).map_err(werr)?;
+            drop(g);
             if let Some(l) = &layout {
-                paths.extend(self.objects(l)?.into_iter().map(|(idx, ti)| self.obj_path(ti, l.oid, idx)));
-            }
-            for q in paths {
-                let c = CString::new(q.as_os_str().as_encoded_bytes()).map_err(|_| eno(errno::EINVAL, "NUL"))?;
-                if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }
-                    != 0
-                {
-                    let e = io::Error::last_os_error();
+                for (idx, ti) in self.objects(l)? {
+                    let q = nsfs::cstr(&self.obj_path(ti, l.oid, idx).to_string_lossy()).map_err(werr)?;
                     // A component placed but never written has no object yet.
-                    if !(e.kind() == io::ErrorKind::NotFound && q != p) {
-                        return Err(werr(e));
+                    match nsfs::utimensat(libc::AT_FDCWD, &q, &times) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(werr(e)),
+                        _ => {}
                     }
                 }
             }
         }
-        self.getattr(path)
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        self.attr_at(&d, &name, &st)
     }
 
     /// Applies the target's token bucket and injected latency before a piece of I/O.
@@ -1291,7 +1518,7 @@ impl Backend {
         let single = l.targets.len() == 1 && !l.is_progressive();
         let mut len = size as u64;
         if l.targets.len() > 1 && !l.is_progressive() {
-            let (fsize, _, _) = self.data_stat(l)?;
+            let (fsize, ..) = self.data_stat(l)?;
             len = len.min(fsize.saturating_sub(off));
         }
         if buf.len() < len as usize {
@@ -1426,6 +1653,7 @@ mod tests {
     use super::*;
 
     const NOH: OpenHandle = OpenHandle { daemon: 0, id: 0 };
+    const EXCL: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
 
     fn lay(k: u32, ss: u64) -> Layout {
         Layout::striped(1, ss, (0..k).collect())
@@ -1456,20 +1684,20 @@ mod tests {
     fn striped_file_roundtrip_and_truncate() {
         let (_d, b) = backend(4);
         b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
-        let (_, l, _) = b.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
+        let (_, l, _) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
         assert_eq!(l.targets.len(), 3);
         let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let mut info = IoInfo::default();
         assert_eq!(b.write(&l, NOH, 1000, &data, &mut info).unwrap(), 50_000);
-        assert_eq!(b.getattr("f").unwrap().size, 51_000);
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 51_000);
         let back = b.read(&l, 1000, 60_000, &mut info).unwrap();
         assert_eq!(back, data);
         let head = b.read(&l, 0, 1000, &mut info).unwrap();
         assert!(head.iter().all(|&x| x == 0));
-        b.setattr("f", &SetAttr { size: Some(5000), ..Default::default() }).unwrap();
-        assert_eq!(b.getattr("f").unwrap().size, 5000);
-        b.setattr("f", &SetAttr { size: Some(20_000), ..Default::default() }).unwrap();
-        assert_eq!(b.getattr("f").unwrap().size, 20_000);
+        b.setattr("f", &SetAttr { size: Some(5000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 5000);
+        b.setattr("f", &SetAttr { size: Some(20_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 20_000);
         let r = b.read(&l, 0, 30_000, &mut info).unwrap();
         assert_eq!(r.len(), 20_000);
         assert_eq!(&r[1000..5000], &data[..4000]);
@@ -1497,19 +1725,19 @@ mod tests {
         let (d, a) = backend(2);
         let b = backend_on(&d, 2); // a second daemon on the same backend
         let mut info = IoInfo::default();
-        let (_, l, h1) = a.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
-        let (_, l2, h2) = b.open("f", false, false).unwrap();
+        let (_, l, h1) = a.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let (_, l2, h2) = b.open("f", libc::O_RDONLY, &Ctx::default()).unwrap();
         assert_eq!(l, l2);
         a.write(&l, NOH, 0, b"hello", &mut info).unwrap();
         assert_eq!(a.open_markers(l.oid), 2);
-        b.unlink("f").unwrap();
-        assert_eq!(a.getattr("f").unwrap_err().errno, errno::ENOENT);
+        b.unlink("f", &Ctx::default()).unwrap();
+        assert_eq!(a.getattr("f", &Ctx::default()).unwrap_err().errno, errno::ENOENT);
         assert!(a.is_orphan(l.oid));
         // Both opens still read and write the orphan.
         a.write(&l, NOH, 5, b" world", &mut info).unwrap();
         assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
         // A new file under the same name is another object.
-        let (_, n, hn) = b.create("f", 0o644, true, 2, &Ctx::default()).unwrap();
+        let (_, n, hn) = b.create("f", 0o644, EXCL, 2, &Ctx::default()).unwrap();
         assert_ne!(n.oid, l.oid);
         // Releases may come through either daemon: the last one deletes the data.
         b.release(&l, h1).unwrap();
@@ -1518,18 +1746,18 @@ mod tests {
         assert!(!a.is_orphan(l.oid));
         assert_eq!(obj_count(&d), 1, "only the new file's object remains");
         // Rename over an open file: same rules.
-        let (_, o, ho) = a.create("g", 0o644, true, 3, &Ctx::default()).unwrap();
-        b.rename("f", "g", false).unwrap();
+        let (_, o, ho) = a.create("g", 0o644, EXCL, 3, &Ctx::default()).unwrap();
+        b.rename("f", "g", false, &Ctx::default()).unwrap();
         assert!(a.is_orphan(o.oid));
         a.write(&o, NOH, 0, b"still here", &mut info).unwrap();
         assert_eq!(a.read(&o, 0, 100, &mut info).unwrap(), b"still here");
         b.release(&n, hn).unwrap(); // the moved file stays: it has a name
-        assert!(!a.is_orphan(n.oid) && a.getattr("g").is_ok());
+        assert!(!a.is_orphan(n.oid) && a.getattr("g", &Ctx::default()).is_ok());
         a.release(&o, ho).unwrap();
         assert!(!a.is_orphan(o.oid));
         assert_eq!(obj_count(&d), 1);
         // A closed file unlinked: objects go at once, no orphan record.
-        b.unlink("g").unwrap();
+        b.unlink("g", &Ctx::default()).unwrap();
         assert_eq!(obj_count(&d), 0);
         assert_eq!(fs::read_dir(d.path().join("mdt/orphans")).unwrap().count(), 0);
         assert_eq!(fs::read_dir(d.path().join("mdt/open")).unwrap().count(), 0);
@@ -1540,12 +1768,12 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let live = backend_on(&d, 2);
         let dead = backend_on(&d, 2);
-        let (_, lx, _hx) = dead.create("x", 0o644, true, 1, &Ctx::default()).unwrap();
-        let (_, ly, hy) = live.create("y", 0o644, true, 2, &Ctx::default()).unwrap();
-        let (_, lz, _hz) = dead.open("y", false, false).unwrap();
+        let (_, lx, _hx) = dead.create("x", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let (_, ly, hy) = live.create("y", 0o644, EXCL, 2, &Ctx::default()).unwrap();
+        let (_, lz, _hz) = dead.open("y", libc::O_RDONLY, &Ctx::default()).unwrap();
         assert_eq!(lz, ly);
-        live.unlink("x").unwrap();
-        live.unlink("y").unwrap();
+        live.unlink("x", &Ctx::default()).unwrap();
+        live.unlink("y", &Ctx::default()).unwrap();
         assert!(live.is_orphan(lx.oid) && live.is_orphan(ly.oid));
         drop(dead); // killed: its flock goes with its fd
         let fresh = backend_on(&d, 2);
@@ -1564,18 +1792,145 @@ mod tests {
         assert_eq!(obj_count(&d), 0);
     }
 
+    fn user(uid: u32, gid: u32, groups: &[u32]) -> Ctx {
+        Ctx { uid, gid, groups: groups.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn hard_links_share_data_and_the_last_name_drops_it() {
+        let (d, b) = backend(2);
+        let c = Ctx::default();
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &c).unwrap();
+        let mut info = IoInfo::default();
+        b.write(&l, h, 0, b"linked", &mut info).unwrap();
+        b.release(&l, h).unwrap();
+        let a = b.link("f", "g", &c).unwrap();
+        assert_eq!((a.nlink, a.size, a.kind), (2, 6, Kind::File));
+        assert_eq!(b.getattr("f", &c).unwrap().ino, a.ino);
+        assert_eq!(b.link("f", "g", &c).unwrap_err().errno, errno::EEXIST);
+        // Rename of one link onto the other does nothing (POSIX).
+        b.rename("f", "g", false, &c).unwrap();
+        assert_eq!(b.getattr("f", &c).unwrap().nlink, 2);
+        b.unlink("f", &c).unwrap();
+        assert_eq!(b.getattr("g", &c).unwrap().nlink, 1);
+        let (_, l2, h2) = b.open("g", libc::O_RDONLY, &c).unwrap();
+        assert_eq!(b.read(&l2, 0, 100, &mut info).unwrap(), b"linked");
+        b.release(&l2, h2).unwrap();
+        assert_eq!(obj_count(&d), 1);
+        // Rename over the last name of a file: its data goes.
+        b.create("h", 0o644, EXCL, 2, &c).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+        b.rename("h", "g", false, &c).unwrap();
+        assert_eq!(obj_count(&d), 1);
+        b.unlink("g", &c).unwrap();
+        assert_eq!(obj_count(&d), 0);
+        assert_eq!(
+            b.mkdir("dir", 0o755, &c).map(|_| b.link("dir", "dir2", &c)).unwrap().unwrap_err().errno,
+            errno::EPERM
+        );
+    }
+
+    #[test]
+    fn symlinks_special_files_and_paged_readdir() {
+        let (_d, b) = backend(1);
+        let c = Ctx::default();
+        let a = b.symlink("l", "../somewhere/else", &c).unwrap();
+        assert_eq!((a.kind, a.size), (Kind::Symlink, 17));
+        assert_eq!(b.readlink("l", &c).unwrap(), "../somewhere/else");
+        assert_eq!(b.open("l", libc::O_RDONLY, &c).unwrap_err().errno, errno::ELOOP);
+        b.mkdir("d", 0o755, &c).unwrap();
+        b.symlink("up", "d", &c).unwrap();
+        // A symlink is never followed inside a request path.
+        assert_eq!(b.getattr("up/x", &c).unwrap_err().errno, errno::ELOOP);
+        assert_eq!(b.mknod("p", libc::S_IFIFO | 0o640, 0, &c).unwrap().kind, Kind::Fifo);
+        assert_eq!(b.mknod("s", libc::S_IFSOCK | 0o600, 0, &c).unwrap().kind, Kind::Socket);
+        let dev = libc::makedev(1, 3);
+        let a = b.mknod("null", libc::S_IFCHR | 0o600, dev, &c).unwrap();
+        assert_eq!((a.kind, a.rdev), (Kind::CharDev, dev));
+        let a = b.mknod("reg", libc::S_IFREG | 0o600, 0, &c).unwrap();
+        assert_eq!((a.kind, a.perm, a.size), (Kind::File, 0o600, 0));
+        b.read_layout("reg").unwrap();
+        // A directory larger than one page comes in several pages, every entry once.
+        let names: Vec<String> = (0..3000).map(|i| format!("{i:0>120}")).collect();
+        for n in &names {
+            fs::File::create(b.ns_path(&format!("d/{n}")).unwrap()).unwrap();
+        }
+        let (mut got, mut cookie, mut pages) = (Vec::new(), 0, 0);
+        loop {
+            let (es, eof) = b.readdir("d", cookie, &c).unwrap();
+            pages += 1;
+            if let Some(last) = es.last() {
+                cookie = last.next;
+            }
+            got.extend(es.into_iter().map(|e| e.name).filter(|n| n != "." && n != ".."));
+            if eof {
+                break;
+            }
+        }
+        assert!(pages >= 2, "{pages} pages");
+        got.sort();
+        assert_eq!(got, names);
+    }
+
+    #[test]
+    fn permissions_are_the_callers() {
+        let (_d, b) = backend(1);
+        if unsafe { libc::geteuid() } != 0 {
+            return; // the checks are the daemon's own credentials then
+        }
+        let root = Ctx::default();
+        let (u1, u2) = (user(65534, 65534, &[]), user(65533, 65533, &[4242]));
+        b.mkdir("pub", 0o777, &root).unwrap();
+        b.mkdir("priv", 0o755, &root).unwrap();
+        assert_eq!(b.create("priv/f", 0o644, EXCL, 0, &u1).unwrap_err().errno, errno::EACCES);
+        assert_eq!(b.mkdir("priv/d", 0o755, &u1).unwrap_err().errno, errno::EACCES);
+        // The caller owns what it creates; others cannot open it for writing, chown or chmod it.
+        let (a, l, h) = b.create("pub/f", 0o644, EXCL, 0, &u1).unwrap();
+        b.release(&l, h).unwrap();
+        assert_eq!((a.uid, a.gid, a.perm), (65534, 65534, 0o644));
+        assert_eq!(b.open("pub/f", libc::O_WRONLY, &u2).unwrap_err().errno, errno::EACCES);
+        b.open("pub/f", libc::O_RDONLY, &u2).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+        let chmod = SetAttr { mode: Some(0o600), ..Default::default() };
+        assert_eq!(b.setattr("pub/f", &chmod, false, &u2).unwrap_err().errno, errno::EPERM);
+        let chown = SetAttr { uid: Some(65533), ..Default::default() };
+        assert_eq!(b.setattr("pub/f", &chown, false, &u1).unwrap_err().errno, errno::EPERM);
+        let trunc = SetAttr { size: Some(0), ..Default::default() };
+        assert_eq!(b.setattr("pub/f", &trunc, false, &u2).unwrap_err().errno, errno::EACCES);
+        // utimensat: "now" for both needs write permission; one of them alone, ownership.
+        let now = SetAttr { atime: Some(None), mtime: Some(None), ..Default::default() };
+        assert_eq!(b.setattr("pub/f", &now, false, &u2).unwrap_err().errno, errno::EACCES);
+        let mnow = SetAttr { mtime: Some(None), ..Default::default() };
+        assert_eq!(b.setattr("pub/f", &mnow, false, &u2).unwrap_err().errno, errno::EPERM);
+        // Group membership through supplementary groups: 4242 may write a g+w file of group 4242.
+        b.setattr("pub/f", &SetAttr { gid: Some(4242), mode: Some(0o664), ..Default::default() }, false, &root)
+            .unwrap();
+        b.open("pub/f", libc::O_WRONLY, &u2).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+        // Sticky directory: only the owner removes or renames its entries.
+        b.setattr("pub", &SetAttr { mode: Some(0o1777), ..Default::default() }, false, &root).unwrap();
+        assert_eq!(b.unlink("pub/f", &u2).unwrap_err().errno, errno::EPERM);
+        assert_eq!(b.rename("pub/f", "pub/g", false, &u2).unwrap_err().errno, errno::EPERM);
+        b.unlink("pub/f", &u1).unwrap();
+        // setgid directory: new entries get its group; a non-member's setgid bit is cleared.
+        b.setattr("pub", &SetAttr { mode: Some(0o2777), gid: Some(4242), ..Default::default() }, false, &root).unwrap();
+        let a = b.mkdir("pub/sub", 0o755, &u1).unwrap();
+        assert_eq!(a.gid, 4242);
+        assert_eq!(a.perm & 0o2000, 0o2000, "directories inherit setgid");
+        let (a, l, h) = b.create("pub/g", 0o2755, EXCL, 0, &u1).unwrap();
+        b.release(&l, h).unwrap();
+        assert_eq!((a.gid, a.perm & 0o2000), (4242, 0));
+    }
+
     #[test]
     fn open_racing_unlink_never_returns_deleted_data() {
         let (_d, b) = backend(2);
         let b = Arc::new(b);
         for i in 0..200 {
             let name = format!("r{i}");
-            let (_, l, h) = b.create(&name, 0o644, true, 0, &Ctx::default()).unwrap();
+            let (_, l, h) = b.create(&name, 0o644, EXCL, 0, &Ctx::default()).unwrap();
             b.release(&l, h).unwrap();
             let b2 = b.clone();
             let n2 = name.clone();
-            let t = std::thread::spawn(move || b2.unlink(&n2));
-            match b.open(&name, true, false) {
+            let t = std::thread::spawn(move || b2.unlink(&n2, &Ctx::default()));
+            match b.open(&name, libc::O_RDWR, &Ctx::default()) {
                 Ok((_, l, h)) => {
                     // Opened: the data must stay readable and writable until release.
                     let mut info = IoInfo::default();
@@ -1596,10 +1951,10 @@ mod tests {
     #[test]
     fn create_is_exclusive_and_replayable() {
         let (_d, b) = backend(2);
-        b.create("f", 0o644, true, 42, &Ctx::default()).unwrap();
-        assert_eq!(b.create("f", 0o644, true, 43, &Ctx::default()).unwrap_err().errno, errno::EEXIST);
+        b.create("f", 0o644, EXCL, 42, &Ctx::default()).unwrap();
+        assert_eq!(b.create("f", 0o644, EXCL, 43, &Ctx::default()).unwrap_err().errno, errno::EEXIST);
         // Same token: the replay of a create that already happened succeeds.
-        b.create("f", 0o644, true, 42, &Ctx::default()).unwrap();
+        b.create("f", 0o644, EXCL, 42, &Ctx::default()).unwrap();
         assert_eq!(b.ns_path("../x").unwrap_err().errno, errno::EINVAL);
     }
 
@@ -1623,7 +1978,7 @@ mod tests {
         b.placement.store(Arc::new(p));
         let mut counts = [0; 3];
         for i in 0..12 {
-            let (_, l, _) = b.create(&format!("f{i}"), 0o644, true, 0, &Ctx::default()).unwrap();
+            let (_, l, _) = b.create(&format!("f{i}"), 0o644, EXCL, 0, &Ctx::default()).unwrap();
             counts[l.targets[0] as usize] += 1;
         }
         // D'Hondt allocation of 12 files over 10:30:20.
@@ -1696,15 +2051,15 @@ mod tests {
     fn progressive_file_roundtrip_holes_truncate_and_unlink() {
         let (d, b) = backend(3);
         progressive(&b, &[10.0, 30.0, 20.0], 8192);
-        let (_, l, h) = b.create("f", 0o644, true, 1, &Ctx::default()).unwrap();
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
         assert!(l.is_progressive() && l.targets == vec![0, 1, 2]);
-        assert_eq!(b.getattr("f").unwrap().size, 0);
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 0);
         assert_eq!(obj_count(&d), 0, "components are placed by their first write");
         let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
         let mut info = IoInfo::default();
         // Component 2 and 3 (bytes 16384..36384), component 0 and 1 are holes.
         assert_eq!(b.write(&l, h, 16_384, &data, &mut info).unwrap(), 20_000);
-        assert_eq!(b.getattr("f").unwrap().size, 36_384);
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 36_384);
         assert_eq!(b.read(&l, 16_384, 30_000, &mut info).unwrap(), data);
         let all = b.read(&l, 0, 1 << 20, &mut info).unwrap();
         assert_eq!(all.len(), 36_384);
@@ -1714,12 +2069,12 @@ mod tests {
         assert_eq!(counts(&b).iter().sum::<i64>(), 1);
         assert_eq!(counts(&b)[t3 as usize], 1);
         // Shrink into a hole: the hole's component is placed so the size holds.
-        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }).unwrap();
-        assert_eq!(b.getattr("f").unwrap().size, 10_000);
+        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 10_000);
         assert_eq!(b.read(&l, 0, 1 << 20, &mut info).unwrap(), vec![0; 10_000]);
         // Extend: zeros up to the new size; a write after it shows through.
-        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }).unwrap();
-        assert_eq!(b.getattr("f").unwrap().size, 50_000);
+        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 50_000);
         b.write(&l, h, 8000, b"abcdefghij", &mut info).unwrap();
         let r = b.read(&l, 0, 60_000, &mut info).unwrap();
         assert_eq!(r.len(), 50_000);
@@ -1727,7 +2082,7 @@ mod tests {
         assert!(r[8010..].iter().all(|&x| x == 0) && r[..8000].iter().all(|&x| x == 0));
         b.fsync(&l, false, &mut info).unwrap();
         // Unlink while open: data stays until release, then objects and records go.
-        b.unlink("f").unwrap();
+        b.unlink("f", &Ctx::default()).unwrap();
         assert_eq!(b.read(&l, 8000, 10, &mut info).unwrap(), b"abcdefghij");
         assert!(obj_count(&d) > 0);
         b.release(&l, h).unwrap();
@@ -1747,7 +2102,7 @@ mod tests {
         let mut info = IoInfo::default();
         let mut opens = Vec::new();
         for i in 0..6 {
-            let (_, l, h) = a.create(&format!("f{i}"), 0o644, true, 0, &Ctx::default()).unwrap();
+            let (_, l, h) = a.create(&format!("f{i}"), 0o644, EXCL, 0, &Ctx::default()).unwrap();
             // Each writer holds its first component: the rule spreads them 10:30:20.
             a.write(&l, h, 0, &[1; 100], &mut info).unwrap();
             opens.push((l, h));
@@ -1775,7 +2130,7 @@ mod tests {
         // A dead daemon's open: the start-time GC drops its count with its marker.
         let dead = backend_on(&d, 3);
         progressive(&dead, &[10.0, 30.0, 20.0], 4096);
-        let (_, l, h) = dead.create("g", 0o644, true, 0, &Ctx::default()).unwrap();
+        let (_, l, h) = dead.create("g", 0o644, EXCL, 0, &Ctx::default()).unwrap();
         dead.write(&l, h, 0, &[1; 10], &mut info).unwrap();
         assert_eq!(counts(&a).iter().sum::<i64>(), 1);
         drop(dead);
@@ -1793,7 +2148,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let daemons: Vec<Arc<Backend>> = (0..2).map(|_| Arc::new(backend_on(&d, 4))).collect();
         progressive(&daemons[0], &[10.0, 10.0, 10.0, 10.0], 4096);
-        let (_, l, _) = daemons[0].create("f", 0o644, true, 0, &Ctx::default()).unwrap();
+        let (_, l, _) = daemons[0].create("f", 0o644, EXCL, 0, &Ctx::default()).unwrap();
         for round in 0..50u64 {
             let barrier = Arc::new(std::sync::Barrier::new(8));
             let threads: Vec<_> = (0..8)

@@ -62,6 +62,12 @@ pub struct Counters {
     pub conns_total: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
+    /// Replies that could not be sent (the connection is then closed: the client replays).
+    pub reply_failures: AtomicU64,
+    /// Replies too large for a frame, answered with an `EMSGSIZE` error instead.
+    pub oversized_replies: AtomicU64,
+    /// Requests whose execution panicked (answered `EIO`; the worker goes on).
+    pub worker_panics: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -76,6 +82,9 @@ pub struct CountersView {
     pub conns_total: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    pub reply_failures: u64,
+    pub oversized_replies: u64,
+    pub worker_panics: u64,
     pub queued: [usize; 3],
     /// Data buffers allocated because the pool was empty.
     pub buffer_pool_misses: u64,
@@ -86,11 +95,25 @@ struct Conn {
 }
 
 impl Conn {
-    fn reply(&self, r: &Reply) {
+    /// Sends `r` (one vectored write: prefix, header, data from the reply's own buffer). A
+    /// reply too large for a frame goes out as an `EMSGSIZE` error reply instead; a failed
+    /// send is logged and counted, and the connection is shut down, so the client sees the
+    /// failure at once (and replays) instead of waiting for its timeout.
+    fn reply(&self, r: &Reply, c: &Counters) {
         let w = self.w.lock().unwrap();
-        // One vectored write: prefix, header, data (from the reply's own buffer).
-        // A failed write means the client went away; its reader thread ends the connection.
-        let _ = proto::write_msg(&mut &*w, r);
+        let res = match proto::write_msg(&mut &*w, r) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                c.oversized_replies.fetch_add(1, Relaxed);
+                log::error!("reply {} does not fit a frame ({e}): sent as EMSGSIZE", r.id);
+                proto::write_msg(&mut &*w, &Reply::err(r.id, errno::EMSGSIZE, format!("reply too large: {e}")))
+            }
+            res => res,
+        };
+        if let Err(e) = res {
+            c.reply_failures.fetch_add(1, Relaxed);
+            log::warn!("reply {} not sent: {e}; closing the connection", r.id);
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Sends a read reply whose data segment comes straight from `span`'s file
@@ -201,6 +224,13 @@ pub struct Server {
     pub bufs: BufPool,
 }
 
+/// Fault injection for tests: a lookup of this namespace path panics in the worker
+/// (`PHAROS_FWD_FAULT_PANIC_PATH`, read once; unset in production).
+fn fault_panic_path() -> Option<&'static str> {
+    static P: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    P.get_or_init(|| std::env::var("PHAROS_FWD_FAULT_PANIC_PATH").ok().filter(|p| !p.is_empty())).as_deref()
+}
+
 pub fn wall_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
@@ -264,6 +294,9 @@ impl Server {
             conns_total: c.conns_total.load(Relaxed),
             bytes_read: c.bytes_read.load(Relaxed),
             bytes_written: c.bytes_written.load(Relaxed),
+            reply_failures: c.reply_failures.load(Relaxed),
+            oversized_replies: c.oversized_replies.load(Relaxed),
+            worker_panics: c.worker_panics.load(Relaxed),
             queued: [self.rxs[0].len(), self.rxs[1].len(), self.rxs[2].len()],
             buffer_pool_misses: self.bufs.misses.load(Relaxed),
         }
@@ -275,9 +308,20 @@ impl Server {
         for i in 0..self.cfg.workers.max(1) {
             let s = self.clone();
             let cycle = cycle.clone();
+            // A panic outside a request's execution (those are caught per request) ends the
+            // worker's loop: it is logged, counted and the loop starts again in its place.
             std::thread::Builder::new()
                 .name(format!("fwd-worker-{i}"))
-                .spawn(move || s.worker(i, &cycle))
+                .spawn(move || loop {
+                    let w = s.clone();
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.worker(i, &cycle))) {
+                        Ok(()) => break,
+                        Err(_) => {
+                            s.counters.worker_panics.fetch_add(1, Relaxed);
+                            log::error!("worker {i} panicked: replaced");
+                        }
+                    }
+                })
                 .expect("spawn worker");
         }
         let s = self.clone();
@@ -304,7 +348,10 @@ impl Server {
             if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
                 self.counters.rejected_conns.fetch_add(1, Relaxed);
                 let mut s = stream;
-                let _ = s.write_all(&proto::encode(&Reply::err(0, errno::EBUSY, "too many connections")));
+                if let Err(e) = s.write_all(&proto::encode(&Reply::err(0, errno::EBUSY, "too many connections"))) {
+                    self.counters.reply_failures.fetch_add(1, Relaxed);
+                    log::warn!("EBUSY reply not sent: {e}");
+                }
                 continue;
             }
             self.counters.conns.fetch_add(1, Relaxed);
@@ -340,7 +387,7 @@ impl Server {
                 Err(FrameError::Io(_)) => return,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
-                    conn.reply(&Reply::err(0, e.errno(), e.to_string()));
+                    conn.reply(&Reply::err(0, e.errno(), e.to_string()), &self.counters);
                     if e.recoverable() {
                         continue;
                     }
@@ -353,13 +400,13 @@ impl Server {
                 Ok(r) => r,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
-                    conn.reply(&Reply::err(0, e.errno(), e.to_string()));
+                    conn.reply(&Reply::err(0, e.errno(), e.to_string()), &self.counters);
                     continue;
                 }
             };
             if req.id == 0 {
                 self.counters.bad_frames.fetch_add(1, Relaxed);
-                conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"));
+                conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"), &self.counters);
                 continue;
             }
             let class = classify(&req.op, self.cfg.small_max);
@@ -419,7 +466,7 @@ impl Server {
             // Large single-target reads go page cache → socket with sendfile(2); small ones
             // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
             let mut span = None;
-            let body = match &work.req.op {
+            let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &work.req.op {
                 Op::Read { layout, offset, size, .. }
                     if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
                 {
@@ -433,7 +480,17 @@ impl Server {
                     }
                 }
                 _ => self.execute(&work.req, &mut info),
-            };
+            }))
+            .unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                self.counters.worker_panics.fetch_add(1, Relaxed);
+                log::error!("worker {idx}: {} request {} panicked: {what}", work.req.op.name(), work.req.id);
+                Err(proto::WireError { errno: errno::EIO, msg: format!("daemon fault: {what}") })
+            });
             let mut service = started.elapsed();
             let (result, size) = match (&body, &work.req.op) {
                 (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {
@@ -451,14 +508,16 @@ impl Server {
             let reply = Reply { id: work.req.id, body };
             if let Some(s) = &span {
                 let t0 = Instant::now();
-                if work.conn.reply_file(work.req.id, s).is_err() {
+                if let Err(e) = work.conn.reply_file(work.req.id, s) {
                     // Half a frame may be out: the stream is unusable, let the client see EOF.
+                    self.counters.reply_failures.fetch_add(1, Relaxed);
+                    log::warn!("read reply {} not sent: {e}; closing the connection", work.req.id);
                     let _ = work.conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
                 }
                 self.backend.stretch(s.target, t0.elapsed());
                 service = started.elapsed();
             } else {
-                work.conn.reply(&reply);
+                work.conn.reply(&reply, &self.counters);
             }
             if let Ok(Body::Data { data }) = reply.body {
                 self.bufs.put(data);
@@ -507,9 +566,12 @@ impl Server {
             Op::Unlink { path } | Op::Rmdir { path } => (WOp::Unlink, path.as_str(), 0, FileType::Unspecified),
             Op::Mkdir { path, .. } => (WOp::Mkdir, path.as_str(), 0, FileType::Directory),
             Op::Rename { from, .. } => (WOp::Rename, from.as_str(), 0, FileType::Unspecified),
-            Op::Setattr { path, .. } | Op::Readdir { path } => {
-                (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified)
-            }
+            Op::Readlink { path } => (WOp::Stat, path.as_str(), 0, FileType::Unspecified),
+            Op::Setattr { path, .. }
+            | Op::Readdir { path, .. }
+            | Op::Symlink { path, .. }
+            | Op::Link { to: path, .. }
+            | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::Statfs | Op::Ping => (WOp::Unspecified, "", 0, FileType::Unspecified),
         };
         let mut abs = String::with_capacity(path.len() + 1);
@@ -553,30 +615,40 @@ impl Server {
         let c = &req.ctx;
         Ok(match &req.op {
             Op::Ping => Body::Ok,
-            Op::Lookup { path } | Op::Getattr { path } => Body::Attr(b.getattr(path)?),
-            Op::Setattr { path, set } => Body::Attr(b.setattr(path, set)?),
-            Op::Readdir { path } => Body::Entries(b.readdir(path)?),
-            Op::Mkdir { path, mode } => Body::Attr(b.mkdir(path, *mode, c.uid, c.gid)?),
+            Op::Lookup { path } if fault_panic_path() == Some(path.as_str()) => {
+                panic!("injected fault: lookup of {path}")
+            }
+            Op::Lookup { path } | Op::Getattr { path } => Body::Attr(b.getattr(path, c)?),
+            Op::Setattr { path, set, by_fd } => Body::Attr(b.setattr(path, set, *by_fd, c)?),
+            Op::Readdir { path, cookie } => {
+                let (entries, eof) = b.readdir(path, *cookie, c)?;
+                Body::Entries { entries, eof }
+            }
+            Op::Mkdir { path, mode } => Body::Attr(b.mkdir(path, *mode, c)?),
             Op::Rmdir { path } => {
-                b.rmdir(path)?;
+                b.rmdir(path, c)?;
                 Body::Ok
             }
             Op::Unlink { path } => {
-                b.unlink(path)?;
+                b.unlink(path, c)?;
                 Body::Ok
             }
             Op::Rename { from, to, noreplace } => {
-                b.rename(from, to, *noreplace)?;
+                b.rename(from, to, *noreplace, c)?;
                 Body::Ok
             }
-            Op::Create { path, mode, excl, token } => {
-                let (attr, layout, handle) = b.create(path, *mode, *excl, *token, c)?;
+            Op::Symlink { path, target } => Body::Attr(b.symlink(path, target, c)?),
+            Op::Readlink { path } => Body::Link(b.readlink(path, c)?),
+            Op::Link { from, to } => Body::Attr(b.link(from, to, c)?),
+            Op::Mknod { path, mode, rdev } => Body::Attr(b.mknod(path, *mode, *rdev, c)?),
+            Op::Create { path, mode, flags, token } => {
+                let (attr, layout, handle) = b.create(path, *mode, *flags, *token, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
                 Body::Opened { attr, layout, handle }
             }
-            Op::Open { path, write, truncate } => {
-                let (attr, layout, handle) = b.open(path, *write, *truncate)?;
+            Op::Open { path, flags } => {
+                let (attr, layout, handle) = b.open(path, *flags, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
                 Body::Opened { attr, layout, handle }

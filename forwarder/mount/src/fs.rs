@@ -11,6 +11,7 @@
 //! so an open file survives renames.
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -92,6 +93,9 @@ struct Inode {
 }
 
 struct Open {
+    /// Attributes at open (an fstat of the open file once its last name is gone).
+    attr: Attr,
+    ino: u64,
     layout: Layout,
     /// The daemon's record of this open (released with it; keeps unlinked data alive).
     handle: OpenHandle,
@@ -102,7 +106,9 @@ pub struct Shared {
     pub jobs: JobCache,
     inodes: Mutex<HashMap<u64, Inode>>,
     files: Mutex<HashMap<u64, Arc<Open>>>,
-    dirs: Mutex<HashMap<u64, Option<Arc<Vec<DirEntry>>>>>,
+    /// Open directories: the page of entries fetched last (Readdir is paginated by cookie).
+    dirs: Mutex<HashMap<u64, Option<Arc<DirPage>>>>,
+    groups: crate::creds::GroupsCache,
     next_fh: AtomicU64,
     ttl: Duration,
     pub ops: AtomicU64,
@@ -121,6 +127,25 @@ fn ftime(t: Time) -> SystemTime {
     }
 }
 
+/// One page of a directory listing from the daemon: the entries after cookie `start`.
+struct DirPage {
+    start: u64,
+    entries: Vec<DirEntry>,
+    eof: bool,
+}
+
+fn ftype(k: Kind) -> FileType {
+    match k {
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+        Kind::File | Kind::Other => FileType::RegularFile,
+    }
+}
+
 fn fattr(a: &Attr, ino: u64) -> FileAttr {
     FileAttr {
         ino,
@@ -130,16 +155,12 @@ fn fattr(a: &Attr, ino: u64) -> FileAttr {
         mtime: ftime(a.mtime),
         ctime: ftime(a.ctime),
         crtime: ftime(a.ctime),
-        kind: match a.kind {
-            Kind::Dir => FileType::Directory,
-            Kind::Symlink => FileType::Symlink,
-            _ => FileType::RegularFile,
-        },
+        kind: ftype(a.kind),
         perm: (a.perm & 0o7777) as u16,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev as u32,
         blksize: 1 << 20,
         flags: 0,
     }
@@ -199,6 +220,7 @@ impl Shared {
             uid: req.uid(),
             gid: req.gid(),
             compute_node: self.rpc.compute_node.clone(),
+            groups: self.groups.get(req.pid(), req.uid(), req.gid()),
         }
     }
 }
@@ -213,6 +235,7 @@ impl PharosFs {
             inodes: Mutex::new(inodes),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            groups: crate::creds::GroupsCache::default(),
             next_fh: AtomicU64::new(1),
             ttl,
             ops: AtomicU64::new(0),
@@ -344,7 +367,16 @@ impl Filesystem for PharosFs {
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(ino) {
             Ok(p) => p,
-            Err(e) => return reply.error(e),
+            Err(e) => {
+                // fstat of an open file whose last name went: its attributes at open, no link.
+                let open = self.sh.files.lock().unwrap().values().find(|f| f.ino == ino).cloned();
+                if let Some(f) = open {
+                    let mut a = f.attr.clone();
+                    a.nlink = 0;
+                    return reply.attr(&self.sh.ttl, &fattr(&a, ino));
+                }
+                return reply.error(e);
+            }
         };
         let kino = ino;
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Getattr { path }) {
@@ -365,7 +397,7 @@ impl Filesystem for PharosFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<u64>,
+        fh: Option<u64>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -378,7 +410,9 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set }) {
+        // Through an open file (ftruncate, futimens): the open already checked the access.
+        let by_fd = fh.is_some_and(|fh| self.sh.files.lock().unwrap().contains_key(&fh));
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, by_fd }) {
             Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
@@ -391,14 +425,8 @@ impl Filesystem for PharosFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Mkdir { path: path.clone(), mode: mode & !umask }) {
-            Ok(Body::Attr(a)) => {
-                let ino = sh.learn(a.ino, &path);
-                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
-            }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
-        });
+        let mode = mode & !umask;
+        self.entry_op(ctx, path.clone(), Op::Mkdir { path, mode }, reply);
     }
 
     fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
@@ -473,14 +501,13 @@ impl Filesystem for PharosFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let excl = flags & libc::O_EXCL != 0;
         let token = crate::random_token();
         self.spawn(move |sh, c| {
-            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, excl, token }) {
+            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
                 Ok(Body::Opened { attr, layout, handle }) => {
                     let ino = sh.learn(attr.ino, &path);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
-                    sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open { attr: attr.clone(), ino, layout, handle }));
                     reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
                 }
                 Ok(_) => reply.error(errno::EIO),
@@ -495,12 +522,10 @@ impl Filesystem for PharosFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let truncate = flags & libc::O_TRUNC != 0;
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, write, truncate }) {
-            Ok(Body::Opened { layout, handle, .. }) => {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
+            Ok(Body::Opened { attr, layout, handle }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open { layout, handle }));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open { attr, ino, layout, handle }));
                 reply.opened(fh, FOPEN_DIRECT_IO)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -637,34 +662,99 @@ impl Filesystem for PharosFs {
             Some(c) => c.clone(),
         };
         self.spawn(move |sh, c| {
-            // The listing is fetched once per opendir (offset 0) and served from the handle.
-            let entries = match cached {
-                Some(e) if offset > 0 => e,
-                _ => match sh.rpc.call(c, &ctx, Op::Readdir { path }) {
-                    Ok(Body::Entries(e)) => {
-                        let e = Arc::new(e);
-                        if let Some(slot) = sh.dirs.lock().unwrap().get_mut(&fh) {
-                            *slot = Some(e.clone());
-                        }
-                        e
+            // The daemon lists a page at a time from a cookie (the namespace's directory
+            // offset), which is also the offset handed to the kernel: the kernel continues
+            // from any entry, served from the handle's last page while it covers it. Offset 0
+            // (opendir, rewinddir) always fetches anew.
+            let mut pos = offset.max(0) as u64;
+            let mut page = cached.filter(|_| pos != 0);
+            loop {
+                let from = page.as_ref().and_then(|p| {
+                    if p.start == pos {
+                        Some(0)
+                    } else {
+                        p.entries.iter().position(|e| e.next == pos).map(|i| i + 1)
                     }
-                    Ok(_) => return reply.error(errno::EIO),
-                    Err(e) => return reply.error(e),
-                },
-            };
-            let mut all: Vec<(u64, FileType, &str)> =
-                vec![(ino, FileType::Directory, "."), (ROOT, FileType::Directory, "..")];
-            for e in entries.iter() {
-                let k = if e.kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
-                all.push((e.ino, k, e.name.as_str()));
-            }
-            for (i, (ino, k, name)) in all.iter().enumerate().skip(offset.max(0) as usize) {
-                if reply.add(*ino, (i + 1) as i64, *k, name) {
-                    break;
+                });
+                let (p, from) = match (page.take(), from) {
+                    (Some(p), Some(i)) => (p, i),
+                    _ => match sh.rpc.call(c, &ctx, Op::Readdir { path: path.clone(), cookie: pos }) {
+                        Ok(Body::Entries { entries, eof }) => {
+                            let p = Arc::new(DirPage { start: pos, entries, eof });
+                            if let Some(slot) = sh.dirs.lock().unwrap().get_mut(&fh) {
+                                *slot = Some(p.clone());
+                            }
+                            (p, 0)
+                        }
+                        Ok(_) => return reply.error(errno::EIO),
+                        Err(e) => return reply.error(e),
+                    },
+                };
+                for e in &p.entries[from..] {
+                    let (eino, k) = match e.name.as_str() {
+                        "." => (ino, FileType::Directory),
+                        ".." => (ROOT, FileType::Directory),
+                        _ => (e.ino, ftype(e.kind)),
+                    };
+                    if reply.add(eino, e.next as i64, k, &e.name) {
+                        return reply.ok();
+                    }
+                    pos = e.next;
                 }
+                if p.eof || p.entries.is_empty() {
+                    return reply.ok();
+                }
+                // This page is used up: the next one starts after its last entry.
             }
-            reply.ok()
         });
+    }
+
+    fn readlink(&mut self, req: &Request<'_>, ino: u64, reply: ReplyData) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Readlink { path }) {
+            Ok(Body::Link(t)) => reply.data(t.as_bytes()),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn symlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let Some(target) = target.to_str().map(String::from) else { return reply.error(errno::EINVAL) };
+        match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(path) => self.entry_op(ctx, path.clone(), Op::Symlink { path, target }, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(&mut self, req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        match (self.sh.path(ino), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
+            (Ok(from), Ok(to)) => self.entry_op(ctx, to.clone(), Op::Link { from, to }, reply),
+            (Err(e), _) | (_, Err(e)) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let mode = mode & !(umask & 0o7777);
+        match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(path) => self.entry_op(ctx, path.clone(), Op::Mknod { path, mode, rdev: rdev as u64 }, reply),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn statfs(&mut self, req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
@@ -680,6 +770,19 @@ impl Filesystem for PharosFs {
 }
 
 impl PharosFs {
+    /// Sends `op`, which makes the name `path` and answers its attributes (mkdir, symlink,
+    /// link, mknod), and replies with the new entry.
+    fn entry_op(&self, ctx: Ctx, path: String, op: Op, reply: ReplyEntry) {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, op) {
+            Ok(Body::Attr(a)) => {
+                let ino = sh.learn(a.ino, &path);
+                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
     fn remove(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty, dir: bool) {
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {

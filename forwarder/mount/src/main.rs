@@ -1,4 +1,5 @@
 //! `pharos-mount`: the Pharos compute-node FUSE client. See forwarder/README.md.
+mod creds;
 mod fs;
 mod rpc;
 

@@ -1,0 +1,118 @@
+"""POSIX conformance of the forwarding layer's mount: pjdfstest on pharos-mount and on a
+local directory side by side (issue 16). Not run by `make test` (it takes minutes and needs
+a pjdfstest build, which is not part of this repository).
+
+pjdfstest (https://github.com/pjd/pjdfstest) is fetched and built outside the repository,
+e.g. (as root; needs autoconf, automake, gcc and perl's `prove`):
+
+    mkdir -p /work/peers/pjdfstest && cd /work/peers/pjdfstest
+    git --git-dir=<a clone of github:pjd/pjdfstest> archive HEAD | tar -x   # or git clone
+    autoreconf -ifs && ./configure && make pjdfstest
+
+Then, as root (FUSE, allow_other, and pjdfstest switches uids):
+
+    uv run python bench/posix_conformance.py /work/peers/pjdfstest [--only rename,link] [--keep]
+
+Starts one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (the release binaries,
+built first) in a tmp dir, runs `prove -r <pjdfstest>/tests` (or the groups of `--only`)
+inside a directory of the mount and inside a local directory on the backend's file system,
+and prints, for each, the test files, tests and failed tests, then the failing files per
+syscall group (the first-level directories of pjdfstest's tests) and, with --verbose, the
+failed test numbers of each file on the mount.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from forwarder_testkit import Cluster, build_binaries
+
+SUMMARY = re.compile(r"^Files=(\d+), Tests=(\d+)")
+FILE = re.compile(r"^(\S+\.t)\s+\(Wstat: (\d+)\s+Tests: (\d+)\s+Failed: (\d+)\)")
+FAILED = re.compile(r"^\s+Failed tests?:\s+(.*)")
+
+
+def prove(pjd: Path, cwd: Path, groups: list[str], timeout: float) -> dict:
+    """Runs prove in `cwd`; returns files, tests, failed and the failing files."""
+    dirs = [str(pjd / "tests" / g) for g in groups] if groups else [str(pjd / "tests")]
+    r = subprocess.run(["prove", "-r", *dirs], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = {"files": 0, "tests": 0, "failed": 0, "bad": {}, "raw": r.stdout[-4000:]}
+    cur = None
+    for line in r.stdout.splitlines():
+        if m := SUMMARY.match(line):
+            out["files"], out["tests"] = int(m[1]), int(m[2])
+        elif m := FILE.match(line):
+            cur = Path(m[1]).relative_to(pjd / "tests").as_posix()
+            # A file that died (Wstat != 0) with no failed test still counts as failing.
+            out["bad"][cur] = {"failed": int(m[4]), "wstat": int(m[2]), "tests": ""}
+            out["failed"] += int(m[4])
+        elif (m := FAILED.match(line)) and cur:
+            out["bad"][cur]["tests"] += m[1].strip()
+        elif line.strip() and not line.startswith(" "):
+            cur = None
+    return out
+
+
+def groups_of(bad: dict) -> Counter:
+    return Counter(f.split("/")[0] for f in bad)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pjdfstest", type=Path, help="pjdfstest source dir with the built `pjdfstest` binary")
+    ap.add_argument("--only", default="", help="comma list of syscall groups (e.g. rename,link)")
+    ap.add_argument("--keep", action="store_true", help="keep the stack's tmp dir")
+    ap.add_argument("--verbose", action="store_true", help="failed test numbers per file on the mount")
+    ap.add_argument("--timeout", type=float, default=3600)
+    a = ap.parse_args()
+    pjd = a.pjdfstest.resolve()
+    if not (pjd / "pjdfstest").is_file() or not (pjd / "tests").is_dir():
+        sys.exit(f"{pjd}: no pjdfstest binary or tests/ (build it first, see --help)")
+    groups = [g for g in a.only.split(",") if g]
+    build_binaries()
+    root = Path(tempfile.mkdtemp(prefix="pharos-posix-", dir="/var/tmp"))
+    root.chmod(0o755)
+    c = Cluster(root)
+    try:
+        d = c.start_daemon("fwd0")
+        m = c.start_mount([d])
+        local = root / "local"
+        local.mkdir()
+        local.chmod(0o755)
+        on_mount = m.path / "pjd"
+        on_mount.mkdir()
+        on_mount.chmod(0o755)
+        res = {
+            "local": prove(pjd, local, groups, a.timeout),
+            "mount": prove(pjd, on_mount, groups, a.timeout),
+        }
+    finally:
+        c.close()
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{'':8} {'files':>6} {'tests':>7} {'failed':>7} {'files failing':>14}")
+    for k, r in res.items():
+        print(f"{k:8} {r['files']:>6} {r['tests']:>7} {r['failed']:>7} {len(r['bad']):>14}")
+    for k, r in res.items():
+        per = groups_of(r["bad"])
+        print(f"{k} files with failures per group: " + (", ".join(f"{g} {n}" for g, n in per.most_common()) or "none"))
+    for k, r in res.items():
+        if r["bad"]:
+            print(f"{k} failing files: " + ", ".join(sorted(r["bad"])))
+    if a.verbose:
+        for f, b in sorted(res["mount"]["bad"].items()):
+            print(f"  mount {f}: failed {b['failed']} (wstat {b['wstat']}): {b['tests']}")
+
+
+if __name__ == "__main__":
+    main()
