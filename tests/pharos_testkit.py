@@ -238,6 +238,55 @@ def running_stack(state_dir: Path, cgroup_parent: str, env: dict[str, str], **ov
                 os.environ[k] = v
 
 
+def cli_json(url: str, *args: str) -> dict:
+    """``pharos <args> --api url --json`` through the real typer CLI (in process); its JSON."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pharos_api.cli import app
+
+    r = CliRunner().invoke(app, [*args, "--api", url, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def assert_one_pattern(url: str, job_ids: list[str], layer: str = "client") -> dict[str, dict]:
+    """Issue 10's "one job pattern": for each job, `pharos job`, `pharos jobs`, `pharos diagnose`,
+    ``GET /v1/jobs/{id}``, ``GET /v1/jobs`` and ``GET /v1/jobs/{id}/insights`` give the same
+    pattern (Beacon's volume dominance), ``diagnose`` the same per-direction detail, and `pharos
+    jobs` the same bytes as `pharos job`. Returns each job's `pharos job` JSON."""
+    listed = {j["job_id"]: j for j in cli_json(url, "jobs", "--limit", "1000", "--layer", layer)["items"]}
+    api_list = {
+        j["job_id"]: j for j in httpx.get(f"{url}/v1/jobs", params={"limit": 1000, "layer": layer}).json()["items"]
+    }
+    out = {}
+    for jid in job_ids:
+        job = cli_json(url, "job", jid, "--layer", layer)
+        diag = cli_json(url, "diagnose", jid)
+        api_job = httpx.get(f"{url}/v1/jobs/{jid}", params={"layer": layer}, timeout=60).json()
+        api_diag = httpx.get(f"{url}/v1/jobs/{jid}/insights", timeout=60).json()
+        prof = diag["phases"]["job"]
+        views = {
+            "pharos job": job["pattern"],
+            "pharos jobs": listed[jid]["pattern"],
+            "GET /v1/jobs/{id}": api_job["pattern"],
+            "GET /v1/jobs": api_list[jid]["pattern"],
+        }
+        if layer == "client":  # the diagnosis reads the client layer
+            views["pharos diagnose"] = prof["pattern"] if prof else "none"
+            views["GET /v1/jobs/{id}/insights"] = (
+                api_diag["phases"]["job"]["pattern"] if api_diag["phases"]["job"] else "none"
+            )
+            if prof:  # the per-direction detail is the same too
+                assert prof["patterns"] == job["patterns"] and prof["fan_in_pattern"] == job["fan_in_pattern"], jid
+        assert len(set(views.values())) == 1, (jid, views)
+        # pharos jobs shows the bytes every job moved, counter-only (no DXT) jobs included
+        assert (listed[jid]["bytes_read"], listed[jid]["bytes_written"]) == (job["bytes_read"], job["bytes_written"])
+        out[jid] = job
+    return out
+
+
 def dfra_live_env(io_ranks: int) -> dict[str, str]:
     """``PHAROS_CONTROL_*`` of live DFRA tests: the classifier's thresholds lowered for this
     machine's size (64 MiB and ``io_ranks`` I/O ranks benefit, 64 MiB is "very high volume" and

@@ -158,6 +158,14 @@ SELECT
     sum(f_small_writes)                                           AS small_writes,
     sumIf(f_small_reads, f_nranks > 1)                              AS shared_small_reads,
     sumIf(f_small_writes, f_nranks > 1)                             AS shared_small_writes,
+    sum(f_small_read_bytes)                                       AS small_read_bytes,
+    sum(f_small_write_bytes)                                      AS small_write_bytes,
+    sum(f_small_read_ns)                                          AS small_read_ns,
+    sum(f_small_write_ns)                                         AS small_write_ns,
+    sumIf(f_small_read_bytes, f_nranks > 1)                         AS shared_small_read_bytes,
+    sumIf(f_small_write_bytes, f_nranks > 1)                        AS shared_small_write_bytes,
+    sumIf(f_small_read_ns, f_nranks > 1)                            AS shared_small_read_ns,
+    sumIf(f_small_write_ns, f_nranks > 1)                           AS shared_small_write_ns,
     sumIf(f_reads, f_nranks > 1)                                    AS shared_reads,
     sumIf(f_writes, f_nranks > 1)                                   AS shared_writes,
     sum(f_seq_reads)                                              AS seq_reads,
@@ -179,6 +187,10 @@ FROM
         sum(r_writes)                                                       AS f_writes,
         sum(r_small_reads)                                                  AS f_small_reads,
         sum(r_small_writes)                                                 AS f_small_writes,
+        sum(r_small_read_bytes)                                             AS f_small_read_bytes,
+        sum(r_small_write_bytes)                                            AS f_small_write_bytes,
+        sum(r_small_read_ns)                                                AS f_small_read_ns,
+        sum(r_small_write_ns)                                               AS f_small_write_ns,
         sum(r_seq_reads)                                                    AS f_seq_reads,
         sum(r_seq_writes)                                                   AS f_seq_writes,
         sum(r_misaligned)                                                   AS f_misaligned,
@@ -195,6 +207,10 @@ FROM
             sumIf(count, NOT is_read)                                       AS r_writes,
             sumIf(count, is_read AND size < {small:UInt64})                 AS r_small_reads,
             sumIf(count, NOT is_read AND size < {small:UInt64})             AS r_small_writes,
+            sumIf(bytes, is_read AND size < {small:UInt64})                 AS r_small_read_bytes,
+            sumIf(bytes, NOT is_read AND size < {small:UInt64})             AS r_small_write_bytes,
+            sumIf(duration_ns, is_read AND size < {small:UInt64})           AS r_small_read_ns,
+            sumIf(duration_ns, NOT is_read AND size < {small:UInt64})       AS r_small_write_ns,
             sumIf(count - 1 + (toInt64(offset) >= prev_end), is_read)       AS r_seq_reads,
             sumIf(count - 1 + (toInt64(offset) >= prev_end), NOT is_read)   AS r_seq_writes,
             sum(if(offset % {align:UInt64} != 0, count, if(size % {align:UInt64} != 0, count - 1, 0))) AS r_misaligned,
@@ -297,7 +313,10 @@ def _small_insight(
     cfg: DiagnosisConfig,
     shared: bool = False,
     mpiio: bool = False,
+    exact: tuple[float, float] | None = None,
 ) -> Insight | None:
+    """``exact``: (bytes, seconds) the small requests moved and took, when the trace knows them
+    (then :func:`weigh` uses them instead of a pro-rata share of the direction's bytes and time)."""
     if n_all <= 0 or n_small / n_all <= cfg.small_requests_ratio:
         return None
     high = n_small > cfg.small_requests_absolute
@@ -331,7 +350,8 @@ def _small_insight(
             "share": n_small / n_all,
             "small_bytes": cfg.small_request_bytes,
             "absolute_threshold": cfg.small_requests_absolute,
-        },
+        }
+        | ({"small_requests_bytes": exact[0], "small_requests_time_s": exact[1]} if exact else {}),
         recommendations=recs,
         rule_source="Drishti P05/P06 (P15/P16 for shared files): small_requests, small_requests_absolute",
     )
@@ -356,7 +376,8 @@ def small_requests(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases)
                 out.append(i)
     elif t.files:
         for d in ("read", "write"):
-            if i := _small_insight(d, t.f(f"small_{d}s"), t.f(f"{d}s"), "trace", cfg):
+            exact = (t.f(f"small_{d}_bytes"), t.f(f"small_{d}_ns") / 1e9)
+            if i := _small_insight(d, t.f(f"small_{d}s"), t.f(f"{d}s"), "trace", cfg, exact=exact):
                 out.append(i)
     return out
 
@@ -380,7 +401,9 @@ def small_shared(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPhases) -
                 out.append(i)
     elif t.files:
         for d in ("read", "write"):
-            if i := _small_insight(d, t.f(f"shared_small_{d}s"), t.f(f"shared_{d}s"), "trace", cfg, shared=True):
+            exact = (t.f(f"shared_small_{d}_bytes"), t.f(f"shared_small_{d}_ns") / 1e9)
+            n, n_all = t.f(f"shared_small_{d}s"), t.f(f"shared_{d}s")
+            if i := _small_insight(d, n, n_all, "trace", cfg, shared=True, exact=exact):
                 out.append(i)
     return out
 
@@ -1166,8 +1189,9 @@ def _totals(c: _Counters, t: _Trace) -> _Totals:
 
 def _concerns(i: Insight, tot: _Totals) -> tuple[float | None, float | None, float | None, str]:
     """(requests, bytes, time_s, time basis) an insight is about; ``None`` when the rule does not
-    say. Requests of a direction are weighed pro rata: n of the direction's N requests are
-    taken to move n/N of its bytes and to take n/N of its time."""
+    say. Small requests of a trace carry their exact bytes and time; otherwise (Darshan counters,
+    random and misaligned requests) requests of a direction are weighed pro rata: n of the
+    direction's N requests are taken to move n/N of its bytes and to take n/N of its time."""
     ev = i.evidence
     d = "read" if "read" in i.id else ("write" if "write" in i.id else None)
     if i.id.startswith(("small_", "random_", "misaligned_")):
@@ -1178,6 +1202,8 @@ def _concerns(i: Insight, tot: _Totals) -> tuple[float | None, float | None, flo
             T = sum(v[2] for v in tot.dirs.values())
         else:
             N, B, T = tot.dirs[d]
+        if "small_requests_bytes" in ev:  # the trace's exact bytes and time of the small requests
+            return n, float(ev["small_requests_bytes"]), float(ev["small_requests_time_s"]), "sum"
         f = min(n / N, 1.0) if N else 0.0
         return n, f * B, f * T, "sum"
     if i.id in ("rank_imbalance_bytes", "rank_imbalance_time"):

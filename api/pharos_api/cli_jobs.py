@@ -241,11 +241,13 @@ def register(app: typer.Typer) -> None:
         api: ApiOption = None,
         limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs per page.")] = 50,
         offset: Annotated[int, typer.Option(min=0, help="Jobs to skip.")] = 0,
+        layer: Annotated[Layer, typer.Option(help="Layer whose I/O gives bytes and pattern.")] = Layer.client,
         as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
     ) -> None:
         """List jobs, newest first: state, ranks, I/O pattern, bytes."""
         url = _api_url(api)
-        show(url, "/v1/jobs", {"limit": limit, "offset": offset}, as_json=as_json, render=_jobs_table)
+        params = {"limit": limit, "offset": offset, "layer": layer.value}
+        show(url, "/v1/jobs", params, as_json=as_json, render=_jobs_table)
 
     @app.command("job")
     def job_cmd(

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pharos_analytics.straggler import ANOMALY_KIND as STRAGGLER_KIND
+
 from .cli_jobs import ApiOption, _api_url, human_bytes, show
 
 _SEV = {"critical": "bold red", "warning": "yellow"}
@@ -47,7 +49,10 @@ def anomalies_table(data: dict) -> Table:
         job = a.get("job_id") or "-"
         if a.get("culprit_job"):
             job += f" <- {a['culprit_job']}"
-        state = ("active" if a["active"] else "cleared") + (f" {a['persistence']}" if a.get("persistence") else "")
+        if a["kind"] == STRAGGLER_KIND:  # evidence from one job's own I/O, not a live condition
+            state = "job evidence"
+        else:
+            state = ("active" if a["active"] else "cleared") + (f" {a['persistence']}" if a.get("persistence") else "")
         ratio = a.get("ratio", a.get("rel_service", a.get("latency_ratio")))
         t.add_row(
             a["kind"],

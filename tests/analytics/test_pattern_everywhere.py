@@ -8,13 +8,11 @@ Real chDB store, real FastAPI app served by uvicorn on loopback, the real typer 
 
 from __future__ import annotations
 
-import json
 import time
 
-import httpx
 import pytest
 from pharos_synthetic_jobs import MiB, event, rec
-from pharos_testkit import DARSHAN_LOGS, need_darshan, served
+from pharos_testkit import DARSHAN_LOGS, assert_one_pattern, cli_json, need_darshan, served
 from typer.testing import CliRunner
 
 from pharos_agents.darshan_import import import_log
@@ -89,37 +87,13 @@ def world(tmp_path_factory):
     store.close()
 
 
-def cli_json(url: str, *args: str) -> dict:
-    r = runner.invoke(cli_app, [*args, "--api", url, "--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads(r.output)
-
-
 def test_every_view_agrees(world):
     url, darshan_jobs, expected = world
+    jobs = assert_one_pattern(url, [*expected, *darshan_jobs])
     listed = {j["job_id"]: j for j in cli_json(url, "jobs", "--limit", "1000")["items"]}
-    api_list = {j["job_id"]: j for j in httpx.get(f"{url}/v1/jobs", params={"limit": 1000}).json()["items"]}
     table = []
-    for jid in [*expected, *darshan_jobs]:
-        job = cli_json(url, "job", jid)
-        diag = cli_json(url, "diagnose", jid)
-        api_job = httpx.get(f"{url}/v1/jobs/{jid}", timeout=60).json()
-        api_diag = httpx.get(f"{url}/v1/jobs/{jid}/insights", timeout=60).json()
-        prof = diag["phases"]["job"]
-        views = {
-            "pharos job": job["pattern"],
-            "pharos jobs": listed[jid]["pattern"],
-            "pharos diagnose": prof["pattern"] if prof else "none",
-            "GET /v1/jobs/{id}": api_job["pattern"],
-            "GET /v1/jobs": api_list[jid]["pattern"],
-            "GET /v1/jobs/{id}/insights": api_diag["phases"]["job"]["pattern"] if api_diag["phases"]["job"] else "none",
-        }
+    for jid, job in jobs.items():
         table.append((darshan_jobs.get(jid, jid), job["pattern"], job["patterns"], job["fan_in_pattern"]))
-        assert len(set(views.values())) == 1, (jid, views)
-        if prof:  # the per-direction detail is the same too
-            assert prof["patterns"] == job["patterns"] and prof["fan_in_pattern"] == job["fan_in_pattern"], jid
-        # pharos jobs shows the bytes every job moved, counter-only (no DXT) jobs included
-        assert (listed[jid]["bytes_read"], listed[jid]["bytes_written"]) == (job["bytes_read"], job["bytes_written"])
         if jid in expected:
             assert job["pattern"] == expected[jid], (jid, job["pattern"], job["patterns"])
     print("\n[patterns] job -> pattern (reads/writes detail, fan-in over all files)")

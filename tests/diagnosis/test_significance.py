@@ -55,3 +55,22 @@ def test_file_open_benchmark_of_the_corpus_is_not_high(store):
     assert got["misaligned_file"].evidence["misaligned"] == 471
     assert got["misaligned_file"].severity == "warn"
     assert not [k for k, i in got.items() if i.severity == "high"]
+
+
+def test_small_requests_weighed_by_their_own_bytes_and_time(store):
+    # 1,500 aligned 4 KiB writes (6 MiB, 1.5 ms each) beside 100 aligned 64 MiB writes (6.25 GiB,
+    # 0.5 s each): 94 % of the write requests are small, but they move 0.1 % of the bytes and take
+    # 4 % of the time. Pro rata (n/N of the bytes) they would look like 94 % of the job: high.
+    rows = [req("mixsmall", 0, "write", "/scratch/log", i * 4096, 4096, t=i * 0.002, dur=0.0015) for i in range(1500)]
+    rows += [
+        req("mixsmall", 1, "write", "/scratch/big", i * 64 * MiB, 64 * MiB, t=5 + i * 0.6, dur=0.5) for i in range(100)
+    ]
+    store.insert_rows("io_requests", rows)
+    store.insert_rows("job_events", [start_event("mixsmall", 2)])
+    small = {i.id: i for i in job_insights(store, "mixsmall").insights}["small_writes"]
+    ev, sig = small.evidence, small.evidence["significance"]
+    assert ev["small_requests"] == 1500 and ev["small_requests_bytes"] == 1500 * 4096
+    assert abs(ev["small_requests_time_s"] - 1500 * 0.0015) < 1e-6
+    assert sig["bytes"] == 1500 * 4096 and sig["bytes_share"] < 0.002, sig
+    assert sig["time_share"] < 0.05, sig
+    assert small.severity == "warn", small  # many (> 1000) but not material

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pharos_diag_rows import T0, MiB, S, req, start_event
 from pharos_testkit import DARSHAN_LOGS, need_darshan
+from rich.console import Console
 
 from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
@@ -133,6 +134,13 @@ def test_slow_target_is_stored_once_and_listed_in_anomalies(live_jobs, tmp_path)
     assert [(i["node"], i["job_id"], i["node_type"]) for i in items] == [("ost5", "strag-ost5", "target")]
     start, end = (datetime.fromisoformat(items[0][k].replace("Z", "+00:00")) for k in ("start", "end"))
     assert (end - start).total_seconds() == pytest.approx(0.7 + 0.08, abs=0.02)  # the job's I/O time range
+    # `pharos anomalies` shows such a row as evidence from the job, not as a "cleared" live condition
+    from pharos_api.cli_system import anomalies_table
+
+    console = Console(width=200, record=True)
+    console.print(anomalies_table({"source": "stored", "as_of": None, "items": items}))
+    row = next(ln for ln in console.export_text().splitlines() if "straggler_resource" in ln)
+    assert "job evidence" in row and "cleared" not in row, row
 
 
 # -- Darshan counters with OST ids (the real importer's counter names, synthetic numbers) ---------

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from pharos_testkit import stack_settings
+from pharos_testkit import assert_one_pattern, stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -75,3 +75,6 @@ def test_fio_job_traced_exactly(live_stack: Settings, job, tmp_path: Path):
     assert f["pattern"] == job.kind
     assert f["io_ranks"] == job.ranks
     assert f["n_files"] == expected_files
+    # one pattern in every view (issue 10): pharos job/jobs/diagnose and the API, both layers
+    assert_one_pattern(settings.api_url, [job_id])
+    assert_one_pattern(settings.api_url, [job_id], layer="forwarder")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import StackAdmin, pharos_run, running_alertmanager, stack_settings
+from pharos_testkit import StackAdmin, assert_one_pattern, pharos_run, running_alertmanager, stack_settings
 
 from pharos_agents.runner import run_job
 from pharos_api import stack
@@ -251,6 +251,7 @@ def test_pattern_through_mount(live: Live, kind: str, tmp_path: Path):
         # client: the path the application opened; forwarder: the namespace path under the mount
         root = str(d) if layer == "client" else "/" + job_id
         assert all(x["path"].startswith(root + "/") for x in s["files"]), (layer, [x["path"] for x in s["files"]])
+        assert_one_pattern(live.api, [job_id], layer=layer)  # every view says the same (issue 10)
 
 
 # -- 2. fail-slow targets: precision / recall over 5 runs -----------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pharos_testkit import StackAdmin, running_stack
+from pharos_testkit import StackAdmin, assert_one_pattern, running_stack
 
 from pharos_agents.runner import run_job
 from pharos_api.demo import wait_for_summary
@@ -112,6 +112,7 @@ def test_straggler_names_the_slowed_target(live: Live, tmp_path: Path):
             total = RANKS * PER_RANK_MIB * MiB
             s = wait_for_summary(live.api, job_id, total, timeout_s=60, layer="forwarder")
             assert s is not None and s["bytes_written"] >= total, s
+            assert_one_pattern(live.api, [job_id], layer="forwarder")  # one pattern in every view (issue 10)
             body = httpx.get(f"{live.api}/v1/jobs/{job_id}/insights", timeout=60).json()
             named = {
                 i["evidence"]["resource"]
