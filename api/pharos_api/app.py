@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
 
-from .routers import control, diagnosis, jobs, system, system_diag
+from .routers import control, diagnosis, jobs, report, system, system_diag
 from .schemas import API_VERSION
 
 
@@ -35,6 +35,7 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     app.include_router(diagnosis.router)
     app.include_router(system_diag.router)
     app.include_router(control.router)
+    app.include_router(report.router)
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:

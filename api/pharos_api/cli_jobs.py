@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -51,10 +52,12 @@ def _api_url(api: str | None) -> str:
     return get_settings().api_url
 
 
-def api_get(api_url: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
-    """GET ``api_url + path``; a 2xx response, else :class:`ApiError` with a one-line message."""
+def api_get(
+    api_url: str, path: str, params: dict[str, Any] | None = None, timeout: float = HTTP_TIMEOUT_S
+) -> httpx.Response:
+    """GET ``api_url + path`` (``timeout`` s); a 2xx response, else :class:`ApiError` with a one-line message."""
     try:
-        r = httpx.get(api_url + path, params=params, timeout=HTTP_TIMEOUT_S)
+        r = httpx.get(api_url + path, params=params, timeout=timeout)
     except httpx.TransportError:
         raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
     if r.status_code >= 400:
@@ -248,6 +251,24 @@ def register(app: typer.Typer) -> None:
         url = _api_url(api)
         params = {"limit": limit, "offset": offset, "layer": layer.value}
         show(url, "/v1/jobs", params, as_json=as_json, render=_jobs_table)
+
+    @app.command("report")
+    def report_cmd(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        html_out: Annotated[
+            Path, typer.Option("--html", help="Write the report, one self-contained HTML page, to this file.")
+        ],
+        api: ApiOption = None,
+    ) -> None:
+        """A job's visual report: diagnosis in plain words, rank x time heat map, bandwidth over
+        time with phases, request sizes, files and targets (GET /v1/jobs/{id}/report)."""
+        url = _api_url(api)
+        try:
+            r = api_get(url, f"/v1/jobs/{quote(job_id, safe='')}/report", timeout=300.0)
+            html_out.write_text(r.text)
+        except (ApiError, OSError) as exc:
+            _fail(f"pharos report: {exc}")
+        typer.echo(f"report of job {job_id} written to {html_out} ({len(r.text) / 1024:.0f} KiB)")
 
     @app.command("job")
     def job_cmd(
