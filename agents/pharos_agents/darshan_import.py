@@ -59,7 +59,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +79,10 @@ NOT_IMPORTED = ("APMPI", "APXC", "HEATMAP", "MDHIM")
 SAME_JOB_WINDOW_NS = 24 * 3600 * S
 #: SHA-256 read size.
 _CHUNK = 1 << 20
+#: Default largest log an import reads (bytes; ``Settings.import_max_bytes`` in the API).
+MAX_LOG_BYTES = 256 * 2**20
+#: Default longest time (s) reading one log's bytes may take (``Settings.import_timeout_s``).
+READ_TIMEOUT_S = 120.0
 
 Status = Literal["imported", "skipped", "failed"]
 
@@ -111,12 +117,49 @@ class DarshanImportError(RuntimeError):
 # -- reading --------------------------------------------------------------------------------
 
 
-def file_sha256(path: Path) -> str:
+def open_regular(path: Path, max_bytes: int = MAX_LOG_BYTES) -> int:
+    """Open ``path`` for reading and return the descriptor, if it is a regular file of at most
+    ``max_bytes`` bytes. Never blocks on a FIFO (opened non-blocking, then refused) and never
+    reads a device (/dev/zero). Raises DarshanImportError (not regular, too large) or OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DarshanImportError(f"{path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise DarshanImportError(f"{path}: {st.st_size} bytes, over the import limit of {max_bytes} bytes")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fd_sha256(fd: int, max_bytes: int = MAX_LOG_BYTES, timeout_s: float = READ_TIMEOUT_S, label: str = "") -> str:
+    """SHA-256 (hex) of the whole file behind ``fd``, read from its start. Raises
+    DarshanImportError when it holds more than ``max_bytes`` bytes (it grew) or reading takes
+    longer than ``timeout_s`` seconds; OSError when a read fails."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+    deadline = time.monotonic() + timeout_s
+    total, pos = 0, 0
+    while chunk := os.pread(fd, _CHUNK, pos):
+        pos += len(chunk)
+        total += len(chunk)
+        if total > max_bytes:
+            raise DarshanImportError(f"{label}: over the import limit of {max_bytes} bytes")
+        if time.monotonic() > deadline:
+            raise DarshanImportError(f"{label}: reading took longer than {timeout_s:g} s")
+        h.update(chunk)
     return h.hexdigest()
+
+
+def file_sha256(path: Path, max_bytes: int = MAX_LOG_BYTES, timeout_s: float = READ_TIMEOUT_S) -> str:
+    """SHA-256 (hex) of a regular file of at most ``max_bytes`` bytes (see :func:`open_regular`)."""
+    fd = open_regular(path, max_bytes)
+    try:
+        return fd_sha256(fd, max_bytes, timeout_s, str(path))
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -145,10 +188,12 @@ def _seconds_ns(sec: Any, nsec: Any) -> int:
     return int(sec or 0) * S + int(nsec or 0)
 
 
-def read_log(path: Path) -> _Log:
-    """Parse a Darshan log with PyDarshan. Raises DarshanImportError when it cannot be read."""
+def read_log(path: Path, label: str | None = None) -> _Log:
+    """Parse a Darshan log with PyDarshan (``label``: the name errors give, default ``path``).
+    Raises DarshanImportError when it cannot be read."""
     import darshan  # PyDarshan; imported late: it loads libdarshan-util
 
+    label = label or str(path)
     notes: list[str] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -156,11 +201,12 @@ def read_log(path: Path) -> _Log:
             report = darshan.DarshanReport(str(path), read_all=True)
         notes += sorted({str(w.message).splitlines()[0] for w in caught})
     except Exception as exc:  # PyDarshan raises RuntimeError, ValueError, OSError, ...
-        raise DarshanImportError(f"{path}: not a readable Darshan log ({type(exc).__name__}: {exc})") from None
+        msg = str(exc).replace(str(path), label)
+        raise DarshanImportError(f"{label}: not a readable Darshan log ({type(exc).__name__}: {msg})") from None
     try:
         return _extract(report, notes)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise DarshanImportError(f"{path}: unexpected Darshan record layout ({type(exc).__name__}: {exc})") from exc
+        raise DarshanImportError(f"{label}: unexpected Darshan record layout ({type(exc).__name__}: {exc})") from exc
     finally:
         close = getattr(report.log, "close", None)
         if close is not None:
@@ -356,33 +402,73 @@ def _event_rows(store: Store, job_id: str, log: _Log, name: str | None, ranks: i
     return [start, end]
 
 
-def import_log(store: Store, path: str | Path, job_id: str | None = None, name: str | None = None) -> LogImport:
+def import_log(
+    store: Store,
+    path: str | Path,
+    job_id: str | None = None,
+    name: str | None = None,
+    *,
+    max_bytes: int = MAX_LOG_BYTES,
+    timeout_s: float = READ_TIMEOUT_S,
+    label: str | None = None,
+) -> LogImport:
     """Import one Darshan log into ``store`` (migrated). Never raises for a bad log: the
-    result's ``status`` is ``failed`` and ``error`` says why; StoreError propagates."""
+    result's ``status`` is ``failed`` and ``error`` says why (no ``log_id``: nothing of a failed
+    file is returned); StoreError propagates.
+
+    Only a regular file of at most ``max_bytes`` bytes is read (a FIFO or device such as
+    /dev/zero fails at once), its bytes within ``timeout_s`` seconds; the parser reads the very
+    file that was checked (``/proc/self/fd``), so a path swapped meanwhile changes nothing.
+    ``label`` is the name results and errors give (default: ``path``; an upload's file name)."""
     path = Path(path)
+    label = label or str(path)
     try:
-        sha = file_sha256(path)
+        fd = open_regular(path, max_bytes)
     except OSError as exc:
-        return LogImport(path=str(path), status="failed", error=f"{path}: {exc.strerror or exc}")
+        return LogImport(path=label, status="failed", error=f"{label}: {exc.strerror or exc}")
+    except DarshanImportError as exc:
+        return LogImport(path=label, status="failed", error=str(exc).replace(str(path), label, 1))
+    try:
+        return _import_fd(store, fd, path, label, job_id, name, max_bytes, timeout_s)
+    finally:
+        os.close(fd)
+
+
+def _import_fd(
+    store: Store,
+    fd: int,
+    path: Path,
+    label: str,
+    job_id: str | None,
+    name: str | None,
+    max_bytes: int,
+    timeout_s: float,
+) -> LogImport:
+    try:
+        sha = fd_sha256(fd, max_bytes, timeout_s, label)
+    except OSError as exc:
+        return LogImport(path=label, status="failed", error=f"{label}: {exc.strerror or exc}")
+    except DarshanImportError as exc:
+        return LogImport(path=label, status="failed", error=str(exc))
     log_id = _log_id(sha)
     with _IMPORT_LOCK:
         done = store.query(LOG_BY_SHA_SQL, {"sha": sha})
         if done:
             return LogImport(
-                path=str(path),
+                path=label,
                 status="skipped",
                 job_id=done[0]["job_id"],
                 log_id=log_id,
                 warnings=[f"already imported as job {done[0]['job_id']} ({log_id})"],
             )
         try:
-            log = read_log(path)
+            log = read_log(Path(f"/proc/self/fd/{fd}"), label)
         except DarshanImportError as exc:
-            return LogImport(path=str(path), status="failed", log_id=log_id, error=str(exc))
+            return LogImport(path=label, status="failed", error=str(exc))
         jid = job_id or _choose_job_id(store, log, sha)
         offset = sum(int(r["nprocs"]) for r in store.query(JOB_LOGS_SQL, {"job_id": jid}))
         result = LogImport(
-            path=str(path),
+            path=label,
             status="imported",
             job_id=jid,
             log_id=log_id,
@@ -458,7 +544,7 @@ def import_log(store: Store, path: str | Path, job_id: str | None = None, name: 
                     "log_sha256": sha,
                     "log_id": log_id,
                     "job_id": jid,
-                    "file_name": path.name,
+                    "file_name": Path(label).name,
                     "darshan_jobid": log.jobid,
                     "uid": log.uid,
                     "exe": log.exe,
@@ -508,12 +594,18 @@ def import_logs(
     job_id: str | None = None,
     name: str | None = None,
     on_done: Callable[[LogImport], None] | None = None,
+    *,
+    max_bytes: int = MAX_LOG_BYTES,
+    timeout_s: float = READ_TIMEOUT_S,
+    labels: list[str] | None = None,
 ) -> list[LogImport]:
-    """Import several logs in order (``job_id`` given: all into that job). ``on_done`` is
-    called after each log (progress bars)."""
+    """Import several logs in order (``job_id`` given: all into that job); each as
+    :func:`import_log` with ``max_bytes``, ``timeout_s`` and its label (``labels[i]``, default
+    the path). ``on_done`` is called after each log (progress bars)."""
     out = []
-    for p in paths:
-        r = import_log(store, p, job_id=job_id, name=name)
+    for i, p in enumerate(paths):
+        label = labels[i] if labels else None
+        r = import_log(store, p, job_id=job_id, name=name, max_bytes=max_bytes, timeout_s=timeout_s, label=label)
         out.append(r)
         if on_done:
             on_done(r)

@@ -120,8 +120,13 @@ def request_hint(settings: Settings, job_id: str, name: str, user: str, command:
     HTTP error, not JSON). Never raises for the API's sake."""
     url = f"{settings.api_url}/v1/hints/jobs/{job_id}"
     params = {"apply": "true", "name": name, "user": user, "command": command}
+    try:  # the API token (settings api_token / PHAROS_API_TOKEN, api_token_file): roles admin or scheduler
+        token = settings.api_token_value()
+    except OSError as exc:
+        return None, f"cannot read the API token file: {exc}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.get(url, params=params, timeout=settings.run_hint_timeout_s)
+        r = httpx.get(url, params=params, headers=headers, timeout=settings.run_hint_timeout_s)
     except httpx.HTTPError as exc:
         return None, f"{settings.api_url} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
     if r.status_code != 200:

@@ -509,10 +509,13 @@ FROM
 )
 """
 
-#: A page of jobs (newest start first) with their events.
+#: A page of jobs (newest start first) with their events; ``only_user`` 1: the jobs whose start
+#: event names ``user`` (an API token of role 'user').
 JOBS_PAGE_SQL = (
     _JOB_EVENTS_SELECT
-    + """GROUP BY job_id
+    + """WHERE {only_user:UInt8} = 0
+   OR job_id IN (SELECT job_id FROM job_events WHERE kind = 'start' AND user = {user:String})
+GROUP BY job_id
 ORDER BY if(has_start, start_ns, end_ns) DESC, job_id DESC
 LIMIT {limit:UInt32} OFFSET {offset:UInt64}"""
 )
@@ -533,8 +536,11 @@ GROUP BY job_id
 #: Fan-in statistics of the jobs on a page.
 JOBS_PAGE_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", _PAGE_IDS)
 
-#: Number of jobs with at least one event.
-JOBS_COUNT_SQL = "SELECT uniqExact(job_id) AS jobs FROM job_events"
+#: Number of jobs with at least one event (``only_user`` 1: started by ``user``).
+JOBS_COUNT_SQL = (
+    "SELECT uniqExact(job_id) AS jobs FROM job_events "
+    "WHERE {only_user:UInt8} = 0 OR (kind = 'start' AND user = {user:String})"
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -805,8 +811,11 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
     return replace(summary, **darshan) if darshan else summary
 
 
-def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "client") -> list[JobListItem]:
-    """Jobs known from ``job_events``, newest start first, ``limit`` from ``offset``.
+def list_jobs(
+    store: Store, limit: int = 50, offset: int = 0, layer: str = "client", user: str | None = None
+) -> list[JobListItem]:
+    """Jobs known from ``job_events``, newest start first, ``limit`` from ``offset``; with
+    ``user``, only the jobs whose start event names that user.
 
     Bytes and pattern come from ``layer``'s data I/O (see module docstring), the pattern
     decided as in :func:`job_summary` (volume dominance). On the ``client`` layer, a job
@@ -822,7 +831,7 @@ def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "clie
     _check_layer(layer)
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
-    page = {"limit": limit, "offset": offset}
+    page = {"limit": limit, "offset": offset, "only_user": int(user is not None), "user": user or ""}
     events = store.query(JOBS_PAGE_SQL, page)
     if not events:
         return []
@@ -874,6 +883,8 @@ def list_jobs(store: Store, limit: int = 50, offset: int = 0, layer: str = "clie
     return out
 
 
-def count_jobs(store: Store) -> int:
-    """Number of jobs with at least one event (the total behind :func:`list_jobs` paging)."""
-    return int(store.query(JOBS_COUNT_SQL)[0]["jobs"])
+def count_jobs(store: Store, user: str | None = None) -> int:
+    """Number of jobs with at least one event (the total behind :func:`list_jobs` paging);
+    with ``user``, of the jobs whose start event names that user."""
+    params = {"only_user": int(user is not None), "user": user or ""}
+    return int(store.query(JOBS_COUNT_SQL, params)[0]["jobs"])

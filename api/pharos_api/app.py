@@ -7,22 +7,45 @@ and ``/openapi.json``.
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
 
-from .routers import control, diagnosis, jobs, report, system, system_diag
-from .schemas import API_VERSION
+from .auth import get_principal
+from .routers import control, diagnosis, jobs, report, system, system_diag, tokens
+from .schemas import API_VERSION, ErrorOut
+
+#: Answers every authenticated route may give (documented in the OpenAPI schema).
+AUTH_RESPONSES: dict[int | str, dict] = {
+    400: {"model": ErrorOut, "description": "A request body that is not valid JSON, or refused by the route."},
+    401: {"model": ErrorOut, "description": "No token, or an unknown or revoked one (api_auth = 'token')."},
+    403: {"model": ErrorOut, "description": "The token's role lacks the right."},
+    503: {"model": ErrorOut, "description": "The store failed."},
+}
+
+
+class ExposureError(RuntimeError):
+    """The settings would serve the API beyond loopback without authentication."""
 
 
 def create_app(store: Store, settings: Settings) -> FastAPI:
     """A FastAPI app serving ``store``. The caller owns the store (opens and closes it).
 
+    Authentication (:mod:`pharos_api.auth`, docs/security.md): with ``settings.api_auth ==
+    "token"`` every route but ``GET /v1/health`` needs a Bearer token (every router is included
+    with :func:`~pharos_api.auth.get_principal`, so a new route cannot be left open), and each
+    route admits the roles it names.
+
     Errors: a StoreError inside a request becomes ``503 {"detail": "store error: ..."}``;
-    invalid parameters ``422``; unknown jobs ``404``.
+    invalid parameters ``422``; unknown jobs ``404``; no or a bad token ``401``; a role lacking
+    the right ``403``. Raises ExposureError when ``settings.api_host`` is not loopback and
+    ``api_auth`` is ``"none"``.
     """
+    problem = settings.exposure_error()
+    if problem:
+        raise ExposureError(problem)
     app = FastAPI(
         title="Pharos API",
         version=API_VERSION,
@@ -30,12 +53,10 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     )
     app.state.store = store
     app.state.settings = settings
-    app.include_router(system.router)
-    app.include_router(jobs.router)
-    app.include_router(diagnosis.router)
-    app.include_router(system_diag.router)
-    app.include_router(control.router)
-    app.include_router(report.router)
+    app.include_router(system.health_router)  # the one open route
+    authenticated = [Depends(get_principal)]
+    for r in (system, jobs, diagnosis, system_diag, control, report, tokens):
+        app.include_router(r.router, dependencies=authenticated, responses=AUTH_RESPONSES)
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:

@@ -3,11 +3,13 @@
 Stack:   pharos up [--detach] · pharos down · pharos status
 Jobs:    pharos run --job ID [--ranks N] -- CMD... · pharos jobs · pharos job ID [--json]
 Control: pharos hint JOB · pharos control actions|pins|pin|unpin
+Access:  pharos token create --role ROLE [--user NAME] · pharos token list · pharos token revoke ID
 Demo:    pharos demo
 Parts:   pharos broker · pharos agent · pharos serve (what `pharos up` starts)
 
 Configuration: pharos.toml (or the file in PHAROS_CONFIG) and PHAROS_* environment
-variables; see `pharos config`.
+variables; see `pharos config`. With api_auth = "token" the commands that ask the API send a
+token: `pharos --token TOKEN ...`, PHAROS_API_TOKEN, or api_token_file (docs/security.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .cli_diagnose import register as register_diagnose_commands
 from .cli_jobs import register as register_jobs_commands
 from .cli_slurm import register as register_slurm_commands
 from .cli_system import register as register_system_commands
+from .cli_tokens import register as register_token_commands
 
 app = typer.Typer(
     help="Pharos: end-to-end I/O monitoring and diagnosis for HPC storage.",
@@ -54,6 +57,35 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+@app.callback()
+def main_options(
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="API token for the commands that ask the API (default: PHAROS_API_TOKEN, then the api_token_file "
+            "setting). Made by `pharos token create`.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Pharos: end-to-end I/O monitoring and diagnosis for HPC storage."""
+    from pydantic import SecretStr
+
+    from . import cli_jobs
+
+    cli_jobs.TOKEN_OVERRIDE = token
+    if token:  # also for what reads the settings (pharos run's hint request)
+        get_settings().api_token = SecretStr(token)
+
+
+def check_exposure(settings) -> None:
+    """Exit with one line when the settings would serve the API beyond loopback without auth."""
+    problem = settings.exposure_error()
+    if problem:
+        fail(problem, 2)
+
+
 @app.command()
 def up(
     detach: Annotated[
@@ -64,6 +96,7 @@ def up(
     from .stack import StackError, start, stop
 
     settings = get_settings()
+    check_exposure(settings)
     try:
         start(settings, progress=lambda s: console.print(f"  {s}"))
     except StackError as exc:
@@ -88,15 +121,14 @@ def down() -> None:
 @app.command()
 def status(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """Show which components of the stack run, and the pipeline's counters."""
-    import httpx
-
+    from .cli_jobs import ApiError, api_get
     from .stack import status as stack_status
 
     settings = get_settings()
     rows = stack_status(settings)
     pipeline = None
-    with contextlib.suppress(httpx.HTTPError, ValueError):
-        pipeline = httpx.get(f"{settings.api_url}/v1/pipeline", timeout=3).json()
+    with contextlib.suppress(ApiError, ValueError):
+        pipeline = api_get(settings.api_url, "/v1/pipeline", timeout=3).json()
     if json_out:
         print(json.dumps({"components": rows, "pipeline": pipeline}, indent=2))
         return
@@ -327,7 +359,9 @@ def serve() -> None:
     """Run the pipeline, analytics and API in one process (what `pharos up` starts)."""
     from .server import serve as serve_
 
-    serve_(get_settings())
+    settings = get_settings()
+    check_exposure(settings)
+    serve_(settings)
 
 
 @app.command()
@@ -357,6 +391,7 @@ register_diagnose_commands(app)
 register_system_commands(app)
 register_control_commands(app)
 register_slurm_commands(app)
+register_token_commands(app)
 
 
 def main() -> None:

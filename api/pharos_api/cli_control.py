@@ -25,25 +25,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .cli_jobs import HTTP_TIMEOUT_S, ApiError, ApiOption, _api_url, _fail, api_get, show
+from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, api_request, show
 
 _CLASS = {"default": "", "more_nodes": "bold cyan", "dedicated": "bold magenta"}
 _STATUS = {"applied": "green", "failed": "bold red", "recorded": "yellow"}
 
 
 def api_call(api_url: str, method: str, path: str, body: Any = None) -> httpx.Response:
-    """PUT/DELETE ``api_url + path``; a 2xx response, else :class:`ApiError` (one line)."""
-    try:
-        r = httpx.request(method, api_url + path, json=body, timeout=HTTP_TIMEOUT_S)
-    except httpx.TransportError:
-        raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text
-        raise ApiError(f"Pharos API error {r.status_code}: {detail if isinstance(detail, str) else json.dumps(detail)}")
-    return r
+    """PUT/DELETE ``api_url + path`` with the API token; a 2xx response, else :class:`ApiError` (one line)."""
+    return api_request(api_url, method, path, json=body)
 
 
 def render_hint(console: Console, h: dict) -> None:

@@ -4,12 +4,12 @@
 ``GET /v1/jobs/{id}/interference`` (printed when the server has it; not in ``--json``).
 
 ``import darshan`` works with or without the stack. chDB allows one process per data
-directory, so: if the API answers (``pharos serve`` / ``pharos up`` holds the store), the
-logs go through ``POST /v1/import/darshan`` with their absolute paths (the server reads
-them: same machine); otherwise the command opens the store itself, migrates it and
-imports. With a ClickHouse server (``PHAROS_CLICKHOUSE_URL``) it always opens the store
-directly. If the chDB directory is locked by another process and no API answers, it fails
-with one line.
+directory, so: if the API answers (``pharos serve`` / ``pharos up`` holds the store, here or
+remote), each log is uploaded (``POST /v1/import/darshan/upload``, the file's bytes as the
+body, with the API token: role admin; the server opens no path of ours); otherwise the
+command opens the store itself, migrates it and imports. With a ClickHouse server
+(``PHAROS_CLICKHOUSE_URL``) it always opens the store directly. If the chDB directory is
+locked by another process and no API answers, it fails with one line.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, human_bytes
+from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, api_request, human_bytes
 
 _SEV_STYLE = {"high": "bold red", "warn": "yellow", "info": "dim"}
 IMPORT_TIMEOUT_S = 600.0
@@ -95,37 +94,41 @@ def render_diagnosis(console: Console, d: dict) -> None:
 
 
 def _import_via_api(url: str, paths: list[Path], job_id: str | None, name: str | None) -> list[dict] | None:
-    """Results through the API, or None when no API answers."""
-    try:
-        httpx.get(url + "/v1/health", timeout=2)
-    except httpx.TransportError:
+    """Results of uploading each log to the API, or None when no API answers."""
+    from .cli_tokens import api_answers
+
+    if not api_answers(url):
         return None
-    body = {"paths": [str(p.resolve()) for p in paths], "job_id": job_id, "name": name}
-    try:
-        r = httpx.post(url + "/v1/import/darshan", json=body, timeout=IMPORT_TIMEOUT_S)
-    except httpx.TransportError as exc:
-        raise ApiError(f"Pharos API at {url} failed during the import: {exc}") from None
-    if r.status_code >= 400:
-        raise ApiError(f"Pharos API error {r.status_code}: {r.text[:300]}")
-    return r.json()["results"]
+    out = []
+    for p in paths:
+        params = {"filename": p.name} | ({"job_id": job_id} if job_id else {}) | ({"name": name} if name else {})
+        try:
+            with p.open("rb") as f:
+                r = api_request(
+                    url,
+                    "POST",
+                    "/v1/import/darshan/upload",
+                    params=params,
+                    content=f,
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=IMPORT_TIMEOUT_S,
+                )
+        except OSError as exc:
+            from pharos_agents.darshan_import import LogImport
+
+            out.append(asdict(LogImport(path=str(p), status="failed", error=f"{p}: {exc.strerror or exc}")))
+            continue
+        out += [res | {"path": str(p)} for res in r.json()["results"]]
+    return out
 
 
 def _import_direct(paths: list[Path], job_id: str | None, name: str | None, console: Console) -> list[dict]:
     from pharos_agents.darshan_import import import_log
-    from pharos_pipeline.settings import get_settings
-    from pharos_pipeline.store import StoreError, migrate, open_store
 
-    settings = get_settings()
-    try:
-        store = open_store(settings)
-    except Exception:  # chDB refuses a directory another process holds
-        raise ApiError(
-            f"cannot open the store at {settings.chdb_path}: another process holds it (pharos serve?); import "
-            "through its API (--api URL) or stop that process"
-        ) from None
-    out = []
-    try:
-        migrate(store)
+    from .cli_tokens import with_store
+
+    def run(store) -> list[dict]:
+        out = []
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -140,11 +143,9 @@ def _import_direct(paths: list[Path], job_id: str | None, name: str | None, cons
                 bar.update(task, description=f"importing {p.name[:40]}")
                 out.append(asdict(import_log(store, p, job_id=job_id, name=name)))
                 bar.advance(task)
-    except StoreError as exc:
-        raise ApiError(f"store error: {str(exc).splitlines()[0]}") from None
-    finally:
-        store.close()
-    return out
+        return out
+
+    return with_store(run)
 
 
 def register(app: typer.Typer) -> None:

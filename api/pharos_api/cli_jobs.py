@@ -4,11 +4,16 @@ The CLI never opens the store (chDB allows one process per data directory): it a
 API that ``pharos up`` serves. The base URL is ``--api URL``, else ``PHAROS_API_URL``, else
 ``Settings.api_url`` (http://127.0.0.1:8400). When the API does not answer, the commands
 print one error line to stderr and exit with code 1.
+
+Every request carries the API token, when there is one (:func:`api_headers`): ``pharos --token
+TOKEN ...``, else ``PHAROS_API_TOKEN``, else the settings' ``api_token`` / ``api_token_file``
+(docs/security.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -44,6 +49,61 @@ class ApiError(Exception):
     """The API was unreachable or answered with an error; the message is one line for the user."""
 
 
+#: The token given as ``pharos --token`` (wins over the environment and the settings).
+TOKEN_OVERRIDE: str | None = None
+
+
+def api_token() -> str:
+    """The API token the CLI sends: ``pharos --token``, else ``PHAROS_API_TOKEN``, else the
+    settings (``api_token``, ``api_token_file``); '' when none. Raises ApiError when the token
+    file cannot be read."""
+    if TOKEN_OVERRIDE:
+        return TOKEN_OVERRIDE.strip()
+    env = os.environ.get("PHAROS_API_TOKEN", "").strip()
+    if env:
+        return env
+    from pharos_pipeline.settings import get_settings
+
+    try:
+        return get_settings().api_token_value()
+    except OSError as exc:
+        raise ApiError(f"cannot read the API token file (api_token_file): {exc}") from None
+
+
+def api_headers() -> dict[str, str]:
+    """``{"Authorization": "Bearer <token>"}`` when there is a token (:func:`api_token`), else ``{}``."""
+    token = api_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def api_error(r: httpx.Response) -> ApiError:
+    """A one-line ApiError from an error response (its ``detail``; a hint for 401 and 403)."""
+    try:
+        detail = r.json().get("detail", r.text)
+    except (ValueError, AttributeError):
+        detail = r.text
+    if not isinstance(detail, str):
+        detail = json.dumps(detail)
+    if r.status_code == 401:
+        detail += " (give a token: pharos --token TOKEN, PHAROS_API_TOKEN or api_token_file; docs/security.md)"
+    return ApiError(f"Pharos API error {r.status_code}: {detail}")
+
+
+def api_request(
+    api_url: str, method: str, path: str, *, timeout: float = HTTP_TIMEOUT_S, **kwargs: Any
+) -> httpx.Response:
+    """``method`` ``api_url + path`` with the API token (``kwargs`` go to httpx: params, json,
+    content, headers); a 2xx response, else :class:`ApiError` with a one-line message."""
+    headers = api_headers() | kwargs.pop("headers", {})
+    try:
+        r = httpx.request(method, api_url + path, headers=headers, timeout=timeout, **kwargs)
+    except httpx.TransportError:
+        raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
+    if r.status_code >= 400:
+        raise api_error(r)
+    return r
+
+
 def _api_url(api: str | None) -> str:
     if api:
         return api.rstrip("/")
@@ -55,20 +115,9 @@ def _api_url(api: str | None) -> str:
 def api_get(
     api_url: str, path: str, params: dict[str, Any] | None = None, timeout: float = HTTP_TIMEOUT_S
 ) -> httpx.Response:
-    """GET ``api_url + path`` (``timeout`` s); a 2xx response, else :class:`ApiError` with a one-line message."""
-    try:
-        r = httpx.get(api_url + path, params=params, timeout=timeout)
-    except httpx.TransportError:
-        raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text
-        if not isinstance(detail, str):
-            detail = json.dumps(detail)
-        raise ApiError(f"Pharos API error {r.status_code}: {detail}")
-    return r
+    """GET ``api_url + path`` (``timeout`` s) with the API token; a 2xx response, else
+    :class:`ApiError` with a one-line message."""
+    return api_request(api_url, "GET", path, params=params, timeout=timeout)
 
 
 def show(

@@ -25,6 +25,7 @@ from pharos_agents.runner import run_job
 from pharos_pipeline.settings import Settings
 
 from . import stack
+from .cli_jobs import api_headers
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def wait_for_summary(
     last, stable_since = None, None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", params={"layer": layer}, timeout=5)
+            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", params={"layer": layer}, headers=api_headers(), timeout=5)
         except httpx.HTTPError:
             r = None
         if r is not None and r.status_code == 200:

@@ -8,12 +8,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 #: Version of the API's JSON shapes (OpenAPI ``info.version``, /v1/health).
 API_VERSION = "1.0.0"
 
 Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
+#: A job id in a URL path: 1 to 256 characters (422 otherwise).
+JobIdPath = Annotated[str, Path(min_length=1, max_length=256, description="Job id (1-256 characters).")]
+#: Longest string a query parameter naming a job, node, user or name may have.
+NAME_MAX = 256
+#: Most seconds any look-back window may span (100 years: "everything"; in ns it still fits an Int64).
+MAX_WINDOW_S = 100 * 365 * 86400.0
 JobState = Literal["running", "finished", "failed", "unknown"]
 
 

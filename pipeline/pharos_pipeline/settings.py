@@ -12,13 +12,14 @@ configuration class derives from it (:class:`Settings` at the file's top level,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from functools import lru_cache
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -104,8 +105,45 @@ class Settings(PharosSettings):
         default="",
         description="ClickHouse server URL (http://user:pass@host:8123/db). Empty: embedded chDB in state_dir/chdb.",
     )
-    api_host: str = "127.0.0.1"
-    api_port: int = 8400
+    api_host: str = Field(
+        default="127.0.0.1",
+        description="Address the API binds. Anything but loopback (127.0.0.0/8, ::1, localhost) needs "
+        "api_auth = 'token': `pharos serve` refuses to start otherwise.",
+    )
+    api_port: int = Field(default=8400, ge=1, le=65535)
+    api_auth: Literal["none", "token"] = Field(
+        default="none",
+        description="Server: 'token' = every endpoint but /v1/health needs `Authorization: Bearer <token>` "
+        "(tokens made by `pharos token create`, roles admin | operator | user | scheduler; docs/security.md); "
+        "'none' = open (development on loopback only).",
+    )
+    api_token: SecretStr = Field(
+        default=SecretStr(""),
+        description="Client (CLI, `pharos run`): the API token sent as a Bearer token (PHAROS_API_TOKEN; "
+        "`pharos --token`). Empty: read api_token_file, if set.",
+    )
+    api_token_file: Path | None = Field(
+        default=None,
+        description="Client: a file holding the API token (first line), used when api_token is empty.",
+    )
+    import_dir: Path | None = Field(
+        default=None,
+        description="Server: the only folder `POST /v1/import/darshan` reads logs from (paths relative to it, "
+        "symlinks leading out refused). None: path imports are refused; upload the log instead "
+        "(POST /v1/import/darshan/upload).",
+    )
+    import_max_bytes: int = Field(
+        default=256 * 2**20,
+        ge=1,
+        le=2**40,
+        description="Largest Darshan log (bytes) an import reads, by path or upload (413 / failed beyond).",
+    )
+    import_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86400,
+        description="Longest time (s) one import may spend reading a log's bytes (hash or upload).",
+    )
     agent_binary: Path = Field(
         default=REPO_ROOT / "target" / "release" / "pharos-agent",
         description="The eBPF agent binary built by `make build`.",
@@ -178,6 +216,37 @@ class Settings(PharosSettings):
     @property
     def api_url(self) -> str:
         return f"http://{self.api_host}:{self.api_port}"
+
+    def api_token_value(self) -> str:
+        """The client's API token: ``api_token``, else the first line of ``api_token_file``,
+        else ''. Raises OSError when the token file cannot be read."""
+        token = self.api_token.get_secret_value().strip()
+        if token or self.api_token_file is None:
+            return token
+        return self.api_token_file.expanduser().read_text().strip().split("\n", 1)[0].strip()
+
+    def exposure_error(self) -> str | None:
+        """Why this API configuration must not start (a non-loopback ``api_host`` with
+        ``api_auth = 'none'``), or None when it may."""
+        if self.api_auth == "none" and not is_loopback(self.api_host):
+            return (
+                f"api_host {self.api_host!r} is not a loopback address and api_auth is 'none': anyone who "
+                'reaches it could read every job and change the control loop. Set api_auth = "token" in '
+                "pharos.toml (or PHAROS_API_AUTH=token) and create tokens with `pharos token create` "
+                "(docs/security.md), or bind 127.0.0.1"
+            )
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """True for 'localhost' and addresses in 127.0.0.0/8 or ::1 (brackets allowed)."""
+    h = host.strip().strip("[]").lower()
+    if h in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
 
 
 @lru_cache(maxsize=1)

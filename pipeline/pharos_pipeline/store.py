@@ -102,12 +102,22 @@ def _ch_literal(value: Any) -> str:
     return str(value)
 
 
+#: ClickHouse reads a query parameter's text in its Escaped (TSV) format: a raw tab or newline
+#: is refused and ``\\`` is one backslash, so these are escaped first.
+_PARAM_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
 def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
     """chDB passes list parameters without quoting their strings (``['a']`` -> ``[a]``);
-    give it the literal text of arrays and tuples instead, as a ClickHouse server gets."""
+    give it the literal text of arrays and tuples instead, as a ClickHouse server gets, and
+    strings escaped as the parameter format wants (any string, tabs and backslashes included,
+    arrives unchanged)."""
     if not params:
         return None
-    return {k: _ch_literal(v) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+    return {
+        k: _ch_literal(v) if isinstance(v, (list, tuple)) else v.translate(_PARAM_ESCAPES) if isinstance(v, str) else v
+        for k, v in params.items()
+    }
 
 
 class ChdbStore(Store):

@@ -16,6 +16,7 @@ MIGRATIONS = {
     "005_system_diagnosis.sql": {"tables": {"anomalies", "alert_log"}},
     "006_target_service_sum.sql": {"columns": {("target_metrics", "service_ns_sum")}},
     "007_control.sql": {"tables": {"control_actions", "control_pins", "control_allocations"}},
+    "008_api_tokens.sql": {"tables": {"api_tokens"}},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))

@@ -28,12 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pharos_analytics.control.loop import ControlError, ControlLoop
 from pharos_analytics.profiles import job_profiles
 
+from ..auth import Admin, HintReader, SchedulerCall, Staff
 from ..deps import SettingsDep, StoreDep
-from ..schemas import ErrorOut
+from ..schemas import MAX_WINDOW_S, NAME_MAX, ErrorOut, JobIdPath
 
 router = APIRouter(prefix="/v1", tags=["control"])
 
-JobId = Annotated[str, Path(min_length=1, max_length=256, description="Job id.")]
 PoolName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")]
 KINDS = ("dfra_default", "dfra_more_nodes", "dfra_dedicated", "remap", "release", "placement", "sync", "pin", "unpin")
 
@@ -136,15 +136,19 @@ def get_loop(request: Request, store, settings) -> ControlLoop:
     summary="DFRA decision for a job: its forwarding nodes, before its first I/O",
 )
 def get_job_hint(
-    job_id: JobId,
+    job_id: JobIdPath,
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
+    _: SchedulerCall,
     name: Annotated[str | None, Query(max_length=256, description="Job name, for a job without a start event.")] = None,
     user: Annotated[str | None, Query(max_length=256)] = None,
     command: Annotated[list[str] | None, Query(max_length=256, description="argv, one parameter per word.")] = None,
     apply: Annotated[bool, Query(description="Push the mapping to the mount now.")] = False,
 ) -> dict[str, Any]:
+    """Records the decision and may hold reserved nodes, so a control action: roles admin and
+    scheduler (the Slurm plugin's prolog, ``pharos run`` with such a token). 404: no start event
+    and no ``name``."""
     try:
         return get_loop(request, store, settings).hint(job_id, name, user, command, apply=apply)
     except ControlError as exc:
@@ -162,10 +166,17 @@ def get_hint(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    name: Annotated[str, Query(min_length=1, max_length=256)],
-    user: Annotated[str, Query(max_length=256)] = "",
+    principal: HintReader,
+    name: Annotated[str, Query(min_length=1, max_length=NAME_MAX)],
+    user: Annotated[str, Query(max_length=NAME_MAX)] = "",
     command: Annotated[list[str] | None, Query(max_length=256)] = None,
 ) -> dict[str, Any]:
+    """Nothing recorded. A ``user`` token previews its own jobs only (``user`` is its name; 403
+    for another user)."""
+    if not principal.sees_all:
+        if user not in ("", principal.user):
+            raise HTTPException(403, "a user token previews the hints of its own user only")
+        user = principal.user
     return get_loop(request, store, settings).preview(name, user, command)
 
 
@@ -194,18 +205,21 @@ def list_io_classes(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    since_s: Annotated[float, Query(gt=0, le=10 * 365 * 86400.0, description="History of the last seconds.")] = (
+    principal: HintReader,
+    since_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="History of the last seconds.")] = (
         30 * 86400.0
     ),
     limit: Annotated[int, Query(ge=1, le=100000)] = 10000,
 ) -> dict[str, Any]:
     """The DFRA class (default | more_nodes | dedicated; Ji et al., FAST'19 §3) a job of each
     (user, name) in the history would get now, and its usual pattern: read by the Slurm
-    job_submit.lua (agents/slurm) through the file ``pharos slurm classes`` writes."""
+    job_submit.lua (agents/slurm) through the file ``pharos slurm classes`` writes. A ``user``
+    token gets its own (user, name) pairs only."""
     loop = get_loop(request, store, settings)
     since = max(0, time.time_ns() - int(since_s * 1e9))
     items = []
-    for p in [p for p in job_profiles(store, since_ns=since) if p.name][:limit]:
+    mine = lambda p: principal.sees_all or p.user == principal.user  # noqa: E731
+    for p in [p for p in job_profiles(store, since_ns=since) if p.name and mine(p)][:limit]:
         d = loop.preview(p.name, p.user)
         items.append({"user": p.user, "name": p.name, "class": d["class"], "pattern": p.pattern, "runs": p.runs})
     return {"items": items}
@@ -221,11 +235,10 @@ def list_actions(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    job: Annotated[str | None, Query(max_length=256)] = None,
+    _: Staff,
+    job: Annotated[str | None, Query(max_length=NAME_MAX)] = None,
     kind: Annotated[Literal[KINDS] | None, Query()] = None,  # type: ignore[valid-type]
-    since_s: Annotated[
-        float, Query(gt=0, le=10 * 365 * 86400.0, description="Recorded in the last seconds.")
-    ] = 86400.0,
+    since_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="Recorded in the last seconds.")] = 86400.0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
 ) -> dict[str, Any]:
     loop = get_loop(request, store, settings)
@@ -238,7 +251,7 @@ def list_actions(
 
 
 @router.get("/control/pins", operation_id="list_control_pins", response_model=PinsOut, summary="Admins' pins")
-def list_pins(request: Request, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+def list_pins(request: Request, store: StoreDep, settings: SettingsDep, _: Staff) -> dict[str, Any]:
     pins = get_loop(request, store, settings).pins()
     return {
         "items": [
@@ -256,7 +269,9 @@ def list_pins(request: Request, store: StoreDep, settings: SettingsDep) -> dict[
     responses={400: {"model": ErrorOut}},
     summary="Pin a job's forwarding nodes (the loop never remaps it)",
 )
-def put_job_pin(job_id: JobId, body: JobPinIn, request: Request, store: StoreDep, settings: SettingsDep) -> dict:
+def put_job_pin(
+    job_id: JobIdPath, body: JobPinIn, request: Request, store: StoreDep, settings: SettingsDep, _: Admin
+) -> dict:
     try:
         return get_loop(request, store, settings).set_pin("job", job_id, body.nodes, body.reason)
     except ControlError as exc:
@@ -270,7 +285,7 @@ def put_job_pin(job_id: JobId, body: JobPinIn, request: Request, store: StoreDep
     responses={404: {"model": ErrorOut}},
     summary="Remove a job's pin",
 )
-def delete_job_pin(job_id: JobId, request: Request, store: StoreDep, settings: SettingsDep) -> None:
+def delete_job_pin(job_id: JobIdPath, request: Request, store: StoreDep, settings: SettingsDep, _: Admin) -> None:
     if not get_loop(request, store, settings).delete_pin("job", job_id):
         raise HTTPException(404, f"job {job_id} is not pinned")
 
@@ -282,7 +297,9 @@ def delete_job_pin(job_id: JobId, request: Request, store: StoreDep, settings: S
     responses={400: {"model": ErrorOut}},
     summary="Pin a placement pool (targets and max_perf) as given",
 )
-def put_pool_pin(pool: PoolName, body: PoolPinIn, request: Request, store: StoreDep, settings: SettingsDep) -> dict:
+def put_pool_pin(
+    pool: PoolName, body: PoolPinIn, request: Request, store: StoreDep, settings: SettingsDep, _: Admin
+) -> dict:
     unknown = sorted(set(body.max_perf) - set(body.targets))
     if unknown:
         raise HTTPException(400, f"max_perf names targets outside the pool: {', '.join(unknown)}")
@@ -301,6 +318,6 @@ def put_pool_pin(pool: PoolName, body: PoolPinIn, request: Request, store: Store
     responses={404: {"model": ErrorOut}},
     summary="Remove a pool's pin",
 )
-def delete_pool_pin(pool: PoolName, request: Request, store: StoreDep, settings: SettingsDep) -> None:
+def delete_pool_pin(pool: PoolName, request: Request, store: StoreDep, settings: SettingsDep, _: Admin) -> None:
     if not get_loop(request, store, settings).delete_pin("pool", pool):
         raise HTTPException(404, f"pool {pool} is not pinned")

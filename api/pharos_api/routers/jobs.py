@@ -13,8 +13,9 @@ from pharos_agents.runner import JobEventProducer, RunError
 from pharos_analytics.summary import count_jobs, job_summary, list_jobs
 from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
+from ..auth import Reader, SchedulerCall, check_job
 from ..deps import SettingsDep, StoreDep
-from ..schemas import ErrorOut, JobEventIn, JobEventOut, JobListItemOut, JobListOut, JobSummaryOut
+from ..schemas import ErrorOut, JobEventIn, JobEventOut, JobIdPath, JobListItemOut, JobListOut, JobSummaryOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -24,14 +25,17 @@ Layer = Literal["client", "forwarder", "storage"]
 @router.get("", operation_id="list_jobs", response_model=JobListOut, summary="List jobs, newest first")
 def get_jobs(
     store: StoreDep,
+    principal: Reader,
     limit: Annotated[int, Query(ge=1, le=1000, description="Jobs per page.")] = 50,
-    offset: Annotated[int, Query(ge=0, description="Jobs to skip.")] = 0,
+    offset: Annotated[int, Query(ge=0, le=10**9, description="Jobs to skip.")] = 0,
     layer: Annotated[Layer, Query(description="Layer whose I/O gives bytes and pattern.")] = "client",
 ) -> JobListOut:
-    items = list_jobs(store, limit=limit, offset=offset, layer=layer)
+    """Jobs with an event; a ``user`` token gets its own jobs only (``total`` counts those)."""
+    user = None if principal.sees_all else principal.user
+    items = list_jobs(store, limit=limit, offset=offset, layer=layer, user=user)
     return JobListOut(
         items=[JobListItemOut.model_validate(i) for i in items],
-        total=count_jobs(store),
+        total=count_jobs(store, user=user),
         limit=limit,
         offset=offset,
     )
@@ -45,11 +49,13 @@ def get_jobs(
     summary="A job's I/O summary",
 )
 def get_job(
-    job_id: str,
+    job_id: JobIdPath,
     store: StoreDep,
+    principal: Reader,
     layer: Annotated[Layer, Query(description="Layer to summarise.")] = "client",
     files_limit: Annotated[int, Query(ge=0, le=10000, description="At most this many files.")] = 100,
 ) -> JobSummaryOut:
+    check_job(principal, store, job_id)
     summary = job_summary(store, job_id, layer=layer, files_limit=files_limit)
     if summary is None:
         raise HTTPException(
@@ -85,7 +91,9 @@ def post_job_event(
     body: JobEventIn,
     request: Request,
     settings: SettingsDep,
+    _: SchedulerCall,
 ) -> JobEventOut:
+    """Send the event to the jobs topic (roles admin, scheduler). 503 when Kafka does not acknowledge it."""
     kind = io_pb2.JobEvent.KIND_START if body.kind == "start" else io_pb2.JobEvent.KIND_END
     t = body.time_ns or time.time_ns()
     event = JobEvent(

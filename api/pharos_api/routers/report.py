@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, HTTPException, Path
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse
 
+from ..auth import Reader, check_job
 from ..deps import StoreDep
 from ..report import render_report
-from ..schemas import ErrorOut
+from ..schemas import ErrorOut, JobIdPath
 
 router = APIRouter(tags=["jobs"])
 
@@ -18,11 +17,17 @@ router = APIRouter(tags=["jobs"])
 @router.get(
     "/v1/jobs/{job_id}/report",
     operation_id="get_job_report",
-    response_class=HTMLResponse,
-    responses={200: {"content": {"text/html": {}}}, 404: {"model": ErrorOut}},
+    response_model=None,
+    # HTMLResponse returned as is; errors stay JSON (404 here, 401/403/503 from the app)
+    responses={
+        200: {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}},
+        404: {"model": ErrorOut},
+    },
     summary="A job's report: diagnosis in plain words and plots, one HTML page with no external resources",
 )
-def get_job_report(job_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep) -> HTMLResponse:
+def get_job_report(job_id: JobIdPath, store: StoreDep, principal: Reader) -> HTMLResponse:
+    """The page (text/html); 404 for an unknown job (or another user's, for a ``user`` token)."""
+    check_job(principal, store, job_id)
     page = render_report(store, job_id)
     if page is None:
         raise HTTPException(404, f"job {job_id!r} not found: no job event and no I/O record")

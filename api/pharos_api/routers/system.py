@@ -10,13 +10,16 @@ from fastapi.responses import JSONResponse
 from pharos_pipeline.ingest import pipeline_stats
 from pharos_pipeline.store import StoreError
 
+from ..auth import Reader
 from ..deps import StoreDep
 from ..schemas import API_VERSION, DropsOut, HealthOut, PipelineOut
 
 router = APIRouter(prefix="/v1", tags=["system"])
+#: Open without a token (load balancers, `pharos up`'s readiness check).
+health_router = APIRouter(prefix="/v1", tags=["system"])
 
 
-@router.get(
+@health_router.get(
     "/health",
     operation_id="health",
     response_model=HealthOut,
@@ -41,7 +44,8 @@ def _utc(value) -> datetime | None:
 
 
 @router.get("/pipeline", operation_id="pipeline_stats", response_model=PipelineOut, summary="Pipeline counts")
-def pipeline(store: StoreDep, request: Request) -> PipelineOut:
+def pipeline(store: StoreDep, request: Request, _: Reader) -> PipelineOut:
+    """Counts over every producer and job (no job ids): open to every reading role."""
     s = pipeline_stats(store)
     loss = s["ringbuf_drops"] + s["delivery_failures"] + s["overflow_drops"]
     live = getattr(request.app.state, "pipeline", None)

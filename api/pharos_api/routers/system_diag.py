@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.failslow import detect_failslow
@@ -28,13 +28,17 @@ from pharos_analytics.interference import detect_interference, job_interference
 from pharos_analytics.profiles import job_profiles
 from pharos_pipeline.store import Store, ns_to_datetime64
 
+from ..auth import OTHER_JOB, Principal, Reader, redact_job, user_jobs
 from ..deps import StoreDep
-from ..schemas import ErrorOut
+from ..schemas import MAX_WINDOW_S, NAME_MAX, ErrorOut, JobIdPath
 from .diagnosis import _known, _not_found
 
 router = APIRouter(tags=["system diagnosis"])
 
+#: The newest state of each anomaly key detected since ``since``, filtered (before the LIMIT) by
+#: kind, node, job (the slowed job or the culprit) and active ('' / -1: any).
 RECENT_ANOMALIES_SQL = """
+SELECT * FROM (
 SELECT key, argMax(kind, detected) AS kind, argMax(node, detected) AS node, argMax(node_type, detected) AS node_type,
        argMax(job_id, detected) AS job_id, argMax(culprit_job, detected) AS culprit_job,
        argMax(persistence, detected) AS persistence, argMax(active, detected) AS active,
@@ -46,9 +50,16 @@ SELECT key, argMax(kind, detected) AS kind, argMax(node, detected) AS node, argM
 FROM anomalies
 WHERE detected >= {since:DateTime64(9)}
 GROUP BY key
+)
+WHERE ({kind:String} = '' OR kind = {kind:String})
+  AND ({node:String} = '' OR node = {node:String})
+  AND ({job:String} = '' OR job_id = {job:String} OR culprit_job = {job:String})
+  AND ({active:Int8} < 0 OR active = {active:Int8})
 ORDER BY last_seen_ns DESC, key
 LIMIT {limit:UInt32}
 """
+#: No filter (every parameter of RECENT_ANOMALIES_SQL but since and limit).
+ANY_ANOMALY = {"kind": "", "node": "", "job": "", "active": -1}
 LAST_CYCLE_SQL = (
     "SELECT toUnixTimestamp64Nano(max(detected)) AS t FROM anomalies WHERE detected >= {since:DateTime64(9)}"
 )
@@ -99,6 +110,19 @@ ORDER BY fwd
 """
 
 
+#: A status window: seconds, > 0 and at most 100 years (422 beyond); default DiagnosisConfig.status_window_s.
+WindowS = Annotated[
+    float | None,
+    Query(gt=0, le=MAX_WINDOW_S, description="Window in seconds up to the newest data (<= 100 years)."),
+]
+
+
+def _window_params(until: int, window_s: float) -> dict[str, Any]:
+    """since/until/window_s parameters of TARGETS_SQL and FORWARDERS_SQL (since never before 1970)."""
+    since = max(0, until - int(window_s * 1e9))
+    return {"since": ns_to_datetime64(since), "until": ns_to_datetime64(until), "window_s": window_s}
+
+
 def _iso(ns: int | None) -> str | None:
     if not ns:
         return None
@@ -119,7 +143,8 @@ def _failslow_state(
     """node -> anomaly dict (active ones), and where the verdict comes from ('detector' | 'live')."""
     loop = getattr(request.app.state, "sysdiag", None)
     if loop is not None and loop.cycles:
-        rows = store.query(RECENT_ANOMALIES_SQL, {"since": ns_to_datetime64(int(loop.last["time_ns"])), "limit": 10000})
+        since = ns_to_datetime64(int(loop.last["time_ns"]))
+        rows = store.query(RECENT_ANOMALIES_SQL, {"since": since, "limit": 10000} | ANY_ANOMALY)
         return {r["node"]: _anomaly_out(r) for r in rows if r["kind"] == kind and int(r["active"])}, "detector"
     rep = detect_failslow(store, cfg, now_ns=until, kinds=("target",) if kind == "fail_slow_target" else ("forwarder",))
     return {a.node: a.to_dict() for a in rep.anomalies if a.active}, "live"
@@ -149,53 +174,100 @@ def _anomaly_out(r: dict) -> dict:
 
 
 @router.get(
-    "/v1/anomalies", operation_id="list_anomalies", summary="Fail-slow nodes and interference: current and recent"
+    "/v1/anomalies",
+    operation_id="list_anomalies",
+    responses={403: {"model": ErrorOut, "description": "live=true without the admin role."}},
+    summary="Fail-slow nodes and interference: current and recent",
 )
 def list_anomalies(
     store: StoreDep,
     request: Request,
+    principal: Reader,
     kind: Literal["fail_slow_target", "fail_slow_forwarder", "interference", "straggler_resource"] | None = None,
-    node: str | None = Query(default=None, description="Target, forwarding node or shared resource."),
-    job: str | None = Query(default=None, description="Interference: the slowed job or the culprit."),
-    active: bool | None = Query(default=None, description="Only active (true) or only cleared (false)."),
-    since_s: float = Query(default=3600.0, gt=0, description="Recent: detected in the last since_s seconds."),
-    live: bool = Query(
-        default=False, description="Detect now over the tables instead of reading the detector's results."
-    ),
-    limit: int = Query(default=200, ge=1, le=10000),
+    node: Annotated[
+        str | None, Query(max_length=NAME_MAX, description="Target, forwarding node or shared resource.")
+    ] = None,
+    job: Annotated[
+        str | None, Query(max_length=NAME_MAX, description="Interference: the slowed job or the culprit.")
+    ] = None,
+    active: Annotated[bool | None, Query(description="Only active (true) or only cleared (false).")] = None,
+    since_s: Annotated[
+        float, Query(gt=0, le=MAX_WINDOW_S, description="Recent: detected in the last since_s seconds (<= 100 years).")
+    ] = 3600.0,
+    live: Annotated[
+        bool,
+        Query(description="Detect now over the tables instead of reading the detector's results (role admin)."),
+    ] = False,
+    limit: Annotated[int, Query(ge=1, le=10000, description="At most this many items (after the filters).")] = 200,
 ) -> dict[str, Any]:
+    """``{source: detector | live, as_of, items: [...], detector}``; the filters apply before
+    ``limit``. A ``user`` token sees other users' job ids as ``(other)``, no evidence of items
+    naming them, and nothing for ``job`` = another user's job. ``live=true`` runs the detectors
+    now (seconds of work): role admin, 403 otherwise."""
+    if live and principal.role != "admin":
+        raise HTTPException(403, "live=true runs the detectors now: it needs the admin role")
+    mine = set() if principal.sees_all else user_jobs(store, principal.user)
     cfg = DiagnosisConfig()
     loop = getattr(request.app.state, "sysdiag", None)
+    if job is not None and not principal.sees_all and job not in mine:  # as for a job without anomalies
+        return {"source": "detector", "as_of": None, "items": [], "detector": loop.status() if loop else None}
     if live:
         until = _anchor(store)
         rep = detect_failslow(store, cfg, now_ns=until)
         evs = detect_interference(store, cfg, until_ns=until)
         items = [a.to_dict() | {"onset": _iso(a.onset_ns)} for a in rep.anomalies]
         items += [e.to_dict() | {"kind": "interference", "node": e.resource, "onset": _iso(e.start_ns)} for e in evs]
+        items = [
+            i
+            for i in items
+            if (kind is None or i["kind"] == kind)
+            and (node is None or i.get("node") == node)
+            and (job is None or job in (i.get("job_id"), i.get("culprit_job")))
+            and (active is None or i["active"] == active)
+        ][:limit]
         source, last = "live", until
     else:
-        since = time.time_ns() - int(since_s * 1e9)
-        rows = store.query(RECENT_ANOMALIES_SQL, {"since": ns_to_datetime64(since), "limit": limit})
+        since = max(0, time.time_ns() - int(since_s * 1e9))
+        flt = {
+            "kind": kind or "",
+            "node": node or "",
+            "job": job or "",
+            "active": -1 if active is None else int(active),
+        }
+        rows = store.query(RECENT_ANOMALIES_SQL, {"since": ns_to_datetime64(since), "limit": limit} | flt)
         items = [_anomaly_out(r) for r in rows]
         t = store.query(LAST_CYCLE_SQL, {"since": ns_to_datetime64(since)})
         last = int(t[0]["t"] or 0) if t else 0
         for it in items:  # current = seen in the newest cycle and active
             it["current"] = it["active"] and it["last_seen"] == _iso(last)
         source = "detector"
-    items = [
-        i
-        for i in items
-        if (kind is None or i["kind"] == kind)
-        and (node is None or i.get("node") == node)
-        and (job is None or job in (i.get("job_id"), i.get("culprit_job")))
-        and (active is None or i["active"] == active)
-    ]
+    if not principal.sees_all:
+        items = [_redact_anomaly(principal, i, mine) for i in items]
     return {
         "source": source,
         "as_of": _iso(last),
-        "items": items[:limit],
+        "items": items,
         "detector": loop.status() if loop is not None else None,
     }
+
+
+def _redact_anomaly(principal: Principal, item: dict, mine: set[str]) -> dict:
+    """An anomaly as a ``user`` token sees it: other users' job ids replaced by ``(other)``, the
+    evidence (which may name jobs) dropped unless every job it is about is theirs."""
+    out = dict(item)
+    foreign = False
+    for k in ("job_id", "culprit_job"):
+        if out.get(k):
+            out[k] = redact_job(principal, out[k], mine)
+            foreign |= out[k] == OTHER_JOB
+    if "co_located" in out:
+        out["co_located"] = sorted({redact_job(principal, j, mine) for j in out["co_located"]})
+        foreign |= OTHER_JOB in out["co_located"]
+    if foreign or not out.get("job_id"):
+        out["evidence"] = {}
+        if str(out.get("baseline_source", "")).startswith("previous_run:"):
+            out["baseline_source"] = "previous_run"
+    return out
 
 
 @router.get(
@@ -203,15 +275,13 @@ def list_anomalies(
     operation_id="list_targets",
     summary="Storage targets: recent bandwidth, latency, limits, faults, fail-slow state",
 )
-def list_targets(
-    store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)
-) -> dict[str, Any]:
+def list_targets(store: StoreDep, request: Request, _: Reader, window_s: WindowS = None) -> dict[str, Any]:
+    """``{window_s, until, state_source, items: [...]}``: per target, bytes, B/s, latency in ns,
+    limits (MB/s), faults, forwarding nodes, fail-slow state. No job ids: every reading role."""
     cfg = DiagnosisConfig()
     w = window_s or cfg.status_window_s
     until = _anchor(store)
-    rows = store.query(
-        TARGETS_SQL, {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w}
-    )
+    rows = store.query(TARGETS_SQL, _window_params(until, w))
     state, source = _failslow_state(store, request, cfg, "fail_slow_target", until)
     items = []
     for r in rows:
@@ -251,16 +321,15 @@ def list_targets(
 @router.get(
     "/v1/forwarders", operation_id="list_forwarders", summary="Forwarding nodes: recent load, jobs, fail-slow state"
 )
-def list_forwarders(
-    store: StoreDep, request: Request, window_s: float | None = Query(default=None, gt=0)
-) -> dict[str, Any]:
+def list_forwarders(store: StoreDep, request: Request, principal: Reader, window_s: WindowS = None) -> dict[str, Any]:
+    """``{window_s, until, state_source, items: [...]}``: per forwarding node, requests, bytes,
+    B/s, queue wait and service in ns, its 20 largest jobs by bytes (a ``user`` token: its own
+    jobs, the others' bytes summed under ``(other)``), fail-slow state."""
     cfg = DiagnosisConfig()
     w = window_s or cfg.status_window_s
     until = _anchor(store)
-    rows = store.query(
-        FORWARDERS_SQL,
-        {"since": ns_to_datetime64(until - int(w * 1e9)), "until": ns_to_datetime64(until), "window_s": w},
-    )
+    rows = store.query(FORWARDERS_SQL, _window_params(until, w))
+    mine = set() if principal.sees_all else user_jobs(store, principal.user)
     state, source = _failslow_state(store, request, cfg, "fail_slow_forwarder", until)
     items = []
     for r in rows:
@@ -272,6 +341,11 @@ def list_forwarders(
             }
             for j in r["_jobs"]
         ]
+        if not principal.sees_all:
+            others = sum(j["bytes"] for j in jobs if j["job_id"] not in mine)
+            jobs = [j for j in jobs if j["job_id"] in mine] + (
+                [{"job_id": OTHER_JOB, "bytes": others}] if others else []
+            )
         items.append(
             {
                 "node": r["node"],
@@ -305,17 +379,40 @@ def list_forwarders(
     responses={404: {"model": ErrorOut}},
     summary="Jobs that shared this job's forwarding nodes and targets, and what it cost it",
 )
-def get_job_interference(job_id: str, store: StoreDep) -> dict[str, Any]:
-    if not _known(store, job_id):
+def get_job_interference(job_id: JobIdPath, store: StoreDep, principal: Reader) -> dict[str, Any]:
+    """``{job_id, window_s, events, shared_windows, note}``; a ``user`` token (its own jobs
+    only: 404 otherwise) sees the other jobs as ``(other)``."""
+    if not _known(store, job_id, principal):
         raise _not_found(job_id)
     out = job_interference(store, job_id, DiagnosisConfig())
+    mine = set() if principal.sees_all else user_jobs(store, principal.user)
+    if not principal.sees_all:
+        out["events"] = [_redact_anomaly(principal, e, mine) for e in out["events"]]
     for e in out["events"]:
         e["start"], e["end"] = _iso(e["start_ns"]), _iso(e["end_ns"])
     for w in out["shared_windows"]:
         w["start"] = _iso(w["start_ns"])
+        if not principal.sees_all:
+            for sh in w["shared"]:
+                jobs: dict[str, int] = {}
+                for j, b in sh["jobs"].items():
+                    k = redact_job(principal, j, mine)
+                    jobs[k] = jobs.get(k, 0) + b
+                sh["jobs"] = jobs
     return out
 
 
 @router.get("/v1/profiles", operation_id="list_profiles", summary="Job profiles per name and user, from history")
-def list_profiles(store: StoreDep, name: str | None = None, user: str | None = None) -> dict[str, Any]:
+def list_profiles(
+    store: StoreDep,
+    principal: Reader,
+    name: Annotated[str | None, Query(max_length=NAME_MAX, description="Only this job name.")] = None,
+    user: Annotated[str | None, Query(max_length=NAME_MAX, description="Only this user.")] = None,
+) -> dict[str, Any]:
+    """``{items: [profile]}`` (pharos_analytics.profiles.JobProfile: runs, job ids, stats with
+    units). A ``user`` token gets its own profiles only."""
+    if not principal.sees_all:
+        if user not in (None, principal.user):
+            return {"items": []}
+        user = principal.user
     return {"items": [p.to_dict() for p in job_profiles(store, name=name, user=user)]}
