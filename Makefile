@@ -10,7 +10,7 @@ APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev f
 UV := uv
 RUN := $(UV) run --frozen
 
-.PHONY: help setup deps python proto build kafka demo test lint evaluate bench down clean
+.PHONY: help setup deps python proto build kafka dashboards demo test lint evaluate bench down clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -26,6 +26,7 @@ $(STAMPS)/apt: Makefile
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v cargo >/dev/null || missing="$$missing cargo rust-clippy rustfmt"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "make: need root to install:$$missing" >&2; exit 1; fi; \
@@ -50,6 +51,15 @@ build/slurm/pharos_spank.so: agents/slurm/pharos_spank.c $(STAMPS)/apt
 
 kafka: deps ## Fetch the pinned Kafka jars with Maven into build/kafka (git-ignored)
 	@bash pipeline/kafka/fetch.sh build/kafka
+
+# Grafana dashboards as code: regenerate the committed JSON, alert rules and provisioning files, then
+# type-check the dashboards against @grafana/schema (npm ci of dashboards/package-lock.json, git-ignored node_modules).
+dashboards: python ## Regenerate dashboards/ (JSON, alert rules, provisioning) and type-check them (tsc --strict)
+	@cd dashboards && $(RUN) python -m pharos_dashboards
+	@cd dashboards && lock=$$(sha256sum package-lock.json | cut -d' ' -f1); \
+	  [ "$$(cat node_modules/.pharos-lock.sha256 2>/dev/null)" = "$$lock" ] || \
+	  { npm ci --no-audit --no-fund --loglevel=error && echo "$$lock" > node_modules/.pharos-lock.sha256; }
+	@cd dashboards && node typecheck/check.mjs json
 
 demo: setup ## The main job: stack up, three traced fio jobs, their summaries
 	@$(RUN) pharos demo
