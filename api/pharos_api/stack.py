@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from pharos_pipeline.settings import Settings
 
@@ -86,8 +88,19 @@ def components(settings: Settings) -> list[Component]:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The settings as PHAROS_* environment variables, so child processes see the same."""
-    return {f"PHAROS_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+    """The settings as PHAROS_* environment variables, so child processes see the same. Unset
+    fields (None) are left out, so the child keeps their default instead of the text "None";
+    secrets are passed as their value (model_dump keeps them masked); lists and tables as JSON."""
+    out = {}
+    for k, v in settings.model_dump().items():
+        if v is None:
+            continue
+        if isinstance(v, SecretStr):
+            v = v.get_secret_value()
+        elif isinstance(v, list | dict):
+            v = json.dumps(v, default=str)
+        out[f"PHAROS_{k.upper()}"] = str(v)
+    return out
 
 
 def _run_dir(settings: Settings) -> Path:
