@@ -1,7 +1,9 @@
 """Rows the dashboards need beyond tests/analytics' synthetic jobs: forwarder-layer requests with
 forwarding nodes, targets and queue waits, target metrics with one slow target, anomalies of every
 kind, control actions, pins, allocations and an alert notification. Anomalies and control actions
-are dated in the last minutes (the alert rules look 10 minutes back); I/O an hour ago (T0)."""
+are dated in the minutes before the store is built (the alert rules look 10 minutes back; the rows
+are made when add_dashboard_rows runs, not at import, which in the whole suite is many minutes
+earlier); I/O an hour ago (T0)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from pharos_synthetic_jobs import T0, MiB, S, rec
 
 from pharos_pipeline.store import Store, ns_to_datetime64
 
-NOW = int(time.time()) * S
+_now = [int(time.time()) * S]
 
 
 def ago(seconds: float) -> str:
-    return ns_to_datetime64(NOW - int(seconds * S))
+    """`seconds` before the time add_dashboard_rows started."""
+    return ns_to_datetime64(_now[0] - int(seconds * S))
 
 
 def at(seconds: float) -> str:
@@ -109,14 +112,15 @@ def anomaly(kind, node, node_type, detected_ago, *, active=1, job="", culprit=""
     }
 
 
-ANOMALIES = [
-    anomaly("fail_slow_target", "ost3", "target", 180, persistence="transient", ratio=3.2),
-    anomaly("fail_slow_target", "ost3", "target", 120, persistence="persistent", ratio=4.1),
-    anomaly("fail_slow_target", "ost2", "target", 300, active=0, persistence="transient", ratio=1.1),
-    anomaly("fail_slow_forwarder", "fwd1", "forwarder", 120, persistence="persistent", ratio=2.5),
-    anomaly("interference", "fwd0", "forwarding_node", 150, job="mix", culprit="n1", ratio=5.0, span=(400, 200)),
-    anomaly("straggler_resource", "ost3", "target", 100, active=0, job="mix", ratio=3.9, span=(700, 600)),
-]
+def anomalies() -> list[dict]:
+    return [
+        anomaly("fail_slow_target", "ost3", "target", 180, persistence="transient", ratio=3.2),
+        anomaly("fail_slow_target", "ost3", "target", 120, persistence="persistent", ratio=4.1),
+        anomaly("fail_slow_target", "ost2", "target", 300, active=0, persistence="transient", ratio=1.1),
+        anomaly("fail_slow_forwarder", "fwd1", "forwarder", 120, persistence="persistent", ratio=2.5),
+        anomaly("interference", "fwd0", "forwarding_node", 150, job="mix", culprit="n1", ratio=5.0, span=(400, 200)),
+        anomaly("straggler_resource", "ost3", "target", 100, active=0, job="mix", ratio=3.9, span=(700, 600)),
+    ]
 
 
 def action(kind, job, resource, before, after, status, seconds_ago, reason="synthetic"):
@@ -138,45 +142,60 @@ def action(kind, job, resource, before, after, status, seconds_ago, reason="synt
 
 
 POOL = {"max_perf": {"ost0": 48.9, "ost1": 51.0, "ost2": 47.5}, "targets": ["ost0", "ost1", "ost2"]}
-ACTIONS = [
-    action("dfra_default", "mix", "mapping", "", "fwd0,fwd1", "applied", 500),
-    action("remap", "mix", "mapping", "fwd0,fwd1", "fwd2,fwd1", "applied", 140, reason="interference from n1"),
-    action("placement", "", "pool:pharos", "{}", json.dumps(POOL, sort_keys=True), "applied", 110),
-    action("sync", "n1", "mapping", "fwd0", "fwd0", "failed", 60),
-]
-PINS = [
-    {
-        "scope": "pool",
-        "name": "scratch",
-        "value": json.dumps({"targets": ["ost0", "ost3"], "max_perf": {"ost0": 50.0}}),
-        "reason": "admin",
-        "deleted": 0,
-        "updated": ago(400),
-    }
-]
-ALLOCATIONS = [{"node": "fwd2", "job_id": "mix", "since": ago(140), "reason": "remap", "updated": ago(140)}]
-ALERTS = [
-    {
-        "time": ago(119),
-        "key": "fail_slow_target:ost3",
-        "alertname": "PharosFailSlowTarget",
-        "state": "firing",
-        "sink": "alertmanager",
-        "accepted": 1,
-        "status_code": 200,
-        "onset": ago(150),
-        "latency_s": 31.0,
-        "labels": "{}",
-        "error": "",
-    }
-]
+
+
+def actions() -> list[dict]:
+    return [
+        action("dfra_default", "mix", "mapping", "", "fwd0,fwd1", "applied", 500),
+        action("remap", "mix", "mapping", "fwd0,fwd1", "fwd2,fwd1", "applied", 140, reason="interference from n1"),
+        action("placement", "", "pool:pharos", "{}", json.dumps(POOL, sort_keys=True), "applied", 110),
+        action("sync", "n1", "mapping", "fwd0", "fwd0", "failed", 60),
+    ]
+
+
+def pins() -> list[dict]:
+    pool = {"targets": ["ost0", "ost3"], "max_perf": {"ost0": 50.0}}
+    return [
+        {
+            "scope": "pool",
+            "name": "scratch",
+            "value": json.dumps(pool),
+            "reason": "admin",
+            "deleted": 0,
+            "updated": ago(400),
+        }
+    ]
+
+
+def allocations() -> list[dict]:
+    return [{"node": "fwd2", "job_id": "mix", "since": ago(140), "reason": "remap", "updated": ago(140)}]
+
+
+def alerts() -> list[dict]:
+    return [
+        {
+            "time": ago(119),
+            "key": "fail_slow_target:ost3",
+            "alertname": "PharosFailSlowTarget",
+            "state": "firing",
+            "sink": "alertmanager",
+            "accepted": 1,
+            "status_code": 200,
+            "onset": ago(150),
+            "latency_s": 31.0,
+            "labels": "{}",
+            "error": "",
+        }
+    ]
 
 
 def add_dashboard_rows(store: Store) -> None:
+    """Insert the rows; everything dated "ago" is relative to now, the time of this call."""
+    _now[0] = int(time.time()) * S
     store.insert_rows("io_requests", forwarder_requests())
     store.insert_rows("target_metrics", target_metrics())
-    store.insert_rows("anomalies", ANOMALIES)
-    store.insert_rows("control_actions", ACTIONS)
-    store.insert_rows("control_pins", PINS)
-    store.insert_rows("control_allocations", ALLOCATIONS)
-    store.insert_rows("alert_log", ALERTS)
+    store.insert_rows("anomalies", anomalies())
+    store.insert_rows("control_actions", actions())
+    store.insert_rows("control_pins", pins())
+    store.insert_rows("control_allocations", allocations())
+    store.insert_rows("alert_log", alerts())

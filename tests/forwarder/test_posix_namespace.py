@@ -398,6 +398,78 @@ def test_truncate_and_ftruncate_permissions(work):
     assert err(os.truncate, f, -1) == errno.EINVAL
 
 
+def test_writes_and_truncates_by_others_clear_setuid_and_setgid(work):
+    """As Linux's file_remove_privs: a write or truncate by a caller without CAP_FSETID
+    clears setuid, and setgid when group-execute is set or the caller is not in the file's
+    group (pjdfstest chmod/12.t); root's keep them, and so do other attribute changes."""
+    f = work / "f"
+
+    def mode() -> int:
+        return stat.S_IMODE(os.stat(f).st_mode)
+
+    def make(m: int, uid: int = 0, gid: int = 0) -> None:
+        if f.exists():
+            f.unlink()
+        touch(f, 0o600)
+        os.chown(f, uid, gid)
+        os.chmod(f, m)
+
+    def through_fd(*steps, flags: int = os.O_WRONLY):
+        def run() -> None:
+            fd = os.open(f, flags)
+            try:
+                for step in steps:
+                    step(fd)
+            finally:
+                os.close(fd)
+
+        return run
+
+    def write(fd: int) -> None:
+        os.write(fd, b"x")
+
+    def fstat_cleared(fd: int) -> None:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o777:
+            raise OSError(errno.EBADE, "fstat after the write")
+
+    for m in (0o4777, 0o2777, 0o6777):  # chmod/12.t
+        make(m)
+        assert u1(through_fd(write, fstat_cleared, flags=os.O_RDWR)) == 0, oct(m)
+        assert mode() == 0o777, oct(m)
+    # setgid without group-execute: kept for a member of the group, cleared for others.
+    make(0o2767, gid=G1)
+    assert u1(through_fd(write)) == 0
+    assert mode() == 0o2767
+    assert u2(through_fd(write)) == 0
+    assert mode() == 0o767
+    # The owner without CAP_FSETID clears them too; root keeps them.
+    make(0o6777, uid=U1, gid=G1)
+    assert u1(through_fd(write)) == 0
+    assert mode() == 0o777
+    make(0o6777)
+    through_fd(write)()
+    assert mode() == 0o6777
+    # Set again while open: the descriptor's next write clears them again.
+    make(0o4777, uid=U1, gid=G1)
+    assert u1(through_fd(write, lambda fd: os.chmod(f, 0o4777), write)) == 0
+    assert mode() == 0o777
+    # truncate, O_TRUNC and ftruncate by a non-owner with write permission clear them.
+    for trunc in (
+        lambda: os.truncate(f, 1),
+        through_fd(flags=os.O_WRONLY | os.O_TRUNC),
+        through_fd(lambda fd: os.ftruncate(fd, 0)),
+    ):
+        make(0o6777)
+        assert u1(trunc) == 0
+        assert mode() == 0o777
+    # Root's truncate and anyone's times keep them (chown(-1, -1) is not sent: it clears).
+    make(0o6777)
+    os.truncate(f, 0)
+    assert u1(lambda: os.utime(f)) == 0
+    assert mode() == 0o6777
+    assert os.stat(f).st_size == 0
+
+
 @pytest.mark.timeout(600)
 def test_directory_larger_than_a_frame_is_listed_whole(mnt):
     """200,000 entries with 48-byte names: one Readdir frame (8 MiB) held them all before

@@ -1,6 +1,6 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame (version 3) is
+//! A connection carries frames in both directions. A frame (version 4) is
 //!
 //! ```text
 //! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
@@ -28,7 +28,9 @@
 //! handle in `Write` (the daemon counts the component each open is writing); 4 = POSIX
 //! namespace: the caller's supplementary groups in [`Ctx`] (the daemon checks permissions
 //! with the caller's credentials), symlinks, hard links, special files ([`Kind`], `rdev`),
-//! open flags, `Setattr` through an open file, and Readdir paginated by cookie.
+//! open flags, `Setattr` through an open file, and Readdir paginated by cookie; later
+//! (appended, earlier messages unchanged) `KillSuidgid`, the setuid/setgid clearing of a
+//! write by a caller without `CAP_FSETID`.
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
@@ -298,6 +300,17 @@ pub enum Op {
         mode: u32,
         rdev: u64,
     },
+    /// The side effect of a write by a caller without `CAP_FSETID` (the client's kernel
+    /// flags such writes): clear the setuid bit, and the setgid bit when group-execute is
+    /// set or the caller is not in the file's group, of the regular file at `path` if it
+    /// still holds `layout`'s object and open `handle` is recorded. Done by the daemon as
+    /// the local kernel does it (not a chmod of the caller's); the client sends it once per
+    /// open handle, before the first such write, only when the file had either bit.
+    KillSuidgid {
+        path: String,
+        layout: Layout,
+        handle: OpenHandle,
+    },
 }
 
 impl Op {
@@ -324,6 +337,7 @@ impl Op {
             Op::Readlink { .. } => "readlink",
             Op::Link { .. } => "link",
             Op::Mknod { .. } => "mknod",
+            Op::KillSuidgid { .. } => "kill_suidgid",
         }
     }
 
@@ -851,6 +865,7 @@ mod tests {
             Op::Readlink { path: "l".into() },
             Op::Link { from: "f".into(), to: "g".into() },
             Op::Mknod { path: "p".into(), mode: 0o10644, rdev: 0 },
+            Op::KillSuidgid { path: "f".into(), layout: l.clone(), handle: OpenHandle { daemon: 1, id: 2 } },
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
             Op::Create { path: "f".into(), mode: 0o644, flags: 0o302, token: 77 },
             Op::Write {

@@ -190,6 +190,19 @@ pub struct GcStats {
     pub orphans_kept: u64,
 }
 
+const SUIDGID: u32 = libc::S_ISUID | libc::S_ISGID;
+
+/// The mode bits a write by a caller without `CAP_FSETID` clears (Linux's
+/// `setattr_should_drop_suidgid`): setuid always, setgid when group-execute is set or the
+/// caller is not in the file's group (`in_group`).
+fn killed_by_write(mode: u32, in_group: bool) -> u32 {
+    let mut kill = mode & libc::S_ISUID;
+    if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group) {
+        kill |= libc::S_ISGID;
+    }
+    kill
+}
+
 fn marker_name(h: OpenHandle) -> String {
     format!("{:016x}.{:016x}", h.daemon, h.id)
 }
@@ -1392,11 +1405,23 @@ impl Backend {
     /// Changes attributes of `path` with the caller's credentials (chown, chmod and
     /// utimensat rules are the kernel's); a size change needs write permission unless it
     /// comes through a file open for writing (`by_fd`, ftruncate).
+    ///
+    /// A truncate by a caller without `CAP_FSETID` also clears setuid/setgid: the client's
+    /// kernel (FUSE without `handle_killpriv`) sends the mode with those bits cleared along
+    /// with the size. That mode is the truncate's side effect, not a chmod: it is applied
+    /// as the daemon once the size change is allowed (the caller need not own the file), as
+    /// the local kernel does (`ATTR_FORCE`). Any other mode is a chmod with the caller's
+    /// rights.
     pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: bool, ctx: &Ctx) -> Res<Attr> {
         let g = self.caller(ctx);
         let (d, name) = self.parent(path)?;
         let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         let fmt = st.st_mode & libc::S_IFMT;
+        let cur = st.st_mode & 0o7777;
+        let kill_mode = match (set.size, set.mode.map(|m| m & 0o7777)) {
+            (Some(_), Some(m)) if m != cur && m | (cur & SUIDGID) == cur => Some(m),
+            _ => None,
+        };
         if set.size.is_some() {
             match fmt {
                 libc::S_IFREG => {}
@@ -1407,14 +1432,21 @@ impl Backend {
                 nsfs::access(d.as_raw_fd(), &name, libc::W_OK).map_err(werr)?;
             }
         }
-        nsfs::fchownat(d.as_raw_fd(), &name, set.uid, set.gid).map_err(werr)?;
-        if let Some(mode) = set.mode {
+        // Only for a chown: chown(-1, -1) is not a no-op (it clears setuid, and a non-owner
+        // gets EPERM on such a file).
+        if set.uid.is_some() || set.gid.is_some() {
+            nsfs::fchownat(d.as_raw_fd(), &name, set.uid, set.gid).map_err(werr)?;
+        }
+        if let Some(mode) = set.mode.filter(|_| kill_mode.is_none()) {
             if fmt == libc::S_IFLNK {
                 return Err(eno(libc::EOPNOTSUPP, "mode of a symbolic link"));
             }
             nsfs::fchmodat(d.as_raw_fd(), &name, mode & 0o7777).map_err(werr)?;
         }
         drop(g);
+        if let Some(mode) = kill_mode {
+            nsfs::fchmodat(d.as_raw_fd(), &name, mode).map_err(werr)?;
+        }
         let layout = if fmt == libc::S_IFREG { Some(self.layout_at(&d, &name)?.0) } else { None };
         if let (Some(size), Some(l)) = (set.size, &layout) {
             self.truncate(l, size)?;
@@ -1444,6 +1476,29 @@ impl Backend {
         }
         let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         self.attr_at(&d, &name, &st)
+    }
+
+    /// Clears setuid, and setgid as Linux does ([`killed_by_write`]), of the regular file
+    /// `path` when it still holds `l`'s object and open `h` is recorded: the side effect of
+    /// a write by `ctx` without `CAP_FSETID` (see `Op::KillSuidgid`). Done as the daemon, as
+    /// the local kernel does it for any writer (the writer need not own the file).
+    pub fn kill_suidgid(&self, path: &str, l: &Layout, h: OpenHandle, ctx: &Ctx) -> Res<()> {
+        self.check_layout(l)?;
+        if !self.marker_path(l.oid, h).exists() {
+            return Err(eno(errno::EBADF, "no such open"));
+        }
+        let (d, name) = self.parent(path)?;
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || self.layout_at(&d, &name)?.0.oid != l.oid {
+            return Ok(()); // the name holds another file now: nothing of this one to clear
+        }
+        let mode = st.st_mode & 0o7777;
+        let in_group = st.st_gid == ctx.gid || ctx.groups.contains(&st.st_gid);
+        let kill = killed_by_write(mode, in_group);
+        if kill != 0 {
+            nsfs::fchmodat(d.as_raw_fd(), &name, mode & !kill).map_err(werr)?;
+        }
+        Ok(())
     }
 
     /// Applies the target's token bucket and injected latency before a piece of I/O.
@@ -1869,6 +1924,52 @@ mod tests {
         assert!(pages >= 2, "{pages} pages");
         got.sort();
         assert_eq!(got, names);
+    }
+
+    #[test]
+    fn writes_and_truncates_by_others_clear_setuid_and_setgid() {
+        assert_eq!(killed_by_write(0o4777, true), 0o4000);
+        assert_eq!(killed_by_write(0o2777, true), 0o2000);
+        assert_eq!(killed_by_write(0o2767, true), 0, "setgid without group-execute, a member");
+        assert_eq!(killed_by_write(0o2767, false), 0o2000, "setgid without group-execute, not a member");
+        assert_eq!(killed_by_write(0o6777, true), 0o6000);
+        assert_eq!(killed_by_write(0o1777, false), 0);
+        let (_d, b) = backend(1);
+        if unsafe { libc::geteuid() } != 0 {
+            return; // the daemon cannot chmod others' files then
+        }
+        let (root, u1) = (Ctx::default(), user(65534, 65534, &[]));
+        let perm = |p: &str| b.getattr(p, &root).unwrap().perm;
+        for (mode, left) in [(0o4777, 0o777), (0o2777, 0o777), (0o6777, 0o777), (0o2767, 0o767), (0o777, 0o777)] {
+            let (_, l, h) = b.create("f", mode, EXCL, 0, &root).unwrap();
+            b.setattr("f", &SetAttr { mode: Some(mode), ..Default::default() }, false, &root).unwrap();
+            b.kill_suidgid("f", &l, h, &u1).unwrap();
+            assert_eq!(perm("f"), left, "{mode:o}");
+            // Not an open any more (or never one): refused.
+            b.release(&l, h).unwrap();
+            assert_eq!(b.kill_suidgid("f", &l, h, &u1).unwrap_err().errno, errno::EBADF);
+            b.unlink("f", &root).unwrap();
+        }
+        // Another file under the name keeps its bits.
+        let (_, l, h) = b.create("f", 0o4777, EXCL, 0, &root).unwrap();
+        b.rename("f", "g", false, &root).unwrap();
+        b.create("f", 0o644, EXCL, 0, &root).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+        b.setattr("f", &SetAttr { mode: Some(0o4777), ..Default::default() }, false, &root).unwrap();
+        b.kill_suidgid("f", &l, h, &u1).unwrap();
+        assert_eq!(perm("f"), 0o4777);
+        b.release(&l, h).unwrap();
+        // A truncate by a non-owner with write permission: the size and the mode without the
+        // bits (as the client's kernel sends them) are applied; a chmod with it is refused.
+        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, false, &root).unwrap();
+        let trunc = |mode| SetAttr { size: Some(1), mode: Some(mode), ..Default::default() };
+        assert_eq!(b.setattr("g", &trunc(0o6755), false, &u1).unwrap_err().errno, errno::EPERM);
+        let a = b.setattr("g", &trunc(0o777), false, &u1).unwrap();
+        assert_eq!((a.perm, a.size), (0o777, 1));
+        // Times and sizes alone (root's truncate: no mode) keep the bits.
+        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, false, &root).unwrap();
+        b.setattr("g", &SetAttr { atime: Some(None), mtime: Some(None), ..Default::default() }, false, &u1).unwrap();
+        b.setattr("g", &SetAttr { size: Some(0), ..Default::default() }, false, &root).unwrap();
+        assert_eq!(perm("g"), 0o6777);
     }
 
     #[test]

@@ -572,6 +572,7 @@ impl Server {
             | Op::Symlink { path, .. }
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
+            Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
             Op::Statfs | Op::Ping => (WOp::Unspecified, "", 0, FileType::Unspecified),
         };
         let mut abs = String::with_capacity(path.len() + 1);
@@ -641,6 +642,11 @@ impl Server {
             Op::Readlink { path } => Body::Link(b.readlink(path, c)?),
             Op::Link { from, to } => Body::Attr(b.link(from, to, c)?),
             Op::Mknod { path, mode, rdev } => Body::Attr(b.mknod(path, *mode, *rdev, c)?),
+            Op::KillSuidgid { path, layout, handle } => {
+                info.oid = layout.oid;
+                b.kill_suidgid(path, layout, *handle, c)?;
+                Body::Ok
+            }
             Op::Create { path, mode, flags, token } => {
                 let (attr, layout, handle) = b.create(path, *mode, *flags, *token, c)?;
                 info.target = b.first_target(&layout, 0);

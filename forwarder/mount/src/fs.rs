@@ -12,11 +12,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fuser::consts::FOPEN_DIRECT_IO;
+use fuser::consts::{FOPEN_DIRECT_IO, FUSE_WRITE_KILL_PRIV};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
@@ -99,7 +99,20 @@ struct Open {
     layout: Layout,
     /// The daemon's record of this open (released with it; keeps unlinked data alive).
     handle: OpenHandle,
+    /// The file may have setuid/setgid set (at open, or a chmod through this mount since):
+    /// the next write the kernel flags `FUSE_WRITE_KILL_PRIV` (a writer without
+    /// `CAP_FSETID`; set on every direct-I/O write of such a caller) clears them first.
+    suidgid: AtomicBool,
 }
+
+impl Open {
+    fn new(attr: Attr, ino: u64, layout: Layout, handle: OpenHandle) -> Open {
+        let suidgid = AtomicBool::new(attr.perm & SUIDGID != 0);
+        Open { attr, ino, layout, handle, suidgid }
+    }
+}
+
+const SUIDGID: u32 = 0o6000;
 
 pub struct Shared {
     pub rpc: Rpc,
@@ -412,6 +425,12 @@ impl Filesystem for PharosFs {
         let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
         // Through an open file (ftruncate, futimens): the open already checked the access.
         let by_fd = fh.is_some_and(|fh| self.sh.files.lock().unwrap().contains_key(&fh));
+        if mode.is_some_and(|m| m & SUIDGID != 0) {
+            // chmod u+s/g+s through this mount: open files' next flagged write clears them again.
+            for f in self.sh.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+                f.suidgid.store(true, Relaxed);
+            }
+        }
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, by_fd }) {
             Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
             Ok(_) => reply.error(errno::EIO),
@@ -507,7 +526,7 @@ impl Filesystem for PharosFs {
                 Ok(Body::Opened { attr, layout, handle }) => {
                     let ino = sh.learn(attr.ino, &path);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
-                    sh.files.lock().unwrap().insert(fh, Arc::new(Open { attr: attr.clone(), ino, layout, handle }));
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, layout, handle)));
                     reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
                 }
                 Ok(_) => reply.error(errno::EIO),
@@ -525,7 +544,7 @@ impl Filesystem for PharosFs {
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
             Ok(Body::Opened { attr, layout, handle }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open { attr, ino, layout, handle }));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, layout, handle)));
                 reply.opened(fh, FOPEN_DIRECT_IO)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -569,7 +588,7 @@ impl Filesystem for PharosFs {
         fh: u64,
         offset: i64,
         data: &[u8],
-        _wflags: u32,
+        wflags: u32,
         _flags: i32,
         _lock: Option<u64>,
         reply: ReplyWrite,
@@ -585,7 +604,16 @@ impl Filesystem for PharosFs {
         buf.clear();
         buf.extend_from_slice(data);
         let data = buf;
+        // A writer without CAP_FSETID clears setuid/setgid (Linux's file_remove_privs): the
+        // daemon does it once per open, before the first such write, if the file had them.
+        let kill = wflags & FUSE_WRITE_KILL_PRIV != 0 && f.suidgid.swap(false, Relaxed);
         self.spawn(move |sh, c| {
+            if kill {
+                let op = Op::KillSuidgid { path: path.clone(), layout: f.layout.clone(), handle: f.handle };
+                if let Err(e) = sh.rpc.call(c, &ctx, op) {
+                    log::warn!("clearing setuid/setgid of {path:?} before a write: errno {e}");
+                }
+            }
             match sh.rpc.call(
                 c,
                 &ctx,
