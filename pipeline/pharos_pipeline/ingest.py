@@ -48,6 +48,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from . import columnar
 from .settings import Settings
 from .store import Store, StoreError, ns_to_datetime64
 from .wire import (
@@ -83,11 +84,31 @@ def _enum_name(names: dict[int, str], value: int) -> str:
 
 
 def decode_batch(value: bytes | None) -> IoBatch:
-    """Parse and validate one ``pharos.io.requests`` message.
+    """Parse and validate one ``pharos.io.requests`` message, records included.
 
     Raises InvalidMessage when the bytes are not an IoBatch, ``schema_version`` is not 1,
     ``producer_id`` is empty, a record has ``count`` 0, a timestamp does not fit
     DateTime64(9) (> 2262), or a record's bytes (max(result,0)*count) overflow UInt64.
+    (The pipeline checks the batch with :func:`decode_batch_header` and the records in the
+    store; this is its fallback when the store refuses a record, and the reference.)
+    """
+    batch = decode_batch_header(value)
+    for i, r in enumerate(batch.records):
+        if r.count == 0:
+            raise InvalidMessage(f"record {i}: count 0 (must be >= 1)")
+        if r.start_ns > MAX_TIME_NS or r.end_ns > MAX_TIME_NS:
+            raise InvalidMessage(f"record {i}: timestamp out of range")
+        if max(r.result, 0) * r.count > MAX_UINT64:
+            raise InvalidMessage(f"record {i}: bytes overflow")
+    return batch
+
+
+def decode_batch_header(value: bytes | None) -> IoBatch:
+    """Parse one ``pharos.io.requests`` message and check what the fast path cannot check in
+    the store: it parses (protobuf's C parser; no Python object per record), ``schema_version``
+    is 1, ``producer_id`` is set, ``created_ns`` fits DateTime64(9). The records' own rules
+    (:func:`decode_batch`) are checked by the insert (:mod:`pharos_pipeline.columnar`).
+    Raises InvalidMessage.
     """
     if value is None:
         raise InvalidMessage("empty message (null value)")
@@ -102,13 +123,6 @@ def decode_batch(value: bytes | None) -> IoBatch:
         raise InvalidMessage("IoBatch without producer_id")
     if batch.created_ns > MAX_TIME_NS:
         raise InvalidMessage(f"created_ns {batch.created_ns} out of range")
-    for i, r in enumerate(batch.records):
-        if r.count == 0:
-            raise InvalidMessage(f"record {i}: count 0 (must be >= 1)")
-        if r.start_ns > MAX_TIME_NS or r.end_ns > MAX_TIME_NS:
-            raise InvalidMessage(f"record {i}: timestamp out of range")
-        if max(r.result, 0) * r.count > MAX_UINT64:
-            raise InvalidMessage(f"record {i}: bytes overflow")
     return batch
 
 
@@ -165,7 +179,9 @@ def decode_target_metrics(value: bytes | None) -> TargetMetricsBatch:
 
 
 def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
-    """The ``io_requests`` rows of a batch, one per IoRecord, in record order.
+    """The ``io_requests`` rows of a batch, one per IoRecord, in record order: the reference
+    of the mapping the pipeline does in the store (:data:`pharos_pipeline.columnar.COLUMNS`,
+    tested equal).
 
     Enums become the store's names (``OP_PWRITE`` -> ``"pwrite"``), ns timestamps the
     DateTime64(9) text, ``bytes`` = max(result, 0) * count; a record without ``host``
@@ -300,10 +316,26 @@ def job_event_row(ev: JobEvent) -> dict[str, Any]:
 
 # -- queries (named constants, bound parameters) -----------------------------------------
 
-Q_STORED_RECORD_KEYS = """
-SELECT DISTINCT producer_id, seq FROM io_requests
-WHERE has({producers:Array(String)}, producer_id) AND has({seqs:Array(UInt64)}, seq)
+#: Batches whose records are stored but whose io_batches marker is not: a run that died between
+#: the two inserts. Only parts written (or merged) since shortly before the newest marker can
+#: hold them; their keys are checked against io_batches through its primary key.
+Q_UNMARKED_RECORD_KEYS = """
+WITH recent AS (
+    SELECT DISTINCT producer_id, seq FROM io_requests
+    WHERE _part IN (
+        SELECT name FROM system.parts
+        WHERE database = currentDatabase() AND table = 'io_requests' AND active
+          AND modification_time >= toDateTime({since:UInt32})
+    )
+)
+SELECT producer_id, seq FROM recent
+WHERE (producer_id, seq) NOT IN (
+    SELECT producer_id, seq FROM io_batches WHERE (producer_id, seq) IN (SELECT producer_id, seq FROM recent)
+)
 """
+Q_NEWEST_MARKER = "SELECT toUnixTimestamp(max(ingested)) AS t, count() AS n FROM io_batches"
+#: How far before the newest marker (or now) the unmarked-records check looks, s.
+RECONCILE_MARGIN_S = 600
 Q_STORED_BATCH_KEYS = """
 SELECT DISTINCT producer_id, seq FROM io_batches
 WHERE has({producers:Array(String)}, producer_id) AND has({seqs:Array(UInt64)}, seq)
@@ -316,6 +348,17 @@ Q_STORED_DEAD_LETTERS = """
 SELECT topic, partition, offset FROM dead_letters
 WHERE has({topics:Array(String)}, topic) AND has({offsets:Array(Int64)}, offset)
 """
+
+
+def unmarked_record_keys(store: Store) -> set[tuple[str, int]]:
+    """(producer_id, seq) of the batches whose records are in io_requests without their
+    io_batches marker: what a run that died between the two inserts left. Looks at the parts
+    written or merged since RECONCILE_MARGIN_S before the newest marker (or now, if sooner).
+    Raises StoreError."""
+    newest = store.query(Q_NEWEST_MARKER)[0]
+    t = min(int(newest["t"]), int(time.time())) if int(newest["n"]) else 0
+    rows = store.query(Q_UNMARKED_RECORD_KEYS, {"since": max(0, t - RECONCILE_MARGIN_S)})
+    return {(r["producer_id"], int(r["seq"])) for r in rows}
 
 
 def _stored_keys(store: Store, sql: str, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
@@ -343,6 +386,18 @@ class _Bad:
     key: bytes | None
     value: bytes
     error: str
+
+
+@dataclass
+class _Batch:
+    """A ``pharos.io.requests`` message: where it came from, its bytes and its parsed batch."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    batch: IoBatch
 
 
 @dataclass
@@ -401,6 +456,10 @@ class Pipeline:
         self._consumer = None
         self._producer = None
         self._c = _Counters()
+        # Batches whose records a dead run stored without markers; looked for at start and
+        # whenever partitions are assigned (another consumer of the group may have died).
+        self._unmarked: set[tuple[str, int]] = set()
+        self._reconcile = True
         self._stats_lock = threading.Lock()
 
     # -- Kafka clients -------------------------------------------------------------------
@@ -409,8 +468,11 @@ class Pipeline:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer(self._consumer_config, logger=log)
-            self._consumer.subscribe(self.topics)
+            self._consumer.subscribe(self.topics, on_assign=self._assigned)
         return self._consumer
+
+    def _assigned(self, _consumer, _partitions) -> None:
+        self._reconcile = True
 
     def _ensure_producer(self):
         if self._producer is None:
@@ -462,7 +524,7 @@ class Pipeline:
         msgs = consumer.consume(num_messages=self.max_messages, timeout=self.max_wait if timeout is None else timeout)
         if not msgs:
             return 0
-        batches: list[tuple[Any, IoBatch]] = []
+        batches: list[_Batch] = []
         events: list[JobEvent] = []
         metrics: list[TargetMetricsBatch] = []
         bad: list[_Bad] = []
@@ -482,7 +544,7 @@ class Pipeline:
             offsets[(topic, part)] = max(offsets.get((topic, part), -1), off + 1)
             try:
                 if topic == self.settings.topic_requests:
-                    batches.append((m, decode_batch(m.value())))
+                    batches.append(_Batch(topic, part, off, m.key(), m.value(), decode_batch_header(m.value())))
                 elif topic == self.settings.topic_jobs:
                     events.append(decode_job_event(m.value()))
                 elif topic == self.settings.topic_target_metrics:
@@ -494,7 +556,7 @@ class Pipeline:
 
         if bad:
             self._dead_letter(bad)
-        self._store_batches([b for _, b in batches])
+        self._store_batches(batches)
         if events:
             self.store.insert_rows("job_events", [job_event_row(e) for e in events])
         if metrics:  # ReplacingMergeTree: a re-delivered batch collapses into the same rows
@@ -513,36 +575,63 @@ class Pipeline:
                 c.last_commit_time = time.time()
         return taken
 
-    def _store_batches(self, batches: list[IoBatch]) -> None:
+    def _store_batches(self, batches: list[_Batch]) -> None:
         # 1. duplicates within the poll (first one wins: the same key means the same batch)
-        unique: dict[tuple[str, int], IoBatch] = {}
+        unique: dict[tuple[str, int], _Batch] = {}
         dup = 0
         for b in batches:
-            key = (b.producer_id, b.seq)
+            key = (b.batch.producer_id, b.batch.seq)
             if key in unique:
                 dup += 1
             else:
                 unique[key] = b
-        self._detect_gaps(list(unique.values()))
+        self._detect_gaps([b.batch for b in unique.values()])
         keys = set(unique)
-        # 2. what earlier polls (or a run that crashed) stored already
-        have_records = _stored_keys(self.store, Q_STORED_RECORD_KEYS, keys)
+        # 2. what earlier polls stored (io_batches), or a run that died before its markers
+        if self._reconcile:
+            self._unmarked |= unmarked_record_keys(self.store)
+            self._reconcile = False
         have_marker = _stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
-        new = [b for k, b in unique.items() if k not in have_records and k not in have_marker]
-        incomplete = [b for k, b in unique.items() if k not in have_marker]
-        dup += len(unique) - len(new)
-        # 3. all new records in ONE insert: one part, all or nothing
-        rows = [row for b in new for row in record_rows(b)]
-        self.store.insert_rows("io_requests", rows)
+        new = [b for k, b in unique.items() if k not in self._unmarked and k not in have_marker]
+        # 3. all new records in ONE insert (one part: all or nothing), decoded by the store
+        new = self._insert_records(new)
+        stored = {(b.batch.producer_id, b.batch.seq) for b in new}
+        incomplete = [
+            b.batch for k, b in unique.items() if k not in have_marker and (k in stored or k in self._unmarked)
+        ]
+        dup += sum(1 for k in unique if k not in stored and (k in have_marker or k in self._unmarked))
         # 4. loss counters, then the completion markers
         self.store.insert_rows("producer_drops", drop_rows(incomplete))
         self.store.insert_rows("io_batches", [batch_row(b) for b in incomplete])
+        self._unmarked -= {(b.producer_id, b.seq) for b in incomplete}
         if dup:
             log.info("skipped %d duplicate batch(es)", dup)
         with self._stats_lock:
             self._c.batches += len(new)
-            self._c.records += len(rows)
+            self._c.records += sum(len(b.batch.records) for b in new)
             self._c.duplicates_skipped += dup
+
+    def _insert_records(self, new: list[_Batch]) -> list[_Batch]:
+        """Insert the records of ``new``; returns the batches stored. When the store refuses
+        a record, each batch is validated here (:func:`decode_batch`): the invalid ones go
+        to the dead letters and the others are inserted."""
+        try:
+            self.store.insert_io_batches([b.value for b in new], self.settings.pipeline_parse_threads)
+            return new
+        except StoreError as exc:
+            if columnar.INVALID_RECORD not in str(exc):
+                raise
+        good, bad = [], []
+        for b in new:
+            try:
+                decode_batch(b.value)
+                good.append(b)
+            except InvalidMessage as exc:
+                bad.append(_Bad(b.topic, b.partition, b.offset, b.key, b.value, str(exc)))
+        log.warning("%d batch(es) with invalid records in the poll: dead letters", len(bad))
+        self._dead_letter(bad)
+        self.store.insert_io_batches([b.value for b in good], self.settings.pipeline_parse_threads)
+        return good
 
     def _detect_gaps(self, batches: list[IoBatch]) -> None:
         last = self._c.last_seq

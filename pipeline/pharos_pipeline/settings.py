@@ -101,6 +101,13 @@ class Settings(PharosSettings):
     pipeline_max_wait_ms: int = Field(
         default=200, ge=1, description="Pipeline: longest wait for a poll to fill, in ms (whichever comes first)."
     )
+    pipeline_parse_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Pipeline: threads the store uses to decode a poll's IoBatch messages (chDB; a server "
+        "decodes the request body with one).",
+    )
     clickhouse_url: str = Field(
         default="",
         description="ClickHouse server URL (http://user:pass@host:8123/db). Empty: embedded chDB in state_dir/chdb.",

@@ -12,14 +12,16 @@ pipeline, analytics and API in one process (DESIGN.md).
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from . import columnar
 from .settings import Settings
 
 
@@ -84,6 +86,24 @@ class Store(ABC):
                 raise StoreError(str(exc)) from exc
         return len(lines)
 
+    def insert_io_batches(self, messages: Sequence[bytes], parse_threads: int = 2) -> None:
+        """Insert the records of serialized IoBatch messages into ``io_requests`` in one
+        statement, decoded by ClickHouse's Protobuf format (:mod:`pharos_pipeline.columnar`).
+
+        All or nothing. Raises StoreError; its text holds ``columnar.INVALID_RECORD`` when a
+        record is invalid (then nothing is stored: validate the batches one by one).
+        """
+        if not messages:
+            return
+        with self._lock:
+            try:
+                self._insert_io_batches(messages, max(1, parse_threads))
+            except Exception as exc:
+                raise StoreError(str(exc)) from exc
+
+    @abstractmethod
+    def _insert_io_batches(self, messages: Sequence[bytes], parse_threads: int) -> None: ...
+
     def close(self) -> None:  # noqa: B027 - optional hook: stores without a handle keep this no-op
         """Release the store's handle (chDB session, HTTP pool); a no-op by default."""
 
@@ -142,6 +162,20 @@ class ChdbStore(Store):
     def _insert_json(self, table, payload):
         self._session.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + payload.decode(), "Null")
 
+    def _insert_io_batches(self, messages, parse_threads):
+        # chDB has no request body: the stream goes through files, one per parse thread
+        # (file() reads several files in parallel), in memory when /dev/shm exists.
+        runs = columnar.split_even(messages, parse_threads)
+        shm = Path("/dev/shm")
+        with tempfile.TemporaryDirectory(prefix="pharos-ingest-", dir=shm if shm.is_dir() else None) as tmp:
+            for k, run in enumerate(runs):
+                (Path(tmp) / f"{k}.bin").write_bytes(columnar.length_delimited(run))
+            names = "{" + ",".join(str(k) for k in range(len(runs))) + "}"
+            source = f"file({_ch_literal(f'{tmp}/{names}.bin')}, 'Protobuf', {_ch_literal(columnar.STRUCTURE)})"
+            settings = {**columnar.format_settings(inline=False), **columnar.ONE_BLOCK, "max_threads": len(runs)}
+            clause = ", ".join(f"{k} = {_ch_literal(v)}" for k, v in settings.items())
+            self._session.query(f"{columnar.insert_sql('io_requests', source)}\nSETTINGS {clause}", "Null")
+
     def close(self) -> None:
         with self._lock:
             self._session.close()
@@ -172,6 +206,15 @@ class ServerStore(Store):
 
     def _insert_json(self, table, payload):
         self._client.raw_insert(table, insert_block=payload, fmt="JSONEachRow")
+
+    def _insert_io_batches(self, messages, parse_threads):
+        # The stream is the request body, read by input(); the server parses it.
+        source = f"input({_ch_literal(columnar.STRUCTURE)})"
+        self._client.command(
+            f"{columnar.insert_sql('io_requests', source)}\nFORMAT Protobuf",
+            data=columnar.length_delimited(messages),
+            settings={**columnar.format_settings(inline=True), **columnar.ONE_BLOCK},
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -28,18 +28,18 @@ RECORDS_PER_BATCH = 500  # 100 000 records
 KILLS = 4
 MARK = "PHAROS-TEST records inserted"
 #: The pipeline process: the real run_pipeline_process, with a marker and a 0.3 s pause
-#: after every io_requests insert (between the records insert and the offset commit).
+#: after every io_requests insert (between the records insert and the io_batches markers and
+#: offset commit).
 WINDOW = f"""
 import sys, time
 from pharos_pipeline import store
-insert_rows = store.Store.insert_rows
-def marked(self, table, rows):
-    n = insert_rows(self, table, rows)
-    if table == "io_requests" and n:
-        print({MARK!r}, n, flush=True)
+insert_io_batches = store.Store.insert_io_batches
+def marked(self, messages, *args):
+    insert_io_batches(self, messages, *args)
+    if messages:
+        print({MARK!r}, len(messages), flush=True)
         time.sleep(0.3)
-    return n
-store.Store.insert_rows = marked
+store.Store.insert_io_batches = marked
 from pharos_pipeline.ingest import run_pipeline_process
 sys.exit(run_pipeline_process())
 """

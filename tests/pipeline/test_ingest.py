@@ -191,6 +191,9 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
     wrong_type = make_batch("p2", 7, [make_record(1)]).SerializeToString()  # an IoBatch on the jobs topic
     with pytest.raises(InvalidMessage):
         decode_job_event(wrong_type)
+    # records the store refuses (the whole poll falls back to checking batch by batch)
+    count0 = make_batch("p3", 0, [make_record(0), make_record(1, count=0)]).SerializeToString()
+    overflow = make_batch("p3", 1, [make_record(2, result=1 << 40, count=1 << 30)]).SerializeToString()
     items = [
         (s.topic_requests, b"p1", good[0].SerializeToString()),
         (s.topic_requests, b"p1", garbage),
@@ -198,14 +201,22 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
         (s.topic_requests, b"p1", v2),
         (s.topic_requests, b"p1", good[2].SerializeToString()),
         (s.topic_jobs, b"x", wrong_type),
+        (s.topic_requests, b"p1", count0),
+        (s.topic_requests, b"p1", overflow),
     ]
     where = produce(s, items)
-    bad = {1: "not an IoBatch", 3: "unsupported schema_version 2", 5: "JobEvent"}
+    bad = {
+        1: "not an IoBatch",
+        3: "unsupported schema_version 2",
+        5: "JobEvent",
+        6: "record 1: count 0",
+        7: "record 0: bytes overflow",
+    }
 
     pipe = Pipeline(s, store)
     try:
         drain(pipe, lambda: pipe.stats()["messages"] == len(items))
-        assert pipe.stats()["dead_letters"] == 3 and pipe.stats()["batches"] == 3
+        assert pipe.stats()["dead_letters"] == 5 and pipe.stats()["batches"] == 3
     finally:
         pipe.close()
 
@@ -217,11 +228,11 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
         "SELECT topic, partition, offset, error, size, payload_head FROM dead_letters ORDER BY topic, offset"
     )
     want = sorted(((items[i][0], *where[i], items[i][2], why) for i, why in bad.items()), key=lambda w: (w[0], w[2]))
-    assert len(rows) == 3
+    assert len(rows) == 5
     for r, (topic, part, off, value, why) in zip(rows, want, strict=True):
         assert (r["topic"], r["partition"], int(r["offset"]), r["size"]) == (topic, part, off, len(value))
         assert why in r["error"] and r["payload_head"] == value[:256].hex()
-    assert pipeline_stats(store)["dead_letters"] == 3
+    assert pipeline_stats(store)["dead_letters"] == 5
 
     # the dead-letter topic holds the raw bytes, headers say why and where from
     c = Consumer(
@@ -236,14 +247,14 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
     got = []
     try:
         wait_for(
-            lambda: len(got) >= 3,
+            lambda: len(got) >= 5,
             30,
             step=lambda: got.extend(m for m in c.consume(10, 0.5) if m.error() is None),
-            what="3 dead letters on the topic",
+            what="5 dead letters on the topic",
         )
     finally:
         c.close()
-    assert len(got) == 3
+    assert len(got) == 5
     got.sort(key=lambda m: (dict(m.headers())["source_topic"], int(dict(m.headers())["source_offset"])))
     for m, (topic, part, off, value, why) in zip(got, want, strict=True):
         h = {k: v.decode() for k, v in m.headers()}
@@ -260,7 +271,7 @@ def test_bad_messages_go_to_dead_letters(pipeline_settings, store):
     finally:
         pipe.close()
     assert store.query("SELECT count() AS n FROM io_requests")[0]["n"] in (15, "15")
-    assert store.query("SELECT count() AS n FROM dead_letters")[0]["n"] in (3, "3")
+    assert store.query("SELECT count() AS n FROM dead_letters")[0]["n"] in (5, "5")
 
 
 def test_duplicates_stored_once_and_gaps_counted(pipeline_settings, store):

@@ -1,0 +1,195 @@
+"""The fast ingest path: ``pharos.io.requests`` messages (IoBatch) go into ``io_requests`` as
+they came from Kafka, decoded by ClickHouse's own Protobuf input format against the wire
+contract (``proto/pharos/v1/io.proto``) and inserted columnar by one ``INSERT ... SELECT``.
+
+No Python object is made per record: Python joins the messages' bytes into the format's
+length-delimited stream (a varint length before each message), ClickHouse parses each
+IoBatch into one row with its records as ``Nested`` arrays, and ``ARRAY JOIN`` makes one
+``io_requests`` row per record with the same mapping as :func:`pharos_pipeline.ingest.record_rows`
+(enum numbers -> the store's names, ns -> DateTime64(9), ``bytes`` = max(result, 0) * count,
+a record without ``host`` takes the batch's, ``record_index`` = position in the batch).
+
+Validation of the records (``count`` >= 1, timestamps that fit DateTime64(9), ``bytes`` that
+fits UInt64; the rules of :func:`~pharos_pipeline.ingest.decode_batch`) runs inside the same
+statement: ``throwIf`` aborts the whole insert, nothing of it is stored, and the caller falls
+back to validating each batch in Python to dead-letter the bad ones (a rare path).
+
+One insert is one part (per day partition): the squashing settings below make ClickHouse
+form a single block from the whole statement, so a poll's records are stored all or nothing,
+as the pipeline's exactly-once needs.
+
+Where the data comes from differs by back end, the SQL does not: chDB reads the stream from
+files (``file()``, one per parse thread, in ``/dev/shm`` when there is one), a ClickHouse
+server from the request body (``input()``). A server gets the schema
+inline (``format_schema_source = 'string'``, ClickHouse >= 25.x), so no file has to be
+installed on it; chDB reads the shipped file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from .wire import FILE_TYPE_NAMES, LAYER_NAMES, OP_NAMES
+
+#: The message the stream holds and the input structure ClickHouse decodes it into: every
+#: IoRecord field (enums as their numbers), the batch fields the rows need.
+MESSAGE = "IoBatch"
+RECORD_FIELDS = (
+    ("start_ns", "UInt64"),
+    ("duration_ns", "UInt64"),
+    ("end_ns", "UInt64"),
+    ("layer", "Int32"),
+    ("host", "String"),
+    ("job_id", "String"),
+    ("rank", "Int32"),
+    ("pid", "UInt32"),
+    ("tid", "UInt32"),
+    ("comm", "String"),
+    ("op", "Int32"),
+    ("dev", "UInt64"),
+    ("inode", "UInt64"),
+    ("path", "String"),
+    ("file_type", "Int32"),
+    ("fd", "Int32"),
+    ("offset", "UInt64"),
+    ("size", "UInt64"),
+    ("result", "Int64"),
+    ("count", "UInt32"),
+    ("compute_node", "String"),
+    ("forwarding_node", "String"),
+    ("target", "String"),
+    ("object_id", "UInt64"),
+    ("queue_wait_ns", "UInt64"),
+)
+STRUCTURE = "producer_id String, seq UInt64, host String, records Nested({})".format(
+    ", ".join(f"{n} {t}" for n, t in RECORD_FIELDS)
+)
+
+#: Largest ns since the epoch a DateTime64(9) holds (as ingest.MAX_TIME_NS).
+MAX_TIME_NS = (1 << 63) - 1
+INVALID_RECORD = "pharos: invalid record in the poll"
+
+
+def _enum(column: str, names: dict[int, str]) -> str:
+    """SQL mapping an enum number to the store's name, ``unknown_N`` for a number this
+    pipeline does not know (open enums, as ingest._enum_name)."""
+    keys = ",".join(str(k) for k in names)
+    values = ",".join(f"'{v}'" for v in names.values())
+    return f"transform({column}, [{keys}], [{values}], concat('unknown_', toString({column})))"
+
+
+#: io_requests column -> its expression over the ARRAY JOINed record ``r`` and the batch.
+COLUMNS = {
+    "start": "fromUnixTimestamp64Nano(toInt64(r.start_ns), 'UTC')",
+    "end": "fromUnixTimestamp64Nano(toInt64(r.end_ns), 'UTC')",
+    "duration_ns": "r.duration_ns",
+    "layer": _enum("r.layer", LAYER_NAMES),
+    "host": "if(r.host = '', host, r.host)",
+    "job_id": "r.job_id",
+    "rank": "r.rank",
+    "pid": "r.pid",
+    "tid": "r.tid",
+    "comm": "r.comm",
+    "op": _enum("r.op", OP_NAMES),
+    "file_type": _enum("r.file_type", FILE_TYPE_NAMES),
+    "dev": "r.dev",
+    "inode": "r.inode",
+    "path": "r.path",
+    "fd": "r.fd",
+    "offset": "r.offset",
+    "size": "r.size",
+    "result": "r.result",
+    "count": "r.count",
+    "bytes": "toUInt64(greatest(r.result, 0)) * r.count",
+    "compute_node": "r.compute_node",
+    "forwarding_node": "r.forwarding_node",
+    "target": "r.target",
+    "object_id": "r.object_id",
+    "queue_wait_ns": "r.queue_wait_ns",
+    "producer_id": "producer_id",
+    "seq": "seq",
+    "record_index": "toUInt32(i - 1)",
+}
+
+#: A record decode_batch would refuse: count 0, a time past 2262, bytes past UInt64.
+INVALID = (
+    f"r.count = 0 OR r.start_ns > {MAX_TIME_NS} OR r.end_ns > {MAX_TIME_NS}"
+    f" OR (r.result > 0 AND toUInt64(r.result) > intDiv({(1 << 64) - 1}, toUInt64(r.count)))"
+)
+
+#: One block for the whole statement (one part per partition: all or nothing).
+ONE_BLOCK = {
+    "min_insert_block_size_rows": 1 << 40,
+    "min_insert_block_size_bytes": 1 << 50,
+    "max_insert_block_size": 1 << 40,
+}
+
+
+def insert_sql(table: str, source: str) -> str:
+    """``INSERT INTO table (...) SELECT ...`` of the records of the IoBatch stream read by the
+    table function ``source`` (``file(...)`` or ``input(...)``). Fails with INVALID_RECORD
+    when any record is invalid; nothing is inserted then."""
+    cols = ", ".join(f"`{c}`" for c in COLUMNS)
+    exprs = ",\n       ".join(COLUMNS.values())
+    return (
+        f"INSERT INTO {table} ({cols})\n"
+        f"SELECT {exprs}\n"
+        f"FROM {source}\n"
+        "ARRAY JOIN records AS r, arrayEnumerate(records.count) AS i\n"
+        f"WHERE throwIf({INVALID}, '{INVALID_RECORD}') = 0"
+    )
+
+
+def proto_file() -> Path:
+    """The wire contract, shipped next to its generated Python code by ``make proto``
+    (wire/pharos/v1/io.proto)."""
+    return Path(str(resources.files("pharos_pipeline.wire").joinpath("pharos/v1/io.proto")))
+
+
+@cache
+def proto_schema() -> str:
+    return proto_file().read_text()
+
+
+def format_settings(inline: bool) -> dict[str, str]:
+    """The settings that make ClickHouse read the stream as IoBatch messages of the wire
+    contract: the schema's text inline (a server, which has no copy of the file), or the
+    shipped file by its path (chDB, in this process: an inline schema would be cached in a
+    ``__cache__`` folder of the working directory)."""
+    if inline:
+        return {
+            "format_schema_source": "string",
+            "format_schema": proto_schema(),
+            "format_schema_message_name": MESSAGE,
+        }
+    return {"format_schema": f"{proto_file()}:{MESSAGE}"}
+
+
+def length_delimited(messages: Sequence[bytes]) -> bytes:
+    """The Protobuf format's stream: each message preceded by its length as a varint."""
+    out = bytearray()
+    for m in messages:
+        n = len(m)
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        out += m
+    return bytes(out)
+
+
+def split_even(messages: Sequence[bytes], parts: int) -> list[list[bytes]]:
+    """``messages`` in at most ``parts`` consecutive runs of about equal bytes (one per parse
+    thread); empty runs are left out."""
+    total = sum(len(m) for m in messages)
+    runs: list[list[bytes]] = [[]]
+    size = 0
+    for m in messages:
+        if size >= total * len(runs) / parts and len(runs) < parts:
+            runs.append([])
+        runs[-1].append(m)
+        size += len(m)
+    return [r for r in runs if r]
