@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for d in (HERE, HERE.parent / "analytics", REPO / "dashboards"):
-    if str(d) not in sys.path:
-        sys.path.insert(0, str(d))
+# tests/analytics (the synthetic jobs); dashboards/ and this folder are on pyproject's pythonpath
+if str(HERE.parent / "analytics") not in sys.path:
+    sys.path.insert(0, str(HERE.parent / "analytics"))
 
 from pharos_dashboard_rows import add_dashboard_rows  # noqa: E402
 from pharos_synthetic_jobs import build_store  # noqa: E402
