@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use pharos_fwd::admin::{self, AdminState};
 use pharos_fwd::backend::{Backend, Placement};
+use pharos_fwd::clock::wall_ns;
 use pharos_fwd::metrics::MetricsShipper;
 use pharos_fwd::records::RecordSink;
-use pharos_fwd::server::{wall_ns, Config, Server};
+use pharos_fwd::server::{Config, Server};
 use pharos_wire::sink::{Sink, SinkConfig};
 
 #[derive(Parser, Debug)]

@@ -19,7 +19,7 @@ use rdkafka::ClientContext;
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::server::wall_ns;
+use crate::clock::wall_ns;
 
 const SAMPLES_MAX: usize = 8192;
 

@@ -20,7 +20,7 @@ use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use pharos_fwd_proto::{self as proto, errno, Body, FrameError, Op, Reply, Request};
@@ -28,6 +28,7 @@ use pharos_wire::{FileType, IoRecord, Layer};
 use serde::Serialize;
 
 use crate::backend::{Backend, FileSpan, IoInfo};
+use crate::clock::wall_ns;
 use crate::metrics::TargetStats;
 use crate::records::RecordSink;
 
@@ -229,10 +230,6 @@ pub struct Server {
 fn fault_panic_path() -> Option<&'static str> {
     static P: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     P.get_or_init(|| std::env::var("PHAROS_FWD_FAULT_PANIC_PATH").ok().filter(|p| !p.is_empty())).as_deref()
-}
-
-pub fn wall_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 fn classify(op: &Op, small_max: u64) -> Class {

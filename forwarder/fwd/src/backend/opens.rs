@@ -1,0 +1,354 @@
+//! Open files and live daemons:
+//!
+//! * **Open files survive unlink** (POSIX). Every open (create, open) leaves a marker file
+//!   `<mdt>/open/<oid:016x>/<daemon:016x>.<id:016x>` named by its [`OpenHandle`]; release
+//!   (on any daemon) removes it. When a file's name goes (unlink, rename over it), its
+//!   layout is written to `<mdt>/orphans/<oid:016x>` and its objects are deleted only if
+//!   no marker exists; otherwise the release that removes the last marker deletes them and
+//!   the orphan record. (Name removal happens before the marker check, marker removal
+//!   before the orphan check, so one of the two always sees the other.) An open re-checks
+//!   after placing its marker that the name still holds the same object, so an open racing
+//!   an unlink either keeps the data alive or fails with ENOENT.
+//! * **Daemon liveness**: each daemon holds an exclusive `flock` on
+//!   `<mdt>/daemons/<daemon:016x>` for its lifetime. At start, a daemon garbage-collects:
+//!   markers of daemons whose lock can be taken (dead), then orphans left without markers.
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::*;
+
+use pharos_fwd_proto::{errno, Layout, OpenHandle};
+use serde::Serialize;
+
+use super::layout::{layout_text, parse_layout};
+use super::{eno, werr, Backend, Res};
+
+/// What a garbage collection found (daemon start).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct GcStats {
+    pub dead_daemons: u64,
+    pub stale_markers: u64,
+    pub orphans_reaped: u64,
+    pub orphans_kept: u64,
+}
+
+fn marker_name(h: OpenHandle) -> String {
+    format!("{:016x}.{:016x}", h.daemon, h.id)
+}
+
+/// The counted target written in an open marker (empty: none).
+fn marker_target(p: &Path) -> Option<u32> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+pub(super) fn flock_nb(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Backend {
+    fn daemons_dir(&self) -> PathBuf {
+        self.open_dir.with_file_name("daemons")
+    }
+
+    fn marker_dir(&self, oid: u64) -> PathBuf {
+        self.open_dir.join(format!("{oid:016x}"))
+    }
+
+    fn orphan_path(&self, oid: u64) -> PathBuf {
+        self.orphan_dir.join(format!("{oid:016x}"))
+    }
+
+    /// Records one open of object `oid`; returns its handle.
+    pub(super) fn add_marker(&self, oid: u64) -> Res<OpenHandle> {
+        let h = OpenHandle { daemon: self.daemon_id, id: self.open_seq.fetch_add(1, Relaxed) };
+        let d = self.marker_dir(oid);
+        let m = d.join(marker_name(h));
+        for _ in 0..100 {
+            match fs::DirBuilder::new().mode(0o700).create(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(werr(e)),
+            }
+            match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&m) {
+                Ok(_) => return Ok(h),
+                // The directory was removed by a concurrent last release: make it again.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(werr(e)),
+            }
+        }
+        Err(eno(errno::EIO, "cannot place open marker"))
+    }
+
+    pub(super) fn marker_path(&self, oid: u64, h: OpenHandle) -> PathBuf {
+        self.marker_dir(oid).join(marker_name(h))
+    }
+
+    /// The target open `h` of `oid` is counted on (progressive files), from its marker.
+    pub(super) fn counted_target(&self, oid: u64, h: OpenHandle) -> Option<u32> {
+        marker_target(&self.marker_path(oid, h))
+    }
+
+    /// Records in the marker of open `h` the target it is counted on; false when the marker
+    /// is gone (a dead daemon's open removed by the start-time GC: the open is not counted).
+    pub(super) fn set_counted_target(&self, oid: u64, h: OpenHandle, t: Option<u32>) -> bool {
+        let Ok(f) = OpenOptions::new().write(true).open(self.marker_path(oid, h)) else { return false };
+        // Fixed width, written in place: a concurrent reader sees the old or the new index.
+        let r = match t {
+            Some(t) => f.write_all_at(format!("{t:010}\n").as_bytes(), 0),
+            None => f.set_len(0),
+        };
+        r.is_ok()
+    }
+
+    pub(super) fn remove_marker(&self, oid: u64, h: OpenHandle) {
+        let d = self.marker_dir(oid);
+        let _ = fs::remove_file(d.join(marker_name(h)));
+        let _ = fs::remove_dir(&d); // fails (ENOTEMPTY) while other opens remain
+    }
+
+    /// True when any open of `oid` is recorded (errors other than "no such dir" count as
+    /// open: never delete data on doubt).
+    fn has_markers(&self, oid: u64) -> bool {
+        match fs::read_dir(self.marker_dir(oid)) {
+            Ok(mut it) => it.next().is_some(),
+            Err(e) => e.kind() != io::ErrorKind::NotFound,
+        }
+    }
+
+    /// Number of recorded opens of `oid` (all daemons).
+    pub fn open_markers(&self, oid: u64) -> usize {
+        fs::read_dir(self.marker_dir(oid)).map(|it| it.count()).unwrap_or(0)
+    }
+
+    /// True when the objects of `oid` wait for their last close.
+    pub fn is_orphan(&self, oid: u64) -> bool {
+        self.orphan_path(oid).exists()
+    }
+
+    /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
+    /// an orphan until the last open is released.
+    pub(super) fn drop_file(&self, l: &Layout) {
+        let rec = self.orphan_path(l.oid);
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&rec)
+            .and_then(|mut f| f.write_all(layout_text(l, 0).as_bytes()));
+        if let Err(e) = written {
+            log::warn!("orphan record {}: {e}", rec.display());
+        }
+        if !self.has_markers(l.oid) {
+            self.reap(l.oid);
+        }
+    }
+
+    /// Deletes the objects of orphan `oid` and its record.
+    fn reap(&self, oid: u64) -> bool {
+        let rec = self.orphan_path(oid);
+        let Ok(text) = fs::read_to_string(&rec) else { return false };
+        match parse_layout(&text) {
+            Some((l, _)) if l.oid == oid && self.check_layout(&l).is_ok() => self.remove_objects(&l),
+            _ => log::warn!("corrupt orphan record {}", rec.display()),
+        }
+        let _ = fs::remove_file(&rec);
+        let _ = fs::remove_dir(self.marker_dir(oid));
+        true
+    }
+
+    /// Start-time garbage collection: markers of dead daemons, then orphans nobody holds.
+    pub fn gc(&self) -> GcStats {
+        let mut st = GcStats::default();
+        let started = std::time::SystemTime::now();
+        let mut dead = std::collections::HashSet::new();
+        let mut live = std::collections::HashSet::new();
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        if let Ok(it) = fs::read_dir(self.daemons_dir()) {
+            for e in it.flatten() {
+                let Some(id) = e.file_name().to_str().and_then(hex) else { continue };
+                if id == self.daemon_id {
+                    live.insert(id);
+                    continue;
+                }
+                match OpenOptions::new().read(true).open(e.path()) {
+                    Ok(f) => match flock_nb(&f) {
+                        Ok(()) => {
+                            dead.insert(id);
+                            let _ = fs::remove_file(e.path()); // still holding its lock
+                        }
+                        Err(_) => {
+                            live.insert(id);
+                        }
+                    },
+                    Err(_) => {
+                        dead.insert(id);
+                    }
+                }
+            }
+        }
+        st.dead_daemons = dead.len() as u64;
+        if let Ok(it) = fs::read_dir(&self.open_dir) {
+            for d in it.flatten() {
+                let Ok(ms) = fs::read_dir(d.path()) else { continue };
+                for m in ms.flatten() {
+                    let name = m.file_name();
+                    let owner = name.to_str().and_then(|n| n.split('.').next()).and_then(hex);
+                    let stale = match owner {
+                        Some(o) if live.contains(&o) => false,
+                        Some(o) if dead.contains(&o) => true,
+                        // Unknown owner (its lock file already gone): stale unless it was
+                        // made after this scan began (a daemon that registered meanwhile).
+                        _ => m.metadata().and_then(|md| md.modified()).map(|t| t < started).unwrap_or(false),
+                    };
+                    if stale {
+                        let counted = marker_target(&m.path());
+                        if fs::remove_file(m.path()).is_ok() {
+                            st.stale_markers += 1;
+                            // The dead open no longer writes its component.
+                            if let Some(t) = counted.and_then(|t| self.targets.get(t as usize)) {
+                                t.shm.add_open(-1);
+                            }
+                        }
+                    }
+                }
+                let _ = fs::remove_dir(d.path());
+            }
+        }
+        if let Ok(it) = fs::read_dir(&self.orphan_dir) {
+            for e in it.flatten() {
+                let Some(oid) = e.file_name().to_str().and_then(hex) else { continue };
+                if self.has_markers(oid) {
+                    st.orphans_kept += 1;
+                } else if self.reap(oid) {
+                    st.orphans_reaped += 1;
+                }
+            }
+        }
+        st
+    }
+
+    /// Drops open `h` of `l` and deletes the objects when that was the last open of an
+    /// unlinked file.
+    pub(super) fn unmark(&self, l: &Layout, h: OpenHandle) {
+        self.remove_marker(l.oid, h);
+        if self.is_orphan(l.oid) && !self.has_markers(l.oid) {
+            self.reap(l.oid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::testutil::*;
+    use crate::backend::IoInfo;
+    use pharos_fwd_proto::Ctx;
+    use std::sync::Arc;
+
+    #[test]
+    fn unlinked_open_file_keeps_data_until_last_release_on_any_daemon() {
+        let (d, a) = backend(2);
+        let b = backend_on(&d, 2); // a second daemon on the same backend
+        let mut info = IoInfo::default();
+        let (_, l, h1) = a.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let (_, l2, h2) = b.open("f", libc::O_RDONLY, &Ctx::default()).unwrap();
+        assert_eq!(l, l2);
+        a.write(&l, NOH, 0, b"hello", &mut info).unwrap();
+        assert_eq!(a.open_markers(l.oid), 2);
+        b.unlink("f", &Ctx::default()).unwrap();
+        assert_eq!(a.getattr("f", &Ctx::default()).unwrap_err().errno, errno::ENOENT);
+        assert!(a.is_orphan(l.oid));
+        // Both opens still read and write the orphan.
+        a.write(&l, NOH, 5, b" world", &mut info).unwrap();
+        assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
+        // A new file under the same name is another object.
+        let (_, n, hn) = b.create("f", 0o644, EXCL, 2, &Ctx::default()).unwrap();
+        assert_ne!(n.oid, l.oid);
+        // Releases may come through either daemon: the last one deletes the data.
+        b.release(&l, h1).unwrap();
+        assert!(a.is_orphan(l.oid) && obj_count(&d) == 2);
+        a.release(&l, h2).unwrap();
+        assert!(!a.is_orphan(l.oid));
+        assert_eq!(obj_count(&d), 1, "only the new file's object remains");
+        // Rename over an open file: same rules.
+        let (_, o, ho) = a.create("g", 0o644, EXCL, 3, &Ctx::default()).unwrap();
+        b.rename("f", "g", false, &Ctx::default()).unwrap();
+        assert!(a.is_orphan(o.oid));
+        a.write(&o, NOH, 0, b"still here", &mut info).unwrap();
+        assert_eq!(a.read(&o, 0, 100, &mut info).unwrap(), b"still here");
+        b.release(&n, hn).unwrap(); // the moved file stays: it has a name
+        assert!(!a.is_orphan(n.oid) && a.getattr("g", &Ctx::default()).is_ok());
+        a.release(&o, ho).unwrap();
+        assert!(!a.is_orphan(o.oid));
+        assert_eq!(obj_count(&d), 1);
+        // A closed file unlinked: objects go at once, no orphan record.
+        b.unlink("g", &Ctx::default()).unwrap();
+        assert_eq!(obj_count(&d), 0);
+        assert_eq!(fs::read_dir(d.path().join("mdt/orphans")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(d.path().join("mdt/open")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn start_gc_drops_opens_of_dead_daemons_only() {
+        let d = tempfile::tempdir().unwrap();
+        let live = backend_on(&d, 2);
+        let dead = backend_on(&d, 2);
+        let (_, lx, _hx) = dead.create("x", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let (_, ly, hy) = live.create("y", 0o644, EXCL, 2, &Ctx::default()).unwrap();
+        let (_, lz, _hz) = dead.open("y", libc::O_RDONLY, &Ctx::default()).unwrap();
+        assert_eq!(lz, ly);
+        live.unlink("x", &Ctx::default()).unwrap();
+        live.unlink("y", &Ctx::default()).unwrap();
+        assert!(live.is_orphan(lx.oid) && live.is_orphan(ly.oid));
+        drop(dead); // killed: its flock goes with its fd
+        let fresh = backend_on(&d, 2);
+        let st = fresh.gc();
+        assert_eq!(st.dead_daemons, 1);
+        assert_eq!(st.stale_markers, 2);
+        assert_eq!(st.orphans_reaped, 1, "{st:?}");
+        assert_eq!(st.orphans_kept, 1, "{st:?}");
+        assert!(!fresh.is_orphan(lx.oid));
+        assert!(fresh.is_orphan(ly.oid), "the live daemon's open keeps y");
+        assert_eq!(obj_count(&d), 1);
+        // Another gc finds nothing more; the live daemon's release ends y.
+        let st = fresh.gc();
+        assert_eq!((st.dead_daemons, st.stale_markers, st.orphans_reaped), (0, 0, 0));
+        live.release(&ly, hy).unwrap();
+        assert_eq!(obj_count(&d), 0);
+    }
+
+    #[test]
+    fn open_racing_unlink_never_returns_deleted_data() {
+        let (_d, b) = backend(2);
+        let b = Arc::new(b);
+        for i in 0..200 {
+            let name = format!("r{i}");
+            let (_, l, h) = b.create(&name, 0o644, EXCL, 0, &Ctx::default()).unwrap();
+            b.release(&l, h).unwrap();
+            let b2 = b.clone();
+            let n2 = name.clone();
+            let t = std::thread::spawn(move || b2.unlink(&n2, &Ctx::default()));
+            match b.open(&name, libc::O_RDWR, &Ctx::default()) {
+                Ok((_, l, h)) => {
+                    // Opened: the data must stay readable and writable until release.
+                    let mut info = IoInfo::default();
+                    b.write(&l, NOH, 0, b"x", &mut info).unwrap();
+                    t.join().unwrap().unwrap();
+                    assert_eq!(b.read(&l, 0, 1, &mut info).unwrap(), b"x");
+                    b.release(&l, h).unwrap();
+                    assert!(!b.is_orphan(l.oid));
+                }
+                Err(e) => {
+                    assert_eq!(e.errno, errno::ENOENT);
+                    t.join().unwrap().unwrap();
+                }
+            }
+        }
+    }
+}
