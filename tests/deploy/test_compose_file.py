@@ -268,3 +268,12 @@ def test_prometheus_scrapes_pharos_and_alerts_to_the_stack(compose):
     am_mounts = dict((t, s) for s, t in bind_mounts(services["alertmanager"]))
     assert "--config.file=/etc/alertmanager/alertmanager.yml" in services["alertmanager"]["command"]
     assert "/etc/alertmanager/alertmanager.yml" in am_mounts
+
+
+def test_operations_doc_names_the_images_and_services(compose):
+    """docs/operations.md says which images and services the stack runs: it must not drift."""
+    doc = (REPO / "docs" / "operations.md").read_text()
+    for name, svc in compose["services"].items():
+        assert f"`{name}`" in doc, f"docs/operations.md does not mention the service {name}"
+        if "build" not in svc:
+            assert f"`{svc['image']}`" in doc, f"docs/operations.md does not name {svc['image']}"
