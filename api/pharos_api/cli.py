@@ -6,6 +6,7 @@ Control: pharos hint JOB · pharos control actions|pins|pin|unpin
 Access:  pharos token create --role ROLE [--user NAME] · pharos token list · pharos token revoke ID
 Demo:    pharos demo
 Parts:   pharos broker · pharos agent · pharos serve (what `pharos up` starts)
+Deploy:  pharos topics (create the Kafka topics on an existing broker; docs/operations.md)
 
 Configuration: pharos.toml (or the file in PHAROS_CONFIG) and PHAROS_* environment
 variables; see `pharos config`. With api_auth = "token" the commands that ask the API send a
@@ -199,6 +200,27 @@ def broker() -> None:
         fail(str(exc))
     finally:
         b.stop()
+
+
+@app.command()
+def topics() -> None:
+    """Create the Pharos topics on kafka_bootstrap where missing (partitions and replication factor from the
+    settings; existing topics are left as they are) and print each topic's partitions."""
+    from confluent_kafka import KafkaException
+
+    from pharos_pipeline.broker import ensure_topics
+
+    settings = get_settings()
+    try:
+        made = ensure_topics(settings)
+    except KafkaException as exc:
+        why = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        fail(
+            f"creating the topics on {settings.kafka_bootstrap} (replication factor "
+            f"{settings.topic_replication_factor}) failed: {why}"
+        )
+    for topic, partitions in made.items():
+        console.print(f"{topic}\t{partitions} partitions", highlight=False)
 
 
 @app.command()

@@ -362,7 +362,8 @@ def topic_specs(settings: Settings) -> dict[str, int]:
 
 
 def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
-    """Create the Pharos topics that do not exist yet (replication factor 1).
+    """Create the Pharos topics that do not exist yet (replication factor
+    ``settings.topic_replication_factor``).
 
     Idempotent. Returns topic -> partition count as the broker has it now (an existing
     topic keeps its partitions; a mismatch is logged, not changed). Raises
@@ -374,7 +375,8 @@ def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     specs = topic_specs(settings)
     existing = admin.list_topics(timeout=timeout).topics
-    missing = [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in specs.items() if t not in existing]
+    rf = settings.topic_replication_factor
+    missing = [NewTopic(t, num_partitions=n, replication_factor=rf) for t, n in specs.items() if t not in existing]
     if missing:
         for _topic, fut in admin.create_topics(missing, operation_timeout=timeout).items():
             try:

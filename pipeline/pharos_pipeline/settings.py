@@ -88,6 +88,13 @@ class Settings(PharosSettings):
     topic_deadletter: str = "pharos.io.deadletter"
     topic_target_metrics: str = "pharos.target.metrics"
     topic_partitions: int = Field(default=4, ge=1, description="Partitions of the requests topic.")
+    topic_replication_factor: int = Field(
+        default=1,
+        ge=1,
+        description="Replication factor of the topics Pharos creates (`pharos topics`, `pharos broker`): 1 on "
+        "one broker; 3 on a cluster of 3 or more brokers (with min.insync.replicas = 2 on the brokers). Topics "
+        "that exist keep theirs.",
+    )
     consumer_group: str = "pharos-pipeline"
     consumer_instance_id: str = Field(
         default="",
