@@ -34,10 +34,9 @@ COPY pipeline pipeline
 COPY analytics analytics
 COPY api api
 COPY agents/pharos_agents agents/pharos_agents
-RUN uv run --frozen --no-sync python -m grpc_tools.protoc -I proto --python_out=pipeline/pharos_pipeline/wire \
-      --pyi_out=pipeline/pharos_pipeline/wire proto/pharos/v1/io.proto \
+RUN sh pipeline/gen-wire.sh \
  && uv sync --frozen --no-dev \
- && /app/.venv/bin/python -c "from pharos_pipeline.wire.pharos.v1 import io_pb2; import pharos_api.server"
+ && /app/.venv/bin/python -c "from pharos_pipeline import columnar; import pharos_api.server; columnar.proto_schema()"
 
 # ---- the Pharos server ------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS server

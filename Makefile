@@ -38,9 +38,7 @@ python: deps ## The Python environment from uv.lock
 	@$(UV) sync --frozen --quiet
 
 proto: python ## Generate the wire contract's Python code (Rust generates at build)
-	@$(RUN) python -m grpc_tools.protoc -I proto --python_out=pipeline/pharos_pipeline/wire \
-	  --pyi_out=pipeline/pharos_pipeline/wire proto/pharos/v1/io.proto
-	@cp proto/pharos/v1/io.proto pipeline/pharos_pipeline/wire/pharos/v1/io.proto  # the schema ClickHouse's Protobuf input reads
+	@sh pipeline/gen-wire.sh "$(RUN) python"
 
 build: deps build/slurm/pharos_spank.so ## Build the eBPF agent, forwarding daemon, FUSE client (Rust, release) and the Slurm plugin (C)
 	@cargo build --release --quiet -p pharos-agent -p pharos-fwd -p pharos-mount
