@@ -168,17 +168,28 @@ def format_settings(inline: bool) -> dict[str, str]:
     return {"format_schema": f"{proto_file()}:{MESSAGE}"}
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def length_delimited_parts(messages: Sequence[bytes]) -> list[bytes]:
+    """The Protobuf format's stream as pieces (each message preceded by its length as a
+    varint), to write or join without copying a growing buffer."""
+    parts: list[bytes] = []
+    for m in messages:
+        parts.append(_varint(len(m)))
+        parts.append(m)
+    return parts
+
+
 def length_delimited(messages: Sequence[bytes]) -> bytes:
     """The Protobuf format's stream: each message preceded by its length as a varint."""
-    out = bytearray()
-    for m in messages:
-        n = len(m)
-        while n >= 0x80:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        out.append(n)
-        out += m
-    return bytes(out)
+    return b"".join(length_delimited_parts(messages))
 
 
 def split_even(messages: Sequence[bytes], parts: int) -> list[list[bytes]]:

@@ -520,6 +520,7 @@ class Pipeline:
         """
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+        self.store.mark_ingest_thread()
         consumer = self._ensure_consumer()
         msgs = consumer.consume(num_messages=self.max_messages, timeout=self.max_wait if timeout is None else timeout)
         if not msgs:

@@ -11,6 +11,7 @@ pipeline, analytics and API in one process (DESIGN.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import threading
@@ -35,10 +36,62 @@ def ns_to_datetime64(ns: int) -> str:
 
 
 class Store(ABC):
-    """A ClickHouse endpoint. Thread-safe: calls are serialised per store."""
+    """A ClickHouse endpoint. Thread-safe without one lock for all: each thread calls through
+    its own handle (a chDB session on the same data directory, or its own HTTP client), so
+    ingestion, API queries and detection run side by side (issue 15: a slow API query no longer
+    stalls the pipeline). A call is one statement; nothing spans calls."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self._handles_lock = threading.Lock()
+        self._closed = False
+
+    @abstractmethod
+    def _open_handle(self) -> Any:
+        """A new connection handle for the calling thread."""
+
+    @abstractmethod
+    def _close_handle(self, handle: Any) -> None: ...
+
+    #: CPU niceness of the query threads of non-ingest handles (API, detection, control): when
+    #: the CPU is short, ingestion goes first and queries wait (ClickHouse's os_thread_priority).
+    QUERY_NICE = 10
+
+    @property
+    def _h(self) -> Any:
+        """The calling thread's handle, opened on first use."""
+        if self._closed:
+            raise StoreError("the store is closed")
+        h = getattr(self._local, "handle", None)
+        if h is None:
+            with self._handles_lock:
+                if self._closed:
+                    raise StoreError("the store is closed")
+                h = self._local.handle = self._open_handle()
+                self._handles.append(h)
+            self._set_priority(h, ingest=getattr(self._local, "ingest", False))
+        return h
+
+    def mark_ingest_thread(self) -> None:
+        """The calling thread ingests: its statements run at normal priority, ahead of the other
+        threads' queries (which run at QUERY_NICE) when the CPU is short. Idempotent."""
+        if not getattr(self._local, "ingest", False):
+            self._local.ingest = True
+            if getattr(self._local, "handle", None) is not None:
+                self._set_priority(self._local.handle, ingest=True)
+
+    def _set_priority(self, handle: Any, ingest: bool) -> None:  # noqa: B027 - optional hook
+        """Apply the thread's priority to its handle (a no-op unless the back end has one)."""
+
+    def close(self) -> None:
+        """Close every thread's handle; later calls raise StoreError."""
+        with self._handles_lock:
+            self._closed = True
+            handles, self._handles = self._handles, []
+        for h in handles:
+            with contextlib.suppress(Exception):  # closing is best effort
+                self._close_handle(h)
 
     @abstractmethod
     def _command(self, sql: str, params: dict[str, Any] | None) -> None: ...
@@ -51,23 +104,21 @@ class Store(ABC):
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         """Run a statement that returns nothing (DDL, ALTER). Raises StoreError."""
-        with self._lock:
-            try:
-                self._command(sql, params)
-            except StoreError:
-                raise
-            except Exception as exc:  # the drivers raise their own types
-                raise StoreError(str(exc)) from exc
+        try:
+            self._command(sql, params)
+        except StoreError:
+            raise
+        except Exception as exc:  # the drivers raise their own types
+            raise StoreError(str(exc)) from exc
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run a SELECT; rows as dicts keyed by column name. Raises StoreError."""
-        with self._lock:
-            try:
-                return self._query(sql, params)
-            except StoreError:
-                raise
-            except Exception as exc:
-                raise StoreError(str(exc)) from exc
+        try:
+            return self._query(sql, params)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(str(exc)) from exc
 
     def insert_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> int:
         """Insert rows (dicts of column -> JSON-serialisable value) in one statement.
@@ -79,11 +130,12 @@ class Store(ABC):
         if not lines:
             return 0
         payload = ("\n".join(lines) + "\n").encode()
-        with self._lock:
-            try:
-                self._insert_json(table, payload)
-            except Exception as exc:
-                raise StoreError(str(exc)) from exc
+        try:
+            self._insert_json(table, payload)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(str(exc)) from exc
         return len(lines)
 
     def insert_io_batches(self, messages: Sequence[bytes], parse_threads: int = 2) -> None:
@@ -95,17 +147,15 @@ class Store(ABC):
         """
         if not messages:
             return
-        with self._lock:
-            try:
-                self._insert_io_batches(messages, max(1, parse_threads))
-            except Exception as exc:
-                raise StoreError(str(exc)) from exc
+        try:
+            self._insert_io_batches(messages, max(1, parse_threads))
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(str(exc)) from exc
 
     @abstractmethod
     def _insert_io_batches(self, messages: Sequence[bytes], parse_threads: int) -> None: ...
-
-    def close(self) -> None:  # noqa: B027 - optional hook: stores without a handle keep this no-op
-        """Release the store's handle (chDB session, HTTP pool); a no-op by default."""
 
 
 def _ch_literal(value: Any) -> str:
@@ -145,22 +195,34 @@ class ChdbStore(Store):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        from chdb import session
-
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._session = session.Session(str(path))
+        self._h  # open now: a bad directory fails here, not at the first query  # noqa: B018
+
+    def _open_handle(self):
+        # Sessions on one directory in one process share the embedded engine (chDB allows one
+        # process per directory, several sessions in it); each runs its own queries.
+        from chdb import session
+
+        return session.Session(str(self.path))
+
+    def _close_handle(self, handle):
+        handle.close()
+
+    def _set_priority(self, handle, ingest):
+        # A session setting: the handle's later queries run their threads at this nice value.
+        handle.query(f"SET os_thread_priority = {0 if ingest else self.QUERY_NICE}", "Null")
 
     def _command(self, sql, params):
-        self._session.query(sql, "Null", params=_chdb_params(params))
+        self._h.query(sql, "Null", params=_chdb_params(params))
 
     def _query(self, sql, params):
-        res = self._session.query(sql, "JSONEachRow", params=_chdb_params(params))
+        res = self._h.query(sql, "JSONEachRow", params=_chdb_params(params))
         data = res.bytes()
         return [json.loads(line) for line in data.splitlines() if line]
 
     def _insert_json(self, table, payload):
-        self._session.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + payload.decode(), "Null")
+        self._h.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + payload.decode(), "Null")
 
     def _insert_io_batches(self, messages, parse_threads):
         # chDB has no request body: the stream goes through files, one per parse thread
@@ -169,16 +231,13 @@ class ChdbStore(Store):
         shm = Path("/dev/shm")
         with tempfile.TemporaryDirectory(prefix="pharos-ingest-", dir=shm if shm.is_dir() else None) as tmp:
             for k, run in enumerate(runs):
-                (Path(tmp) / f"{k}.bin").write_bytes(columnar.length_delimited(run))
+                with open(Path(tmp) / f"{k}.bin", "wb") as f:
+                    f.writelines(columnar.length_delimited_parts(run))
             names = "{" + ",".join(str(k) for k in range(len(runs))) + "}"
             source = f"file({_ch_literal(f'{tmp}/{names}.bin')}, 'Protobuf', {_ch_literal(columnar.STRUCTURE)})"
             settings = {**columnar.format_settings(inline=False), **columnar.ONE_BLOCK, "max_threads": len(runs)}
             clause = ", ".join(f"{k} = {_ch_literal(v)}" for k, v in settings.items())
-            self._session.query(f"{columnar.insert_sql('io_requests', source)}\nSETTINGS {clause}", "Null")
-
-    def close(self) -> None:
-        with self._lock:
-            self._session.close()
+            self._h.query(f"{columnar.insert_sql('io_requests', source)}\nSETTINGS {clause}", "Null")
 
 
 class ServerStore(Store):
@@ -186,10 +245,14 @@ class ServerStore(Store):
 
     def __init__(self, url: str) -> None:
         super().__init__()
+        self._url = urlparse(url)
+        self._h  # connect now: a bad URL or credentials fail here  # noqa: B018
+
+    def _open_handle(self):
         import clickhouse_connect
 
-        u = urlparse(url)
-        self._client = clickhouse_connect.get_client(
+        u = self._url
+        return clickhouse_connect.get_client(
             host=u.hostname or "127.0.0.1",
             port=u.port or 8123,
             username=u.username or "default",
@@ -198,26 +261,31 @@ class ServerStore(Store):
             secure=u.scheme == "https",
         )
 
+    def _close_handle(self, handle):
+        handle.close()
+
+    def _set_priority(self, handle, ingest):
+        # The server's own scheduler: a lower number goes first among concurrent queries
+        # (0 would mean none; untested here: no ClickHouse server on the build machines).
+        handle.set_client_setting("priority", 1 if ingest else 2)
+
     def _command(self, sql, params):
-        self._client.command(sql, parameters=params or None)
+        self._h.command(sql, parameters=params or None)
 
     def _query(self, sql, params):
-        return list(self._client.query(sql, parameters=params or None).named_results())
+        return list(self._h.query(sql, parameters=params or None).named_results())
 
     def _insert_json(self, table, payload):
-        self._client.raw_insert(table, insert_block=payload, fmt="JSONEachRow")
+        self._h.raw_insert(table, insert_block=payload, fmt="JSONEachRow")
 
     def _insert_io_batches(self, messages, parse_threads):
         # The stream is the request body, read by input(); the server parses it.
         source = f"input({_ch_literal(columnar.STRUCTURE)})"
-        self._client.command(
+        self._h.command(
             f"{columnar.insert_sql('io_requests', source)}\nFORMAT Protobuf",
             data=columnar.length_delimited(messages),
             settings={**columnar.format_settings(inline=True), **columnar.ONE_BLOCK},
         )
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def open_store(settings: Settings) -> Store:

@@ -1,0 +1,245 @@
+"""Ingest benchmark (issue 15): records/s from Kafka into the store with the real pipeline,
+against the raw engine insert of the same rows, side by side in one run; and the pipeline's
+rate while API-like queries run on the same store in a loop.
+
+Starts a real Kafka broker (KRaft, loopback, the pinned jars in build/kafka) in a tmp dir and
+produces ``--records`` records (agent-like IoBatch messages of ``--batch`` records: 64 ranks
+writing 1 MiB requests to 8 files, plus opens and closes) to a 3-partition topic before any
+timing. Then, for each of ``--rounds`` rounds, on a fresh chDB store each:
+
+* **pipeline**: a new consumer group reads the whole topic through
+  :class:`pharos_pipeline.ingest.Pipeline` (decode, dedupe by (producer_id, seq), one insert per
+  poll, markers, commit), timed from the first poll to the last record stored;
+* **raw**: the same rows, already columnar in a Memory table of the same store, inserted with
+  one ``INSERT INTO ... SELECT`` into an empty table of the io_requests schema: what the engine
+  itself costs (sort, compress, write), the ceiling for any ingest path;
+* **pipeline + queries** (``--with-queries``): the pipeline again while another thread runs a
+  heavy API query (a job summary over all stored records and the system view) in a loop on
+  the same store object, as the server's API threads do.
+
+Prints records/s of each and the ratios pipeline/raw and (pipeline + queries)/pipeline per
+round, then their medians. Targets (issue 15): >= 500,000 records/s per pipeline process, >= 0.5
+of raw, >= 0.8 of the idle rate with queries running.
+
+Usage: uv run python bench/ingest.py [--records 2000000] [--batch 1000] [--rounds 3]
+                                     [--with-queries] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from pharos_testkit import free_port  # noqa: E402
+
+from pharos_pipeline.broker import KafkaBroker, ensure_topics  # noqa: E402
+from pharos_pipeline.ingest import Pipeline  # noqa: E402
+from pharos_pipeline.settings import Settings  # noqa: E402
+from pharos_pipeline.store import migrate, open_store  # noqa: E402
+from pharos_pipeline.wire import IoBatch  # noqa: E402
+from pharos_pipeline.wire.pharos.v1 import io_pb2  # noqa: E402
+
+MiB = 1 << 20
+ONE_BLOCK = "min_insert_block_size_rows = 1099511627776, min_insert_block_size_bytes = 1125899906842624"
+
+
+def make_batches(records: int, per_batch: int, producers: int = 8) -> list[tuple[bytes, bytes]]:
+    """(key, IoBatch bytes) messages: ``producers`` agents (one per compute node), each with
+    its own seq; 64 ranks of job "bench" writing 1 MiB requests, an open and a close per file
+    now and then (metadata records)."""
+    t0 = time.time_ns() - 3600 * 10**9
+    out, seqs, n = [], [0] * producers, 0
+    while n < records:
+        p = len(out) % producers
+        b = IoBatch(schema_version=1, producer_id=f"cn{p:03d}:agent:1", seq=seqs[p], created_ns=t0, host=f"cn{p:03d}")
+        seqs[p] += 1
+        for _ in range(min(per_batch, records - n)):
+            rank = 8 * p + n % 8
+            start = t0 + n * 50_000
+            op = io_pb2.OP_OPEN if n % 500 == 0 else io_pb2.OP_CLOSE if n % 500 == 499 else io_pb2.OP_PWRITE
+            size = MiB if op == io_pb2.OP_PWRITE else 0
+            b.records.add(
+                start_ns=start,
+                end_ns=start + 40_000,
+                duration_ns=40_000,
+                layer=io_pb2.LAYER_CLIENT,
+                job_id="bench",
+                rank=rank,
+                pid=1000 + rank,
+                tid=1000 + rank,
+                comm="ior",
+                op=op,
+                dev=0x800001,
+                inode=10_000 + rank % 8,
+                path=f"/scratch/bench/out.{rank % 8}",
+                file_type=io_pb2.FILE_TYPE_REGULAR,
+                fd=3,
+                offset=(n // 64) * MiB,
+                size=size,
+                result=size,
+                count=1,
+            )
+            n += 1
+        out.append((b.producer_id.encode(), b.SerializeToString()))
+    return out
+
+
+def produce(settings: Settings, messages: list[tuple[bytes, bytes]]) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20, "acks": "all"})
+    failed = []
+    for key, value in messages:
+        while True:
+            try:
+                p.produce(
+                    settings.topic_requests, key=key, value=value, on_delivery=lambda e, _m: e and failed.append(e)
+                )
+                break
+            except BufferError:
+                p.poll(0.1)
+        p.poll(0)
+    if p.flush(120) or failed:
+        raise SystemExit(f"producing failed: {failed[:3]}")
+
+
+class Queries(threading.Thread):
+    """API-like queries on ``store`` in a loop until stopped: the job summary over every stored
+    record of the job and the system view's per-layer totals."""
+
+    SQL = (
+        "SELECT rank, count() AS n, sum(bytes) AS b, quantiles(0.5, 0.99)(duration_ns) AS q "
+        "FROM io_requests WHERE job_id = 'bench' GROUP BY rank ORDER BY rank",
+        "SELECT layer, op, count() AS n, sum(bytes) AS b, uniqExact(path) AS files FROM io_requests GROUP BY layer, op",
+    )
+
+    def __init__(self, store) -> None:
+        super().__init__(daemon=True)
+        self.store, self.stop, self.done = store, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for q in self.SQL:
+                self.store.query(q)
+                self.done += 1
+
+
+def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool) -> tuple[float, int, int]:
+    """The pipeline of a new group over the whole topic: (seconds, records stored in them,
+    queries run meanwhile). The first poll (group join, partition assignment) is not timed."""
+    s = settings.model_copy(update={"consumer_group": f"bench-{tag}-{time.time_ns()}"})
+    pipe = Pipeline(s, store)
+    q = Queries(store) if queries else None
+    try:
+        while pipe.process_once(1.0) == 0:  # the group joins, the first poll comes
+            pass
+        t, base = time.perf_counter(), pipe.stats()["records"]
+        if q:
+            q.start()
+        while pipe.stats()["records"] < total:
+            pipe.process_once(0.5)
+        dt = time.perf_counter() - t
+    finally:
+        if q:
+            q.stop.set()
+            q.join()
+        pipe.close()
+    return dt, total - base, (q.done if q else 0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--batch", type=int, default=1000, help="records per IoBatch message")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
+    a = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="pharos-bench-ingest-"))
+    port, ctl = free_port(), free_port()
+    settings = Settings(
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        kafka_home=REPO / "build" / "kafka",
+        state_dir=root / "state",
+        topic_requests="bench.io.requests",
+        topic_jobs="bench.jobs",
+        topic_deadletter="bench.io.deadletter",
+        topic_target_metrics="bench.target.metrics",
+        topic_partitions=3,
+    )
+    broker = KafkaBroker(settings, root / "kafka", controller_port=ctl)
+    rows = []
+    try:
+        broker.start(timeout=120)
+        ensure_topics(settings)
+        t = time.perf_counter()
+        msgs = make_batches(a.records, a.batch)
+        produce(settings, msgs)
+        print(
+            f"produced {a.records:,} records in {len(msgs):,} messages "
+            f"({sum(len(v) for _, v in msgs) / MiB:.0f} MiB) in {time.perf_counter() - t:.1f} s"
+        )
+        for r in range(a.rounds):
+            store_dir = root / f"store{r}"
+            store = open_store(settings.model_copy(update={"state_dir": store_dir}))
+            try:
+                migrate(store)
+                dt, n, _ = run_pipeline(settings, store, a.records, f"r{r}", False)
+                pipe_rate = n / dt
+                store.command("CREATE TABLE mem AS io_requests ENGINE = Memory")
+                store.command("INSERT INTO mem SELECT * FROM io_requests")
+                store.command("CREATE TABLE raw AS io_requests")
+                t = time.perf_counter()
+                store.command(f"INSERT INTO raw SELECT * FROM mem SETTINGS {ONE_BLOCK}")
+                raw_rate = a.records / (time.perf_counter() - t)
+                n = int(store.query("SELECT count() AS n FROM raw")[0]["n"])
+                assert n == a.records, (n, a.records)
+                row = {"pipeline": pipe_rate, "raw": raw_rate}
+                if a.with_queries:
+                    store.command("TRUNCATE TABLE io_requests")
+                    store.command("TRUNCATE TABLE io_batches")
+                    dq, nq, done = run_pipeline(settings, store, a.records, f"q{r}", True)
+                    row["with_queries"] = nq / dq
+                    row["queries"] = done / dq
+                rows.append(row)
+                extra = (
+                    f"; with queries {row['with_queries']:,.0f} rec/s ({row['queries']:.1f} queries/s), "
+                    f"{row['with_queries'] / pipe_rate:.2f} of idle"
+                    if a.with_queries
+                    else ""
+                )
+                print(
+                    f"round {r + 1}: pipeline {pipe_rate:,.0f} rec/s, raw insert {raw_rate:,.0f} rec/s, "
+                    f"pipeline/raw {pipe_rate / raw_rate:.2f}{extra}",
+                    flush=True,
+                )
+            finally:
+                store.close()
+                shutil.rmtree(store_dir, ignore_errors=True)
+    finally:
+        broker.stop()
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    ratios = [r["pipeline"] / r["raw"] for r in rows]
+    print(
+        f"median: pipeline {med['pipeline']:,.0f} rec/s (target >= 500,000), raw {med['raw']:,.0f} rec/s, "
+        f"pipeline/raw {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; target >= 0.5)"
+    )
+    if a.with_queries:
+        q = [r["with_queries"] / r["pipeline"] for r in rows]
+        print(f"with queries: {statistics.median(q):.2f} of idle (range {min(q):.2f}-{max(q):.2f}; target >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""No one lock for everything (issue 15, item 6): each thread reaches the store through its own
+chDB session on the same directory, so an insert and a query of one thread complete while
+another thread's slow query is still running, and every thread sees the others' data."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pipeline_testkit import make_batch, make_record
+
+from pharos_pipeline.settings import Settings
+from pharos_pipeline.store import StoreError, migrate, open_store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(Settings(state_dir=tmp_path / "state"))
+    migrate(s)
+    yield s
+    s.close()
+
+
+def test_a_slow_query_does_not_hold_up_another_thread(store):
+    started, slow_done = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    def slow() -> None:
+        try:
+            started.set()
+            # about 3 s of wall time, little CPU: one row every 0.1 s
+            store.query("SELECT sum(sleepEachRow(0.1)) AS s FROM numbers(30) SETTINGS max_block_size = 1")
+        except Exception as exc:
+            errors.append(str(exc))
+        finally:
+            slow_done.set()
+
+    t = threading.Thread(target=slow)
+    t.start()
+    started.wait(5)
+    store.mark_ingest_thread()
+    store.insert_io_batches([make_batch("p1", 0, [make_record(k) for k in range(100)]).SerializeToString()])
+    n = int(store.query("SELECT count() AS n FROM io_requests")[0]["n"])
+    assert not slow_done.is_set(), "the slow query finished first: the insert waited for it"
+    assert n == 100
+    t.join(30)
+    assert not errors, errors
+    # the other thread's session sees what this one stored
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(store.query("SELECT count() AS n FROM io_requests")))
+    other.start()
+    other.join(30)
+    assert int(seen[0][0]["n"]) == 100
+
+
+def test_priorities_and_close(store):
+    prio = {}
+
+    def read(name: str, ingest: bool) -> None:
+        if ingest:
+            store.mark_ingest_thread()
+        prio[name] = int(store.query("SELECT getSetting('os_thread_priority') AS p")[0]["p"])
+
+    for name, ingest in (("api", False), ("pipeline", True)):
+        t = threading.Thread(target=read, args=(name, ingest))
+        t.start()
+        t.join(30)
+    assert prio == {"api": store.QUERY_NICE, "pipeline": 0}
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.query("SELECT 1")
