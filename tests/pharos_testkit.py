@@ -1,12 +1,13 @@
 """Helpers shared by test folders (importable because tests/conftest.py puts tests/ on
 sys.path): paths to the shared data beside the repository, free loopback ports, settings with
-a test's own Kafka topics on the session broker, the real Alertmanager on a free loopback port,
-a job cgroup to run a command in as a job."""
+a test's own Kafka topics on the session broker, the real Alertmanager and Prometheus on a free
+loopback port, Prometheus expositions parsed, a job cgroup to run a command in as a job."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+PROMETHEUS = "/usr/bin/prometheus"
 REPO = Path(__file__).resolve().parents[1]
 #: ``pytestmark`` of a test on a whole real stack (eBPF agent, job cgroups and FUSE need root).
 LIVE_STACK_MARKS = [
@@ -169,27 +171,17 @@ def in_job(job_id: str | None, parent: str = "pharos-test") -> Iterator[Callable
 
 
 @contextlib.contextmanager
-def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
-    """Run the real Alertmanager (Debian prometheus-alertmanager) with ``config_yaml`` on a
-    free loopback port, no clustering, storage in ``d``; yields its base URL; stops it
-    (SIGTERM, then SIGKILL) on exit. Fails the test if it is missing or does not start."""
-    if not Path(ALERTMANAGER).exists():
-        pytest.fail(f"{ALERTMANAGER} missing: apt-get install prometheus-alertmanager")
-    (d / "am.yml").write_text(config_yaml)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(d / "am.log", "wb") as log:  # the child keeps its own copy of the descriptor
+def _running_server(name: str, argv: list[str], log_path: Path, url: str, lifetime_s: float) -> Iterator[str]:
+    """Run ``argv`` (a Prometheus-family server on ``url``) under coreutils ``timeout`` in a process
+    group of its own, its output in ``log_path``; yields ``url`` once ``/-/ready`` answers (fails the
+    test if it exits or is not ready within 30 s); stops it (SIGTERM, then SIGKILL of the group) on
+    exit, and in any case after ``lifetime_s`` seconds."""
+    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            [
-                ALERTMANAGER,
-                f"--config.file={d / 'am.yml'}",
-                f"--storage.path={d / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-                "--log.level=warn",
-            ],
+            ["timeout", "--kill-after=10", str(int(lifetime_s)), *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 30
@@ -200,16 +192,60 @@ def running_alertmanager(d: Path, config_yaml: str) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"alertmanager did not start: {(d / 'am.log').read_text()[-2000:]}")
+                pytest.fail(f"{name} did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
+        proc.terminate()  # timeout passes SIGTERM on to the server
         try:
-            proc.wait(10)
+            proc.wait(15)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+@contextlib.contextmanager
+def running_alertmanager(d: Path, config_yaml: str, lifetime_s: float = 3600) -> Iterator[str]:
+    """Run the real Alertmanager (Debian prometheus-alertmanager) with ``config_yaml`` on a
+    free loopback port, no clustering, storage in ``d``; yields its base URL; stops it
+    (SIGTERM, then SIGKILL) on exit, at the latest after ``lifetime_s`` seconds. Fails the test if
+    it is missing or does not start."""
+    if not Path(ALERTMANAGER).exists():
+        pytest.fail(f"{ALERTMANAGER} missing: apt-get install prometheus-alertmanager")
+    (d / "am.yml").write_text(config_yaml)
+    port = free_port()
+    argv = [
+        ALERTMANAGER,
+        f"--config.file={d / 'am.yml'}",
+        f"--storage.path={d / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        "--log.level=warn",
+    ]
+    with _running_server("alertmanager", argv, d / "am.log", f"http://127.0.0.1:{port}", lifetime_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_prometheus(d: Path, config_yaml: str, lifetime_s: float = 600) -> Iterator[str]:
+    """Run the real Prometheus (Debian prometheus) with ``config_yaml`` on a free loopback port, its
+    TSDB in ``d``; yields its base URL; stops it (SIGTERM, then SIGKILL) on exit, at the latest
+    after ``lifetime_s`` seconds. Fails the test if it is missing or does not start."""
+    if not Path(PROMETHEUS).exists():
+        pytest.fail(f"{PROMETHEUS} missing: apt-get install prometheus")
+    (d / "prometheus.yml").write_text(config_yaml)
+    port = free_port()
+    argv = [
+        PROMETHEUS,
+        f"--config.file={d / 'prometheus.yml'}",
+        f"--storage.tsdb.path={d / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+        "--log.level=warn",
+    ]
+    with _running_server("prometheus", argv, d / "prometheus.log", f"http://127.0.0.1:{port}", lifetime_s) as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -236,6 +272,33 @@ def running_stack(state_dir: Path, cgroup_parent: str, env: dict[str, str], **ov
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def parse_metrics(text: str, content_type: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A Prometheus exposition parsed by prometheus_client's parser for its content type (the
+    OpenMetrics one is strict: a malformed exposition raises): {sample name: [(labels, value)]}."""
+    if content_type.startswith("application/openmetrics-text"):
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def scrape(url: str, token: str | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """``GET url`` (a /metrics endpoint, with a Bearer token if given) parsed by
+    :func:`parse_metrics`."""
+    r = httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10)
+    r.raise_for_status()
+    return parse_metrics(r.text, r.headers["content-type"])
+
+
+def sample(metrics: dict, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when none)."""
+    return sum(v for lab, v in metrics.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
 
 
 def cli_json(url: str, *args: str) -> dict:

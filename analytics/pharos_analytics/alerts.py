@@ -375,10 +375,9 @@ class DetectionLoop(PeriodicLoop):
             if self.alerter.sinks
             else {"firing": len(conds), "sent": 0, "resolved": 0}
         )
-        self.cycles += 1
         self.last = {
             "time_ns": now_ns,
-            "duration_s": round(time.monotonic() - t0, 3),
+            "duration_s": self.cycle_done(t0),
             "anomalies": len(rep.anomalies),
             "interference": len(events),
             "straggler_resources": stragglers,

@@ -12,10 +12,12 @@ from fastapi.responses import JSONResponse
 
 from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
+from pharos_pipeline.telemetry import service_registry
 
 from .auth import get_principal
-from .routers import control, diagnosis, jobs, report, system, system_diag, tokens
+from .routers import control, diagnosis, jobs, metrics, report, system, system_diag, tokens
 from .schemas import API_VERSION, ErrorOut
+from .telemetry import RequestMetrics
 
 #: Answers every authenticated route may give (documented in the OpenAPI schema).
 AUTH_RESPONSES: dict[int | str, dict] = {
@@ -38,6 +40,10 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     with :func:`~pharos_api.auth.get_principal`, so a new route cannot be left open), and each
     route admits the roles it names.
 
+    ``GET /metrics`` (operator or admin) is the Prometheus exposition of this process
+    (:mod:`pharos_api.routers.metrics`); every request's latency is measured
+    (:class:`~pharos_api.telemetry.RequestMetrics`).
+
     Errors: a StoreError inside a request becomes ``503 {"detail": "store error: ..."}``;
     invalid parameters ``422``; unknown jobs ``404``; no or a bad token ``401``; a role lacking
     the right ``403``. Raises ExposureError when ``settings.api_host`` is not loopback and
@@ -53,9 +59,12 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     )
     app.state.store = store
     app.state.settings = settings
+    # GET /metrics: the process-wide families and the pipeline `pharos serve` sets on app.state
+    app.state.metrics_registry = service_registry(lambda: getattr(app.state, "pipeline", None))
+    app.add_middleware(RequestMetrics)
     app.include_router(system.health_router)  # the one open route
     authenticated = [Depends(get_principal)]
-    for r in (system, jobs, diagnosis, system_diag, control, report, tokens):
+    for r in (system, jobs, diagnosis, system_diag, control, report, tokens, metrics):
         app.include_router(r.router, dependencies=authenticated, responses=AUTH_RESPONSES)
 
     @app.exception_handler(StoreError)

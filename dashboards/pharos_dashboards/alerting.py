@@ -158,30 +158,55 @@ def alert_rules() -> dict[str, Any]:
     }
 
 
+def _datasources(ds: dict[str, Any]) -> dict[str, Any]:
+    """A data source provisioning file of one data source."""
+    return {"apiVersion": 1, "datasources": [ds]}
+
+
 def datasources() -> dict[str, Any]:
-    return {
-        "apiVersion": 1,
-        "datasources": [
-            {
-                "name": "Pharos ClickHouse",
-                "uid": DATASOURCE_UID,
-                "type": "grafana-clickhouse-datasource",
-                "isDefault": True,
-                "editable": False,
-                "jsonData": {
-                    "host": "${PHAROS_CLICKHOUSE_HOST}",
-                    "port": 8123,
-                    "protocol": "http",
-                    "secure": False,
-                    "username": "${PHAROS_CLICKHOUSE_USER}",
-                    "defaultDatabase": "pharos",
-                    "dialTimeout": "10",
-                    "queryTimeout": "60",
-                },
-                "secureJsonData": {"password": "${PHAROS_CLICKHOUSE_PASSWORD}"},
-            }
-        ],
-    }
+    return _datasources(
+        {
+            "name": "Pharos ClickHouse",
+            "uid": DATASOURCE_UID,
+            "type": "grafana-clickhouse-datasource",
+            "isDefault": True,
+            "editable": False,
+            "jsonData": {
+                "host": "${PHAROS_CLICKHOUSE_HOST}",
+                "port": 8123,
+                "protocol": "http",
+                "secure": False,
+                "username": "${PHAROS_CLICKHOUSE_USER}",
+                "defaultDatabase": "pharos",
+                "dialTimeout": "10",
+                "queryTimeout": "60",
+            },
+            "secureJsonData": {"password": "${PHAROS_CLICKHOUSE_PASSWORD}"},
+        }
+    )
+
+
+#: The Prometheus that scrapes Pharos's own metrics (deploy/prometheus/prometheus.yml): the Pharos
+#: health dashboard reads it.
+PROMETHEUS_UID = "pharos-prometheus"
+#: Prometheus's scrape interval in deploy/prometheus/prometheus.yml: Grafana's $__rate_interval is
+#: at least four of these.
+SCRAPE_INTERVAL = "15s"
+
+
+def prometheus_datasources() -> dict[str, Any]:
+    return _datasources(
+        {
+            "name": "Pharos Prometheus",
+            "uid": PROMETHEUS_UID,
+            "type": "prometheus",
+            "access": "proxy",
+            "url": "${PHAROS_PROMETHEUS_URL}",
+            "isDefault": False,
+            "editable": False,
+            "jsonData": {"httpMethod": "POST", "timeInterval": SCRAPE_INTERVAL},
+        }
+    )
 
 
 def dashboard_providers() -> dict[str, Any]:

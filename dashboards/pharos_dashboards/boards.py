@@ -9,7 +9,7 @@ from __future__ import annotations
 from pharos_analytics.pattern import SYSTEM_PATH_REGEX
 from pharos_analytics.summary import DATA_OPS, META_OPS, READ_OPS, WRITE_OPS, sql_list
 
-from .grafana import Board, custom_variable, job_link, query_variable, series_name, unit_override
+from .grafana import PLUGIN, Board, custom_variable, job_link, query_variable, series_name, unit_override
 
 READ, WRITE, DATA, META = sql_list(READ_OPS), sql_list(WRITE_OPS), sql_list(DATA_OPS), sql_list(META_OPS)
 #: Data I/O on regular files (what the job summary calls bytes and data ops).
@@ -97,8 +97,8 @@ LINKS = [
 ]
 
 
-def board(uid: str, title: str, description: str) -> Board:
-    return Board(uid=uid, title=title, description=description, tags=["pharos"], links=LINKS)
+def board(uid: str, title: str, description: str, datasource: str = PLUGIN) -> Board:
+    return Board(uid=uid, title=title, description=description, tags=["pharos"], links=LINKS, datasource=datasource)
 
 
 # ---------------------------------------------------------------- system overview

@@ -9,6 +9,11 @@ generated JSON against ``@grafana/schema`` with ``tsc --strict`` (tests/dashboar
 Conventions of the plugin's own dashboards: a ``datasource`` variable of type datasource, every
 query ``{"type": PLUGIN, "uid": "${datasource}"}``, raw SQL (``editorType`` sql), query variables
 with multi-select and All filtered by ``$__conditionalAll(cond, $var)``.
+
+Pharos's own health (self-monitoring) reads Prometheus instead: a board made with
+``datasource=PROMETHEUS`` has a ``datasource`` variable of that type, and its panels
+(:meth:`Board.prom_panel`) hold PromQL queries (:func:`prom_target`, the Prometheus data source's
+query model in code mode).
 """
 
 from __future__ import annotations
@@ -24,6 +29,23 @@ TIME_SERIES, TABLE = 0, 1
 SCHEMA_VERSION = 41
 
 
+PROMETHEUS = "prometheus"  # Grafana's built-in Prometheus data source
+PROM_DS = {"type": PROMETHEUS, "uid": "${datasource}"}
+
+
+def prom_target(expr: str, legend: str, ref: str) -> dict[str, Any]:
+    """One Prometheus query (PromQuery) over the panel's time range; ``legend`` names each series
+    (``{{label}}`` is replaced by the series' label)."""
+    return {
+        "datasource": PROM_DS,
+        "editorMode": "code",
+        "expr": expr.strip(),
+        "legendFormat": legend,
+        "range": True,
+        "refId": ref,
+    }
+
+
 def target(sql: str, fmt: int, ref: str = "A") -> dict[str, Any]:
     """One plugin query (CHSqlQuery)."""
     return {
@@ -37,7 +59,7 @@ def target(sql: str, fmt: int, ref: str = "A") -> dict[str, Any]:
     }
 
 
-def datasource_variable() -> dict[str, Any]:
+def datasource_variable(plugin: str = PLUGIN) -> dict[str, Any]:
     return {
         "current": {"text": "", "value": ""},
         "hide": 0,
@@ -46,7 +68,7 @@ def datasource_variable() -> dict[str, Any]:
         "multi": False,
         "name": "datasource",
         "options": [],
-        "query": PLUGIN,
+        "query": plugin,
         "refresh": 1,
         "regex": "",
         "type": "datasource",
@@ -175,12 +197,14 @@ class Board:
     """A dashboard being built: panels flow left to right in a 24-column grid.
 
     ``columns`` records, per panel title, the columns its query must return (checked by
-    tests/dashboards on chDB; not part of the JSON)."""
+    tests/dashboards on chDB; not part of the JSON). ``datasource``: the data source type of
+    every query (the ClickHouse plugin, or :data:`PROMETHEUS`)."""
 
     uid: str
     title: str
     description: str
     tags: list[str]
+    datasource: str = PLUGIN
     variables: list[dict[str, Any]] = field(default_factory=list)
     annotations: list[dict[str, Any]] = field(default_factory=list)
     panels: list[dict[str, Any]] = field(default_factory=list)
@@ -214,12 +238,30 @@ class Board:
         )
         self._y += 1
 
-    def panel(
+    def panel(self, kind: str, title: str, sql: str, columns: tuple[str, ...], **look: Any) -> None:
+        """A panel of one SQL query that must return ``columns``; ``look``: :meth:`_add`'s
+        keywords (size, description, unit, options, field defaults and overrides)."""
+        fmt = TIME_SERIES if kind in ("timeseries", "heatmap", "state-timeline") else TABLE
+        if title in self.columns:
+            raise ValueError(f"{self.uid}: two panels titled {title!r}")
+        self.columns[title] = columns
+        self._add(kind, title, [target(sql, fmt)], **look)
+
+    def prom_panel(self, kind: str, title: str, queries: list[tuple[str, str]], **look: Any) -> None:
+        """A panel of PromQL ``queries``, each (expression, legend), refIds A, B, ... (a board
+        made with ``datasource=PROMETHEUS``); ``look`` as for :meth:`panel`."""
+        if self.datasource != PROMETHEUS:
+            raise ValueError(f"{self.uid}: a Prometheus panel on a {self.datasource} board")
+        if title in {p["title"] for p in self.panels}:
+            raise ValueError(f"{self.uid}: two panels titled {title!r}")
+        targets = [prom_target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(queries)]
+        self._add(kind, title, targets, **look)
+
+    def _add(
         self,
         kind: str,
         title: str,
-        sql: str,
-        columns: tuple[str, ...],
+        targets: list[dict[str, Any]],
         *,
         w: int = 12,
         h: int = 8,
@@ -229,23 +271,19 @@ class Board:
         defaults: dict[str, Any] | None = None,
         overrides: list[dict[str, Any]] | None = None,
     ) -> None:
-        fmt = TIME_SERIES if kind in ("timeseries", "heatmap", "state-timeline") else TABLE
         fd: dict[str, Any] = dict(defaults or {})
         if unit:
             fd["unit"] = unit
-        if title in self.columns:
-            raise ValueError(f"{self.uid}: two panels titled {title!r}")
-        self.columns[title] = columns
         self.panels.append(
             {
-                "datasource": DS,
+                "datasource": targets[0]["datasource"],
                 "description": description,
                 "fieldConfig": {"defaults": fd, "overrides": overrides or []},
                 "gridPos": self._place(w, h),
                 "id": len(self.panels) + 1,
                 "options": {**OPTIONS[kind], **(options or {})},
                 "pluginVersion": "12.1.0",
-                "targets": [target(sql, fmt)],
+                "targets": targets,
                 "title": title,
                 "type": kind,
             }
@@ -274,7 +312,7 @@ class Board:
             "refresh": "30s",
             "schemaVersion": SCHEMA_VERSION,
             "tags": self.tags,
-            "templating": {"list": [datasource_variable(), *self.variables]},
+            "templating": {"list": [datasource_variable(self.datasource), *self.variables]},
             "time": {"from": self.time_from, "to": "now"},
             "timepicker": {},
             "timezone": "browser",

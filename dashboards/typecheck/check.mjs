@@ -1,9 +1,10 @@
 // Type-checks Grafana dashboard JSON files with tsc --strict against @grafana/schema:
 //   node typecheck/check.mjs [--out DIR] FILE_OR_DIR...
 // Each dashboard becomes a TypeScript module (in DIR, default .typecheck/) where every panel is
-// declared with its panel plugin's Options/FieldConfig types, every query as the ClickHouse
-// plugin's query model, and the whole as @grafana/schema's Dashboard; object literals make tsc
-// reject unknown properties as well as wrong types. Exit status: tsc's.
+// declared with its panel plugin's Options/FieldConfig types, every query as its data source's
+// query model (the ClickHouse plugin's, or Prometheus's for panels of a prometheus data source),
+// and the whole as @grafana/schema's Dashboard; object literals make tsc reject unknown
+// properties as well as wrong types. Exit status: tsc's.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -62,7 +63,9 @@ for (const file of files) {
     }
     used.add(p.type);
     const m = ident(p.type);
-    decls.push(`const ${name}: PanelOf<${m}.Options${spec[2] ? `, ${m}.FieldConfig` : ''}> = ${lit(p)};`);
+    const fc = spec[2] ? `${m}.FieldConfig` : 'Record<string, unknown>';
+    const q = p.datasource?.type === 'prometheus' ? 'PromQuery' : 'CHQuery';
+    decls.push(`const ${name}: PanelOf<${m}.Options, ${fc}, ${q}> = ${lit(p)};`);
   });
   const { panels: _p, annotations, ...rest } = d;
   const imports = [...used].map(
@@ -71,7 +74,7 @@ for (const file of files) {
   );
   const ts = [
     `import type { Dashboard, RowPanel } from '@grafana/schema';`,
-    `import type { Annotation, Loose, PanelOf } from './grafana-types';`,
+    `import type { Annotation, CHQuery, Loose, PanelOf, PromQuery } from './grafana-types';`,
     ...imports,
     '',
     ...decls,

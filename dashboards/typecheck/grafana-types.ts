@@ -26,9 +26,25 @@ export type CHQuery = Omit<DataQuery, 'datasource'> & {
   rawSql: string;
 };
 
-export type PanelOf<O, F = Record<string, unknown>> = Loose<Omit<Panel<O, F>, 'options' | 'targets'>> & {
+// Grafana's built-in Prometheus data source's query model (PromQuery: PrometheusDataQuery of
+// Grafana's public/app/plugins/datasource/prometheus/dataquery.cue, now packages/grafana-prometheus;
+// @grafana/schema does not export it), as Pharos writes it.
+export type PromQuery = Omit<DataQuery, 'datasource'> & {
+  datasource: { type: 'prometheus'; uid: string };
+  editorMode?: 'code' | 'builder';
+  exemplar?: boolean;
+  expr: string;
+  format?: 'time_series' | 'table' | 'heatmap';
+  instant?: boolean;
+  range?: boolean;
+  interval?: string;
+  intervalFactor?: number;
+  legendFormat?: string;
+};
+
+export type PanelOf<O, F = Record<string, unknown>, Q = CHQuery> = Loose<Omit<Panel<O, F>, 'options' | 'targets'>> & {
   options: Loose<O>;
-  targets?: CHQuery[];
+  targets?: Q[];
 };
 
 export type Annotation = Loose<Omit<AnnotationQuery<CHQuery>, 'target'>> & { target?: CHQuery };

@@ -43,7 +43,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -401,19 +401,34 @@ class _Batch:
 
 
 @dataclass
+class TopicCounters:
+    """What the pipeline did with one topic's messages since it started (the one count behind
+    :meth:`Pipeline.stats`, ``GET /v1/pipeline`` and the Prometheus metrics)."""
+
+    messages: int = 0  # Kafka messages taken (and committed)
+    stored: int = 0  # rows written: io_requests, job_events or target_metrics
+    batches: int = 0  # new IoBatches stored (io requests)
+    duplicates: int = 0  # batches skipped: already stored, or repeated within a poll
+    dead_letters: int = 0  # messages sent to the dead-letter topic
+    gaps: int = 0  # batches missing by seq (lost between the producer and the pipeline)
+
+
+@dataclass
 class _Counters:
-    messages: int = 0
-    batches: int = 0
-    records: int = 0
-    job_events: int = 0
-    duplicates_skipped: int = 0
-    dead_letters: int = 0
-    gaps: int = 0
+    topics: dict[str, TopicCounters] = field(default_factory=dict)
     polls: int = 0
     commits: int = 0
     errors: int = 0
     last_commit_time: float | None = None
     last_seq: dict[str, int] = field(default_factory=dict)
+    #: (topic, partition) -> messages not yet committed (high watermark - committed offset)
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def topic(self, name: str) -> TopicCounters:
+        t = self.topics.get(name)
+        if t is None:
+            t = self.topics[name] = TopicCounters()
+        return t
 
 
 class Pipeline:
@@ -461,6 +476,11 @@ class Pipeline:
         self._unmarked: set[tuple[str, int]] = set()
         self._reconcile = True
         self._stats_lock = threading.Lock()
+        #: (topic, partition) -> the group's committed offset (negative: none yet)
+        self._committed: dict[tuple[str, int], int] = {}
+        self._lag_at = 0.0
+        #: the consumer lag is measured after a poll at most this often (seconds)
+        self.lag_every_s = 1.0
 
     # -- Kafka clients -------------------------------------------------------------------
     def _ensure_consumer(self):
@@ -493,6 +513,7 @@ class Pipeline:
     def reset_consumer(self) -> None:
         """Close the consumer without committing; the next poll rejoins the group and
         resumes from the committed offsets (what was polled but not committed comes again)."""
+        self._committed.clear()  # asked from the broker again after the rejoin
         if self._consumer is not None:
             try:
                 self._consumer.close()
@@ -524,13 +545,14 @@ class Pipeline:
         consumer = self._ensure_consumer()
         msgs = consumer.consume(num_messages=self.max_messages, timeout=self.max_wait if timeout is None else timeout)
         if not msgs:
+            self._update_lag(consumer)
             return 0
         batches: list[_Batch] = []
         events: list[JobEvent] = []
         metrics: list[TargetMetricsBatch] = []
         bad: list[_Bad] = []
         offsets: dict[tuple[str, int], int] = {}
-        taken = 0
+        taken: dict[str, int] = {}
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -540,8 +562,8 @@ class Pipeline:
                     raise KafkaException(err)
                 log.warning("consumer: %s", err)
                 continue
-            taken += 1
             topic, part, off = m.topic(), m.partition(), m.offset()
+            taken[topic] = taken.get(topic, 0) + 1
             offsets[(topic, part)] = max(offsets.get((topic, part), -1), off + 1)
             try:
                 if topic == self.settings.topic_requests:
@@ -560,21 +582,56 @@ class Pipeline:
         self._store_batches(batches)
         if events:
             self.store.insert_rows("job_events", [job_event_row(e) for e in events])
-        if metrics:  # ReplacingMergeTree: a re-delivered batch collapses into the same rows
-            self.store.insert_rows("target_metrics", [r for b in metrics for r in target_metrics_rows(b)])
+        metric_rows = [r for b in metrics for r in target_metrics_rows(b)]
+        if metric_rows:  # ReplacingMergeTree: a re-delivered batch collapses into the same rows
+            self.store.insert_rows("target_metrics", metric_rows)
 
         commit = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         if commit:
             consumer.commit(offsets=commit, asynchronous=False)
+            self._committed.update(offsets)
         with self._stats_lock:
             c = self._c
-            c.messages += taken
-            c.job_events += len(events)
+            for topic, n in taken.items():
+                c.topic(topic).messages += n
+            c.topic(self.settings.topic_jobs).stored += len(events)
+            c.topic(self.settings.topic_target_metrics).stored += len(metric_rows)
             c.polls += 1
             if commit:
                 c.commits += 1
                 c.last_commit_time = time.time()
-        return taken
+        self._update_lag(consumer)
+        return sum(taken.values())
+
+    def _update_lag(self, consumer) -> None:
+        """The consumer lag of each assigned partition, at most every ``lag_every_s`` seconds: its high
+        watermark (as the consumer last fetched it; asked from the broker when unknown) minus the
+        group's committed offset (this pipeline's commits; the broker's for a partition it has not
+        committed yet; none: the low watermark, where ``auto.offset.reset = earliest`` starts)."""
+        from confluent_kafka import KafkaException
+
+        now = time.monotonic()
+        if now - self._lag_at < self.lag_every_s:
+            return
+        self._lag_at = now
+        try:
+            parts = consumer.assignment()
+            unknown = [tp for tp in parts if (tp.topic, tp.partition) not in self._committed]
+            if unknown:
+                for tp in consumer.committed(unknown, timeout=5):
+                    self._committed[(tp.topic, tp.partition)] = tp.offset
+            lag = {}
+            for tp in parts:
+                low, high = consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:  # nothing fetched yet
+                    low, high = consumer.get_watermark_offsets(tp, timeout=5)
+                committed = self._committed.get((tp.topic, tp.partition), -1)
+                lag[(tp.topic, tp.partition)] = max(high - (committed if committed >= 0 else low), 0)
+        except KafkaException as exc:  # the broker is away: keep the previous values
+            log.debug("consumer lag not updated: %s", exc)
+            return
+        with self._stats_lock:
+            self._c.lag = lag
 
     def _store_batches(self, batches: list[_Batch]) -> None:
         # 1. duplicates within the poll (first one wins: the same key means the same batch)
@@ -608,9 +665,10 @@ class Pipeline:
         if dup:
             log.info("skipped %d duplicate batch(es)", dup)
         with self._stats_lock:
-            self._c.batches += len(new)
-            self._c.records += sum(len(b.batch.records) for b in new)
-            self._c.duplicates_skipped += dup
+            t = self._c.topic(self.settings.topic_requests)
+            t.batches += len(new)
+            t.stored += sum(len(b.batch.records) for b in new)
+            t.duplicates += dup
 
     def _insert_records(self, new: list[_Batch]) -> list[_Batch]:
         """Insert the records of ``new``; returns the batches stored. When the store refuses
@@ -657,7 +715,7 @@ class Pipeline:
                 last[b.producer_id] = b.seq
         if gaps:
             with self._stats_lock:
-                self._c.gaps += gaps
+                self._c.topic(self.settings.topic_requests).gaps += gaps
 
     def _dead_letter(self, bad: list[_Bad]) -> None:
         from confluent_kafka import KafkaException
@@ -714,7 +772,8 @@ class Pipeline:
             ],
         )
         with self._stats_lock:
-            self._c.dead_letters += len(todo)
+            for b in todo:
+                self._c.topic(b.topic).dead_letters += 1
 
     # -- loop ----------------------------------------------------------------------------
     def run(self, stop_event: threading.Event, *, max_backoff: float = 30.0) -> None:
@@ -743,30 +802,43 @@ class Pipeline:
             self.close()
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this process since it started.
+        """Counters of this process since it started, over every topic.
 
         Keys: messages (Kafka messages taken), batches (new IoBatches stored), records
         (io_requests rows written), job_events, duplicates_skipped (batches already stored
         or repeated within a poll), dead_letters, gaps (batches missing by seq), polls,
         commits, errors (failed polls retried), last_commit_time (Unix s, or None),
-        producers (producers seen).
+        producers (producers seen), consumer_lag (messages not committed yet, summed over the
+        assigned partitions).
         """
+        s = self.settings
         with self._stats_lock:
             c = self._c
+            t = c.topics
+            req, jobs = t.get(s.topic_requests, TopicCounters()), t.get(s.topic_jobs, TopicCounters())
             return {
-                "messages": c.messages,
-                "batches": c.batches,
-                "records": c.records,
-                "job_events": c.job_events,
-                "duplicates_skipped": c.duplicates_skipped,
-                "dead_letters": c.dead_letters,
-                "gaps": c.gaps,
+                "messages": sum(x.messages for x in t.values()),
+                "batches": req.batches,
+                "records": req.stored,
+                "job_events": jobs.stored,
+                "duplicates_skipped": req.duplicates,
+                "dead_letters": sum(x.dead_letters for x in t.values()),
+                "gaps": req.gaps,
                 "polls": c.polls,
                 "commits": c.commits,
                 "errors": c.errors,
                 "last_commit_time": c.last_commit_time,
                 "producers": len(c.last_seq),
+                "consumer_lag": sum(c.lag.values()),
             }
+
+    def topic_stats(self) -> tuple[dict[str, TopicCounters], dict[tuple[str, int], int]]:
+        """Copies of the per-topic counters (every subscribed topic, zeros included) and the
+        consumer lag by (topic, partition): what the Prometheus metrics read."""
+        with self._stats_lock:
+            topics = {name: TopicCounters() for name in self.topics}
+            topics.update({k: replace(v) for k, v in self._c.topics.items()})
+            return topics, dict(self._c.lag)
 
 
 # -- store-side statistics (for the API) --------------------------------------------------

@@ -78,6 +78,7 @@ ROUTES: dict[tuple[str, str], tuple[set[str], str, dict, bool, int]] = {
     ("POST", "/v1/tokens"): (ADMIN, "/v1/tokens", {"json": {"role": "operator", "user": "ops"}}, False, 201),
     ("GET", "/v1/tokens"): (ADMIN, "/v1/tokens", {}, False, 200),
     ("DELETE", "/v1/tokens/{token_id}"): (ADMIN, "/v1/tokens/{throwaway}", {}, False, 204),
+    ("GET", "/metrics"): (STAFF, "/metrics", {}, False, 200),
 }
 
 

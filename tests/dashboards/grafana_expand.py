@@ -162,3 +162,21 @@ def expand(sql: str, ctx: Context, *, frontend: bool = True) -> str:
     if left:
         raise ExpandError(f"unexpanded variable or macro at {sql[left.start() : left.start() + 40]!r}")
     return sql
+
+
+def rate_interval(scrape_interval_s: float, interval_s: float) -> float:
+    """Grafana's ``$__rate_interval`` for a Prometheus data source: max(``$__interval`` + the data
+    source's scrape interval, 4 × the scrape interval), so a rate() window always holds several
+    scrapes."""
+    return max(interval_s + scrape_interval_s, 4 * scrape_interval_s)
+
+
+def expand_promql(expr: str, scrape_interval_s: float, interval_s: float) -> str:
+    """A Prometheus panel query as Grafana sends it: ``$__rate_interval`` and ``$__interval`` become
+    durations in whole seconds (at least 1). Anything else that looks like a macro or a variable is
+    an error (the Pharos health dashboard has no variables but its data source)."""
+    rate = f"{max(1, round(rate_interval(scrape_interval_s, interval_s)))}s"
+    out = expr.replace("$__rate_interval", rate).replace("$__interval", f"{max(1, round(interval_s))}s")
+    if "$" in out:
+        raise ExpandError(f"unexpanded macro or variable in {out!r}")
+    return out

@@ -13,9 +13,10 @@ from datetime import UTC, datetime
 
 import pytest
 import yaml
-from grafana_expand import ALL, Context, expand
+from grafana_expand import ALL, Context, ExpandError, expand, expand_promql, rate_interval
 from pharos_dashboards import ROOT, boards, render, stale
-from pharos_dashboards.alerting import DATASOURCE_UID
+from pharos_dashboards.alerting import DATASOURCE_UID, PROMETHEUS_UID
+from pharos_dashboards.grafana import PROMETHEUS
 
 
 def test_committed_files_are_what_the_generator_makes():
@@ -28,6 +29,9 @@ def test_provisioning_points_at_one_clickhouse_datasource():
     ds = yaml.safe_load(files["provisioning/datasources/pharos-clickhouse.yaml"])["datasources"]
     assert [(d["uid"], d["type"]) for d in ds] == [(DATASOURCE_UID, "grafana-clickhouse-datasource")]
     assert {"host", "port", "protocol", "username", "defaultDatabase"} <= set(ds[0]["jsonData"])
+    (prom,) = yaml.safe_load(files["provisioning/datasources/pharos-prometheus.yaml"])["datasources"]
+    assert (prom["uid"], prom["type"], prom["isDefault"]) == (PROMETHEUS_UID, "prometheus", False)
+    assert prom["url"] and prom["jsonData"]["timeInterval"]
     (prov,) = yaml.safe_load(files["provisioning/dashboards/pharos.yaml"])["providers"]
     assert prov["type"] == "file" and prov["options"]["path"]
     rules = yaml.safe_load(files["provisioning/alerting/pharos-alerts.yaml"])
@@ -74,7 +78,7 @@ def test_dashboards_type_check_against_grafana_schema(tmp_path):
     npm_ci()
     r = typecheck("ok", "json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "5 dashboard(s) type-check" in r.stdout
+    assert f"{len(boards())} dashboard(s) type-check" in r.stdout
 
 
 def test_type_check_rejects_what_grafana_would_not_read(tmp_path):
@@ -88,8 +92,13 @@ def test_type_check_rejects_what_grafana_would_not_read(tmp_path):
         "panel": lambda d: d["panels"][0].update(type="no-such-panel"),
         "variable": lambda d: d["templating"]["list"][1].update(multi="yes"),
     }
-    for name, spoil in cases.items():
-        d = json.loads(json.dumps(good))
+    health = json.loads((ROOT / "json" / "pharos-health.json").read_text())
+    prom_cases = {
+        "prom-query": lambda d: d["panels"][1]["targets"][0].update(exp=d["panels"][1]["targets"][0].pop("expr")),
+        "prom-enum": lambda d: d["panels"][1]["targets"][0].update(editorMode="typing"),
+    }
+    for name, spoil in [*cases.items(), *prom_cases.items()]:
+        d = json.loads(json.dumps(health if name.startswith("prom-") else good))
         spoil(d)
         (tmp_path / f"{name}.json").write_text(json.dumps(d))
         r = typecheck(f"bad-{name}", str(tmp_path / f"{name}.json"))
@@ -117,3 +126,61 @@ def test_expander_follows_the_plugins_documented_examples():
     # nested parentheses inside the condition, two macros in one query (the last expands first)
     sql = "$__conditionalAll(hasAny(splitByChar(',', x), [${lvl}]), $lvl) AND $__conditionalAll(s IN ($svc), $svc)"
     assert expand(sql, ctx) == "hasAny(splitByChar(',', x), ['a','b']) AND 1=1"
+
+
+def health_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL as written) of every query of the Pharos health dashboard."""
+    d = json.loads((ROOT / "json" / "pharos-health.json").read_text())
+    return [(p["title"], t["expr"]) for p in d["panels"] for t in p.get("targets", [])]
+
+
+def test_health_dashboard_reads_prometheus_only():
+    (b,) = [b for b in boards() if b.uid == "pharos-health"]
+    d = b.json()
+    (ds,) = d["templating"]["list"]  # no variable but the data source
+    assert ds["type"] == "datasource" and ds["query"] == PROMETHEUS
+    panels = [p for p in d["panels"] if p["type"] != "row"]
+    assert panels and all(p["datasource"] == {"type": PROMETHEUS, "uid": "${datasource}"} for p in panels)
+    assert all(t["datasource"]["type"] == PROMETHEUS and t["expr"] for p in panels for t in p["targets"])
+    # every other dashboard is the ClickHouse plugin's only
+    for other in (x.json() for x in boards() if x.uid != "pharos-health"):
+        assert all(t["datasource"]["type"] != PROMETHEUS for p in other["panels"] for t in p.get("targets", []))
+
+
+def test_health_queries_parse_as_promql(tmp_path):
+    """Every query, with Grafana's $__rate_interval expanded, is valid PromQL for Prometheus 2.42's
+    own parser (promtool check rules); tests/e2e/test_self_monitoring.py runs them on real data."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool missing: apt-get install prometheus (make setup)")
+    assert rate_interval(15, 2) == 60 and rate_interval(15, 120) == 135
+    with pytest.raises(ExpandError):
+        expand_promql("rate(x[$__range])", 15, 2)
+    rules = [
+        {"record": f"pharos_health:q{i}", "expr": expand_promql(expr, 15, 15)}
+        for i, (_, expr) in enumerate(health_queries())
+    ]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "health", "rules": rules}]}))
+    r = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in r.stdout
+
+
+def test_deploy_scrape_config_is_valid_and_has_the_jobs_the_health_dashboard_reads():
+    """deploy/prometheus/prometheus.yml (docker-compose mounts it): valid for Prometheus 2.42
+    (promtool, syntax only: the token file exists only where it is deployed), the four Pharos jobs,
+    the server's scrape with a Bearer token file."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool missing: apt-get install prometheus (make setup)")
+    path = ROOT.parent / "deploy" / "prometheus" / "prometheus.yml"
+    r = subprocess.run([promtool, "check", "config", "--syntax-only", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    jobs = {j["job_name"]: j for j in yaml.safe_load(path.read_text())["scrape_configs"]}
+    jobs.pop("prometheus", None)  # Prometheus's own metrics
+    assert set(jobs) == {"pharos-server", "pharos-agent", "pharos-fwd", "pharos-mount"}
+    assert all(j["metrics_path"] == "/metrics" for j in jobs.values())
+    assert jobs["pharos-server"]["authorization"]["credentials_file"]
+    assert jobs["pharos-server"]["static_configs"][0]["targets"][0].endswith(":8400")
+    # the dashboard shows whether each of these jobs' targets is up
+    assert any(expr == "up" for _, expr in health_queries())

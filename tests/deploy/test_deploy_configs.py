@@ -33,11 +33,22 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
 
 
 def test_promtool_accepts_the_prometheus_config(tmp_path):
+    """The whole check (files included), as the container sees it once the operator token is
+    in deploy/prometheus/secrets (mounted at /etc/prometheus/secrets; its README says how)."""
     promtool = tool("promtool", "prometheus")
-    res = run(promtool, "check", "config", str(PROMETHEUS_YML))
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "pharos-operator.token").write_text("token\n")
+    text = PROMETHEUS_YML.read_text()
+    assert "/etc/prometheus/secrets/pharos-operator.token" in text
+    config = tmp_path / "prometheus.yml"
+    config.write_text(text.replace("/etc/prometheus/secrets/", f"{secrets}/"))
+    res = run(promtool, "check", "config", str(config))
     assert res.returncode == 0, res.stdout + res.stderr
-    broken = tmp_path / "prometheus.yml"
-    broken.write_text(PROMETHEUS_YML.read_text().replace("scrape_interval: 15s", "scrape_interval: fifteen"))
+    (secrets / "pharos-operator.token").unlink()
+    assert run(promtool, "check", "config", str(config)).returncode != 0  # the token is required
+    broken = tmp_path / "broken.yml"
+    broken.write_text(config.read_text().replace("scrape_interval: 15s", "scrape_interval: fifteen"))
     assert run(promtool, "check", "config", str(broken)).returncode != 0
 
 

@@ -682,10 +682,9 @@ class ControlLoop(PeriodicLoop):
         placement = self._placement(now_ns, pins, anomalies) if cfg.placement_enabled else None
         if placement:
             rows.append(placement)
-        self.cycles += 1
         self.last = {
             "time_ns": now_ns,
-            "duration_s": round(time.monotonic() - t0, 3),
+            "duration_s": self.cycle_done(t0),
             "active_jobs": len(active),
             "pending_jobs": len(pending),
             "decisions": len([a for a, _ in new_rows if a["kind"].startswith("dfra_")]),

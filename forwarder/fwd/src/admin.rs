@@ -10,18 +10,30 @@
 //! * `GET /placement`, `PUT /placement`: the whole placement document
 //!   (`{"pools": {"fast": {"targets": ["ost0"], "max_perf": {"ost0": 50}}},
 //!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`).
+//! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
+//!   `/status` read at each scrape, the targets' queue wait and the service-time histograms.
+use std::fmt;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::backend::Placement;
 use crate::metrics::ShipStats;
 use crate::server::Server;
+
+/// The Content-Type of `GET /metrics`.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub struct AdminState {
     pub server: Arc<Server>,
@@ -125,12 +137,178 @@ async fn put_placement(State(a): St, Json(p): Json<Placement>) -> Resp {
     Ok(Json(json!(p)))
 }
 
+/// One metric family of `values` (label value, metric), under the label `label`.
+fn family<M: EncodeMetric>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, M)],
+) -> fmt::Result {
+    let Some((_, first)) = values.first() else { return Ok(()) };
+    let mut f = e.encode_descriptor(name, help, None, first.metric_type())?;
+    for (v, m) in values {
+        m.encode(f.encode_family(&[(label, *v)])?)?;
+    }
+    Ok(())
+}
+
+/// One metric without labels.
+fn single<M: EncodeMetric>(e: &mut DescriptorEncoder, name: &str, help: &str, m: M) -> fmt::Result {
+    m.encode(e.encode_descriptor(name, help, None, m.metric_type())?)
+}
+
+/// The daemon's counters (`/status`) as metric families, read at each scrape.
+struct FwdCollector(Arc<AdminState>);
+
+impl fmt::Debug for FwdCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FwdCollector").field("node", &self.0.server.cfg.node_name).finish()
+    }
+}
+
+impl Collector for FwdCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s = &self.0.server;
+        let c = s.counters_view();
+        let r = s.sink.stats();
+        let m = (self.0.metrics_stats)();
+        let e = &mut enc;
+        let n = ConstCounter::new;
+        family(
+            e,
+            "pharos_fwd_requests",
+            "Requests served (answered), by class",
+            "class",
+            &[("metadata", n(c.served_metadata)), ("small", n(c.served_small)), ("large", n(c.served_large))],
+        )?;
+        single(e, "pharos_fwd_request_errors", "Requests answered with an error", n(c.errors))?;
+        single(
+            e,
+            "pharos_fwd_replies_not_sent",
+            "Replies that could not be sent (connection closed, client replays)",
+            n(c.reply_failures),
+        )?;
+        single(
+            e,
+            "pharos_fwd_oversized_replies",
+            "Replies too large for a frame, answered EMSGSIZE",
+            n(c.oversized_replies),
+        )?;
+        single(e, "pharos_fwd_worker_panics", "Requests whose execution panicked (answered EIO)", n(c.worker_panics))?;
+        single(e, "pharos_fwd_bad_frames", "Frames that did not decode", n(c.bad_frames))?;
+        single(e, "pharos_fwd_rejected_connections", "Connections refused over max_conns", n(c.rejected_conns))?;
+        single(e, "pharos_fwd_connections_accepted", "Connections accepted", n(c.conns_total))?;
+        single(e, "pharos_fwd_open_connections", "Connections open now", ConstGauge::new(c.open_conns as i64))?;
+        family(
+            e,
+            "pharos_fwd_bytes",
+            "Bytes read and written for clients",
+            "direction",
+            &[("read", n(c.bytes_read)), ("write", n(c.bytes_written))],
+        )?;
+        let q = |i: usize| ConstGauge::new(c.queued[i] as i64);
+        family(
+            e,
+            "pharos_fwd_queued_requests",
+            "Requests waiting in a class queue now",
+            "class",
+            &[("metadata", q(0)), ("small", q(1)), ("large", q(2))],
+        )?;
+        single(
+            e,
+            "pharos_fwd_buffer_pool_misses",
+            "Data buffers allocated because the pool was empty",
+            n(c.buffer_pool_misses),
+        )?;
+        single(e, "pharos_fwd_records_produced", "Per-request records made (one per served request)", n(r.produced))?;
+        single(e, "pharos_fwd_records_sent", "Records Kafka acknowledged", n(r.records_sent))?;
+        family(
+            e,
+            "pharos_fwd_records_dropped",
+            "Records not stored: sink queue full, batch refused by Kafka, Kafka disabled",
+            "reason",
+            &[
+                ("overflow", n(r.overflow_drops)),
+                ("delivery_failure", n(r.delivery_failures)),
+                ("not_shipped", n(r.not_shipped)),
+            ],
+        )?;
+        family(
+            e,
+            "pharos_fwd_target_metrics_batches",
+            "Target metrics batches by outcome",
+            "outcome",
+            &[
+                ("sent", n(m.batches_sent)),
+                ("delivery_failure", n(m.delivery_failures)),
+                ("not_shipped", n(m.not_shipped)),
+            ],
+        )?;
+        let waits = s.stats.queue_waits();
+        let names: Vec<&str> = s.backend.targets.iter().map(|t| t.name.as_str()).collect();
+        let per_target = |f: &dyn Fn(&crate::metrics::QueueWait) -> f64| -> Vec<(&str, ConstCounter<f64>)> {
+            names.iter().zip(&waits).map(|(t, w)| (*t, ConstCounter::new(f(w)))).collect()
+        };
+        family(
+            e,
+            "pharos_fwd_queue_wait_seconds",
+            "Time data requests waited in a target's queue, summed (Little's law: the queue depth integrated over time)",
+            "target",
+            &per_target(&|w| w.wait_s),
+        )?;
+        family(
+            e,
+            "pharos_fwd_dequeued_requests",
+            "Data requests that left a target's queue for a worker",
+            "target",
+            &per_target(&|w| w.dequeued as f64),
+        )?;
+        let depth: Vec<(&str, ConstGauge)> =
+            names.iter().zip(&waits).map(|(t, w)| (*t, ConstGauge::new(w.depth))).collect();
+        family(e, "pharos_fwd_target_queue_depth", "Data requests queued for a target now", "target", &depth)?;
+        Ok(())
+    }
+}
+
+/// The registry of `GET /metrics`: the counters, the service-time histograms, the build.
+fn registry(state: &Arc<AdminState>) -> Registry {
+    let mut reg = Registry::default();
+    reg.register_collector(Box::new(FwdCollector(state.clone())));
+    reg.register(
+        "pharos_fwd_service_seconds",
+        "Service time of requests with a target (execution and reply), by op kind",
+        state.server.stats.service.clone(),
+    );
+    let node = state.server.cfg.node_name.clone();
+    let build = Info::new(vec![
+        ("service", "fwd".to_string()),
+        ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ("node", node),
+    ]);
+    reg.register("pharos_build", "The running Pharos component and its version", build);
+    reg
+}
+
+/// A registry in the OpenMetrics text format.
+pub fn render(reg: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, reg).expect("writing to a String");
+    out
+}
+
 pub fn router(state: Arc<AdminState>) -> Router {
+    let reg = Arc::new(registry(&state));
+    let metrics = move || {
+        let reg = reg.clone();
+        async move { ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], render(&reg)) }
+    };
     Router::new()
         .route("/status", get(status))
         .route("/targets", get(get_targets))
         .route("/targets/{name}", get(get_targets).put(put_target))
         .route("/placement", get(get_placement).put(put_placement))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 

@@ -6,9 +6,16 @@
 //! interval (later samples overwrite earlier ones round-robin, `latency_max_ns` stays exact).
 //! Batches Kafka does not accept are counted (`delivery_failures`), as are batches not
 //! shipped because Kafka is disabled.
+//!
+//! For Prometheus (`GET /metrics` of the admin interface, [`crate::admin`]) the same two hooks
+//! also keep cumulative values since the start: each target's queue wait ([`QueueWait`]) and the
+//! service time of every request with a target, by op kind ([`TargetStats::service`]).
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use pharos_fwd_proto::Op;
 use pharos_wire::v1::{TargetMetrics, TargetMetricsBatch};
@@ -37,40 +44,111 @@ struct Interval {
     throttled: bool,
 }
 
+/// Labels of [`TargetStats::service`]: `op` is read, write or metadata.
+pub type OpLabel = [(&'static str, &'static str); 1];
+/// A histogram family with Pharos's service-time buckets.
+pub type ServiceHistograms = Family<OpLabel, Histogram, fn() -> Histogram>;
+
+fn service_histogram() -> Histogram {
+    // 50 µs .. 6.6 s, doubling
+    Histogram::new(exponential_buckets(50e-6, 2.0, 18))
+}
+
+/// A target queue's waits since the start, by Little's law: the integral of the queue's depth
+/// over time is the sum of the time its requests waited in it (each is counted in the depth from
+/// its enqueue to its dequeue, the interval of its record's `queue_wait_ns`).
+#[derive(Default)]
+struct QueueArea {
+    since: Option<Instant>,
+    wait_s: f64,
+    dequeued: u64,
+}
+
+impl QueueArea {
+    fn advance(&mut self, depth: i64) {
+        let now = Instant::now();
+        if let Some(s) = self.since {
+            self.wait_s += depth.max(0) as f64 * now.duration_since(s).as_secs_f64();
+        }
+        self.since = Some(now);
+    }
+}
+
+/// One target's cumulative queue wait: `wait_s` summed over its requests (those still queued
+/// included, up to now) and the requests that left the queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QueueWait {
+    pub wait_s: f64,
+    pub dequeued: u64,
+    pub depth: i64,
+}
+
 pub struct TargetStats {
     cur: Vec<Mutex<Interval>>,
     depth: Vec<AtomicI64>,
+    waits: Vec<Mutex<QueueArea>>,
+    /// Service time of every request with a target since the start, seconds, by op kind.
+    pub service: ServiceHistograms,
 }
 
 impl TargetStats {
     pub fn new(n: usize) -> TargetStats {
+        let service = ServiceHistograms::new_with_constructor(service_histogram);
+        for op in ["read", "write", "metadata"] {
+            let _ = service.get_or_create(&[("op", op)]); // exported (empty) from the start
+        }
         TargetStats {
             cur: (0..n).map(|_| Mutex::default()).collect(),
             depth: (0..n).map(|_| AtomicI64::new(0)).collect(),
+            waits: (0..n).map(|_| Mutex::default()).collect(),
+            service,
         }
     }
 
     pub fn queued(&self, t: u32, d: i64) {
         if let Some(q) = self.depth.get(t as usize) {
+            let mut w = self.waits[t as usize].lock().unwrap();
+            w.advance(q.load(Relaxed));
             q.fetch_add(d, Relaxed);
+            w.dequeued += d.min(0).unsigned_abs();
         }
+    }
+
+    /// Every target's [`QueueWait`] up to now, in target order.
+    pub fn queue_waits(&self) -> Vec<QueueWait> {
+        self.waits
+            .iter()
+            .zip(&self.depth)
+            .map(|(w, q)| {
+                let mut w = w.lock().unwrap();
+                let depth = q.load(Relaxed);
+                w.advance(depth);
+                QueueWait { wait_s: w.wait_s, dequeued: w.dequeued, depth }
+            })
+            .collect()
     }
 
     pub fn record(&self, t: u32, op: &Op, result: i64, service: Duration, throttled: bool) {
         let Some(m) = self.cur.get(t as usize) else { return };
         let mut m = m.lock().unwrap();
         let ns = service.as_nanos() as u64;
-        match op {
+        let kind = match op {
             Op::Read { .. } => {
                 m.read_ops += 1;
                 m.bytes_read += result.max(0) as u64;
+                "read"
             }
             Op::Write { .. } => {
                 m.write_ops += 1;
                 m.bytes_written += result.max(0) as u64;
+                "write"
             }
-            _ => m.metadata_ops += 1,
-        }
+            _ => {
+                m.metadata_ops += 1;
+                "metadata"
+            }
+        };
+        self.service.get_or_create(&[("op", kind)]).observe(service.as_secs_f64());
         if m.samples.len() < SAMPLES_MAX {
             m.samples.push(ns);
         } else {
@@ -229,5 +307,50 @@ impl MetricsShipper {
         if let Some(p) = &self.producer {
             let _ = p.flush(timeout);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_wait_is_the_depth_integrated_over_time() {
+        let s = TargetStats::new(2);
+        s.queued(1, 1);
+        s.queued(1, 1);
+        std::thread::sleep(Duration::from_millis(40));
+        s.queued(1, -1); // waited ~40 ms
+        std::thread::sleep(Duration::from_millis(40));
+        s.queued(1, -1); // waited ~80 ms
+        let w = s.queue_waits();
+        assert_eq!(w[0], QueueWait::default());
+        assert_eq!((w[1].dequeued, w[1].depth), (2, 0));
+        assert!((0.12..0.2).contains(&w[1].wait_s), "{w:?}");
+        // a request still queued counts up to now
+        s.queued(0, 1);
+        std::thread::sleep(Duration::from_millis(30));
+        let w = s.queue_waits();
+        assert!(w[0].wait_s >= 0.03 && w[0].dequeued == 0 && w[0].depth == 1, "{w:?}");
+    }
+
+    #[test]
+    fn service_time_is_observed_by_op_kind() {
+        let s = TargetStats::new(1);
+        s.record(0, &Op::Statfs, 0, Duration::from_micros(300), false);
+        s.record(0, &Op::Ping, 0, Duration::from_secs(30), false);
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register("pharos_fwd_service_seconds", "t", s.service.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(text.contains("pharos_fwd_service_seconds_count{op=\"metadata\"} 2\n"), "{text}");
+        assert!(text.contains("pharos_fwd_service_seconds_count{op=\"read\"} 0\n"), "{text}");
+        // 300 µs falls in the fourth bucket (400 µs); 30 s only in +Inf
+        let buckets: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("pharos_fwd_service_seconds_bucket") && l.contains("op=\"metadata\""))
+            .collect();
+        assert!(buckets[2].ends_with(" 0") && buckets[3].ends_with(" 1"), "{text}");
+        assert!(buckets[buckets.len() - 2].ends_with(" 1") && buckets.last().unwrap().ends_with(" 2"), "{text}");
     }
 }

@@ -9,11 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use clap::Parser;
 use fuser::MountOption;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
 use crate::fs::{PharosFs, Shared};
@@ -91,6 +98,67 @@ async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
     }))
 }
 
+/// The mount's counters (`/status`: FUSE operations, per forwarding node requests, failures and
+/// state, failovers, replays) as Prometheus families, read at each scrape (`GET /metrics`).
+struct MountCollector(Arc<Shared>);
+
+impl std::fmt::Debug for MountCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountCollector").field("compute_node", &self.0.rpc.compute_node).finish()
+    }
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+impl Collector for MountCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let st = self.0.rpc.status();
+        let nodes = st["nodes"].as_array().cloned().unwrap_or_default();
+        let node = |n: &Value| [("node", n["name"].as_str().unwrap_or("").to_string())];
+        let num = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+        counter(
+            &mut e,
+            "pharos_mount_fuse_operations",
+            "FUSE operations answered",
+            self.0.ops.load(Ordering::Relaxed),
+        )?;
+        for (name, help, key) in [
+            ("pharos_mount_requests", "Requests sent to a forwarding node (each try of a failover counts)", "requests"),
+            (
+                "pharos_mount_request_failures",
+                "Requests a forwarding node did not answer (connect, send or reply failed)",
+                "failures",
+            ),
+        ] {
+            let mut f = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for n in &nodes {
+                ConstCounter::new(num(n, key)).encode(f.encode_family(&node(n))?)?;
+            }
+        }
+        let help = "1 while a forwarding node is held down after a failure, else 0";
+        let mut f = e.encode_descriptor("pharos_mount_node_down", help, None, MetricType::Gauge)?;
+        for n in &nodes {
+            ConstGauge::new(n["down"].as_bool().unwrap_or(false) as i64).encode(f.encode_family(&node(n))?)?;
+        }
+        let help = "Requests tried on another forwarding node than their first";
+        counter(&mut e, "pharos_mount_failovers", help, num(&st, "failovers"))?;
+        let help = "Idempotent requests replayed after a node failed during them";
+        counter(&mut e, "pharos_mount_replays", help, num(&st, "replays"))
+    }
+}
+
+fn metrics_registry(sh: Arc<Shared>) -> Registry {
+    let mut reg = Registry::default();
+    let cn = sh.rpc.compute_node.clone();
+    reg.register_collector(Box::new(MountCollector(sh)));
+    let v = env!("CARGO_PKG_VERSION").to_string();
+    let build = Info::new(vec![("service", "mount".to_string()), ("version", v), ("compute_node", cn)]);
+    reg.register("pharos_build", "The running Pharos component and its version", build);
+    reg
+}
+
 async fn put_mapping(
     State(a): State<Arc<AdminState>>,
     Json(m): Json<Mapping>,
@@ -141,6 +209,15 @@ fn run(cli: Cli) -> Result<(), String> {
     // The mount is live once a stat of the mount point is answered by this file system.
     std::fs::metadata(&cli.mountpoint).map_err(|e| format!("mount {} not answering: {e}", cli.mountpoint.display()))?;
 
+    let reg = Arc::new(metrics_registry(sh.clone()));
+    let metrics = move || {
+        let reg = reg.clone();
+        async move {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &reg).expect("writing to a String");
+            ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        }
+    };
     let st = Arc::new(AdminState { sh });
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
@@ -150,6 +227,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let app = Router::new()
                 .route("/status", get(status))
                 .route("/mapping", get(get_mapping).put(put_mapping))
+                .route("/metrics", get(metrics))
                 .with_state(st);
             if let Err(e) = axum::serve(l, app).await {
                 log::error!("admin server: {e}");
