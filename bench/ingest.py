@@ -21,8 +21,15 @@ Prints records/s of each and the ratios pipeline/raw and (pipeline + queries)/pi
 round, then their medians. Targets (issue 15): >= 500,000 records/s per pipeline process, >= 0.5
 of raw, >= 0.8 of the idle rate with queries running.
 
+With ``--stored N[,N...]`` it then times, on a chDB store holding N records (generated in the
+store by SQL: jobs of 64 ranks, client and forwarder layers, 8 targets behind 4 forwarding
+nodes, the last 24 hours), what users and the server wait for: one detection cycle
+(:class:`pharos_analytics.alerts.DetectionLoop`, fail-slow + interference + stragglers), the
+job summary behind ``pharos job`` and the phases + insights behind ``pharos diagnose`` of one
+job. Targets (issue 15): each <= 1 s at 100 M records.
+
 Usage: uv run python bench/ingest.py [--records 2000000] [--batch 1000] [--rounds 3]
-                                     [--with-queries] [--keep]
+                                     [--with-queries] [--stored 10000000] [--keep]
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from pharos_testkit import free_port  # noqa: E402
 
+from pharos_pipeline import columnar  # noqa: E402
 from pharos_pipeline.broker import KafkaBroker, ensure_topics  # noqa: E402
 from pharos_pipeline.ingest import Pipeline  # noqa: E402
 from pharos_pipeline.settings import Settings  # noqa: E402
@@ -156,16 +164,76 @@ def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool)
     return dt, total - base, (q.done if q else 0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=2_000_000)
-    ap.add_argument("--batch", type=int, default=1000, help="records per IoBatch message")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
-    ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
-    a = ap.parse_args()
+#: Stored records made in the store: 64 ranks per job, client requests and the forwarder requests
+#: behind them, a fifth of them reads, in the last 24 h; job_events for each job.
+FILL_SQL = """
+INSERT INTO io_requests (__COLUMNS__)
+SELECT
+    fromUnixTimestamp64Nano(toInt64({t0:Int64} + n * {step:Int64}), 'UTC') AS start,
+    fromUnixTimestamp64Nano(toInt64({t0:Int64} + n * {step:Int64} + 40000), 'UTC') AS end,
+    40000 + (n % 7) * 1000 AS duration_ns,
+    if(n % 2 = 0, 'client', 'forwarder') AS layer,
+    concat('cn', toString(intDiv(n % 64, 8))) AS host,
+    concat('job', toString(intDiv(n, {per_job:UInt64}))) AS job_id,
+    toInt32(n % 64) AS rank, 1000 AS pid, 1000 AS tid, 'ior' AS comm,
+    if(n % 5 = 0, 'pread', 'pwrite') AS op, 'regular' AS file_type, 2049 AS dev, 10000 + n % 8 AS inode,
+    concat('/scratch/out.', toString(n % 8)) AS path, 3 AS fd, intDiv(n, 64) * 1048576 AS offset,
+    1048576 AS size, 1048576 AS result, 1 AS count, 1048576 AS bytes,
+    concat('cn', toString(intDiv(n % 64, 8))) AS compute_node,
+    if(n % 2 = 1, concat('fwd', toString(n % 4)), '') AS forwarding_node,
+    if(n % 2 = 1, concat('ost', toString(n % 8)), '') AS target,
+    n AS object_id, if(n % 2 = 1, 20000, 0) AS queue_wait_ns,
+    'bench' AS producer_id, intDiv(n, 1000) AS seq, toUInt32(n % 1000) AS record_index
+FROM (SELECT number AS n FROM numbers({n:UInt64}))
+SETTINGS max_insert_block_size = 1048576
+""".replace("__COLUMNS__", ", ".join(f"`{c}`" for c in columnar.COLUMNS))
+EVENTS_SQL = """
+INSERT INTO job_events (job_id, kind, time, name, command, user, ranks, host, exit_code, cgroup)
+SELECT concat('job', toString(j)), k, fromUnixTimestamp64Nano(toInt64({t0:Int64} + (j * {per_job:UInt64} +
+       if(k = 'end', {per_job:UInt64}, 0)) * {step:Int64}), 'UTC'), 'ior', ['ior'], 'bench', 64, 'cn0', 0, ''
+FROM (SELECT number AS j FROM numbers({jobs:UInt64})) ARRAY JOIN ['start', 'end'] AS k
+"""
 
-    root = Path(tempfile.mkdtemp(prefix="pharos-bench-ingest-"))
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def stored_queries(root: Path, n: int, per_job: int = 100_000) -> dict[str, float]:
+    """Seconds of a detection cycle, a job summary and a diagnosis on a store of ``n`` records."""
+    from pharos_analytics.alerts import DetectionLoop
+    from pharos_analytics.diagnosis_config import DiagnosisConfig
+    from pharos_analytics.insights import job_insights
+    from pharos_analytics.summary import job_summary
+
+    store = open_store(Settings(state_dir=root / f"stored{n}"))
+    try:
+        migrate(store)
+        now = time.time_ns()
+        step = 24 * 3600 * 10**9 // n
+        params = {"t0": now - 24 * 3600 * 10**9, "step": step, "per_job": per_job}
+        t = time.perf_counter()
+        store.command(FILL_SQL, params | {"n": n})
+        store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
+        print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
+        loop = DetectionLoop(store, DiagnosisConfig)
+        job = f"job{max(1, n // per_job) // 2}"
+        out = {
+            "detection cycle": timed(lambda: loop.run_once(now)),
+            "pharos job": timed(lambda: job_summary(store, job)),
+            "pharos diagnose": timed(lambda: job_insights(store, job)),
+        }
+        out["detection cycle (again)"] = timed(lambda: loop.run_once(time.time_ns()))
+        return out
+    finally:
+        store.close()
+        shutil.rmtree(root / f"stored{n}", ignore_errors=True)
+
+
+def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
+    """The pipeline and raw rounds on a real broker (see the module doc)."""
     port, ctl = free_port(), free_port()
     settings = Settings(
         kafka_bootstrap=f"127.0.0.1:{port}",
@@ -178,7 +246,7 @@ def main() -> None:
         topic_partitions=3,
     )
     broker = KafkaBroker(settings, root / "kafka", controller_port=ctl)
-    rows = []
+    rows: list[dict] = []
     try:
         broker.start(timeout=120)
         ensure_topics(settings)
@@ -230,6 +298,31 @@ def main() -> None:
         broker.stop()
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--batch", type=int, default=1000, help="records per IoBatch message")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
+    ap.add_argument("--stored", default="", help="comma list of stored-record counts to time queries on")
+    ap.add_argument("--no-ingest", action="store_true", help="only the --stored part")
+    a = ap.parse_args()
+    if a.no_ingest:
+        a.rounds = 0
+
+    root = Path(tempfile.mkdtemp(prefix="pharos-bench-ingest-"))
+    rows = ingest_rounds(a, root) if a.rounds else []
+    for n in [int(x) for x in a.stored.split(",") if x]:
+        root.mkdir(parents=True, exist_ok=True)
+        res = stored_queries(root, n)
+        print(f"{n:,} records stored: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.items()), flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+    if not rows:
+        return
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     ratios = [r["pipeline"] / r["raw"] for r in rows]
     print(
