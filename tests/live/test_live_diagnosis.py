@@ -12,6 +12,8 @@ through ``pharos run`` on the mount; faults are injected through the daemons' ad
 3. Two jobs forced onto one forwarding node (mount ``PUT /mapping``) give an interference
    event naming the heavy job; the same jobs on separate nodes give none.
 4. Fault start -> Alertmanager alert, measured, <= 60 s.
+5. Last, with the stack stopped: every Grafana dashboard query (dashboards/) runs on this run's
+   store and shows data where the run made some (issue 11).
 
 Configuration (scaled down so the module stays within minutes): fail-slow windows 5/20/60 s,
 detection period 5 s, interference windows 2 s; 2 worker threads per forwarding daemon
@@ -31,6 +33,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -85,6 +88,7 @@ class Live(StackAdmin):
         super().__init__(settings)
         self.am = am_url
         self.target_files: dict[int, Path] = {}
+        self.started = time.time()
 
 
 @pytest.fixture(scope="module")
@@ -494,3 +498,52 @@ def test_interference_shared_vs_separate_forwarding_node(live: Live, tmp_path: P
         time.sleep(1)
     assert mine and {i["culprit_job"] for i in mine} == {heavy}, items
     assert not [i for i in items if i["job_id"] == light2 or i["culprit_job"] == heavy2], items
+
+
+# Panels with nothing to show on this module's runs, and why. Every other panel must have rows.
+EMPTY_ON_THIS_RUN = {
+    "pharos-job": {"Stored findings (straggler resources)"},  # no job here has a slow resource in common
+    "pharos-forwarders": {
+        "Fail-slow forwarding nodes",  # the faults here are on targets
+        "Reserved (dedicated) nodes",  # the control loop is off (PHAROS_CONTROL_PERIOD_S=0)
+    },
+    # placement (performance-aware pools) is the control loop's, off here; `pharos run`'s
+    # default mappings are control actions too, so the other control panels have rows
+    "pharos-targets": {"Pool membership", "annotation Control actions"},
+}
+
+
+@pytest.mark.timeout(300)
+def test_dashboards_on_this_run(live: Live):
+    """Every variable, panel and annotation query of every dashboard, expanded as Grafana and
+    the ClickHouse plugin expand them, on the store of this module's real runs (agent and
+    forwarder layers, fail-slow targets, interference): no query fails, every panel has the
+    columns it reads, and every panel has rows but those the run gives nothing to show
+    (EMPTY_ON_THIS_RUN). Runs after the other tests of the module (it stops the stack: chDB
+    is one process's); the Job dashboard shows the light job of the shared-node interference
+    run."""
+    from dashboard_check import check_dashboard, dashboards, time_range
+
+    from pharos_pipeline.store import open_store
+
+    stack.stop(live.settings)
+    store = open_store(live.settings)
+    try:
+        light = store.query(
+            "SELECT job_id FROM anomalies WHERE kind = 'interference' AND job_id LIKE 'live-light-same-%' LIMIT 1"
+        )
+        assert light, "no stored interference event: run the whole module (this test reads its runs)"
+        make = time_range(
+            datetime.fromtimestamp(live.started - 60, UTC), datetime.fromtimestamp(time.time() + 60, UTC), 5.0
+        )
+        errors, empty = [], {}
+        for uid in sorted(dashboards()):
+            out = check_dashboard(store, uid, make, {"job": light[0]["job_id"]})
+            errors += out.errors
+            empty[uid] = out.empty
+        print("\n[live] dashboards: no rows in " + "; ".join(f"{u}: {sorted(e)}" for u, e in empty.items() if e))
+        assert not errors, "\n".join(errors)
+        unexpected = {u: sorted(e - EMPTY_ON_THIS_RUN.get(u, set())) for u, e in empty.items()}
+        assert not any(unexpected.values()), f"panels without rows on a run that has data for them: {unexpected}"
+    finally:
+        store.close()
