@@ -203,6 +203,29 @@ def broker() -> None:
 
 
 @app.command()
+def schema(
+    cluster: Annotated[
+        str,
+        typer.Option(help="Name of the ClickHouse cluster (remote_servers) to print the cluster variant for."),
+    ],
+) -> None:
+    """Print the ClickHouse schema for a cluster: every table of the migrations as a replicated
+    `T_local` on each node plus a Distributed `T` over them (sharded by job for the traced
+    requests), to run once with clickhouse-client before pointing Pharos at the cluster
+    (docs/operations.md, "Scale out")."""
+    from pharos_pipeline.cluster_schema import cluster_schema
+
+    try:
+        migrations = cluster_schema(cluster)
+    except ValueError as exc:
+        fail(str(exc))
+    for name, statements in migrations:
+        typer.echo(f"-- {name}")
+        for stmt in statements:
+            typer.echo(stmt + ";\n")
+
+
+@app.command()
 def topics() -> None:
     """Create the Pharos topics on kafka_bootstrap where missing (partitions and replication factor from the
     settings; existing topics are left as they are) and print each topic's partitions."""
