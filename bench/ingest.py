@@ -23,7 +23,7 @@ of raw, >= 0.8 of the idle rate with queries running.
 
 With ``--stored N[,N...]`` it then times, on a chDB store holding N records (generated in the
 store by SQL: jobs of 64 ranks, client and forwarder layers, 8 targets behind 4 forwarding
-nodes, the last 24 hours), what users and the server wait for: one detection cycle
+nodes, arriving at ``--stored-rate`` records/s until now), what users and the server wait for: one detection cycle
 (:class:`pharos_analytics.alerts.DetectionLoop`, fail-slow + interference + stragglers), the
 job summary behind ``pharos job`` and the phases + insights behind ``pharos diagnose`` of one
 job. Targets (issue 15): each <= 1 s at 100 M records.
@@ -201,8 +201,9 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def stored_queries(root: Path, n: int, per_job: int = 100_000) -> dict[str, float]:
-    """Seconds of a detection cycle, a job summary and a diagnosis on a store of ``n`` records."""
+def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dict[str, float]:
+    """Seconds of a detection cycle, a job summary and a diagnosis on a store of ``n`` records
+    that arrived at ``rate`` records/s until now."""
     from pharos_analytics.alerts import DetectionLoop
     from pharos_analytics.diagnosis_config import DiagnosisConfig
     from pharos_analytics.insights import job_insights
@@ -212,8 +213,8 @@ def stored_queries(root: Path, n: int, per_job: int = 100_000) -> dict[str, floa
     try:
         migrate(store)
         now = time.time_ns()
-        step = 24 * 3600 * 10**9 // n
-        params = {"t0": now - 24 * 3600 * 10**9, "step": step, "per_job": per_job}
+        step = 10**9 // rate
+        params = {"t0": now - n * step - 10**9, "step": step, "per_job": per_job}
         t = time.perf_counter()
         store.command(FILL_SQL, params | {"n": n})
         store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
@@ -310,6 +311,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--stored", default="", help="comma list of stored-record counts to time queries on")
     ap.add_argument("--no-ingest", action="store_true", help="only the --stored part")
+    ap.add_argument(
+        "--stored-rate", type=int, default=2000, help="records/s the stored records arrived at (sets their time span)"
+    )
     a = ap.parse_args()
     if a.no_ingest:
         a.rounds = 0
@@ -318,7 +322,7 @@ def main() -> None:
     rows = ingest_rounds(a, root) if a.rounds else []
     for n in [int(x) for x in a.stored.split(",") if x]:
         root.mkdir(parents=True, exist_ok=True)
-        res = stored_queries(root, n)
+        res = stored_queries(root, n, a.stored_rate)
         print(f"{n:,} records stored: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.items()), flush=True)
         shutil.rmtree(root, ignore_errors=True)
     if not rows:

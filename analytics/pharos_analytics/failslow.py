@@ -117,18 +117,26 @@ GROUP BY target, time
 ORDER BY t_ns
 """.replace("{svc}", _SERVICE_NS)
 
-#: Per (forwarding node, target, bucket of ``bucket_ns``) over one window, from forwarder-layer requests.
-FWD_PAIRS_SQL = """
-SELECT forwarding_node AS node, target, intDiv(toUnixTimestamp64Nano(start), {bucket_ns:UInt64}) AS bucket,
-       sum(count) AS ops, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
-FROM io_requests
-WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+#: The seconds of a window ``(since, until]`` in the per-second rollup (io_rollup_1s, migration
+#: 009): the seconds its records started in, the last partial second left out.
+_ROLLUP_WINDOW = (
+    "layer = 'forwarder' AND forwarding_node != '' "
+    "AND sec >= toStartOfSecond({since:DateTime64(9)}) AND sec < toStartOfSecond({until:DateTime64(9)})"
+)
+
+#: Per (forwarding node, target, bucket of ``bucket_ns``, a whole number of seconds) over one
+#: window, from the forwarder layer's per-second rollup.
+FWD_PAIRS_SQL = f"""
+SELECT forwarding_node AS node, target, intDiv(toUInt64(toUnixTimestamp(sec)) * 1000000000, {{bucket_ns:UInt64}}) AS bucket,
+       sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
+FROM io_rollup_1s
+WHERE {_ROLLUP_WINDOW}
 GROUP BY node, target, bucket
 """
 FWD_BUCKETS_PER_WINDOW = 600  # the forwarders' median is taken over at most this many intervals per window
 
 #: Per forwarding node over one window: bandwidth per busy second, tail service time, queue wait.
-FWD_WINDOW_SQL = """
+FWD_WINDOW_SQL = f"""
 SELECT node,
        count() AS busy,
        sum(b) AS bytes,
@@ -141,11 +149,11 @@ SELECT node,
        length(groupUniqArrayArray(js)) AS jobs
 FROM
 (
-    SELECT forwarding_node AS node, toStartOfSecond(start) AS sec,
-           sum(bytes) AS b, sum(count) AS o, sum(queue_wait_ns) AS qw,
-           quantile(0.99)(duration_ns) AS p99, groupUniqArray(job_id) AS js
-    FROM io_requests
-    WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+    SELECT forwarding_node AS node, sec,
+           sum(bytes) AS b, sum(ops) AS o, sum(queue_wait_ns) AS qw,
+           quantilesMerge(0.5, 0.99)(duration)[2] AS p99, groupUniqArray(job_id) AS js
+    FROM io_rollup_1s
+    WHERE {_ROLLUP_WINDOW}
     GROUP BY node, sec
 )
 GROUP BY node
@@ -153,11 +161,11 @@ ORDER BY node
 """
 
 #: Per (forwarding node, second, target): for the onset of a forwarder fault.
-FWD_INTERVALS_SQL = """
-SELECT forwarding_node AS node, target, toUnixTimestamp64Nano(toStartOfSecond(start)) AS t_ns,
-       sum(duration_ns) / greatest(sum(bytes), 1) AS ns_per_byte, sum(count) AS ops
-FROM io_requests
-WHERE layer = 'forwarder' AND forwarding_node = {node:String} AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+FWD_INTERVALS_SQL = f"""
+SELECT forwarding_node AS node, target, toUnixTimestamp64Nano(toDateTime64(sec, 9)) AS t_ns,
+       sum(service_ns) / greatest(sum(bytes), 1) AS ns_per_byte, sum(ops) AS ops
+FROM io_rollup_1s
+WHERE {_ROLLUP_WINDOW} AND forwarding_node = {{node:String}}
 GROUP BY node, target, t_ns
 ORDER BY t_ns
 """

@@ -14,7 +14,9 @@ Sharding: the traced requests and Darshan counters by job (``cityHash64(job_id)`
 analysis runs on its shard's data in parallel with the other shards'), every ReplacingMergeTree
 by its first sorting-key column (rows that replace each other must meet on one shard), append-only
 logs by ``rand()``. ``ALTER TABLE T`` goes to ``T_local`` ``ON CLUSTER``; an added column is
-added to ``T`` as well.
+added to ``T`` as well. A materialized view (the rollups) runs on every node from the local
+requests into the local rollup; a backfill ``INSERT ... SELECT`` is printed for the local tables,
+to run on one replica of every shard (INSERT has no ``ON CLUSTER``).
 
 ``{cluster}``, ``{shard}``, ``{replica}`` and ``{database}`` are ClickHouse macros of each
 node's configuration (``<macros>``), except the cluster name, which is given here. Inserts through
@@ -43,6 +45,18 @@ _CREATE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\(", re.S)
 _ENGINE = re.compile(r"\bENGINE\s*=\s*(\w*MergeTree)(?:\(([^)]*)\))?", re.S)
 _ORDER = re.compile(r"\bORDER BY\s*\(?\s*([\w]+)")
 _ALTER = re.compile(r"^ALTER TABLE (\w+)\s+(.*)$", re.S)
+_VIEW = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\s+TO (\w+)\s+AS\s+(.*)$", re.S)
+_INSERT = re.compile(r"^INSERT INTO (\w+)\s+(SELECT .*)$", re.S)
+
+
+def _tables() -> set[str]:
+    """Every table the migrations create."""
+    return {m.group(1) for _, _, sql in migration_files() for st in split_statements(sql) if (m := _CREATE.match(st))}
+
+
+def _locals(sql: str, tables: set[str]) -> str:
+    """``sql`` reading and writing the shard-local tables (``T`` -> ``T_local``)."""
+    return re.sub(r"\b(" + "|".join(sorted(tables)) + r")\b", r"\1_local", sql)
 
 
 def _replicated(engine: str, args: str, local: str) -> str:
@@ -80,13 +94,25 @@ def cluster_statements(cluster: str, sql: str) -> list[str]:
                 f"CREATE TABLE IF NOT EXISTS {table} {on} AS {local}\n"
                 f"ENGINE = Distributed('{cluster}', currentDatabase(), {local}, {key})"
             )
+        elif m := _VIEW.match(stmt):
+            # on every node, from its local requests into its local rollup
+            out.append(
+                f"CREATE MATERIALIZED VIEW IF NOT EXISTS {m.group(1)} {on} TO {m.group(2)}_local AS\n"
+                + _locals(m.group(3), _tables())
+            )
+        elif m := _INSERT.match(stmt):
+            # a backfill: INSERT has no ON CLUSTER; run it on one replica of every shard
+            out.append(
+                "-- on one replica of every shard (INSERT has no ON CLUSTER)\n"
+                f"INSERT INTO {m.group(1)}_local " + _locals(m.group(2), _tables())
+            )
         elif m := _ALTER.match(stmt):
             table, rest = m.group(1), m.group(2)
             out.append(f"ALTER TABLE {table}_local {on} {rest}")
             if rest.upper().startswith("ADD COLUMN"):
                 out.append(f"ALTER TABLE {table} {on} {rest}")
         else:
-            raise ValueError(f"not a CREATE TABLE or ALTER TABLE: {stmt[:80]!r}")
+            raise ValueError(f"not a CREATE TABLE, materialized view, backfill or ALTER TABLE: {stmt[:80]!r}")
     return out
 
 

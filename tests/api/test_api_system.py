@@ -31,12 +31,21 @@ def test_docs_and_openapi(client):
 
 
 class _BrokenStore(Store):
+    def _open_handle(self):
+        return object()
+
+    def _close_handle(self, handle):
+        pass
+
     def _command(self, sql, params):
         raise RuntimeError("boom")
 
     _query = _command
 
     def _insert_json(self, table, payload):
+        raise RuntimeError("boom")
+
+    def _insert_io_batches(self, messages, parse_threads):
         raise RuntimeError("boom")
 
 

@@ -17,6 +17,7 @@ MIGRATIONS = {
     "006_target_service_sum.sql": {"columns": {("target_metrics", "service_ns_sum")}},
     "007_control.sql": {"tables": {"control_actions", "control_pins", "control_allocations"}},
     "008_api_tokens.sql": {"tables": {"api_tokens"}},
+    "009_rollups.sql": {"tables": {"io_rollup_1s", "io_rollup_1m"}},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -74,6 +75,46 @@ def test_old_requests_survive_the_ttl(pipeline_settings):
         store.command("OPTIMIZE TABLE io_requests FINAL")
         assert store.query("SELECT job_id, bytes FROM io_requests WHERE job_id = 'old'") == [
             {"job_id": "old", "bytes": 5}
+        ]
+    finally:
+        store.close()
+
+
+def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
+    """009: the rollups' views add every insert into io_requests; applied to a store that already
+    holds records, the migration fills the rollups from them, once."""
+    from pipeline_testkit import make_batch, make_record
+
+    from pharos_pipeline.ingest import record_rows
+
+    store = open_store(pipeline_settings)
+    try:
+        migrate(store)
+        b = make_batch("p", 0, [make_record(k, layer=2, forwarding_node=f"fwd{k % 2}") for k in range(50)])
+        store.insert_io_batches([b.SerializeToString()])
+        store.insert_rows("io_requests", record_rows(make_batch("p", 1, [make_record(k) for k in range(7)])))
+        sums = "SELECT sum(records) AS r, sum(ops) AS o, sum(bytes) AS b, sum(service_ns) AS s FROM {}"
+        raw = store.query(
+            "SELECT count() AS r, sum(count) AS o, sum(bytes) AS b, sum(duration_ns) AS s FROM io_requests"
+        )
+        assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
+        # as if 009 had not run yet on this store: the re-run fills the empty rollups from the records
+        store.command("DROP VIEW io_rollup_1s_mv")
+        store.command("DROP VIEW io_rollup_1m_mv")
+        store.command("TRUNCATE TABLE io_rollup_1s")
+        store.command("TRUNCATE TABLE io_rollup_1m")
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
+        assert migrate(store) == ["009_rollups.sql"]
+        assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
+        per_node = store.query(
+            "SELECT forwarding_node AS n, sum(ops) AS o FROM io_rollup_1s WHERE layer = 'forwarder' GROUP BY n ORDER BY n"
+        )
+        assert [(r["n"], int(r["o"])) for r in per_node] == [
+            (r["n"], int(r["o"]))
+            for r in store.query(
+                "SELECT forwarding_node AS n, sum(count) AS o FROM io_requests WHERE layer = 'forwarder' "
+                "GROUP BY n ORDER BY n"
+            )
         ]
     finally:
         store.close()

@@ -81,3 +81,43 @@ def test_slow_forwarding_node(store):
     (a,) = rep.anomalies
     assert a.persistence == "persistent" and 3 <= a.rel_service <= 5.5
     assert a.onset_ns is not None and a.onset_ns <= t0 + (DURATION - 59) * sim.NS
+
+
+# The forwarder features as they were computed from raw records before the per-second rollup
+# (migration 009): the rollup must give the same numbers.
+RAW_FWD_WINDOW_SQL = """
+SELECT node, count() AS busy, sum(b) AS bytes, sum(o) AS ops, sum(b) / greatest(count(), 1) AS bw_avg,
+       max(b) AS bw_max, sum(qw) / greatest(sum(o), 1) AS queue_wait_ns, max(p99) AS p99_max_ns,
+       quantileExact(0.5)(p99) AS p99_ns, length(groupUniqArrayArray(js)) AS jobs
+FROM (
+    SELECT forwarding_node AS node, toStartOfSecond(start) AS sec, sum(bytes) AS b, sum(count) AS o,
+           sum(queue_wait_ns) AS qw, quantile(0.99)(duration_ns) AS p99, groupUniqArray(job_id) AS js
+    FROM io_requests
+    WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+    GROUP BY node, sec
+)
+GROUP BY node ORDER BY node
+"""
+RAW_FWD_PAIRS_SQL = """
+SELECT forwarding_node AS node, target, intDiv(toUnixTimestamp64Nano(start), {bucket_ns:UInt64}) AS bucket,
+       sum(count) AS ops, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
+FROM io_requests
+WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+GROUP BY node, target, bucket ORDER BY node, target, bucket
+"""
+
+
+def test_forwarder_features_from_the_rollup_equal_the_raw_records(store):
+    """Fail-slow forwarding nodes read the per-second rollup (issue 15: cost by time and objects,
+    not records); on whole-second windows it gives exactly what the raw records give."""
+    from pharos_analytics.failslow import FWD_PAIRS_SQL, FWD_WINDOW_SQL
+    from pharos_pipeline.store import ns_to_datetime64
+
+    t0, _ = _run(store, 40, 51, [sim.Fault("forwarder", "fwd1", 4.0)])
+    for w in (5, 20, 60):
+        until = t0 + DURATION * sim.NS
+        p = {"since": ns_to_datetime64(until - w * sim.NS), "until": ns_to_datetime64(until)}
+        assert store.query(FWD_WINDOW_SQL, p) == store.query(RAW_FWD_WINDOW_SQL, p)
+        b = {"bucket_ns": 2 * sim.NS}
+        got = sorted(store.query(FWD_PAIRS_SQL, p | b), key=lambda r: (r["node"], r["target"], r["bucket"]))
+        assert got == store.query(RAW_FWD_PAIRS_SQL, p | b) and len(got) > 10
