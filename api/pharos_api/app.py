@@ -14,7 +14,7 @@ from pharos_pipeline.settings import Settings
 from pharos_pipeline.store import Store, StoreError
 
 from .auth import get_principal
-from .routers import control, diagnosis, jobs, report, system, system_diag, tokens
+from .routers import control, diagnosis, jobs, producers, report, system, system_diag, tokens
 from .schemas import API_VERSION, ErrorOut
 
 #: Answers every authenticated route may give (documented in the OpenAPI schema).
@@ -55,7 +55,7 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.include_router(system.health_router)  # the one open route
     authenticated = [Depends(get_principal)]
-    for r in (system, jobs, diagnosis, system_diag, control, report, tokens):
+    for r in (system, producers, jobs, diagnosis, system_diag, control, report, tokens):
         app.include_router(r.router, dependencies=authenticated, responses=AUTH_RESPONSES)
 
     @app.exception_handler(StoreError)

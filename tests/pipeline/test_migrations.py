@@ -17,6 +17,7 @@ MIGRATIONS = {
     "006_target_service_sum.sql": {"columns": {("target_metrics", "service_ns_sum")}},
     "007_control.sql": {"tables": {"control_actions", "control_pins", "control_allocations"}},
     "008_api_tokens.sql": {"tables": {"api_tokens"}},
+    "009_io_batches_created_index.sql": {},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -48,6 +49,10 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
         assert columns >= COLUMNS, COLUMNS - columns
         ttl = store.query("SELECT create_table_query AS q FROM system.tables WHERE name = 'io_requests'")[0]["q"]
         assert "TTL ingested + toIntervalDay(90)" in ttl, ttl  # 002: the TTL counts from ingest time
+        idx = store.query(
+            "SELECT type FROM system.data_skipping_indices WHERE table = 'io_batches' AND name = 'idx_created'"
+        )
+        assert [r["type"] for r in idx] == ["minmax"]  # 009: liveness read by time
     finally:
         store.close()
     # a new process-level open of the same directory sees the recorded versions
