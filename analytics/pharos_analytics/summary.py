@@ -65,11 +65,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pharos_pipeline.store import Store
 
 from .pattern import STREAM_PATHS, SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions
+
+if TYPE_CHECKING:
+    from .coverage import Coverage, Gap
 
 READ_OPS: tuple[str, ...] = ("read", "pread", "readv")
 WRITE_OPS: tuple[str, ...] = ("write", "pwrite", "writev")
@@ -155,6 +158,10 @@ class JobSummary:
     without data I/O or with a zero span.
     ``source`` is ``"traces"`` (``io_requests``) or ``"darshan-counters"`` (the Darshan
     fallback, see the module docstring for the counters behind each field).
+    ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
+    off from Kafka) during the job: ``gaps`` says where and when, the figures are a lower
+    bound; ``coverage`` how it was checked (:mod:`pharos_analytics.coverage`). Both are about
+    the agents (client layer), whatever ``layer``.
     """
 
     job_id: str
@@ -193,6 +200,9 @@ class JobSummary:
     drops: Drops
     source: SummarySource = "traces"
     fan_in_pattern: Pattern = "none"
+    complete: bool = True
+    gaps: list[Gap] = field(default_factory=list)
+    coverage: Coverage | None = None
 
 
 @dataclass(frozen=True)
@@ -669,7 +679,14 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
 # Public API
 
 
-def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: int = 100) -> JobSummary | None:
+def job_summary(
+    store: Store,
+    job_id: str,
+    layer: str = "client",
+    files_limit: int = 100,
+    coverage: bool = True,
+    silence_s: float | None = None,
+) -> JobSummary | None:
     """The I/O summary of ``job_id`` as seen on ``layer``.
 
     Args:
@@ -678,6 +695,11 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         layer: ``client`` (default), ``forwarder`` or ``storage``.
         files_limit: at most this many files in ``files`` (largest first); ``n_files``
             always counts all data files.
+        coverage: check the agents' coverage of the job (``complete``, ``gaps``,
+            :func:`pharos_analytics.coverage.job_coverage`); False leaves ``complete`` true and
+            ``coverage`` None.
+        silence_s: the coverage check's longest silence of a live agent (default: the
+            settings' ``heartbeat_missed`` x ``heartbeat_interval_s``).
 
     Returns:
         A :class:`JobSummary`, or ``None`` when the job has neither an event nor a record
@@ -808,7 +830,14 @@ def job_summary(store: Store, job_id: str, layer: str = "client", files_limit: i
         drops=drops,
         fan_in_pattern=fan_in,
     )
-    return replace(summary, **darshan) if darshan else summary
+    if darshan:
+        summary = replace(summary, **darshan)
+    if coverage:
+        from .coverage import job_coverage  # coverage reads this module's job events query
+
+        cov = job_coverage(store, job_id, silence_s=silence_s)
+        summary = replace(summary, complete=cov.complete, gaps=cov.gaps, coverage=cov)
+    return summary
 
 
 def list_jobs(

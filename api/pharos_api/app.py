@@ -15,7 +15,7 @@ from pharos_pipeline.store import Store, StoreError
 from pharos_pipeline.telemetry import service_registry
 
 from .auth import get_principal
-from .routers import control, diagnosis, jobs, metrics, report, system, system_diag, tokens
+from .routers import control, diagnosis, jobs, metrics, producers, report, system, system_diag, tokens
 from .schemas import API_VERSION, ErrorOut
 from .telemetry import RequestMetrics
 
@@ -64,7 +64,7 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     app.add_middleware(RequestMetrics)
     app.include_router(system.health_router)  # the one open route
     authenticated = [Depends(get_principal)]
-    for r in (system, jobs, diagnosis, system_diag, control, report, tokens, metrics):
+    for r in (system, producers, jobs, diagnosis, system_diag, control, report, tokens, metrics):
         app.include_router(r.router, dependencies=authenticated, responses=AUTH_RESPONSES)
 
     @app.exception_handler(StoreError)

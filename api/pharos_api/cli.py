@@ -45,11 +45,16 @@ console = Console()
 err = Console(stderr=True)
 
 
-def wait_for_stop_signal() -> None:
-    """Block until SIGINT or SIGTERM arrives (so `finally` clean-up always runs)."""
+def wait_for_stop_signal(every_s: float | None = None, tick=None) -> None:
+    """Block until SIGINT or SIGTERM arrives (so `finally` clean-up always runs); with
+    ``every_s``, call ``tick()`` every that many seconds meanwhile."""
     sigs = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    signal.sigwait(sigs)
+    if every_s is None:
+        signal.sigwait(sigs)
+        return
+    while signal.sigtimedwait(sigs, every_s) is None:
+        tick()
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -87,14 +92,24 @@ def check_exposure(settings) -> None:
         fail(problem, 2)
 
 
+#: How often the foreground `pharos up` checks for dead components, in seconds.
+SUPERVISE_S = 5.0
+
+
 @app.command()
 def up(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Return once the stack is ready; stop it with `pharos down`.")
     ] = False,
 ) -> None:
-    """Start the embedded stack: Kafka broker, eBPF agent, pipeline + analytics + API (chDB)."""
-    from .stack import StackError, start, stop
+    """Start the embedded stack: Kafka broker, eBPF agent, pipeline + analytics + API (chDB).
+
+    Components already running are kept and dead ones (crashed, killed) started again, so
+    running it again restarts what died. In the foreground it also watches them: a component
+    that dies is started again within 5 s (its log says why it died; one that does not come
+    back is retried with growing delays, at most 60 s).
+    """
+    from .stack import StackError, Supervisor, start, stop
 
     settings = get_settings()
     check_exposure(settings)
@@ -106,7 +121,14 @@ def up(
     if detach:
         return
     console.print("Press Ctrl-C to stop.")
-    wait_for_stop_signal()
+
+    supervisor = Supervisor(settings, progress=lambda s: console.print(f"  {s}", highlight=False))
+
+    def supervise() -> None:
+        for name in supervisor.tick():
+            console.print(f"[green]{name} had died: started again[/]")
+
+    wait_for_stop_signal(SUPERVISE_S, supervise)
     stop(settings, progress=lambda s: console.print(f"  {s}"))
 
 
@@ -119,27 +141,41 @@ def down() -> None:
     console.print("Pharos is down.")
 
 
+_STATE_STYLE = {"running": "green", "starting": "yellow", "stale": "bold yellow", "dead": "bold red", "stopped": "dim"}
+
+
 @app.command()
 def status(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
-    """Show which components of the stack run, and the pipeline's counters."""
+    """Show the stack's components (running, starting, stale, dead or stopped), the producers'
+    heartbeats and the pipeline's counters. Exit code 1 unless every component runs.
+
+    dead: its process is gone (crashed, killed) or its pid was reused: `pharos up` starts it
+    again. stale: alive, but not ready, or (agent, forwarding daemons) no heartbeat stored for
+    more than heartbeat_missed x heartbeat_interval_s seconds."""
     from .cli_jobs import ApiError, api_get
     from .stack import status as stack_status
 
     settings = get_settings()
-    rows = stack_status(settings)
-    pipeline = None
+    pipeline = producers = None
     with contextlib.suppress(ApiError, ValueError):
         pipeline = api_get(settings.api_url, "/v1/pipeline", timeout=3).json()
+    with contextlib.suppress(ApiError, ValueError):
+        producers = api_get(settings.api_url, "/v1/producers", timeout=3).json()["items"]
+    rows = stack_status(settings, producers)
     if json_out:
-        print(json.dumps({"components": rows, "pipeline": pipeline}, indent=2))
-        return
-    t = Table("component", "pid", "ready", "log")
-    for r in rows:
-        t.add_row(r["name"], str(r["pid"] or "-"), "[green]yes[/]" if r["ready"] else "[red]no[/]", r["log"])
-    console.print(t)
-    if pipeline:
-        console.print("pipeline: " + ", ".join(f"{k}={v}" for k, v in pipeline.items()))
-    if not all(r["ready"] for r in rows):
+        print(json.dumps({"components": rows, "pipeline": pipeline, "producers": producers}, indent=2))
+    else:
+        t = Table("component", "state", "pid", "heartbeat", "detail", "log")
+        for r in rows:
+            beat = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.1f} s ago"
+            st = r["state"]
+            t.add_row(r["name"], f"[{_STATE_STYLE[st]}]{st}[/]", str(r["pid"] or "-"), beat, r["detail"], r["log"])
+        console.print(t)
+        if producers is None:
+            console.print("[yellow]heartbeats not checked: the API does not answer[/]")
+        if pipeline:
+            console.print("pipeline: " + ", ".join(f"{k}={v}" for k, v in pipeline.items()))
+    if not all(r["state"] == "running" for r in rows):
         raise typer.Exit(1)
 
 
@@ -271,6 +307,8 @@ def agent(
         "--metrics-addr",
         settings.agent_metrics_addr,
         "--block-jobs-only",
+        "--heartbeat-ms",
+        str(round(settings.heartbeat_interval_s * 1000)),
         *(extra or []),
     ]
     os.execv(argv[0], argv)

@@ -201,6 +201,7 @@ def render_job(console: Console, s: dict) -> None:
     if s["exit_code"] is not None:
         head.append(f" (exit {s['exit_code']})")
     console.print(head)
+    _print_gaps(console, s)
     console.print(
         f"name {s['name'] or '-'}   user {s['user'] or '-'}   host {s['host'] or '-'}   layer {s['layer']}",
         markup=False,
@@ -243,6 +244,24 @@ def render_job(console: Console, s: dict) -> None:
     else:
         _print_histogram(console, hist)
     _print_files_and_drops(console, s)
+
+
+def _print_gaps(console: Console, s: dict) -> None:
+    """The coverage warning: the job ran while an agent on its hosts was silent (gaps)."""
+    if s.get("complete", True):
+        return
+    from pharos_analytics.coverage import gap_lines
+
+    silence = (s.get("coverage") or {}).get("silence_s", 0)
+    console.print(
+        Text(
+            f"WARNING: INCOMPLETE: no live eBPF agent for part of this job ({len(s['gaps'])} gap(s) of more than "
+            f"{silence:g} s without a batch or heartbeat); its figures are a lower bound",
+            style="bold red",
+        )
+    )
+    for line in gap_lines(s["gaps"]):
+        console.print(Text("  " + line, style="red"))
 
 
 def _print_histogram(console: Console, hist: dict) -> None:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure  # not pyplot: no global state, safe in the API's threads
 
+from pharos_analytics.coverage import gap_lines
 from pharos_analytics.insights import job_insights
 from pharos_analytics.report_data import RankTime, rank_time_bytes, resource_bytes
 from pharos_analytics.summary import SIZE_BINS, JobSummary, job_summary
@@ -146,15 +147,35 @@ def _when(d: datetime | None) -> str:
     return d.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if d else "-"
 
 
-def render_report(store: Store, job_id: str, now: datetime | None = None) -> str | None:
+def _gaps_html(s: JobSummary) -> list[str]:
+    """The coverage warning of the diagnosis: the job is incomplete, where and when."""
+    if s.complete:
+        return []
+    items = "".join(f"<li>{_h(line)}</li>" for line in gap_lines(s.gaps))
+    silence = s.coverage.silence_s if s.coverage else 0
+    return [
+        f"<div class='ins' style='border-color:{_SEV_COLOR['high']}'>"
+        f"<span class='sev' style='color:{_SEV_COLOR['high']}'>high</span> "
+        "<b>Incomplete: the eBPF agent was not watching for part of this job</b><br>"
+        f"No batch (records or heartbeat) came from any agent on these hosts for more than {silence:g} s "
+        f"while the job ran: its requests there are missing, so every figure below is a lower bound.<ul>{items}</ul>"
+        "<span class='muted'>rule: heartbeats (pharos_analytics.coverage); restart the agent "
+        "(pharos up, or its systemd unit) and rerun the job for a full trace</span></div>"
+    ]
+
+
+def render_report(store: Store, job_id: str, now: datetime | None = None, silence_s: float | None = None) -> str | None:
     """The job's report as one HTML page (str), None when the job is unknown (no event and no
-    record on the client or forwarder layer). Raises StoreError."""
-    client = job_summary(store, job_id, "client", files_limit=20)
-    fwd = job_summary(store, job_id, "forwarder", files_limit=20)
+    record on the client or forwarder layer). A job the agents did not watch all along (see
+    :mod:`pharos_analytics.coverage`; ``silence_s`` its threshold, default the settings') gets a
+    warning first in its diagnosis. Raises StoreError."""
+    client = job_summary(store, job_id, "client", files_limit=20, silence_s=silence_s)
+    fwd = job_summary(store, job_id, "forwarder", files_limit=20, coverage=client is None, silence_s=silence_s)
     if client is None and fwd is None:
         return None
     # the client layer (what the application asked for) unless only the daemons saw its data
     s, layer = (client, "client") if client is not None else (fwd, "forwarder")
+    cov = s  # the summary that carries the agents' coverage
     if not s.data_requests and fwd is not None and fwd.data_requests:
         s, layer = fwd, "forwarder"
     ji = job_insights(store, job_id)
@@ -186,10 +207,13 @@ def render_report(store: Store, job_id: str, now: datetime | None = None) -> str
     ]
     if s.dropped_records:
         rows.append(("dropped records", f"{s.dropped_records} (the figures are a lower bound)"))
+    if not cov.complete:
+        rows.append(("coverage", f"INCOMPLETE: {len(cov.gaps)} gap(s) without a live agent (see the diagnosis)"))
     out += [f"<tr><td>{_h(k)}</td><td>{_h(v)}</td></tr>" for k, v in rows]
     out.append("</table>")
 
     out.append("<h2>Diagnosis</h2>")
+    out += _gaps_html(cov)
     if not ji.insights:
         out.append("<p>No rule fired: nothing in this job's I/O stands out.</p>")
     for i in sorted(ji.insights, key=lambda i: ("high", "warn", "info").index(i.severity)):

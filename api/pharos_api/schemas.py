@@ -52,6 +52,29 @@ class DropsOut(_Out):
     producers: int = Field(description="Producers that reported counters for the job.")
 
 
+class GapOut(_Out):
+    """A stretch of the job's time on ``host`` with no batch from any eBPF agent there."""
+
+    host: str
+    producer: str = Field(description="The agent that fell silent (its producer id); '' when none was heard before.")
+    start: datetime
+    end: datetime
+    next_producer: str = Field("", description="The agent heard next (a restarted one); '' when none yet.")
+    duration_s: float
+
+
+class CoverageOut(_Out):
+    """How the agents' coverage of the job was checked (pharos_analytics.coverage)."""
+
+    checked: Literal["agents", "no-agent", "darshan", "no-time"] = Field(
+        description="agents: the job's hosts with an agent were checked; no-agent: none of its hosts ever had one "
+        "(nothing to miss); darshan: an imported Darshan log; no-time: the job has no time range."
+    )
+    hosts: list[str] = Field(description="Hosts checked: the job's hosts that had an agent.")
+    unmonitored_hosts: list[str] = Field(description="The job's hosts (or compute-node names) without an agent.")
+    silence_s: float = Field(description="Longest silence of a live agent (heartbeat_missed x heartbeat_interval_s).")
+
+
 class JobSummaryOut(_Out):
     """A job's I/O on one layer (Darshan counters, Beacon pattern); see pharos_analytics.summary."""
 
@@ -104,6 +127,13 @@ class JobSummaryOut(_Out):
     bandwidth_mib_s: float | None = Field(description="Data bytes / 2**20 / io_span_s.")
     dropped_records: int = Field(description="Records lost before the store (drops.total).")
     drops: DropsOut
+    complete: bool = Field(
+        True,
+        description="False when an eBPF agent on one of the job's hosts was silent (dead, hung, cut off from "
+        "Kafka) while the job ran: see gaps; the figures are then a lower bound.",
+    )
+    gaps: list[GapOut] = Field(default_factory=list, description="Where and when no agent watched the job.")
+    coverage: CoverageOut | None = None
 
 
 class JobListItemOut(_Out):
@@ -159,6 +189,30 @@ class PipelineOut(BaseModel):
         description="Counters of the pipeline running in this process since it started "
         "(Pipeline.stats()); null when the API runs without a pipeline.",
     )
+
+
+class ProducerOut(_Out):
+    """One producer (eBPF agent, forwarding daemon) and its liveness, from its batches (io_batches)."""
+
+    producer_id: str
+    kind: Literal["agent", "fwd", "other"]
+    host: str
+    pid: int | None = Field(description="Its process id (from the producer id), if it carries one.")
+    first_batch: datetime | None
+    last_batch: datetime | None = Field(description="When its newest stored batch left it (its clock).")
+    last_ingested: datetime | None
+    age_s: float = Field(description="Seconds since last_batch.")
+    batches: int
+    heartbeats: int = Field(description="Batches without records: sent when it had nothing else to send.")
+    records: int
+    state: Literal["alive", "silent"] = Field(description="silent: no batch for more than silence_s.")
+
+
+class ProducersOut(BaseModel):
+    items: list[ProducerOut]
+    silence_s: float = Field(description="heartbeat_missed x heartbeat_interval_s of the server's settings.")
+    since_s: float
+    now: datetime
 
 
 class ErrorOut(BaseModel):

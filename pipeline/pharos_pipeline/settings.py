@@ -165,6 +165,21 @@ class Settings(PharosSettings):
     agent_metrics_addr: str = Field(
         default="127.0.0.1:9435", description="Loopback address of the agent's Prometheus metrics ('' = off)."
     )
+    heartbeat_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        description="Producers (eBPF agents, forwarding daemons) send an empty IoBatch when they sent nothing "
+        "for this long (s): their io_batches rows are their liveness timeline. Give agents and the server the "
+        "same value (`pharos agent` passes it as --heartbeat-ms; pharos-fwd beats every 2 s).",
+    )
+    heartbeat_missed: int = Field(
+        default=3,
+        ge=2,
+        le=100,
+        description="A producer silent for more than this many heartbeat intervals is dead or stale: a job that "
+        "ran on its host meanwhile is incomplete (its summary's gaps), `pharos status` shows it.",
+    )
     fwd_binary: Path = Field(
         default=REPO_ROOT / "target" / "release" / "pharos-fwd",
         description="The forwarding daemon built by `make build`.",
@@ -226,6 +241,11 @@ class Settings(PharosSettings):
     def fwd_backend(self) -> Path:
         """The storage targets (ost0..) and namespace (mdt) the forwarding daemons share."""
         return self.state_dir / "fwd"
+
+    @property
+    def silence_s(self) -> float:
+        """Longest silence (s) of a live producer: ``heartbeat_missed`` x ``heartbeat_interval_s``."""
+        return self.heartbeat_missed * self.heartbeat_interval_s
 
     @property
     def api_url(self) -> str:

@@ -35,6 +35,7 @@ ADMIN = {"admin"}
 ROUTES: dict[tuple[str, str], tuple[set[str], str, dict, bool, int]] = {
     ("GET", "/v1/health"): (ALL, "/v1/health", {}, False, 200),
     ("GET", "/v1/pipeline"): (READ, "/v1/pipeline", {}, False, 200),
+    ("GET", "/v1/producers"): (READ, "/v1/producers", {}, False, 200),
     ("GET", "/v1/jobs"): (READ, "/v1/jobs", {}, False, 200),
     ("GET", "/v1/jobs/{job_id}"): (READ, "/v1/jobs/mix", {}, True, 200),
     ("POST", "/v1/jobs/{job_id}/events"): (SCHED, "/v1/jobs/mix/events", {"json": {"kind": "end"}}, False, 202),

@@ -18,6 +18,7 @@ MIGRATIONS = {
     "007_control.sql": {"tables": {"control_actions", "control_pins", "control_allocations"}},
     "008_api_tokens.sql": {"tables": {"api_tokens"}},
     "009_rollups.sql": {"tables": {"io_rollup_1s", "io_rollup_1m"}},
+    "010_io_batches_created_index.sql": {},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -49,6 +50,10 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
         assert columns >= COLUMNS, COLUMNS - columns
         ttl = store.query("SELECT create_table_query AS q FROM system.tables WHERE name = 'io_requests'")[0]["q"]
         assert "TTL ingested + toIntervalDay(90)" in ttl, ttl  # 002: the TTL counts from ingest time
+        idx = store.query(
+            "SELECT type FROM system.data_skipping_indices WHERE table = 'io_batches' AND name = 'idx_created'"
+        )
+        assert [r["type"] for r in idx] == ["minmax"]  # 010: liveness read by time
     finally:
         store.close()
     # a new process-level open of the same directory sees the recorded versions
@@ -104,7 +109,7 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
         store.command("TRUNCATE TABLE io_rollup_1s")
         store.command("TRUNCATE TABLE io_rollup_1m")
         store.command("ALTER TABLE schema_migrations DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
-        assert migrate(store) == ["009_rollups.sql"]
+        assert migrate(store) == ["009_rollups.sql"]  # 010 stays recorded
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         per_node = store.query(
             "SELECT forwarding_node AS n, sum(ops) AS o FROM io_rollup_1s WHERE layer = 'forwarder' GROUP BY n ORDER BY n"

@@ -51,6 +51,10 @@ pub struct Cli {
     /// A batch leaves at most this many ms after its first record.
     #[arg(long, env = "PHAROS_BATCH_MAX_MS", default_value_t = 200)]
     batch_max_ms: u64,
+    /// Heartbeat: an empty batch leaves when no batch left for this many ms (0: none). The
+    /// pipeline's io_batches rows are the agent's liveness timeline (docs/architecture.md).
+    #[arg(long, env = "PHAROS_HEARTBEAT_MS", default_value_t = 2000)]
+    heartbeat_ms: u64,
     /// Records waiting for Kafka, at most (beyond: dropped and counted as overflow_drops).
     #[arg(long, env = "PHAROS_QUEUE_MAX_RECORDS", default_value_t = 262144)]
     queue_max_records: usize,
@@ -213,6 +217,7 @@ fn run(cli: &Cli, tracer: &mut tracer::Tracer<'_>, root_dirs: Vec<PathBuf>) -> a
         let mut sc = SinkConfig::new(&cli.brokers, &cli.topic, &producer_id, &host);
         sc.batch_max_records = cli.batch_max_records;
         sc.batch_max_ms = cli.batch_max_ms;
+        sc.heartbeat = Duration::ZERO; // from the moment every probe is attached, below
         sc.queue_max_records = cli.queue_max_records;
         Some(Sink::new(sc).map_err(|e| anyhow::anyhow!("kafka producer: {e}"))?)
     } else {
@@ -246,6 +251,10 @@ fn run(cli: &Cli, tracer: &mut tracer::Tracer<'_>, root_dirs: Vec<PathBuf>) -> a
         log::warn!("tracepoints missing on this kernel, programs disabled: {}", tracer.disabled.join(", "));
     }
     let metrics = metrics::Server::start(&cli.metrics_addr)?;
+    if let Some(s) = &sink {
+        // a heartbeat says "tracing": the first leaves now, then one whenever the agent is idle
+        s.set_heartbeat(Duration::from_millis(cli.heartbeat_ms))?;
+    }
     if let Some(p) = &cli.ready_file {
         std::fs::write(p, format!("{}\n", std::process::id()))?;
     }

@@ -47,16 +47,21 @@ def get_jobs(
     response_model=JobSummaryOut,
     responses={404: {"model": ErrorOut, "description": "No event and no record of the job."}},
     summary="A job's I/O summary",
+    description="Bytes, operations, sizes, files, pattern and drops of one job on one layer, and whether the "
+    "eBPF agents watched it all along: `complete` false and `gaps` [{host, producer, start, end}] when an agent on "
+    "one of its hosts was silent (dead, hung, cut off from Kafka) while it ran (docs/architecture.md, "
+    "'Loss is never silent').",
 )
 def get_job(
     job_id: JobIdPath,
     store: StoreDep,
+    settings: SettingsDep,
     principal: Reader,
     layer: Annotated[Layer, Query(description="Layer to summarise.")] = "client",
     files_limit: Annotated[int, Query(ge=0, le=10000, description="At most this many files.")] = 100,
 ) -> JobSummaryOut:
     check_job(principal, store, job_id)
-    summary = job_summary(store, job_id, layer=layer, files_limit=files_limit)
+    summary = job_summary(store, job_id, layer=layer, files_limit=files_limit, silence_s=settings.silence_s)
     if summary is None:
         raise HTTPException(
             status_code=404,

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse
 
 from ..auth import Reader, check_job
-from ..deps import StoreDep
+from ..deps import SettingsDep, StoreDep
 from ..report import render_report
 from ..schemas import ErrorOut, JobIdPath
 
@@ -25,10 +25,10 @@ router = APIRouter(tags=["jobs"])
     },
     summary="A job's report: diagnosis in plain words and plots, one HTML page with no external resources",
 )
-def get_job_report(job_id: JobIdPath, store: StoreDep, principal: Reader) -> HTMLResponse:
+def get_job_report(job_id: JobIdPath, store: StoreDep, settings: SettingsDep, principal: Reader) -> HTMLResponse:
     """The page (text/html); 404 for an unknown job (or another user's, for a ``user`` token)."""
     check_job(principal, store, job_id)
-    page = render_report(store, job_id)
+    page = render_report(store, job_id, silence_s=settings.silence_s)
     if page is None:
         raise HTTPException(404, f"job {job_id!r} not found: no job event and no I/O record")
     return HTMLResponse(page)

@@ -10,6 +10,16 @@
 //! (Beacon-style loss accounting: loss is never silent). Failed deliveries add the batch's
 //! records per job to `delivery_failures`. Dropping the sink (or [`Sink::close`]) sends what
 //! is queued and waits for delivery.
+//!
+//! **Heartbeats.** A producer with nothing to send still sends a batch every `heartbeat`
+//! (default 2 s; zero turns it off): an `IoBatch` with no records (its drop counters
+//! included), numbered like any other. The first one leaves as soon as the sink starts, or
+//! when [`Sink::set_heartbeat`] turns them on (the agent does once its probes are attached,
+//! so a heartbeat means "tracing"). The
+//! pipeline stores an `io_batches` row per batch, so that table is every producer's liveness
+//! timeline: a producer that died or hung (or cannot reach Kafka) stops appearing in it, and
+//! a job that ran on a host while its agent was silent is marked incomplete
+//! (`pharos_analytics.coverage`).
 use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -41,6 +51,8 @@ pub struct SinkConfig {
     pub batch_max_bytes: usize,
     /// A batch is sent at most this many ms after its first record arrived (default 200).
     pub batch_max_ms: u64,
+    /// An empty batch is sent when no batch left for this long (default 2 s; zero: never).
+    pub heartbeat: Duration,
     /// Records waiting in the queue, at most (default 262 144).
     pub queue_max_records: usize,
     /// librdkafka `compression.type` (default "zstd").
@@ -76,6 +88,7 @@ impl Default for SinkConfig {
             batch_max_records: 4096,
             batch_max_bytes: 900_000,
             batch_max_ms: 200,
+            heartbeat: Duration::from_secs(2),
             queue_max_records: 262_144,
             compression: "zstd".into(),
             kafka_buffer_kbytes: 65_536,
@@ -129,8 +142,10 @@ impl From<KafkaError> for SinkError {
 pub struct SinkStats {
     /// Records in batches Kafka acknowledged.
     pub records_sent: u64,
-    /// Batches Kafka acknowledged.
+    /// Batches Kafka acknowledged (heartbeats included).
     pub batches_sent: u64,
+    /// Heartbeats (batches without records) handed to Kafka.
+    pub heartbeats: u64,
     /// Records dropped because the queue was full.
     pub overflow_drops: u64,
     /// Records in batches Kafka did not accept.
@@ -187,6 +202,7 @@ impl ProducerContext for Ctx {
 enum Msg {
     Record(Box<IoRecord>),
     Flush(Duration, mpsc::Sender<Result<(), SinkError>>),
+    Heartbeat(Duration),
     Close,
 }
 
@@ -223,7 +239,7 @@ impl Sink {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pharos-sink".into())
-            .spawn(move || Worker { cfg, producer, shared: sh, seq: 0, deadline: None }.run(rx))
+            .spawn(move || Worker { cfg, producer, shared: sh, seq: 0, deadline: None, last_sent: None }.run(rx))
             .expect("spawn sink thread");
         Ok(Sink { tx, shared, thread: Some(thread) })
     }
@@ -261,6 +277,12 @@ impl Sink {
         ack_rx.recv().map_err(|_| SinkError::Closed)?
     }
 
+    /// Sets the heartbeat interval (zero: no heartbeats); a nonzero one sends a heartbeat at
+    /// once when nothing is waiting to be sent.
+    pub fn set_heartbeat(&self, interval: Duration) -> Result<(), SinkError> {
+        self.tx.send(Msg::Heartbeat(interval)).map_err(|_| SinkError::Closed)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> SinkStats {
         self.shared.lock().unwrap().stats.clone()
@@ -294,6 +316,8 @@ struct Worker {
     seq: u64,
     /// Set while closing: past it, a batch librdkafka cannot queue is a delivery failure.
     deadline: Option<Instant>,
+    /// When the last batch (records or heartbeat) was handed to librdkafka; None: none yet.
+    last_sent: Option<Instant>,
 }
 
 impl Worker {
@@ -303,8 +327,14 @@ impl Worker {
         let mut bytes = 0usize;
         let mut first: Option<Instant> = None;
         loop {
+            let beat = self.cfg.heartbeat;
             let msg = match first {
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                None if beat.is_zero() => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                // idle: wait for a record until the next heartbeat is due
+                None => match self.last_sent.map(|t| beat.saturating_sub(t.elapsed())) {
+                    Some(left) if !left.is_zero() => rx.recv_timeout(left),
+                    _ => Err(RecvTimeoutError::Timeout),
+                },
                 Some(t) => match max_wait.checked_sub(t.elapsed()) {
                     Some(left) if !left.is_zero() => rx.recv_timeout(left),
                     _ => Err(RecvTimeoutError::Timeout),
@@ -338,6 +368,13 @@ impl Worker {
                         e => SinkError::Kafka(e),
                     }));
                 }
+                Ok(Msg::Heartbeat(interval)) => {
+                    self.cfg.heartbeat = interval;
+                    if !interval.is_zero() && batch.is_empty() {
+                        self.heartbeat();
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) if batch.is_empty() => self.heartbeat(),
                 Err(RecvTimeoutError::Timeout) => {
                     self.send(&mut batch);
                     bytes = 0;
@@ -364,11 +401,22 @@ impl Worker {
         }
     }
 
+    /// Sends a batch without records: the producer is alive (see the module documentation).
+    fn heartbeat(&mut self) {
+        self.shared.lock().unwrap().stats.heartbeats += 1;
+        self.produce(Vec::new());
+    }
+
     /// Builds one IoBatch from `records` (emptied) and hands it to librdkafka.
     fn send(&mut self, records: &mut Vec<IoRecord>) {
         if records.is_empty() {
             return;
         }
+        self.produce(std::mem::take(records));
+    }
+
+    fn produce(&mut self, records: Vec<IoRecord>) {
+        self.last_sent = Some(Instant::now());
         let mut per_job: BTreeMap<String, u64> = BTreeMap::new();
         for r in records.iter() {
             *per_job.entry(r.job_id.clone()).or_default() += 1;
@@ -389,7 +437,7 @@ impl Worker {
             seq: self.seq,
             created_ns: now_ns(),
             host: self.cfg.host.clone(),
-            records: std::mem::take(records),
+            records,
             drops,
         };
         self.seq += 1;
