@@ -13,23 +13,17 @@ with a one-line skip count.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
-from pharos_testkit import free_port
+from pharos_testkit import free_port, kafka_jars
 
 from pharos_pipeline.broker import KafkaBroker
-from pharos_pipeline.settings import REPO_ROOT, Settings
+from pharos_pipeline.settings import Settings
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory) -> KafkaBroker:
-    if shutil.which("java") is None:
-        pytest.skip("Java is not installed: the real Kafka broker needs Java 17")
-    kafka_home = REPO_ROOT / "build" / "kafka"
-    if not any((kafka_home / "libs").glob("kafka_2.13-*.jar")):
-        subprocess.run(["bash", str(REPO_ROOT / "pipeline/kafka/fetch.sh"), str(kafka_home)], check=True)
+    kafka_home = kafka_jars()
     port, ctl = free_port(), free_port()
     while ctl == port:
         ctl = free_port()

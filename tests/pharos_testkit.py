@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,20 +60,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kafka_bootstrap() -> str:
+def kafka_jars() -> Path:
+    """The Kafka home holding the pinned jars (``build/kafka``), fetched with
+    pipeline/kafka/fetch.sh when missing; skips the test when Java is not installed."""
+    if shutil.which("java") is None:
+        pytest.skip("Java is not installed: the real Kafka broker needs Java 17")
+    kafka_home = REPO / "build" / "kafka"
+    if not any((kafka_home / "libs").glob("kafka_2.13-*.jar")):
+        subprocess.run(["bash", str(REPO / "pipeline/kafka/fetch.sh"), str(kafka_home)], check=True)
+    return kafka_home
+
+
+def kafka_bootstrap(nodes: int = 1) -> str:
     """A loopback bootstrap address for a stack's own broker: port p with p + 1 (the KRaft
-    controller listener, see pharos_pipeline.broker) free too, checked by binding both."""
+    controller listener, see pharos_pipeline.broker) free too, checked by binding both; for an
+    embedded cluster of ``nodes`` (settings ``kafka_brokers``), p .. p + 2 * nodes - 1 all free."""
     for _ in range(100):
-        with socket.socket() as a:
+        with contextlib.ExitStack() as held:
+            a = held.enter_context(socket.socket())
             a.bind(("127.0.0.1", 0))
             port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
+            if port + 2 * nodes > 65536:
+                continue
+            try:
+                for q in range(port + 1, port + 2 * nodes):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", q))
+            except OSError:
+                continue
         return f"127.0.0.1:{port}"
-    raise RuntimeError("no pair of free loopback ports found")
+    raise RuntimeError(f"no {2 * nodes} consecutive free loopback ports found")
 
 
 def topic_settings(kafka_broker, state_dir: Path, **overrides):

@@ -222,15 +222,19 @@ def run(
 
 @app.command()
 def broker() -> None:
-    """Run the local single-node Kafka broker (KRaft, loopback) in the foreground."""
-    from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics
+    """Run the local Kafka broker (KRaft, loopback; kafka_brokers > 1: a cluster of that many nodes) in the
+    foreground."""
+    from pharos_pipeline.broker import BrokerError, embedded_kafka, ensure_topics
 
     settings = get_settings()
-    b = KafkaBroker(settings, settings.state_dir / "kafka")
+    try:
+        b = embedded_kafka(settings, settings.state_dir / "kafka")
+    except BrokerError as exc:
+        fail(str(exc))
     try:
         b.start()
         ensure_topics(settings)
-        console.print(f"Kafka broker ready on {settings.kafka_bootstrap}")
+        console.print(f"Kafka ({settings.kafka_brokers} node(s)) ready on {settings.kafka_bootstrap}")
         wait_for_stop_signal()
     except BrokerError as exc:
         fail(str(exc))

@@ -1,4 +1,5 @@
-"""The embedded stack: Kafka broker, eBPF agent, and pipeline + analytics + API (chDB).
+"""The embedded stack: Kafka broker (or ``kafka_brokers`` nodes), eBPF agent, and pipeline +
+analytics + API (chDB).
 
 ``pharos up`` starts each component as its own long-running process (``pharos broker``,
 ``pharos agent``, ``pharos fwd --index I`` for each forwarding node, ``pharos mount``,
@@ -91,7 +92,7 @@ def api_ready(settings: Settings) -> bool:
 def components(settings: Settings) -> list[Component]:
     """The stack's processes in start order (reverse for stop)."""
     comps = [
-        Component("broker", _pharos("broker"), broker_ready, 120),
+        Component("broker", _pharos("broker"), broker_ready, 60 + 60 * settings.kafka_brokers),
         Component("agent", _pharos("agent"), _file_ready("agent"), 60, "agent", "pharos-agent", producer=True),
     ]
     for i in range(settings.fwd_nodes):

@@ -1,6 +1,7 @@
 """The embedded Kafka broker: Apache Kafka 4.x, single-node KRaft (broker + controller) on
 loopback, from the pinned jars that ``make kafka`` (``pipeline/kafka/fetch.sh``) puts in
-``settings.kafka_home/libs``.
+``settings.kafka_home/libs``; or a cluster of N such combined nodes (:class:`KafkaCluster`,
+``settings.kafka_brokers`` > 1) sharing one KRaft quorum, with replicated topics.
 
 Data directory layout (default ``settings.state_dir / "kafka"``)::
 
@@ -19,6 +20,12 @@ Usage::
 
 The broker runs in its own session (not killed by the terminal's Ctrl-C); ``stop()`` from
 any process sends SIGTERM (controlled shutdown), then SIGKILL after the timeout.
+
+A cluster (``KafkaCluster(settings, data_dir, nodes=3)``) keeps ``cluster.id`` in its data dir
+and one such layout per node in ``node1/`` .. ``nodeN/`` (node ids 1..N, every node a voter of
+the static quorum ``controller.quorum.voters``). Node i (0-based) listens on the i-th address of
+``settings.kafka_bootstrap`` (which the settings expand to N addresses: the first port + 2i),
+its controller on that port + 1.
 """
 
 from __future__ import annotations
@@ -68,6 +75,37 @@ def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def node_addresses(settings: Settings, nodes: int) -> list[tuple[str, int, int]]:
+    """(host, client port, controller port) of each of ``nodes`` embedded Kafka nodes.
+
+    ``settings.kafka_bootstrap`` lists one address per node (controller port = client port + 1),
+    or one address only: node i then listens on its port + 2i. Raises BrokerError on any other
+    count or when two listeners would share a port.
+    """
+    servers = [parse_bootstrap(a) for a in settings.kafka_bootstrap.split(",") if a.strip()]
+    if len(servers) == 1 and nodes > 1:
+        host, port = servers[0]
+        servers = [(host, port + 2 * i) for i in range(nodes)]
+    if len(servers) != nodes:
+        raise BrokerError(
+            f"kafka_bootstrap {settings.kafka_bootstrap!r} lists {len(servers)} servers for {nodes} Kafka "
+            f"nodes: list one per node or only the first"
+        )
+    out = [(h, p, p + 1) for h, p in servers]
+    ports = [(h, q) for h, p, c in out for q in (p, c)]
+    if len(set(ports)) != len(ports):
+        raise BrokerError(
+            f"kafka_bootstrap {settings.kafka_bootstrap!r}: the nodes' listeners (port, port + 1) overlap"
+        )
+    return out
+
+
+def min_insync_replicas(replication_factor: int) -> int:
+    """min.insync.replicas for a replication factor: 2 from 3 replicas on (an acks=all write
+    survives one lost broker and is on two), else 1."""
+    return 2 if replication_factor >= 3 else 1
+
+
 def port_is_free(host: str, port: int) -> bool:
     """True when nothing listens on host:port (a bind test, SO_REUSEADDR like the JVM)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -91,11 +129,15 @@ def _pid_alive_kafka(pid: int) -> bool:
 
 
 class KafkaBroker:
-    """A single-node KRaft Kafka broker+controller on loopback.
+    """A single-node KRaft Kafka broker+controller on loopback, or one node of a
+    :class:`KafkaCluster`.
 
-    ``settings.kafka_bootstrap`` gives the client port (PLAINTEXT listener);
+    ``settings.kafka_bootstrap`` gives the client port (PLAINTEXT listener; the first address);
     ``controller_port`` (default: client port + 1) is the KRaft controller listener, also on
-    loopback. ``data_dir`` defaults to ``settings.state_dir / "kafka"``.
+    loopback. ``data_dir`` defaults to ``settings.state_dir / "kafka"``. A cluster's node also
+    gets its ``node_id``, the cluster's ``quorum_voters`` (``id@host:port,...``), the
+    ``replication`` factor of the internal topics and defaults, and the shared
+    ``cluster_id_file``.
     """
 
     def __init__(
@@ -104,12 +146,20 @@ class KafkaBroker:
         data_dir: Path | None = None,
         *,
         controller_port: int | None = None,
+        node_id: int = 1,
+        quorum_voters: str | None = None,
+        replication: int = 1,
+        cluster_id_file: Path | None = None,
     ) -> None:
         self.settings = settings
         self.host, self.port = parse_bootstrap(settings.kafka_bootstrap)
         self.controller_port = controller_port or self.port + 1
         self.data_dir = Path(data_dir or settings.state_dir / "kafka").resolve()
         self.libs = Path(settings.kafka_home) / "libs"
+        self.node_id = node_id
+        self.quorum_voters = quorum_voters or f"{node_id}@{self.host}:{self.controller_port}"
+        self.replication = replication
+        self.cluster_id_file = Path(cluster_id_file or self.data_dir / "cluster.id")
         self._proc: subprocess.Popen | None = None
 
     # -- paths -------------------------------------------------------------------------
@@ -135,12 +185,14 @@ class KafkaBroker:
 
     # -- configuration -----------------------------------------------------------------
     def server_properties(self) -> str:
-        """The broker configuration text (single node: every replication factor is 1)."""
+        """The broker configuration text (single node: every replication factor is 1; a
+        cluster's node: ``replication``, min.insync.replicas 2 from 3 on)."""
         h = self.host
+        rf, isr = str(self.replication), str(min_insync_replicas(self.replication))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{h}:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters,
             "listeners": f"PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{h}:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -148,14 +200,14 @@ class KafkaBroker:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.log_dirs),
             "num.partitions": "1",
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             "log.retention.hours": "168",
@@ -206,10 +258,11 @@ logger.cleaner.level = WARN
             )
 
     def _format_storage(self) -> None:
-        """Format log.dirs once; the cluster id is kept in ``data_dir/cluster.id``."""
+        """Format log.dirs once; the cluster id is kept in ``cluster_id_file`` (default
+        ``data_dir/cluster.id``; a cluster's nodes share one)."""
         if (self.log_dirs / "meta.properties").exists():
             return
-        id_file = self.data_dir / "cluster.id"
+        id_file = self.cluster_id_file
         if id_file.exists():
             cluster_id = id_file.read_text().strip()
         else:
@@ -254,11 +307,23 @@ logger.cleaner.level = WARN
         another process, the storage format fails, or the broker exits or does not answer
         in time (the message holds the tail of kafka.log).
         """
+        launched = self.launch()
+        try:
+            self._wait_ready(timeout)
+        except BrokerError:
+            if launched:
+                self.stop()
+            raise
+        log.info("kafka broker pid %s ready on %s", self.running_pid(), self.bootstrap)
+
+    def launch(self) -> bool:
+        """Start the broker process without waiting for it to answer (a cluster's nodes must
+        all run before any of them answers: the quorum needs a majority). Returns False when
+        this data dir's broker is already running. Raises BrokerError as :meth:`start`."""
         self._check_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.running_pid() is not None:
-            self._wait_ready(timeout)
-            return
+            return False
         for port, what in ((self.port, "client"), (self.controller_port, "controller")):
             if not port_is_free(self.host, port):
                 raise BrokerError(
@@ -278,12 +343,7 @@ logger.cleaner.level = WARN
                 start_new_session=True,
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
-        try:
-            self._wait_ready(timeout)
-        except BrokerError:
-            self.stop()
-            raise
-        log.info("kafka broker pid %d ready on %s", self._proc.pid, self.bootstrap)
+        return True
 
     def _log_tail(self, n: int = 30) -> str:
         try:
@@ -317,25 +377,34 @@ logger.cleaner.level = WARN
 
         Returns True when a broker was running. Removes the pid file.
         """
+        return self._end(signal.SIGTERM, timeout) is not None
+
+    def kill(self) -> int | None:
+        """SIGKILL the broker at once (a crash: no controlled shutdown, nothing flushed);
+        returns its pid, or None when it was not running. Removes the pid file."""
+        return self._end(signal.SIGKILL, 0)
+
+    def _end(self, sig: int, timeout: float) -> int | None:
         pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self.running_pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             self._proc = None
-            return False
+            return None
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self._alive(pid):
             time.sleep(0.1)
         if self._alive(pid):
-            log.warning("kafka broker pid %d did not stop in %.0f s: SIGKILL", pid, timeout)
+            if sig != signal.SIGKILL:
+                log.warning("kafka broker pid %d did not stop in %.0f s: SIGKILL", pid, timeout)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             while self._alive(pid):
                 time.sleep(0.05)
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
-        return True
+        return pid
 
     def _alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
@@ -350,6 +419,132 @@ logger.cleaner.level = WARN
         self.stop()
 
 
+class KafkaCluster:
+    """N combined KRaft broker+controller nodes (:class:`KafkaBroker` each) on loopback with
+    one cluster id and a static quorum of all N voters; internal topics and defaults with
+    replication factor min(3, N) and min.insync.replicas 2 from 3 on.
+
+    ``nodes`` defaults to ``settings.kafka_brokers``; addresses from :func:`node_addresses`;
+    ``data_dir`` (default ``settings.state_dir / "kafka"``) holds ``cluster.id`` and
+    ``node1/`` .. ``nodeN/``. ``nodes[i]`` is node id i + 1. Tests crash one node with
+    :meth:`kill` and bring it back with :meth:`restart`.
+    """
+
+    def __init__(self, settings: Settings, data_dir: Path | None = None, *, nodes: int | None = None) -> None:
+        n = nodes or settings.kafka_brokers
+        if n < 1:
+            raise BrokerError(f"a Kafka cluster needs at least one node, not {n}")
+        self.settings = settings
+        self.data_dir = Path(data_dir or settings.state_dir / "kafka").resolve()
+        addrs = node_addresses(settings, n)
+        voters = ",".join(f"{i + 1}@{h}:{c}" for i, (h, _p, c) in enumerate(addrs))
+        self.replication = min(3, n)
+        self.nodes = [
+            KafkaBroker(
+                settings.model_copy(update={"kafka_bootstrap": f"{h}:{p}"}),
+                self.data_dir / f"node{i + 1}",
+                controller_port=c,
+                node_id=i + 1,
+                quorum_voters=voters,
+                replication=self.replication,
+                cluster_id_file=self.data_dir / "cluster.id",
+            )
+            for i, (h, p, c) in enumerate(addrs)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client address, comma-separated."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def running_pid(self) -> int | None:
+        """Pid of the first running node, or None when none runs (as KafkaBroker's)."""
+        return next((pid for node in self.nodes if (pid := node.running_pid()) is not None), None)
+
+    def is_running(self) -> bool:
+        return any(node.is_running() for node in self.nodes)
+
+    def start(self, timeout: float = 120) -> None:
+        """Start every node that is not running and wait (up to ``timeout`` s) until the
+        metadata shows all N brokers. On failure the nodes started here are stopped again.
+        Raises BrokerError as :meth:`KafkaBroker.start`."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        launched: list[KafkaBroker] = []
+        try:
+            for node in self.nodes:
+                if node.launch():
+                    launched.append(node)
+            deadline = time.monotonic() + timeout
+            for node in self.nodes:
+                node._wait_ready(max(1.0, deadline - time.monotonic()))
+            self.wait_brokers(max(1.0, deadline - time.monotonic()))
+        except BrokerError:
+            self._each(lambda node: node.stop(), launched)
+            raise
+        log.info("kafka cluster of %d nodes ready on %s", len(self.nodes), self.bootstrap)
+
+    def wait_brokers(self, timeout: float = 60) -> None:
+        """Wait until the cluster metadata lists every node as a broker; BrokerError if not."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        want = {node.node_id for node in self.nodes}
+        deadline = time.monotonic() + timeout
+        seen: set[int] = set()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # KafkaException while nodes start
+                seen = set(admin.list_topics(timeout=2).brokers)
+                if seen >= want:
+                    return
+            time.sleep(0.3)
+        raise BrokerError(
+            f"kafka cluster on {self.bootstrap}: brokers {sorted(seen)} of {sorted(want)} after {timeout:.0f} s"
+        )
+
+    def stop(self, timeout: float = 30) -> bool:
+        """Stop every node at once (SIGTERM, SIGKILL after ``timeout``); True when any ran."""
+        return any(self._each(lambda node: node.stop(timeout), self.nodes))
+
+    def kill(self, index: int) -> int | None:
+        """SIGKILL node ``nodes[index]`` (a crash); its pid, or None when it was not running."""
+        return self.nodes[index].kill()
+
+    def restart(self, index: int, timeout: float = 90) -> None:
+        """Start node ``nodes[index]`` again and wait until the cluster lists all N brokers."""
+        deadline = time.monotonic() + timeout
+        self.nodes[index].start(timeout)
+        self.wait_brokers(max(1.0, deadline - time.monotonic()))
+
+    def index_of(self, node_id: int) -> int:
+        """Index in ``nodes`` of the node with Kafka node id ``node_id``."""
+        return next(i for i, node in enumerate(self.nodes) if node.node_id == node_id)
+
+    @staticmethod
+    def _each(fn, nodes: list[KafkaBroker]) -> list:
+        """``fn(node)`` for every node in parallel threads (a quorum stops or starts as one)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not nodes:
+            return []
+        with ThreadPoolExecutor(len(nodes)) as ex:
+            return list(ex.map(fn, nodes))
+
+    def __enter__(self) -> KafkaCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def embedded_kafka(settings: Settings, data_dir: Path | None = None) -> KafkaBroker | KafkaCluster:
+    """The embedded launcher of the settings: one :class:`KafkaBroker` when
+    ``settings.kafka_brokers`` is 1, else a :class:`KafkaCluster` of that many nodes."""
+    if settings.kafka_brokers > 1:
+        return KafkaCluster(settings, data_dir)
+    return KafkaBroker(settings, data_dir)
+
+
 def topic_specs(settings: Settings) -> dict[str, int]:
     """Topic name -> partitions: requests ``settings.topic_partitions``, jobs 1, dead
     letters 1, target metrics 1."""
@@ -361,9 +556,18 @@ def topic_specs(settings: Settings) -> dict[str, int]:
     }
 
 
+def topic_replication(settings: Settings) -> tuple[int, dict[str, str]]:
+    """(replication factor, topic configs) of the topics Pharos creates: the larger of
+    ``settings.topic_replication_factor`` and min(3, ``settings.kafka_brokers``) (the embedded
+    cluster); with 3 or more replicas also ``min.insync.replicas`` = 2, so an acks=all write is
+    on two brokers and the topic stays writable with one broker down."""
+    rf = max(settings.topic_replication_factor, min(3, settings.kafka_brokers))
+    return rf, ({"min.insync.replicas": str(min_insync_replicas(rf))} if rf >= 3 else {})
+
+
 def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
-    """Create the Pharos topics that do not exist yet (replication factor
-    ``settings.topic_replication_factor``).
+    """Create the Pharos topics that do not exist yet (replication factor and configs from
+    :func:`topic_replication`).
 
     Idempotent. Returns topic -> partition count as the broker has it now (an existing
     topic keeps its partitions; a mismatch is logged, not changed). Raises
@@ -375,8 +579,12 @@ def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     specs = topic_specs(settings)
     existing = admin.list_topics(timeout=timeout).topics
-    rf = settings.topic_replication_factor
-    missing = [NewTopic(t, num_partitions=n, replication_factor=rf) for t, n in specs.items() if t not in existing]
+    rf, configs = topic_replication(settings)
+    missing = [
+        NewTopic(t, num_partitions=n, replication_factor=rf, config=configs)
+        for t, n in specs.items()
+        if t not in existing
+    ]
     if missing:
         for _topic, fut in admin.create_topics(missing, operation_timeout=timeout).items():
             try:
@@ -407,9 +615,10 @@ def ensure_topics(settings: Settings, timeout: float = 30) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m pharos_pipeline.broker {start,stop,status}`` with the Pharos settings.
 
-    start: start the broker detached (pid in ``<state_dir>/kafka/kafka.pid``), create the
-    topics, return when it answers. stop: stop it (from any process). status: print
-    whether it runs. Exit status 1 with the reason on BrokerError.
+    start: start the broker detached (pid in ``<state_dir>/kafka/kafka.pid``; a cluster of
+    ``kafka_brokers`` nodes: ``<state_dir>/kafka/node<i>/kafka.pid``), create the topics, return
+    when it answers. stop: stop it (from any process). status: print whether it runs. Exit
+    status 1 with the reason on BrokerError.
     """
     import argparse
 
@@ -421,8 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     settings = get_settings()
-    broker = KafkaBroker(settings)
     try:
+        broker = embedded_kafka(settings)
         if args.action == "start":
             broker.start(timeout=args.timeout)
             topics = ensure_topics(settings)

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -78,7 +78,20 @@ class Settings(PharosSettings):
         default=REPO_ROOT / ".pharos",
         description="Where the embedded stack keeps its data: Kafka log, chDB data, pid files, logs.",
     )
-    kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
+    kafka_bootstrap: str = Field(
+        default="127.0.0.1:19092",
+        description="Kafka bootstrap servers, host:port[,host:port...]. With kafka_brokers = N > 1 and one "
+        "address given, it stands for the embedded cluster's N nodes: port, port + 2, ... (expanded on load).",
+    )
+    kafka_brokers: int = Field(
+        default=1,
+        ge=1,
+        le=9,
+        description="Kafka nodes the embedded launcher starts (`pharos broker`, `pharos up`): combined KRaft "
+        "broker + controller nodes on loopback, node i on the i-th kafka_bootstrap address (controller on its "
+        "port + 1). From 3 on, the topics get replication factor 3 and min.insync.replicas 2. A site's own "
+        "cluster: leave 1, list its brokers in kafka_bootstrap and set topic_replication_factor.",
+    )
     kafka_home: Path = Field(
         default=REPO_ROOT / "build" / "kafka",
         description="Folder holding the Kafka jars (libs/) fetched by `make kafka`.",
@@ -92,8 +105,8 @@ class Settings(PharosSettings):
         default=1,
         ge=1,
         description="Replication factor of the topics Pharos creates (`pharos topics`, `pharos broker`): 1 on "
-        "one broker; 3 on a cluster of 3 or more brokers (with min.insync.replicas = 2 on the brokers). Topics "
-        "that exist keep theirs.",
+        "one broker; 3 on a cluster of 3 or more brokers (then Pharos sets the topics' min.insync.replicas to "
+        "2). At least min(3, kafka_brokers). Topics that exist keep theirs.",
     )
     consumer_group: str = "pharos-pipeline"
     consumer_instance_id: str = Field(
@@ -227,6 +240,17 @@ class Settings(PharosSettings):
         gt=0,
         description="`pharos run`: longest wait (s) for the hint; past it the job runs with the default mapping.",
     )
+
+    @model_validator(mode="after")
+    def _cluster_bootstrap(self) -> Settings:
+        """One bootstrap address with kafka_brokers = N > 1: the embedded cluster's N nodes
+        (port + 2i, see pharos_pipeline.broker.node_addresses), so every client lists them all
+        and still connects with any one node down."""
+        servers = [a.strip() for a in self.kafka_bootstrap.split(",") if a.strip()]
+        host, _, port = servers[0].rpartition(":") if len(servers) == 1 else ("", "", "")
+        if self.kafka_brokers > 1 and host and port.isdigit():
+            self.kafka_bootstrap = ",".join(f"{host}:{int(port) + 2 * i}" for i in range(self.kafka_brokers))
+        return self
 
     @property
     def chdb_path(self) -> Path:
