@@ -3,6 +3,10 @@
 //! stores in the targets' shared state (so they apply to every daemon serving the target).
 //! Requests already executing finish under the settings they started with.
 //!
+//! Every route but `GET /status` needs the admin token (`--admin-token-file`) as
+//! `Authorization: Bearer <token>`: 401 without it or with another, 403 for all of them when no
+//! token is configured ([`pharos_fwd_proto::auth::admin_refusal`]).
+//!
 //! * `GET /status`: counters, record and metrics shipping stats.
 //! * `GET /targets`: every target's limit, faults, open count, throttle waits.
 //! * `PUT /targets/{name}`: `{"max_perf_mb_s": 50, "added_latency_ms": 5, "slowdown": 3}`
@@ -12,10 +16,13 @@
 //!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`).
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
+use pharos_fwd_proto::auth::{admin_guard, AdminToken};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -26,6 +33,8 @@ use crate::server::Server;
 pub struct AdminState {
     pub server: Arc<Server>,
     pub metrics_stats: Box<dyn Fn() -> ShipStats + Send + Sync>,
+    /// The admin credential (`None`: only `GET /status` is served).
+    pub token: Option<AdminToken>,
 }
 
 type St = State<Arc<AdminState>>;
@@ -125,12 +134,18 @@ async fn put_placement(State(a): St, Json(p): Json<Placement>) -> Resp {
     Ok(Json(json!(p)))
 }
 
+/// The admin token check in front of every route.
+async fn guard(State(a): St, req: Request, next: Next) -> Response {
+    admin_guard(a.token.as_ref(), req, next).await
+}
+
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/status", get(status))
         .route("/targets", get(get_targets))
         .route("/targets/{name}", get(get_targets).put(put_target))
         .route("/placement", get(get_placement).put(put_placement))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
