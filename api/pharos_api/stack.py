@@ -6,6 +6,10 @@
 ``<state_dir>/run/`` and a log in ``<state_dir>/logs/``, and waits until each is ready.
 ``pharos down`` stops them (SIGTERM, then SIGKILL after a grace period);
 ``pharos status`` reports them. Starting is idempotent: a running component is kept.
+The forwarding layer's site key and admin token (``<state_dir>/fwd.key``, ``fwd-admin.token``,
+mode 0600) are made by ``pharos fwd`` / ``pharos mount`` when missing
+(:meth:`~pharos_pipeline.settings.Settings.ensure_fwd_secrets`); the control loop in ``pharos
+serve`` reads the token.
 """
 
 from __future__ import annotations
