@@ -39,6 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from pharos_testkit import free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
+
+from forwarder_testkit import ADMIN_TOKEN, write_secret
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / "target" / "release"
 
@@ -105,11 +109,25 @@ def figure(job: dict, how: str) -> float:
     return job["read"]["iops"]
 
 
+def auth_args(bin_dir: Path, root: Path) -> list[str]:
+    """The site key and admin token flags (made in `root`), for binaries that take them (a
+    --baseline-bin build from before authenticated forwarding does not)."""
+    help_text = subprocess.run([str(bin_dir / "pharos-fwd"), "--help"], capture_output=True, text=True).stdout
+    if "--key-file" not in help_text:
+        return []
+    key, token = root / "fwd.key", root / "admin.token"
+    if not key.exists():
+        write_secret(key, os.urandom(32).hex())
+        write_secret(token, ADMIN_TOKEN)
+    return ["--key-file", str(key), "--admin-token-file", str(token)]
+
+
 def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen]) -> Path:
     """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir`; returns the mount."""
     mnt = root / f"mnt{tag}"
     mnt.mkdir()
     port, admin, madmin = free_port(), free_port(), free_port()
+    auth = auth_args(bin_dir, root)
     fwd = subprocess.Popen(
         [
             str(bin_dir / "pharos-fwd"),
@@ -128,6 +146,7 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
             "--no-kafka",
             "--ready-file",
             str(root / f"fwd{tag}.ready"),
+            *auth,
         ],
         stdout=(root / f"fwd{tag}.log").open("w"),
         stderr=subprocess.STDOUT,
@@ -145,6 +164,7 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
             f"127.0.0.1:{madmin}",
             "--ready-file",
             str(root / f"mnt{tag}.ready"),
+            *auth,
         ],
         stdout=(root / f"mnt{tag}.log").open("w"),
         stderr=subprocess.STDOUT,

@@ -407,14 +407,16 @@ class StackAdmin:
 
         self.fwd_admin = {f"fwd{i}": admin(f"fwd{i}") for i in range(settings.fwd_nodes)}
         self.mount_admin = admin("mount")
+        # The admin token `pharos up` made (the admin interfaces answer 401 without it).
+        self.headers = settings.fwd_admin_headers()
 
     def set_target(self, target: str, **fault) -> None:
         """A fault or limit of a target (``added_latency_ms``, ``slowdown``, ``max_perf_mb_s``) set
         through fwd0 and checked on every daemon (the targets' state is shared)."""
-        r = httpx.put(f"{self.fwd_admin['fwd0']}/targets/{target}", json=fault, timeout=5)
+        r = httpx.put(f"{self.fwd_admin['fwd0']}/targets/{target}", json=fault, headers=self.headers, timeout=5)
         assert r.status_code == 200, r.text
         for node, url in self.fwd_admin.items():
-            t = {x["name"]: x for x in httpx.get(f"{url}/targets", timeout=5).json()}
+            t = {x["name"]: x for x in httpx.get(f"{url}/targets", headers=self.headers, timeout=5).json()}
             for k, v in fault.items():
                 if k == "added_latency_ms":
                     assert t[target]["added_latency_ns"] == int(v * 1e6), (node, t[target])
@@ -422,11 +424,11 @@ class StackAdmin:
                     assert t[target][k] == v, (node, t[target])
 
     def set_mapping(self, jobs: dict[str, list[str]]) -> None:
-        r = httpx.put(f"{self.mount_admin}/mapping", json={"jobs": jobs}, timeout=5)
+        r = httpx.put(f"{self.mount_admin}/mapping", json={"jobs": jobs}, headers=self.headers, timeout=5)
         assert r.status_code == 200, r.text
 
     def mapping(self) -> dict:
-        return httpx.get(self.mount_admin + "/mapping", timeout=5).json()
+        return httpx.get(self.mount_admin + "/mapping", headers=self.headers, timeout=5).json()
 
     def layout_targets(self, path: Path) -> list[int]:
         """The targets of a file on the mount, from its layout sidecar in the MDT namespace."""

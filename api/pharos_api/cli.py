@@ -318,6 +318,12 @@ def agent(
     os.execv(argv[0], argv)
 
 
+def fwd_auth_args(s) -> list[str]:
+    """``--key-file`` and ``--admin-token-file`` of pharos-fwd and pharos-mount (the site key and
+    the admin token: ``fwd_key_file``, ``fwd_admin_token_file``, by default in state_dir)."""
+    return ["--key-file", str(s.fwd_key_path), "--admin-token-file", str(s.fwd_admin_token_path)]
+
+
 @app.command()
 def fwd(
     index: Annotated[int, typer.Option("--index", "-i", min=0, help="Forwarding node number: fwd<INDEX>.")] = 0,
@@ -332,6 +338,7 @@ def fwd(
     port = lambda k: 0 if s.fwd_port_base == 0 else s.fwd_port_base + 10 * index + k  # noqa: E731
     (s.fwd_backend / "mdt").mkdir(parents=True, exist_ok=True)
     ready_file(s, f"fwd{index}").parent.mkdir(parents=True, exist_ok=True)
+    s.ensure_fwd_secrets()
     argv = [
         str(s.fwd_binary),
         "--node-name",
@@ -354,6 +361,7 @@ def fwd(
         s.topic_target_metrics,
         "--ready-file",
         str(ready_file(s, f"fwd{index}")),
+        *fwd_auth_args(s),
     ]
     for t, limit in enumerate(s.fwd_target_limits_mb_s[: s.fwd_targets]):
         if limit > 0:
@@ -416,6 +424,7 @@ def mount(
         if not f.exists():
             fail(f"forwarding daemon {name} is not running (no {f}): start it with `pharos up`", 2)
         nodes += ["--fwd", f"{name}={json.loads(f.read_text())['listen']}"]
+    s.ensure_fwd_secrets()
     mp = s.mount_point
     try:
         mp.mkdir(parents=True, exist_ok=True)
@@ -433,6 +442,7 @@ def mount(
         f"127.0.0.1:{s.mount_admin_port}",
         "--ready-file",
         str(ready_file(s, "mount")),
+        *fwd_auth_args(s),
     ]
     env = dict(os.environ)
     reserved = mount_reserved(s)

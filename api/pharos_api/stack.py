@@ -18,6 +18,10 @@ component's (``python -m pharos_api.cli <part>``, or the binary it execs): a sta
 (after a reboot or a crash, the pid reused by an unrelated process) is reported and removed,
 never signalled (:func:`identify`). Pid files of older versions (a bare pid) are checked by
 command line only.
+The forwarding layer's site key and admin token (``<state_dir>/fwd.key``, ``fwd-admin.token``,
+mode 0600) are made by ``pharos fwd`` / ``pharos mount`` when missing
+(:meth:`~pharos_pipeline.settings.Settings.ensure_fwd_secrets`); the control loop in ``pharos
+serve`` reads the token.
 """
 
 from __future__ import annotations

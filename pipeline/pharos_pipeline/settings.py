@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -220,6 +221,19 @@ class Settings(PharosSettings):
     mount_admin_port: int = Field(
         default=7501, ge=0, description="Admin HTTP port of the FUSE client (0: a free port)."
     )
+    fwd_key_file: Path | None = Field(
+        default=None,
+        description="The forwarding layer's site key: a root-only file (mode 0600, >= 32 bytes, e.g. "
+        "`openssl rand -hex 32`) that every pharos-fwd and pharos-mount of the site holds; mounts and daemons "
+        "prove it to each other and the daemons sign capabilities with it (docs/security.md). None: "
+        "<state_dir>/fwd.key, made by `pharos fwd` / `pharos mount` (`pharos up`) when missing.",
+    )
+    fwd_admin_token_file: Path | None = Field(
+        default=None,
+        description="The admin token of the daemons' and the mount's admin HTTP interfaces (every route but "
+        "GET /status needs it): a root-only file the control loop reads too. None: <state_dir>/fwd-admin.token, "
+        "made by `pharos fwd` / `pharos mount` (`pharos up`) when missing.",
+    )
     compute_node_index: int = Field(
         default=0,
         ge=0,
@@ -272,6 +286,39 @@ class Settings(PharosSettings):
         return self.heartbeat_missed * self.heartbeat_interval_s
 
     @property
+    def fwd_key_path(self) -> Path:
+        """The site key file: ``fwd_key_file``, else <state_dir>/fwd.key (the embedded stack's)."""
+        return (self.fwd_key_file or self.state_dir / "fwd.key").expanduser()
+
+    @property
+    def fwd_admin_token_path(self) -> Path:
+        """The admin token file: ``fwd_admin_token_file``, else <state_dir>/fwd-admin.token."""
+        return (self.fwd_admin_token_file or self.state_dir / "fwd-admin.token").expanduser()
+
+    def ensure_fwd_secrets(self) -> None:
+        """Makes the embedded stack's site key and admin token (32 random bytes as hex, mode 0600
+        from creation) when they are the defaults in state_dir and missing. A configured file is
+        never made: every node of a site must hold the same one (the daemons refuse a missing file)."""
+        for configured, path in (
+            (self.fwd_key_file, self.fwd_key_path),
+            (self.fwd_admin_token_file, self.fwd_admin_token_path),
+        ):
+            if configured is not None:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+
+    def fwd_admin_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of the admin interfaces (empty when the token file is
+        missing or unreadable: the interfaces then answer 401)."""
+        return admin_headers(self.fwd_admin_token_path)
+
+    @property
     def api_url(self) -> str:
         return f"http://{self.api_host}:{self.api_port}"
 
@@ -294,6 +341,16 @@ class Settings(PharosSettings):
                 "(docs/security.md), or bind 127.0.0.1"
             )
         return None
+
+
+def admin_headers(token_file: Path) -> dict[str, str]:
+    """``{"Authorization": "Bearer <token>"}`` from a token file (its first line), or ``{}``
+    when it cannot be read."""
+    try:
+        token = token_file.expanduser().read_text().strip().split("\n", 1)[0].strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def is_loopback(host: str) -> bool:

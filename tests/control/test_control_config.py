@@ -1,14 +1,17 @@
 """One set-up of the configuration sources for Settings, DiagnosisConfig and ControlConfig
 (pharos_pipeline.settings.PharosSettings), the metadata-heavy rate shared by the diagnosis and DFRA,
-the mount's node order that keeps reserved forwarding nodes out of its default mapping, and the
-PeriodicLoop of the detection and control loops. Pure logic."""
+the mount's node order that keeps reserved forwarding nodes out of its default mapping, the
+forwarding layer's site key and admin token (made by `pharos up`, sent by the control loop), and
+the PeriodicLoop of the detection and control loops. Pure logic."""
 
 from __future__ import annotations
 
 import logging
+import stat
 import threading
 import time
 
+import httpx
 import pytest
 
 from pharos_analytics.alerts import DetectionLoop
@@ -17,7 +20,7 @@ from pharos_analytics.control.dfra import JobHistory, NodeState, classify, decid
 from pharos_analytics.control.loop import ControlLoop
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.periodic import PeriodicLoop
-from pharos_api.cli import mount_node_index, mount_node_order, mount_reserved
+from pharos_api.cli import fwd_auth_args, mount_node_index, mount_node_order, mount_reserved
 from pharos_pipeline.settings import PharosSettings, Settings
 
 
@@ -82,6 +85,40 @@ def test_mount_order_puts_reserved_nodes_last(monkeypatch):
     monkeypatch.setenv("PHAROS_CONTROL_RESERVED_NODES", '["fwd0", "fwd1", "fwd2"]')
     assert mount_node_index(Settings(fwd_nodes=3, compute_node_index=4)) == 1  # all reserved: all nodes
     assert mount_reserved(Settings(fwd_nodes=3)) == []  # pharos-mount refuses to have no shared node
+
+
+def test_fwd_secrets_made_once_private_and_sent_by_the_control_loop(tmp_path):
+    s = Settings(state_dir=tmp_path / "state")
+    s.ensure_fwd_secrets()
+    key, token = s.fwd_key_path, s.fwd_admin_token_path
+    assert (key, token) == (tmp_path / "state" / "fwd.key", tmp_path / "state" / "fwd-admin.token")
+    for f in (key, token):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600 and len(f.read_text().strip()) == 64
+    assert key.read_text() != token.read_text()
+    made = key.read_text()
+    s.ensure_fwd_secrets()  # never replaced: the running daemons and mount hold it
+    assert key.read_text() == made
+    assert fwd_auth_args(s) == ["--key-file", str(key), "--admin-token-file", str(token)]
+    # A configured file is never made: every node of a site must hold the same one.
+    site = Settings(state_dir=tmp_path / "s2", fwd_key_file=tmp_path / "k", fwd_admin_token_file=tmp_path / "t")
+    site.ensure_fwd_secrets()
+    assert not (tmp_path / "k").exists() and not (tmp_path / "t").exists()
+    assert site.fwd_admin_headers() == {}
+
+    # The control loop's admin calls carry the token: [control] admin_token_file, else the settings'.
+    seen = []
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        seen.append(req.headers.get("authorization"))
+        return httpx.Response(200, json={})
+
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    own = tmp_path / "own.token"
+    own.write_text("own-token\n")
+    for cfg, want in ((ControlConfig(), token.read_text().strip()), (ControlConfig(admin_token_file=own), "own-token")):
+        loop = ControlLoop(None, s, lambda cfg=cfg: cfg, client=client)
+        assert loop._http("PUT", "http://127.0.0.1:1/mapping", {"jobs": {}}) == ({}, "")
+        assert seen.pop() == f"Bearer {want}"
 
 
 class Flaky(PeriodicLoop):

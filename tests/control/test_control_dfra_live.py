@@ -128,7 +128,7 @@ def test_dfra_dedicated_node_before_first_io_on_the_real_stack(live: Settings, t
     tag = os.getpid()
     name = f"dfra-nn-{tag}"
     mount_admin = "http://" + json.loads(stack.ready_file(live, "mount").read_text())["admin"]
-    mapping = httpx.get(mount_admin + "/mapping", timeout=10).json()
+    mapping = httpx.get(mount_admin + "/mapping", headers=live.fwd_admin_headers(), timeout=10).json()
     assert [n["name"] for n in mapping["nodes"]] == ["fwd0", "fwd1", "fwd2", "fwd3"]
     assert mapping["default"] == "fwd0"  # the mount's default is a shared node, never fwd2/fwd3
 

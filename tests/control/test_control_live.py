@@ -30,7 +30,9 @@ def loop_on(store, cluster, mounts, daemons, **kw) -> ControlLoop:
         dfra_dedicated_min_bytes=1e15,
         http_timeout_s=2.0,
     )
-    c = ControlConfig(mount_admin_urls=mounts, fwd_admin_urls=daemons, **(base | kw))
+    c = ControlConfig(
+        mount_admin_urls=mounts, fwd_admin_urls=daemons, admin_token_file=cluster.token_file, **(base | kw)
+    )
     return ControlLoop(store, Settings(), lambda: c)
 
 
@@ -70,6 +72,7 @@ def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
         "--ready-file",
         str(ready),
         "--no-kafka",
+        *cluster.auth_args(),
     ]
     proc = subprocess.Popen(args, stdout=log.open("a"), stderr=subprocess.STDOUT)
     wait_file(ready, proc)

@@ -81,7 +81,7 @@ class Stack(StackAdmin):
         self.files: dict[str, Path] = {}
 
     def placement(self, node: str = "fwd0") -> dict:
-        return httpx.get(f"{self.fwd_admin[node]}/placement", timeout=5).json()
+        return httpx.get(f"{self.fwd_admin[node]}/placement", headers=self.headers, timeout=5).json()
 
     def actions(self, kind: str = "placement") -> tuple[list[dict], dict | None]:
         """The loop's actions of ``kind`` (oldest first) and the loop's status."""

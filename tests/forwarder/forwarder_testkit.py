@@ -1,18 +1,24 @@
 """Starts real pharos-fwd daemons and pharos-mount FUSE clients for the forwarder tests.
 
 Everything binds to loopback on free ports, lives under a tmp dir and is stopped with
-SIGTERM (then SIGKILL and a lazy unmount as a fallback) when the cluster closes.
+SIGTERM (then SIGKILL and a lazy unmount as a fallback) when the cluster closes. Each cluster
+has its own site key (``fwd.key``) and the session's admin token (``admin.token``, sent by
+:func:`http` unless told otherwise), both root-only files in its tmp dir.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +50,37 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
     raise TimeoutError(f"{path} not written within {timeout}s")
 
 
-def http(method: str, url: str, body: dict | None = None) -> dict:
+# The admin token of every cluster of this test session (the daemons' and mounts'
+# --admin-token-file); http() sends it unless given token=None.
+ADMIN_TOKEN = secrets.token_hex(32)
+
+
+def write_secret(path: Path, value: str) -> Path:
+    """A root-only secret file (mode 0600 from its creation), as pharos-fwd wants its key files."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return path
+
+
+def http(method: str, url: str, body: dict | None = None, token: str | None = ADMIN_TOKEN) -> dict:
+    """One admin HTTP call (JSON); raises urllib.error.HTTPError on 4xx/5xx."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
+
+
+def http_status(method: str, url: str, body: dict | None = None, token: str | None = ADMIN_TOKEN) -> int:
+    """The HTTP status of an admin call (no exception for 4xx)."""
+    try:
+        http(method, url, body, token)
+    except urllib.error.HTTPError as e:
+        return e.code
+    return 200
 
 
 @dataclass
@@ -98,10 +130,36 @@ class Cluster:
         return self.root / "backend"
 
     @property
+    def key_file(self) -> Path:
+        """The cluster's site key (created on first use, 0600)."""
+        f = self.root / "fwd.key"
+        if not f.exists():
+            write_secret(f, secrets.token_hex(32))
+        return f
+
+    @property
+    def key(self) -> bytes:
+        """The site key as the daemons use it (the file's text without surrounding whitespace)."""
+        return self.key_file.read_bytes().strip()
+
+    @property
+    def token_file(self) -> Path:
+        f = self.root / "admin.token"
+        if not f.exists():
+            write_secret(f, ADMIN_TOKEN)
+        return f
+
+    def auth_args(self, key_file: Path | None = None, admin_token: bool = True) -> list[str]:
+        """``--key-file`` (the cluster's site key unless ``key_file``) and ``--admin-token-file``
+        (unless ``admin_token`` is false: then the admin interface serves GET /status only)."""
+        token = ["--admin-token-file", str(self.token_file)] if admin_token else []
+        return ["--key-file", str(key_file or self.key_file), *token]
+
+    @property
     def ns(self) -> Path:
         return self.backend / "mdt" / "ns"
 
-    def start_daemon(self, name: str, *extra: str, kafka: str | None = None) -> Daemon:
+    def start_daemon(self, name: str, *extra: str, kafka: str | None = None, admin_token: bool = True) -> Daemon:
         port, admin = free_port(), free_port()
         ready = self.root / f"{name}.ready"
         log = self.root / f"{name}.log"
@@ -122,6 +180,7 @@ class Cluster:
             "--ready-file",
             str(ready),
             *(["--brokers", kafka] if kafka else ["--no-kafka"]),
+            *self.auth_args(admin_token=admin_token),
             *extra,
         ]
         proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -130,7 +189,9 @@ class Cluster:
         self.daemons.append(d)
         return d
 
-    def start_mount(self, daemons: list[Daemon], node_index: int = 0, *extra: str) -> Mount:
+    def start_mount(
+        self, daemons: list[Daemon], node_index: int = 0, *extra: str, key_file: Path | None = None
+    ) -> Mount:
         mp = self.root / f"mnt{len(self.mounts)}"
         mp.mkdir()
         admin = free_port()
@@ -149,6 +210,7 @@ class Cluster:
             "--ready-file",
             str(ready),
             *[a for d in daemons for a in ("--fwd", f"{d.name}={d.addr}")],
+            *self.auth_args(key_file),
             *extra,
         ]
         proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -240,10 +302,10 @@ def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout:
     return job
 
 
-# --- raw protocol frames (v4: bincode 1 header, fixint, little endian, then a raw data
+# --- raw protocol frames (v5: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 4
+VERSION = 5
 
 
 def _s(x: str) -> bytes:
@@ -251,10 +313,10 @@ def _s(x: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "") -> bytes:
+def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "", uid: int = 0, gid: int = 0) -> bytes:
     """A `Request` header: id, Ctx (job, rank, pid, uid, gid, compute node, no supplementary
     groups), then `Op` variant index and its fields."""
-    ctx = _s(job) + struct.pack("<iIII", -1, 0, 0, 0) + _s("test") + struct.pack("<Q", 0)
+    ctx = _s(job) + struct.pack("<iIII", -1, 0, uid, gid) + _s("test") + struct.pack("<Q", 0)
     return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields
 
 
@@ -264,9 +326,13 @@ def frame(header: bytes, data: bytes = b"", version: int = VERSION, header_len: 
     return struct.pack("<I", 1 + 4 + len(header) + len(data)) + bytes([version]) + struct.pack("<I", hl) + header + data
 
 
-OP_PING, OP_LOOKUP, OP_GETATTR = 0, 1, 2
+OP_PING, OP_LOOKUP, OP_GETATTR, OP_SETATTR = 0, 1, 2, 3
 OP_MKDIR = 5
-OP_CREATE, OP_OPEN, OP_RELEASE, OP_READ, OP_WRITE = 9, 10, 11, 12, 13
+OP_CREATE, OP_OPEN, OP_RELEASE, OP_READ, OP_WRITE, OP_FSYNC = 9, 10, 11, 12, 13, 14
+OP_KILL_SUIDGID, OP_AUTH = 20, 21
+BODY_OPENED, BODY_CHALLENGE, BODY_AUTHED = 3, 8, 9
+CAP_READ, CAP_WRITE = 1, 2
+ATTR_LEN = 88  # bytes of an encoded `Attr`
 
 
 def layout(oid: int, stripe_size: int, targets: list[int], component_size: int = 0, perf: list[float] = ()) -> bytes:
@@ -277,6 +343,61 @@ def layout(oid: int, stripe_size: int, targets: list[int], component_size: int =
         + struct.pack("<QQ", component_size, len(perf))
         + b"".join(struct.pack("<d", p) for p in perf)
     )
+
+
+def cap(layout_bytes: bytes, handle: bytes, rights: int, mac: bytes) -> bytes:
+    """A `Cap`: layout, open handle (16 bytes), rights (u8), MAC (32 bytes)."""
+    assert len(handle) == 16 and len(mac) == 32
+    return layout_bytes + handle + bytes([rights]) + mac
+
+
+def parse_cap(b: bytes) -> tuple[dict, bytes]:
+    """Decodes a `Cap` at the start of `b`: ({layout, layout_bytes, handle, rights, mac, raw}, rest)."""
+    lo, rest = parse_layout(b)
+    layout_bytes = b[: len(b) - len(rest)]
+    handle, rights, mac, rest2 = rest[:16], rest[16], rest[17:49], rest[49:]
+    return {
+        "layout": lo,
+        "layout_bytes": layout_bytes,
+        "handle": handle,
+        "rights": rights,
+        "mac": mac,
+        "raw": b[: len(b) - len(rest2)],
+    }, rest2
+
+
+def _hmac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def conn_key(site_key: bytes) -> bytes:
+    """The handshake key derived from the site key (forwarder/fwd-proto/src/auth.rs)."""
+    return _hmac(site_key, b"pharos-fwd v5 connection")
+
+
+def handshake(sock: socket.socket, site_key: bytes, req_id: int = 1) -> None:
+    """The client's half of the handshake: reads the daemon's challenge, answers with the proof
+    of ``site_key``, checks the daemon's proof. Raises AssertionError when refused."""
+    rid, e, rest, _ = read_reply(sock)
+    assert (rid, e) == (0, None), (rid, e)
+    (variant,) = struct.unpack("<I", rest[:4])
+    assert variant == BODY_CHALLENGE, variant
+    theirs, ours = rest[4:36], secrets.token_bytes(32)
+    k = conn_key(site_key)
+    sock.sendall(frame(request(req_id, OP_AUTH, ours + _hmac(k, b"client", theirs, ours))))
+    rid, e, rest, _ = read_reply(sock)
+    assert (rid, e) == (req_id, None), (rid, e)
+    assert struct.unpack("<I", rest[:4])[0] == BODY_AUTHED
+    assert rest[4:36] == _hmac(k, b"server", theirs, ours), "the daemon does not hold the site key"
+
+
+def connect(port: int, site_key: bytes | None = None) -> socket.socket:
+    """A raw connection to a daemon's data port, authenticated with ``site_key`` when given (the
+    daemon's challenge is then consumed)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if site_key is not None:
+        handshake(s, site_key)
+    return s
 
 
 def parse_layout(b: bytes) -> tuple[tuple[int, int, list[int], int, list[float]], bytes]:

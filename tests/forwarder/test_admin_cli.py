@@ -8,7 +8,7 @@ import time
 import urllib.error
 
 import pytest
-from forwarder_testkit import BIN, fio, http
+from forwarder_testkit import BIN, fio, http, write_secret
 
 
 def test_live_job_mapping_moves_new_requests(cluster):
@@ -99,10 +99,41 @@ def test_placement_pool_set_live(cluster):
             "unknown target ost9",
         ),
         (["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--weights", "1,2"], "--weights"),
+        # the site key: root-only, long enough, present
+        (
+            ["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--key-file", "/tmp/x/loose"],
+            "chmod 600",
+        ),
+        (
+            ["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--key-file", "/tmp/x/short"],
+            "at least 32",
+        ),
+        (
+            ["--mdt", "/tmp/x", "--targets-root", "/tmp/x", "--target-count", "2", "--key-file", "/tmp/x/none"],
+            "--key-file",
+        ),
+        (
+            [
+                "--mdt",
+                "/tmp/x",
+                "--targets-root",
+                "/tmp/x",
+                "--target-count",
+                "2",
+                "--admin-token-file",
+                "/tmp/x/loose",
+            ],
+            "--admin-token-file",
+        ),
     ],
 )
 def test_daemon_bad_config_one_line_error(binaries, tmp_path, args, msg):
+    key = write_secret(tmp_path / "key", "k" * 64)
+    write_secret(tmp_path / "short", "k" * 31)
+    os.chmod(write_secret(tmp_path / "loose", "k" * 64), 0o644)
     args = [a.replace("/tmp/x", str(tmp_path)) for a in args]
+    if "--key-file" not in args:
+        args += ["--key-file", str(key)]
     r = subprocess.run(
         [str(BIN / "pharos-fwd"), "--no-kafka", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", *args],
         capture_output=True,
@@ -115,13 +146,24 @@ def test_daemon_bad_config_one_line_error(binaries, tmp_path, args, msg):
 
 
 def test_mount_bad_config_and_sigterm_unmounts(cluster, tmp_path):
+    mount = [str(BIN / "pharos-mount"), "--fwd", "a=127.0.0.1:1", "--key-file"]
     r = subprocess.run(
-        [str(BIN / "pharos-mount"), "--mountpoint", str(tmp_path / "nope"), "--fwd", "a=127.0.0.1:1"],
+        [*mount, str(cluster.key_file), "--mountpoint", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         timeout=20,
     )
     assert r.returncode != 0 and "not a directory" in r.stderr
+    (tmp_path / "mp").mkdir()
+    os.chmod(cluster.key_file, 0o640)  # readable by a group: refused
+    r = subprocess.run(
+        [*mount, str(cluster.key_file), "--mountpoint", str(tmp_path / "mp")],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert r.returncode == 2 and "chmod 600" in r.stderr, r.stderr
+    os.chmod(cluster.key_file, 0o600)
     d = cluster.start_daemon("fwd0")
     m = cluster.start_mount([d], 0)
     assert os.path.ismount(m.path)

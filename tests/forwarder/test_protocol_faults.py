@@ -1,5 +1,6 @@
-"""Hostile input to the daemon: each bad frame gets an error reply and the daemon keeps
-serving (a fresh connection's ping is answered afterwards)."""
+"""Hostile input to the daemon on an authenticated connection: each bad frame gets an error
+reply and the daemon keeps serving (a fresh connection's ping is answered afterwards). What
+an unauthenticated client gets is in test_auth.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import struct
 
 import pytest
 from forwarder_testkit import (
+    BODY_OPENED,
+    CAP_READ,
+    CAP_WRITE,
     OP_CREATE,
     OP_LOOKUP,
     OP_MKDIR,
@@ -20,23 +24,25 @@ from forwarder_testkit import (
     VERSION,
     _s,
     frame,
-    layout,
-    parse_layout,
+    parse_cap,
     read_reply,
     request,
 )
+from forwarder_testkit import connect as raw_connect
 
 MAX_FRAME = (8 << 20) + (64 << 10)
 
 
 @pytest.fixture
 def daemon(cluster):
-    return cluster.start_daemon("fwd0")
+    d = cluster.start_daemon("fwd0")
+    d.key = cluster.key
+    return d
 
 
 def connect(d) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
-    return s
+    """A connection past the handshake (the site key's proof)."""
+    return raw_connect(d.port, d.key)
 
 
 def ping_ok(d) -> None:
@@ -121,12 +127,13 @@ def test_raw_data_segment_write_then_read(daemon, cluster):
         rid, e, rest, seg = read_reply(s)
         assert (rid, e, seg) == (30, None, b"")
         (variant,) = struct.unpack("<I", rest[:4])
-        assert variant == 3  # Body::Opened { attr, layout, handle }
-        (oid, ss, targets, cs, perf), handle = parse_layout(rest[4 + 88 :])  # after the Attr
-        assert (cs, perf) == (0, [])  # round-robin: a classic layout
-        assert len(handle) == 16
-        lo = layout(oid, ss, targets)
-        s.sendall(frame(request(31, OP_WRITE, _s("raw") + lo + struct.pack("<Q", 4096) + handle), data=data))
+        assert variant == BODY_OPENED  # Body::Opened { attr, cap }
+        c, tail = parse_cap(rest[4 + 88 :])  # after the Attr
+        assert tail == b""
+        assert c["layout"][3:] == (0, [])  # round-robin: a classic layout
+        assert c["rights"] == CAP_READ | CAP_WRITE  # O_RDWR
+        lo = c["raw"]  # the daemon's capability, sent back as it came
+        s.sendall(frame(request(31, OP_WRITE, _s("raw") + lo + struct.pack("<Q", 4096)), data=data))
         rid, e, rest, seg = read_reply(s)
         assert (rid, e, seg) == (31, None, b"")
         assert struct.unpack("<II", rest) == (5, len(data))  # Body::Written(n)
@@ -135,7 +142,7 @@ def test_raw_data_segment_write_then_read(daemon, cluster):
         assert (rid, e) == (32, None)
         assert rest == struct.pack("<I", 4)  # Body::Data: no header fields, bytes in the segment
         assert seg == data
-        s.sendall(frame(request(33, OP_RELEASE, _s("raw") + lo + handle)))
+        s.sendall(frame(request(33, OP_RELEASE, _s("raw") + lo)))
         assert read_reply(s)[:2] == (33, None)
     obj = [p for p in cluster.backend.glob("ost*/*.0") if p.stat().st_size == 4096 + len(data)]
     assert len(obj) == 1 and obj[0].read_bytes()[4096:] == data

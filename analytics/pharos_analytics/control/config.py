@@ -27,6 +27,7 @@ Sources of the defaults:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -74,6 +75,12 @@ class ControlConfig(PharosSettings):
         default_factory=dict,
         description="Pharos. Forwarding node name -> admin base URL of its daemon. Empty: fwd0..fwd<N-1> of "
         "`pharos up` (ready files, else Settings.fwd_port_base + 10 i + 1).",
+    )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="Pharos. The file holding the admin token the mounts' and daemons' admin interfaces "
+        "require (sent as a Bearer token). None: Settings.fwd_admin_token_file (by default "
+        "<state_dir>/fwd-admin.token, the one `pharos up` makes).",
     )
     active_job_max_age_s: float = Field(
         default=7 * 86400.0,

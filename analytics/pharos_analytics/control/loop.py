@@ -26,7 +26,9 @@ always win. Nodes are those the mount reports (``GET /mapping`` ``nodes``): a de
 names a node that does not exist, and pools are never empty.
 
 Admin URLs come from :class:`Endpoints` (``[control] mount_admin_urls`` / ``fwd_admin_urls``,
-else the processes ``pharos up`` starts: their ready files, else the Settings ports).
+else the processes ``pharos up`` starts: their ready files, else the Settings ports). Every call
+carries the admin token (``[control] admin_token_file``, else ``fwd_admin_token_file``): the
+admin interfaces answer 401 without it (a failed push, recorded and retried).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from pharos_pipeline.settings import Settings
+from pharos_pipeline.settings import Settings, admin_headers
 from pharos_pipeline.store import Store, ns_to_datetime64
 
 from ..diagnosis_config import DiagnosisConfig
@@ -247,10 +249,20 @@ class ControlLoop(PeriodicLoop):
     def endpoints(self) -> Endpoints:
         return self._endpoints or Endpoints.from_settings(self.settings, self.cfg)
 
+    def _admin_headers(self) -> dict[str, str]:
+        """The admin token of the mounts' and daemons' admin interfaces (``[control]
+        admin_token_file``, else the settings' ``fwd_admin_token_file``), read per call: a token
+        rotated on disk is used at once."""
+        if self.cfg.admin_token_file is not None:
+            return admin_headers(self.cfg.admin_token_file)
+        return self.settings.fwd_admin_headers()
+
     def _http(self, method: str, url: str, body=None) -> tuple[dict | list | None, str]:
         """(JSON reply, '') or (None, one-line error)."""
         try:
-            r = self.client.request(method, url, json=body, timeout=self.cfg.http_timeout_s)
+            r = self.client.request(
+                method, url, json=body, timeout=self.cfg.http_timeout_s, headers=self._admin_headers()
+            )
         except httpx.HTTPError as exc:
             return None, f"{method} {url}: {type(exc).__name__}: {str(exc)[:200]}"
         if r.status_code >= 400:

@@ -1,6 +1,6 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame (version 4) is
+//! A connection carries frames in both directions. A frame (version 5) is
 //!
 //! ```text
 //! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
@@ -13,8 +13,12 @@
 //! empty for every other message. Data never goes through serde: it is read straight into
 //! the destination buffer and written from the source buffer with one vectored write.
 //!
-//! The client sends requests, the daemon answers each with one [`Reply`] carrying the same
-//! `id`. A frame with another version, an undecodable header, a header length beyond the
+//! A connection starts with the handshake of [`auth`]: the daemon sends a [`Body::Challenge`]
+//! (reply id 0), the client answers [`Op::Auth`], the daemon [`Body::Authed`]. Any other first
+//! request, a wrong proof or a bad frame before it gets an `EACCES` (or `EPROTO`) error reply
+//! and the connection is closed. Then the client sends requests, the daemon answers each with
+//! one [`Reply`] carrying the same `id`. Data operations carry the [`Cap`] the daemon issued
+//! at open/create, never a layout of the client's making. A frame with another version, an undecodable header, a header length beyond the
 //! frame, or a data segment on a message that takes none gets a [`Reply`] with `id = 0` and
 //! `EPROTO`; `L > MAX_FRAME` gets `EMSGSIZE`. After an oversized or truncated frame the
 //! daemon closes the connection because it cannot find the next frame boundary; the other
@@ -30,7 +34,10 @@
 //! with the caller's credentials), symlinks, hard links, special files ([`Kind`], `rdev`),
 //! open flags, `Setattr` through an open file, and Readdir paginated by cookie; later
 //! (appended, earlier messages unchanged) `KillSuidgid`, the setuid/setgid clearing of a
-//! write by a caller without `CAP_FSETID`.
+//! write by a caller without `CAP_FSETID`; 5 = authentication (issue 14, item 3): the
+//! handshake ([`Op::Auth`], [`Body::Challenge`], [`Body::Authed`]) and capabilities
+//! ([`Cap`] in [`Body::Opened`], and instead of the layout and open handle in Read, Write,
+//! Fsync, Release, KillSuidgid and in a Setattr through an open file).
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
@@ -39,8 +46,10 @@ use std::io::{self, IoSlice, Read, Write};
 use bincode::Options;
 use serde::{Deserialize, Serialize};
 
+pub mod auth;
+
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Largest frame (version byte + payload), bytes: 8 MiB + 64 KiB of header room.
 pub const MAX_FRAME: usize = (8 << 20) + (64 << 10);
 /// Largest data payload of one read or write request, bytes.
@@ -123,6 +132,40 @@ impl Layout {
     }
 }
 
+/// A capability: what the daemon granted at open/create, signed with the site's capability
+/// key ([`auth::SiteKey::sign`]). The client keeps it per open file and sends it with every
+/// data operation; the daemon acts only on a capability whose MAC verifies, and only within
+/// its rights. Any daemon of the site verifies it (failover).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Cap {
+    /// The file's data objects.
+    pub layout: Layout,
+    /// The open this capability belongs to (released with it).
+    pub handle: OpenHandle,
+    /// [`Cap::READ`] | [`Cap::WRITE`]: the open's access mode.
+    pub rights: u8,
+    /// HMAC-SHA256 of the fields above with the capability key.
+    pub mac: [u8; 32],
+}
+
+impl Cap {
+    pub const READ: u8 = 1;
+    pub const WRITE: u8 = 2;
+
+    /// The rights of an open with open(2) `flags` (its access mode).
+    pub fn rights_of(flags: i32) -> u8 {
+        match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => Cap::WRITE,
+            libc::O_RDWR => Cap::READ | Cap::WRITE,
+            _ => Cap::READ,
+        }
+    }
+
+    pub fn may(&self, rights: u8) -> bool {
+        self.rights & rights == rights
+    }
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Time {
     pub sec: i64,
@@ -198,8 +241,9 @@ pub struct SetAttr {
     pub mtime: Option<Option<Time>>,
 }
 
-/// One operation. Read and write address the data objects through the layout the client
-/// got at open, so they survive renames and never touch the namespace.
+/// One operation. Read and write address the data objects through the capability the client
+/// got at open (layout, open handle, rights), so they survive renames and never touch the
+/// namespace.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Op {
     Ping,
@@ -209,11 +253,12 @@ pub enum Op {
     Getattr {
         path: String,
     },
-    /// `by_fd`: through a file open for writing (ftruncate: no write permission needed).
+    /// `fd`: through an open file, with its capability (ftruncate: a write capability for
+    /// the file at `path` needs no write permission; otherwise the caller's rights apply).
     Setattr {
         path: String,
         set: SetAttr,
-        by_fd: bool,
+        fd: Option<Cap>,
     },
     /// One page of the directory's entries from `cookie` (0 = the start; else an entry's
     /// `next`). The cookies are the namespace file system's directory offsets, so every
@@ -251,32 +296,31 @@ pub enum Op {
         path: String,
         flags: i32,
     },
-    /// Closes the open `handle` (returned by create/open) of the file with `layout`.
+    /// Closes the open of `cap` (returned by create/open).
     Release {
         path: String,
-        layout: Layout,
-        handle: OpenHandle,
+        cap: Cap,
     },
+    /// Needs [`Cap::READ`].
     Read {
         path: String,
-        layout: Layout,
+        cap: Cap,
         offset: u64,
         size: u32,
     },
-    /// `handle` is the open the write comes through (from create/open; default = none):
-    /// the daemon counts, per open, the component it is writing (progressive layouts).
+    /// Needs [`Cap::WRITE`]. The capability's open handle is the open the write comes
+    /// through: the daemon counts, per open, the component it is writing (progressive layouts).
     Write {
         path: String,
-        layout: Layout,
+        cap: Cap,
         offset: u64,
-        handle: OpenHandle,
         /// Travels as the frame's raw data segment, not in the bincode header.
         #[serde(skip)]
         data: Vec<u8>,
     },
     Fsync {
         path: String,
-        layout: Layout,
+        cap: Cap,
         datasync: bool,
     },
     Statfs,
@@ -303,13 +347,20 @@ pub enum Op {
     /// The side effect of a write by a caller without `CAP_FSETID` (the client's kernel
     /// flags such writes): clear the setuid bit, and the setgid bit when group-execute is
     /// set or the caller is not in the file's group, of the regular file at `path` if it
-    /// still holds `layout`'s object and open `handle` is recorded. Done by the daemon as
+    /// still holds the capability's object and its open is recorded. Done by the daemon as
     /// the local kernel does it (not a chmod of the caller's); the client sends it once per
-    /// open handle, before the first such write, only when the file had either bit.
+    /// open handle, before the first such write, only when the file had either bit. Needs
+    /// [`Cap::WRITE`].
     KillSuidgid {
         path: String,
-        layout: Layout,
-        handle: OpenHandle,
+        cap: Cap,
+    },
+    // v5
+    /// The client's half of the handshake ([`auth`]): its nonce and
+    /// `HMAC(k_conn, "client" | daemon's nonce | nonce)`. Only as a connection's first request.
+    Auth {
+        nonce: [u8; 32],
+        proof: [u8; 32],
     },
 }
 
@@ -338,6 +389,7 @@ impl Op {
             Op::Link { .. } => "link",
             Op::Mknod { .. } => "mknod",
             Op::KillSuidgid { .. } => "kill_suidgid",
+            Op::Auth { .. } => "auth",
         }
     }
 
@@ -391,10 +443,10 @@ pub enum Body {
         entries: Vec<DirEntry>,
         eof: bool,
     },
+    /// An open or create: the file's attributes and the capability of this open.
     Opened {
         attr: Attr,
-        layout: Layout,
-        handle: OpenHandle,
+        cap: Cap,
     },
     /// Read data: travels as the frame's raw data segment, not in the bincode header.
     Data {
@@ -405,6 +457,14 @@ pub enum Body {
     Statfs(StatFs),
     /// A symbolic link's target (v4).
     Link(String),
+    /// v5: the daemon's first frame on a connection (reply id 0): its handshake nonce.
+    Challenge {
+        nonce: [u8; 32],
+    },
+    /// v5: the answer to [`Op::Auth`]: `HMAC(k_conn, "server" | daemon's nonce | client's nonce)`.
+    Authed {
+        proof: [u8; 32],
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -848,49 +908,53 @@ mod tests {
         }
     }
 
+    /// A capability as the daemon returns it (the MAC is not checked here).
+    fn cap(layout: Layout, handle: OpenHandle) -> Cap {
+        Cap { layout, handle, rights: Cap::READ | Cap::WRITE, mac: [0xab; 32] }
+    }
+
     #[test]
     fn roundtrip_every_op_kind() {
-        let l = Layout::striped(9, 1 << 20, vec![1, 2]);
+        let l = cap(Layout::striped(9, 1 << 20, vec![1, 2]), OpenHandle { daemon: 1, id: 2 });
         let ops = vec![
             Op::Ping,
             Op::Lookup { path: "a/b".into() },
             Op::Setattr {
                 path: "a".into(),
                 set: SetAttr { size: Some(5), mtime: Some(None), ..Default::default() },
-                by_fd: true,
+                fd: Some(l.clone()),
             },
+            Op::Setattr { path: "a".into(), set: SetAttr { mode: Some(0o600), ..Default::default() }, fd: None },
             Op::Readdir { path: "d".into(), cookie: 77 },
             Op::Open { path: "f".into(), flags: 0o1002 },
             Op::Symlink { path: "l".into(), target: "../x".into() },
             Op::Readlink { path: "l".into() },
             Op::Link { from: "f".into(), to: "g".into() },
             Op::Mknod { path: "p".into(), mode: 0o10644, rdev: 0 },
-            Op::KillSuidgid { path: "f".into(), layout: l.clone(), handle: OpenHandle { daemon: 1, id: 2 } },
+            Op::KillSuidgid { path: "f".into(), cap: l.clone() },
+            Op::Auth { nonce: [1; 32], proof: [2; 32] },
             Op::Rename { from: "a".into(), to: "b".into(), noreplace: true },
             Op::Create { path: "f".into(), mode: 0o644, flags: 0o302, token: 77 },
+            Op::Write { path: "f".into(), cap: l.clone(), offset: 4096, data: vec![1, 2, 3] },
+            Op::Write { path: "f".into(), cap: l.clone(), offset: 0, data: vec![] },
             Op::Write {
                 path: "f".into(),
-                layout: l.clone(),
-                offset: 4096,
-                handle: OpenHandle::default(),
-                data: vec![1, 2, 3],
-            },
-            Op::Write { path: "f".into(), layout: l.clone(), offset: 0, handle: OpenHandle::default(), data: vec![] },
-            Op::Write {
-                path: "f".into(),
-                layout: Layout {
-                    oid: 3,
-                    stripe_size: 1 << 20,
-                    targets: vec![0, 2],
-                    component_size: 4 << 20,
-                    perf: vec![50.0, 0.0],
-                },
+                cap: cap(
+                    Layout {
+                        oid: 3,
+                        stripe_size: 1 << 20,
+                        targets: vec![0, 2],
+                        component_size: 4 << 20,
+                        perf: vec![50.0, 0.0],
+                    },
+                    OpenHandle { daemon: 1, id: 2 },
+                ),
                 offset: 1,
-                handle: OpenHandle { daemon: 1, id: 2 },
                 data: vec![4; 9],
             },
-            Op::Read { path: "f".into(), layout: l.clone(), offset: 0, size: 3 },
-            Op::Release { path: "f".into(), layout: l, handle: OpenHandle { daemon: 5, id: 6 } },
+            Op::Read { path: "f".into(), cap: l.clone(), offset: 0, size: 3 },
+            Op::Fsync { path: "f".into(), cap: l.clone(), datasync: true },
+            Op::Release { path: "f".into(), cap: l.clone() },
             Op::Statfs,
         ];
         for op in ops {
@@ -898,6 +962,26 @@ mod tests {
             let frame = encode(&r);
             let back: Request = read_msg(&mut Cursor::new(frame)).unwrap();
             assert_eq!(back, r);
+        }
+        let attr = Attr {
+            ino: 5,
+            kind: Kind::File,
+            perm: 0o600,
+            nlink: 1,
+            uid: 1000,
+            gid: 1000,
+            size: 3,
+            blocks: 8,
+            rdev: 0,
+            atime: Time { sec: 1, nsec: 2 },
+            mtime: Time { sec: 3, nsec: 4 },
+            ctime: Time { sec: 5, nsec: 6 },
+        };
+        for body in
+            [Body::Opened { attr, cap: l.clone() }, Body::Challenge { nonce: [3; 32] }, Body::Authed { proof: [4; 32] }]
+        {
+            let rep = Reply { id: 0, body: Ok(body) };
+            assert_eq!(read_msg::<Reply>(&mut Cursor::new(encode(&rep))).unwrap(), rep);
         }
         let rep = Reply { id: 7, body: Ok(Body::Data { data: vec![9; 100] }) };
         let back: Reply = read_msg(&mut Cursor::new(encode(&rep))).unwrap();
@@ -916,13 +1000,7 @@ mod tests {
     fn data_travels_as_raw_segment_after_the_header() {
         let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
         let l = Layout::striped(1, 4096, vec![0]);
-        let r = req(Op::Write {
-            path: "f".into(),
-            layout: l,
-            offset: 0,
-            handle: OpenHandle::default(),
-            data: data.clone(),
-        });
+        let r = req(Op::Write { path: "f".into(), cap: cap(l, OpenHandle::default()), offset: 0, data: data.clone() });
         let frame = encode(&r);
         let total = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(total + 4, frame.len());
@@ -930,7 +1008,7 @@ mod tests {
         let hl = u32::from_le_bytes(frame[5..9].try_into().unwrap()) as usize;
         // The frame ends with the data bytes verbatim, after the header.
         assert_eq!(&frame[9 + hl..], &data[..]);
-        assert!(hl < 200, "header {hl} bytes: data must not be serialized into it");
+        assert!(hl < 256, "header {hl} bytes: data must not be serialized into it");
         // Reading into a reused frame reuses its buffers.
         let mut f = Frame { hdr: Vec::new(), data: Vec::with_capacity(1 << 16) };
         let cap = f.data.capacity();
@@ -960,17 +1038,15 @@ mod tests {
         let msgs = vec![
             req(Op::Write {
                 path: "f".into(),
-                layout: lay.clone(),
+                cap: cap(lay.clone(), OpenHandle::default()),
                 offset: 0,
-                handle: OpenHandle::default(),
                 data: data.clone(),
             }),
             req(Op::Ping),
             req(Op::Write {
                 path: "f".into(),
-                layout: lay,
+                cap: cap(lay, OpenHandle::default()),
                 offset: 0,
-                handle: OpenHandle::default(),
                 data: data[..10].to_vec(),
             }),
         ];
@@ -1034,9 +1110,8 @@ mod tests {
         // Truncated inside the data segment.
         let w = encode(&req(Op::Write {
             path: "f".into(),
-            layout: Layout::striped(1, 1, vec![0]),
+            cap: cap(Layout::striped(1, 1, vec![0]), OpenHandle::default()),
             offset: 0,
-            handle: OpenHandle::default(),
             data: vec![7; 100],
         }));
         let e = read_frame(&mut Cursor::new(&w[..w.len() - 10])).unwrap_err();
@@ -1116,9 +1191,8 @@ mod tests {
     fn idempotence_classes() {
         assert!(Op::Write {
             path: "a".into(),
-            layout: Layout::striped(1, 1, vec![0]),
+            cap: cap(Layout::striped(1, 1, vec![0]), OpenHandle::default()),
             offset: 0,
-            handle: OpenHandle::default(),
             data: vec![]
         }
         .idempotent());

@@ -3,6 +3,10 @@
 //! stores in the targets' shared state (so they apply to every daemon serving the target).
 //! Requests already executing finish under the settings they started with.
 //!
+//! Every route but `GET /status` needs the admin token (`--admin-token-file`) as
+//! `Authorization: Bearer <token>`: 401 without it or with another, 403 for all of them when no
+//! token is configured ([`pharos_fwd_proto::auth::admin_refusal`]).
+//!
 //! * `GET /status`: counters, record and metrics shipping stats.
 //! * `GET /targets`: every target's limit, faults, open count, throttle waits.
 //! * `PUT /targets/{name}`: `{"max_perf_mb_s": 50, "added_latency_ms": 5, "slowdown": 3}`
@@ -15,10 +19,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
+use pharos_fwd_proto::auth::{admin_guard, AdminToken};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -38,6 +45,8 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 pub struct AdminState {
     pub server: Arc<Server>,
     pub metrics_stats: Box<dyn Fn() -> ShipStats + Send + Sync>,
+    /// The admin credential (`None`: only `GET /status` is served).
+    pub token: Option<AdminToken>,
 }
 
 type St = State<Arc<AdminState>>;
@@ -297,6 +306,11 @@ pub fn render(reg: &Registry) -> String {
     out
 }
 
+/// The admin token check in front of every route.
+async fn guard(State(a): St, req: Request, next: Next) -> Response {
+    admin_guard(a.token.as_ref(), req, next).await
+}
+
 pub fn router(state: Arc<AdminState>) -> Router {
     let reg = Arc::new(registry(&state));
     let metrics = move || {
@@ -309,6 +323,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/targets/{name}", get(get_targets).put(put_target))
         .route("/placement", get(get_placement).put(put_placement))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 

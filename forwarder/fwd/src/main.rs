@@ -12,6 +12,7 @@ use pharos_fwd::clock::wall_ns;
 use pharos_fwd::metrics::MetricsShipper;
 use pharos_fwd::records::RecordSink;
 use pharos_fwd::server::{Config, Server};
+use pharos_fwd_proto::auth::{AdminToken, SiteKey};
 use pharos_wire::sink::{Sink, SinkConfig};
 
 #[derive(Parser, Debug)]
@@ -80,6 +81,14 @@ struct Cli {
     /// Written (with the listen addresses) once the daemon serves.
     #[arg(long, env = "PHAROS_FWD_READY_FILE")]
     ready_file: Option<PathBuf>,
+    /// The site key (a root-only file, the same on every daemon and mount of the site):
+    /// connection handshake and capabilities.
+    #[arg(long, env = "PHAROS_FWD_KEY_FILE")]
+    key_file: PathBuf,
+    /// The admin token (a root-only file): required on the admin interface but GET /status.
+    /// Without it, the admin interface answers only GET /status.
+    #[arg(long, env = "PHAROS_FWD_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
 }
 
 fn kv(s: &str, what: &str) -> Result<(String, String), String> {
@@ -123,6 +132,11 @@ fn run(cli: Cli) -> Result<(), String> {
     if cli.metrics_interval_ms == 0 {
         return Err("--metrics-interval-ms must be > 0".into());
     }
+    let key = SiteKey::from_file(&cli.key_file).map_err(|e| format!("--key-file {e}"))?;
+    let admin_token = match &cli.admin_token_file {
+        Some(f) => Some(AdminToken::from_file(f).map_err(|e| format!("--admin-token-file {e}"))?),
+        None => None,
+    };
     let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
     // Opens of daemons that died are dropped; unlinked files nobody holds open go.
     let gc = backend.gc();
@@ -180,12 +194,17 @@ fn run(cli: Cli) -> Result<(), String> {
         queue_depth: [cli.queue_depth, cli.queue_depth, (cli.queue_depth / 2).max(1)],
         small_max: cli.small_max,
         max_conns: cli.max_conns,
+        key,
     };
     let server = Server::new(cfg, Arc::new(backend), records.clone());
     server.start(listener);
     admin::spawn(
         admin_l,
-        Arc::new(AdminState { server: server.clone(), metrics_stats: Box::new(shipper.stats_handle()) }),
+        Arc::new(AdminState {
+            server: server.clone(),
+            metrics_stats: Box::new(shipper.stats_handle()),
+            token: admin_token,
+        }),
     );
 
     let term = Arc::new(AtomicBool::new(false));

@@ -11,19 +11,25 @@
 //!   first most of the time, yet every class is served at least once per cycle of
 //!   `sum(weights)` picks, so data never starves. A worker executes the request against
 //!   the [`Backend`], writes the reply on the connection, and emits one `IoRecord`.
+//! * **Authentication** (issue 14, item 3; [`pharos_fwd_proto::auth`]): a decoder first runs
+//!   the handshake (challenge, the client's proof of the site key, the daemon's proof); a
+//!   connection that fails it gets an error reply and is closed. Data operations carry a
+//!   capability the daemon issued at open/create: the decoder verifies its MAC (one HMAC per
+//!   request, on the connection's own thread) and its rights before the request is queued.
 //! * **Data path**: a write's data segment is read from the socket straight into a pooled
 //!   buffer (no zeroing) that moves (no copy) through the queue to the worker. A large read
 //!   of a single-target file goes page cache → socket with `sendfile(2)` after the reply
 //!   header; other reads fill a pooled buffer sent with one vectored write after the
 //!   header. Buffers go back to the pool, so steady-state large I/O allocates nothing.
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use pharos_fwd_proto::{self as proto, errno, Body, FrameError, Op, Reply, Request};
+use pharos_fwd_proto::auth::{self, SiteKey};
+use pharos_fwd_proto::{self as proto, errno, Body, Cap, FrameError, Op, Reply, Request, WireError};
 use pharos_wire::{FileType, IoRecord, Layer};
 use serde::Serialize;
 
@@ -50,7 +56,14 @@ pub struct Config {
     /// Data requests up to this many bytes are "small".
     pub small_max: u64,
     pub max_conns: u32,
+    /// The site key: handshake and capabilities.
+    pub key: SiteKey,
 }
+
+/// Time a new connection has to complete the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest frame accepted before the handshake completed, bytes (an `Auth` request is ~150).
+pub const AUTH_FRAME_MAX: usize = 4096;
 
 /// Counters of the daemon (admin `/status`).
 #[derive(Default)]
@@ -69,6 +82,10 @@ pub struct Counters {
     pub oversized_replies: AtomicU64,
     /// Requests whose execution panicked (answered `EIO`; the worker goes on).
     pub worker_panics: AtomicU64,
+    /// Connections refused by the handshake (no or a wrong proof of the site key).
+    pub auth_failures: AtomicU64,
+    /// Requests refused for their capability (MAC does not verify, or a right missing).
+    pub cap_refusals: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -86,6 +103,8 @@ pub struct CountersView {
     pub reply_failures: u64,
     pub oversized_replies: u64,
     pub worker_panics: u64,
+    pub auth_failures: u64,
+    pub cap_refusals: u64,
     pub queued: [usize; 3],
     /// Data buffers allocated because the pool was empty.
     pub buffer_pool_misses: u64,
@@ -294,6 +313,8 @@ impl Server {
             reply_failures: c.reply_failures.load(Relaxed),
             oversized_replies: c.oversized_replies.load(Relaxed),
             worker_panics: c.worker_panics.load(Relaxed),
+            auth_failures: c.auth_failures.load(Relaxed),
+            cap_refusals: c.cap_refusals.load(Relaxed),
             queued: [self.rxs[0].len(), self.rxs[1].len(), self.rxs[2].len()],
             buffer_pool_misses: self.bufs.misses.load(Relaxed),
         }
@@ -374,6 +395,12 @@ impl Server {
         let conn = Arc::new(Conn { w: Mutex::new(w) });
         let mut r = BufReader::with_capacity(16 << 10, stream);
         let mut frame = proto::Frame::default();
+        if let Err(why) = self.handshake(&conn, &mut r, &mut frame) {
+            let peer = r.get_ref().peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            log::warn!("connection from {peer} refused: {why}");
+            let _ = conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
+            return;
+        }
         loop {
             if frame.data.capacity() == 0 {
                 frame.data = self.bufs.get();
@@ -406,11 +433,20 @@ impl Server {
                 conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"), &self.counters);
                 continue;
             }
+            if let Err(e) = self.authorize(&req.op) {
+                self.counters.cap_refusals.fetch_add(1, Relaxed);
+                log::warn!("{} request {} refused: {}", req.op.name(), req.id, e.msg);
+                conn.reply(&Reply { id: req.id, body: Err(e) }, &self.counters);
+                if let Op::Write { data, .. } = req.op {
+                    self.bufs.put(data);
+                }
+                continue;
+            }
             let class = classify(&req.op, self.cfg.small_max);
             // Target of the first byte (a progressive component not placed yet: none).
             let target = match &req.op {
-                Op::Read { layout, offset, .. } | Op::Write { layout, offset, .. } => {
-                    self.backend.first_target(layout, *offset)
+                Op::Read { cap, offset, .. } | Op::Write { cap, offset, .. } => {
+                    self.backend.first_target(&cap.layout, *offset)
                 }
                 _ => None,
             };
@@ -424,6 +460,75 @@ impl Server {
             let _g = self.bell.lock().unwrap();
             self.bell_cv.notify_one();
         }
+    }
+
+    /// The daemon's half of the handshake ([`pharos_fwd_proto::auth`]): sends the challenge,
+    /// reads the client's `Auth` (one small frame, within [`HANDSHAKE_TIMEOUT`]) and answers
+    /// with the daemon's proof. Anything else gets an error reply (`EACCES`, or the frame's
+    /// error) and the reason back; the caller closes the connection.
+    fn handshake(&self, conn: &Conn, r: &mut BufReader<TcpStream>, frame: &mut proto::Frame) -> Result<(), String> {
+        let nonce: auth::Nonce = auth::random_bytes();
+        conn.reply(&Reply { id: 0, body: Ok(Body::Challenge { nonce }) }, &self.counters);
+        let refuse = |id: u64, errno: i32, why: String| {
+            self.counters.auth_failures.fetch_add(1, Relaxed);
+            conn.reply(&Reply::err(id, errno, format!("not authenticated: {why}")), &self.counters);
+            Err(why)
+        };
+        let _ = r.get_ref().set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+        // The frame is read whole into a small buffer first: before authentication, a peer
+        // cannot make the daemon hold more than AUTH_FRAME_MAX bytes.
+        let mut buf = vec![0u8; 4];
+        if let Err(e) = r.read_exact(&mut buf) {
+            return match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Err("closed before authenticating".into()),
+                _ => refuse(0, errno::EACCES, format!("no Auth request within {HANDSHAKE_TIMEOUT:?}: {e}")),
+            };
+        }
+        let n = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if n == 0 || n > AUTH_FRAME_MAX {
+            return refuse(0, errno::EACCES, format!("a {n}-byte frame where Auth was expected"));
+        }
+        buf.resize(4 + n, 0);
+        if let Err(e) = r.read_exact(&mut buf[4..]) {
+            return refuse(0, errno::EACCES, format!("Auth frame cut short: {e}"));
+        }
+        let req = match proto::read_frame_into(&mut &buf[..], frame).and_then(|()| proto::decode::<Request>(frame)) {
+            Ok(req) => req,
+            Err(e) => return refuse(0, e.errno(), format!("bad frame where Auth was expected: {e}")),
+        };
+        let key = &self.cfg.key;
+        match req.op {
+            Op::Auth { nonce: theirs, proof } if key.check_client_proof(&nonce, &theirs, &proof) => {
+                let _ = r.get_ref().set_read_timeout(None);
+                let proof = key.server_proof(&nonce, &theirs);
+                conn.reply(&Reply { id: req.id, body: Ok(Body::Authed { proof }) }, &self.counters);
+                Ok(())
+            }
+            Op::Auth { .. } => refuse(req.id, errno::EACCES, "wrong proof of the site key".into()),
+            op => refuse(req.id, errno::EACCES, format!("{} before Auth", op.name())),
+        }
+    }
+
+    /// Checks the capability a request carries (its MAC, one HMAC, and the right it needs:
+    /// read for Read, write for Write and KillSuidgid). Requests without one pass.
+    fn authorize(&self, op: &Op) -> Result<(), WireError> {
+        let (cap, need) = match op {
+            Op::Read { cap, .. } => (cap, Cap::READ),
+            Op::Write { cap, .. } | Op::KillSuidgid { cap, .. } => (cap, Cap::WRITE),
+            Op::Fsync { cap, .. } | Op::Release { cap, .. } | Op::Setattr { fd: Some(cap), .. } => (cap, 0),
+            Op::Auth { .. } => return Err(WireError { errno: errno::EPROTO, msg: "already authenticated".into() }),
+            _ => return Ok(()),
+        };
+        if !self.cfg.key.verify(cap) {
+            return Err(WireError {
+                errno: errno::EACCES,
+                msg: format!("capability for object {:016x} not issued by this site's daemons", cap.layout.oid),
+            });
+        }
+        if !cap.may(need) {
+            return Err(WireError { errno: errno::EBADF, msg: "the open's capability lacks the right".into() });
+        }
+        Ok(())
     }
 
     fn next(&self, pos: &mut usize, cycle: &[usize]) -> Option<(Work, Class)> {
@@ -464,10 +569,10 @@ impl Server {
             // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
             let mut span = None;
             let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &work.req.op {
-                Op::Read { layout, offset, size, .. }
+                Op::Read { cap, offset, size, .. }
                     if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
                 {
-                    match self.backend.read_span(layout, *offset, *size, &mut info) {
+                    match self.backend.read_span(&cap.layout, *offset, *size, &mut info) {
                         Ok(Some(s)) => {
                             span = Some(s);
                             Ok(Body::Data { data: Vec::new() })
@@ -570,7 +675,7 @@ impl Server {
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
-            Op::Statfs | Op::Ping => (WOp::Unspecified, "", 0, FileType::Unspecified),
+            Op::Statfs | Op::Ping | Op::Auth { .. } => (WOp::Unspecified, "", 0, FileType::Unspecified),
         };
         let mut abs = String::with_capacity(path.len() + 1);
         if !path.starts_with('/') {
@@ -617,7 +722,11 @@ impl Server {
                 panic!("injected fault: lookup of {path}")
             }
             Op::Lookup { path } | Op::Getattr { path } => Body::Attr(b.getattr(path, c)?),
-            Op::Setattr { path, set, by_fd } => Body::Attr(b.setattr(path, set, *by_fd, c)?),
+            // Through an open file: its (verified) write capability names the object.
+            Op::Setattr { path, set, fd } => {
+                let by_fd = fd.as_ref().filter(|cap| cap.may(Cap::WRITE)).map(|cap| cap.layout.oid);
+                Body::Attr(b.setattr(path, set, by_fd, c)?)
+            }
             Op::Readdir { path, cookie } => {
                 let (entries, eof) = b.readdir(path, *cookie, c)?;
                 Body::Entries { entries, eof }
@@ -639,35 +748,36 @@ impl Server {
             Op::Readlink { path } => Body::Link(b.readlink(path, c)?),
             Op::Link { from, to } => Body::Attr(b.link(from, to, c)?),
             Op::Mknod { path, mode, rdev } => Body::Attr(b.mknod(path, *mode, *rdev, c)?),
-            Op::KillSuidgid { path, layout, handle } => {
-                info.oid = layout.oid;
-                b.kill_suidgid(path, layout, *handle, c)?;
+            Op::KillSuidgid { path, cap } => {
+                info.oid = cap.layout.oid;
+                b.kill_suidgid(path, &cap.layout, cap.handle, c)?;
                 Body::Ok
             }
             Op::Create { path, mode, flags, token } => {
                 let (attr, layout, handle) = b.create(path, *mode, *flags, *token, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
-                Body::Opened { attr, layout, handle }
+                Body::Opened { attr, cap: self.cfg.key.sign(layout, handle, Cap::rights_of(*flags)) }
             }
             Op::Open { path, flags } => {
                 let (attr, layout, handle) = b.open(path, *flags, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
-                Body::Opened { attr, layout, handle }
+                Body::Opened { attr, cap: self.cfg.key.sign(layout, handle, Cap::rights_of(*flags)) }
             }
-            Op::Release { layout, handle, .. } => {
-                b.release(layout, *handle)?;
-                info.target = b.first_target(layout, 0);
-                info.oid = layout.oid;
+            Op::Release { cap, .. } => {
+                b.release(&cap.layout, cap.handle)?;
+                info.target = b.first_target(&cap.layout, 0);
+                info.oid = cap.layout.oid;
                 Body::Ok
             }
-            Op::Read { layout, offset, size, .. } => {
+            Op::Auth { .. } => return Err(WireError { errno: errno::EPROTO, msg: "already authenticated".into() }),
+            Op::Read { cap, offset, size, .. } => {
                 if *size as usize > proto::MAX_IO {
                     return Err(proto::WireError { errno: errno::EINVAL, msg: "read larger than MAX_IO".into() });
                 }
                 let mut buf = self.bufs.get();
-                match b.read_into(layout, *offset, *size, info, &mut buf) {
+                match b.read_into(&cap.layout, *offset, *size, info, &mut buf) {
                     Ok(()) => Body::Data { data: buf },
                     Err(e) => {
                         self.bufs.put(buf);
@@ -675,11 +785,11 @@ impl Server {
                     }
                 }
             }
-            Op::Write { layout, offset, handle, data, .. } => {
-                Body::Written(b.write(layout, *handle, *offset, data, info)?)
+            Op::Write { cap, offset, data, .. } => {
+                Body::Written(b.write(&cap.layout, cap.handle, *offset, data, info)?)
             }
-            Op::Fsync { layout, datasync, .. } => {
-                b.fsync(layout, *datasync, info)?;
+            Op::Fsync { cap, datasync, .. } => {
+                b.fsync(&cap.layout, *datasync, info)?;
                 Body::Ok
             }
             Op::Statfs => Body::Statfs(b.statfs()?),
@@ -690,6 +800,60 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pharos_fwd_proto::{Layout, OpenHandle};
+
+    fn server(key: &[u8]) -> (tempfile::TempDir, Arc<Server>) {
+        let d = tempfile::tempdir().unwrap();
+        let ts: Vec<(String, std::path::PathBuf)> =
+            (0..2).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
+        let backend = Backend::new(&d.path().join("mdt"), &ts).unwrap();
+        let cfg = Config {
+            node_name: "fwd0".into(),
+            workers: 1,
+            weights: [4, 2, 1],
+            queue_depth: [4, 4, 2],
+            small_max: 65536,
+            max_conns: 4,
+            key: SiteKey::new(key),
+        };
+        (d, Server::new(cfg, Arc::new(backend), Arc::new(RecordSink::new(None))))
+    }
+
+    /// What the decoder checks before a data request is queued: the MAC (any daemon of the
+    /// site, not another site), then the right the operation needs.
+    #[test]
+    fn capabilities_are_checked_before_queueing() {
+        let (_d, s) = server(&[7; 32]);
+        let (_d1, other_daemon) = server(&[7; 32]);
+        let (_d2, other_site) = server(&[8; 32]);
+        let l = Layout::striped(0x42, 1 << 20, vec![1]);
+        let h = OpenHandle { daemon: 1, id: 2 };
+        let ro = s.cfg.key.sign(l.clone(), h, Cap::READ);
+        let rw = other_daemon.cfg.key.sign(l.clone(), h, Cap::READ | Cap::WRITE);
+        let read = |cap: &Cap| Op::Read { path: "f".into(), cap: cap.clone(), offset: 0, size: 1 };
+        let write = |cap: &Cap| Op::Write { path: "f".into(), cap: cap.clone(), offset: 0, data: vec![1] };
+        assert!(s.authorize(&read(&ro)).is_ok());
+        assert!(s.authorize(&write(&rw)).is_ok(), "a capability of another daemon of the site");
+        assert_eq!(s.authorize(&write(&ro)).unwrap_err().errno, errno::EBADF);
+        let kill = Op::KillSuidgid { path: "f".into(), cap: ro.clone() };
+        assert_eq!(s.authorize(&kill).unwrap_err().errno, errno::EBADF);
+        assert!(s.authorize(&Op::Fsync { path: "f".into(), cap: ro.clone(), datasync: false }).is_ok());
+        assert!(s.authorize(&Op::Release { path: "f".into(), cap: ro.clone() }).is_ok());
+        assert_eq!(other_site.authorize(&read(&ro)).unwrap_err().errno, errno::EACCES);
+        // Another object, or more rights, under the same MAC.
+        let mut forged = rw.clone();
+        forged.layout.oid = 0x43;
+        assert_eq!(s.authorize(&read(&forged)).unwrap_err().errno, errno::EACCES);
+        let mut forged = ro.clone();
+        forged.rights = Cap::READ | Cap::WRITE;
+        assert_eq!(s.authorize(&write(&forged)).unwrap_err().errno, errno::EACCES);
+        let set = Op::Setattr { path: "f".into(), set: Default::default(), fd: Some(forged) };
+        assert_eq!(s.authorize(&set).unwrap_err().errno, errno::EACCES);
+        // Requests without a capability pass; a second Auth is a protocol error.
+        assert!(s.authorize(&Op::Setattr { path: "f".into(), set: Default::default(), fd: None }).is_ok());
+        assert!(s.authorize(&Op::Lookup { path: "f".into() }).is_ok());
+        assert_eq!(s.authorize(&Op::Auth { nonce: [0; 32], proof: [0; 32] }).unwrap_err().errno, errno::EPROTO);
+    }
 
     #[test]
     fn wrr_cycle_serves_every_class() {

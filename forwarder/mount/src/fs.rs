@@ -7,8 +7,9 @@
 //!
 //! Inode numbers are the namespace's (the MDT directory's) inode numbers, so every
 //! forwarding node gives the same answer and failover is transparent; the mount keeps
-//! ino → path (with kernel lookup counts) and fh → layout. Data requests carry the layout,
-//! so an open file survives renames.
+//! ino → path (with kernel lookup counts) and fh → capability (the layout, open handle and
+//! rights the daemon signed at open). Data requests carry the capability, so an open file
+//! survives renames, and the daemon acts only on what it granted.
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::path::Path;
@@ -21,7 +22,7 @@ use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
-use pharos_fwd_proto::{errno, Attr, Body, Ctx, DirEntry, Kind, Layout, Op, OpenHandle, SetAttr, Time};
+use pharos_fwd_proto::{errno, Attr, Body, Cap, Ctx, DirEntry, Kind, Op, SetAttr, Time};
 
 use crate::rpc::{Conns, Rpc};
 
@@ -96,9 +97,9 @@ struct Open {
     /// Attributes at open (an fstat of the open file once its last name is gone).
     attr: Attr,
     ino: u64,
-    layout: Layout,
-    /// The daemon's record of this open (released with it; keeps unlinked data alive).
-    handle: OpenHandle,
+    /// What the daemon granted: layout, open handle (released with it; keeps unlinked data
+    /// alive) and rights, signed.
+    cap: Cap,
     /// The file may have setuid/setgid set (at open, or a chmod through this mount since):
     /// the next write the kernel flags `FUSE_WRITE_KILL_PRIV` (a writer without
     /// `CAP_FSETID`; set on every direct-I/O write of such a caller) clears them first.
@@ -106,9 +107,9 @@ struct Open {
 }
 
 impl Open {
-    fn new(attr: Attr, ino: u64, layout: Layout, handle: OpenHandle) -> Open {
+    fn new(attr: Attr, ino: u64, cap: Cap) -> Open {
         let suidgid = AtomicBool::new(attr.perm & SUIDGID != 0);
-        Open { attr, ino, layout, handle, suidgid }
+        Open { attr, ino, cap, suidgid }
     }
 }
 
@@ -423,15 +424,15 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
-        // Through an open file (ftruncate, futimens): the open already checked the access.
-        let by_fd = fh.is_some_and(|fh| self.sh.files.lock().unwrap().contains_key(&fh));
+        // Through an open file (ftruncate): its capability (the open already checked the access).
+        let fd = fh.and_then(|fh| self.sh.files.lock().unwrap().get(&fh).map(|f| f.cap.clone()));
         if mode.is_some_and(|m| m & SUIDGID != 0) {
             // chmod u+s/g+s through this mount: open files' next flagged write clears them again.
             for f in self.sh.files.lock().unwrap().values().filter(|f| f.ino == ino) {
                 f.suidgid.store(true, Relaxed);
             }
         }
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, by_fd }) {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, fd }) {
             Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
@@ -523,10 +524,10 @@ impl Filesystem for PharosFs {
         let token = crate::random_token();
         self.spawn(move |sh, c| {
             match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
-                Ok(Body::Opened { attr, layout, handle }) => {
+                Ok(Body::Opened { attr, cap }) => {
                     let ino = sh.learn(attr.ino, &path);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
-                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, layout, handle)));
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap)));
                     reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
                 }
                 Ok(_) => reply.error(errno::EIO),
@@ -542,9 +543,9 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
-            Ok(Body::Opened { attr, layout, handle }) => {
+            Ok(Body::Opened { attr, cap }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, layout, handle)));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap)));
                 reply.opened(fh, FOPEN_DIRECT_IO)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -570,7 +571,7 @@ impl Filesystem for PharosFs {
             return reply.error(errno::EINVAL);
         }
         self.spawn(move |sh, c| {
-            match sh.rpc.call(c, &ctx, Op::Read { path, layout: f.layout.clone(), offset: offset as u64, size }) {
+            match sh.rpc.call(c, &ctx, Op::Read { path, cap: f.cap.clone(), offset: offset as u64, size }) {
                 Ok(Body::Data { data }) => {
                     reply.data(&data);
                     sh.rpc.bufs.put(data);
@@ -609,16 +610,12 @@ impl Filesystem for PharosFs {
         let kill = wflags & FUSE_WRITE_KILL_PRIV != 0 && f.suidgid.swap(false, Relaxed);
         self.spawn(move |sh, c| {
             if kill {
-                let op = Op::KillSuidgid { path: path.clone(), layout: f.layout.clone(), handle: f.handle };
+                let op = Op::KillSuidgid { path: path.clone(), cap: f.cap.clone() };
                 if let Err(e) = sh.rpc.call(c, &ctx, op) {
                     log::warn!("clearing setuid/setgid of {path:?} before a write: errno {e}");
                 }
             }
-            match sh.rpc.call(
-                c,
-                &ctx,
-                Op::Write { path, layout: f.layout.clone(), offset: offset as u64, handle: f.handle, data },
-            ) {
+            match sh.rpc.call(c, &ctx, Op::Write { path, cap: f.cap.clone(), offset: offset as u64, data }) {
                 Ok(Body::Written(n)) => reply.written(n),
                 Ok(_) => reply.error(errno::EIO),
                 Err(e) => reply.error(e),
@@ -650,7 +647,7 @@ impl Filesystem for PharosFs {
         let path = self.sh.path(ino).unwrap_or_default();
         self.spawn(move |sh, c| {
             // close(2) does not report release errors; the daemon counts failures.
-            let _ = sh.rpc.call(c, &ctx, Op::Release { path, layout: f.layout.clone(), handle: f.handle });
+            let _ = sh.rpc.call(c, &ctx, Op::Release { path, cap: f.cap.clone() });
             reply.ok()
         });
     }
@@ -659,7 +656,7 @@ impl Filesystem for PharosFs {
         let ctx = self.sh.ctx(req);
         let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
         let path = self.sh.path(ino).unwrap_or_default();
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Fsync { path, layout: f.layout.clone(), datasync }) {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Fsync { path, cap: f.cap.clone(), datasync }) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         });

@@ -8,12 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use clap::Parser;
 use fuser::MountOption;
+use pharos_fwd_proto::auth::{admin_guard, AdminToken, SiteKey};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -76,17 +79,32 @@ struct Cli {
     /// Written once the FUSE mount is live.
     #[arg(long, env = "PHAROS_MOUNT_READY_FILE")]
     ready_file: Option<PathBuf>,
+    /// The site key (a root-only file, the same as the daemons'): proves this mount to the
+    /// forwarding daemons and them to it.
+    #[arg(long, env = "PHAROS_MOUNT_KEY_FILE")]
+    key_file: PathBuf,
+    /// The admin token (a root-only file): required on the admin interface but GET /status.
+    /// Without it, the admin interface answers only GET /status.
+    #[arg(long, env = "PHAROS_MOUNT_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
 }
 
 struct AdminState {
     sh: Arc<Shared>,
+    token: Option<AdminToken>,
 }
 
+/// Counters and nodes (open, like the daemon's); the job table is `GET /mapping` (token).
 async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     let mut v = a.sh.rpc.status();
     v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
-    v["mapping"] = json!(*a.sh.rpc.mapping.load_full());
     Json(v)
+}
+
+/// The admin token check in front of every route (the daemon's rule:
+/// [`pharos_fwd_proto::auth::admin_refusal`]).
+async fn guard(State(a): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
+    admin_guard(a.token.as_ref(), req, next).await
 }
 
 async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
@@ -180,11 +198,16 @@ fn run(cli: Cli) -> Result<(), String> {
     if !cli.mountpoint.is_dir() {
         return Err(format!("--mountpoint {}: not a directory", cli.mountpoint.display()));
     }
+    let key = SiteKey::from_file(&cli.key_file).map_err(|e| format!("--key-file {e}"))?;
+    let token = match &cli.admin_token_file {
+        Some(f) => Some(AdminToken::from_file(f).map_err(|e| format!("--admin-token-file {e}"))?),
+        None => None,
+    };
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     let compute_node = cli.compute_node.clone().unwrap_or_else(|| format!("{host}-cn{}", cli.node_index));
-    let rpc =
-        Rpc::new(nodes, &cli.reserved, cli.node_index, Duration::from_millis(cli.rpc_timeout_ms.max(1)), compute_node)
-            .map_err(|e| format!("--reserved: {e}"))?;
+    let timeout = Duration::from_millis(cli.rpc_timeout_ms.max(1));
+    let rpc = Rpc::new(nodes, &cli.reserved, cli.node_index, timeout, compute_node, key)
+        .map_err(|e| format!("--reserved: {e}"))?;
     let mut m = Mapping::default();
     for j in &cli.job_map {
         let (job, ns) = j.split_once('=').ok_or_else(|| format!("--job-map {j:?}: expected JOB=NODE[:NODE...]"))?;
@@ -218,7 +241,7 @@ fn run(cli: Cli) -> Result<(), String> {
             ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
         }
     };
-    let st = Arc::new(AdminState { sh });
+    let st = Arc::new(AdminState { sh, token });
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
         rt.block_on(async move {
@@ -228,6 +251,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 .route("/status", get(status))
                 .route("/mapping", get(get_mapping).put(put_mapping))
                 .route("/metrics", get(metrics))
+                .layer(middleware::from_fn_with_state(st.clone(), guard))
                 .with_state(st);
             if let Err(e) = axum::serve(l, app).await {
                 log::error!("admin server: {e}");

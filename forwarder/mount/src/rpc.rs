@@ -14,6 +14,10 @@
 //! it was never sent, otherwise only when [`Op::idempotent`] (reads, writes at explicit
 //! offsets, attribute ops, creates with their token); else the caller gets EIO.
 //!
+//! Authentication: a new connection runs the handshake of [`pharos_fwd_proto::auth`] with the
+//! site key before its first request (the daemon's challenge, this mount's proof, the daemon's
+//! proof, checked here too); a node that fails it counts as failed (nothing was sent).
+//!
 //! Data path: a write's data goes out with one vectored write (prefix, header, data) from
 //! a pooled buffer; a read reply's data segment is read straight into a pooled buffer that
 //! the caller hands back with [`BufPool::put`] once the kernel has it.
@@ -26,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use pharos_fwd_proto::auth::{self, SiteKey};
 use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Frame, Op, Reply, Request};
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +88,8 @@ pub struct Rpc {
     pub failovers: AtomicU64,
     pub replays: AtomicU64,
     epoch: Instant,
+    /// The site key (handshake).
+    key: SiteKey,
 }
 
 /// One thread's connections, by node index.
@@ -108,6 +115,7 @@ impl Rpc {
         node_index: usize,
         timeout: Duration,
         compute_node: String,
+        key: SiteKey,
     ) -> Result<Rpc, String> {
         if let Some(r) = reserved.iter().find(|r| !nodes.iter().any(|(n, _)| n == *r)) {
             return Err(format!("reserved node {r} is not a forwarding node"));
@@ -137,6 +145,7 @@ impl Rpc {
             failovers: AtomicU64::new(0),
             replays: AtomicU64::new(0),
             epoch: Instant::now(),
+            key,
         })
     }
 
@@ -256,8 +265,35 @@ impl Rpc {
         pharos_fwd_proto::tune_data_socket(&s);
         s.set_read_timeout(Some(self.timeout)).ok();
         s.set_write_timeout(Some(self.timeout)).ok();
-        let w = s.try_clone().map_err(|e| e.to_string())?;
-        Ok((BufReader::with_capacity(16 << 10, s), w))
+        let mut w = s.try_clone().map_err(|e| e.to_string())?;
+        let mut r = BufReader::with_capacity(16 << 10, s);
+        self.handshake(&mut r, &mut w)?;
+        Ok((r, w))
+    }
+
+    /// This mount's half of the handshake on a new connection: answers the daemon's challenge
+    /// with its proof of the site key and checks the daemon's proof.
+    fn handshake(&self, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<(), String> {
+        let theirs = match proto::read_msg::<Reply>(r).map_err(|e| format!("handshake: {e}"))? {
+            Reply { body: Ok(Body::Challenge { nonce }), .. } => nonce,
+            Reply { body: Err(e), .. } => return Err(format!("handshake: errno {}: {}", e.errno, e.msg)),
+            other => return Err(format!("handshake: expected a challenge, got {other:?}")),
+        };
+        let ours: auth::Nonce = auth::random_bytes();
+        let proof = self.key.client_proof(&theirs, &ours);
+        let ctx = Ctx { compute_node: self.compute_node.clone(), rank: -1, ..Default::default() };
+        let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx, op: Op::Auth { nonce: ours, proof } };
+        proto::write_msg(w, &req).map_err(|e| format!("handshake: send: {e}"))?;
+        match proto::read_msg::<Reply>(r).map_err(|e| format!("handshake: {e}"))? {
+            Reply { body: Ok(Body::Authed { proof }), .. } if self.key.check_server_proof(&theirs, &ours, &proof) => {
+                Ok(())
+            }
+            Reply { body: Ok(Body::Authed { .. }), .. } => {
+                Err("handshake: the daemon's proof is wrong (another site key)".into())
+            }
+            Reply { body: Err(e), .. } => Err(format!("handshake refused: errno {}: {}", e.errno, e.msg)),
+            other => Err(format!("handshake: unexpected reply {other:?}")),
+        }
     }
 
     fn once(&self, conns: &mut Conns, i: usize, req: &Request) -> Result<Reply, Fail> {
@@ -309,7 +345,7 @@ mod tests {
     fn rpc(reserved: &[&str], node_index: usize) -> Result<Rpc, String> {
         let nodes = (0..4).map(|i| (format!("fwd{i}"), format!("127.0.0.1:{}", 9000 + i))).collect();
         let reserved: Vec<String> = reserved.iter().map(|s| s.to_string()).collect();
-        Rpc::new(nodes, &reserved, node_index, Duration::from_secs(1), "cn".into())
+        Rpc::new(nodes, &reserved, node_index, Duration::from_secs(1), "cn".into(), SiteKey::new(&[1; 32]))
     }
 
     fn names<'a>(r: &'a Rpc, job: &str, rank: i32) -> Vec<&'a str> {

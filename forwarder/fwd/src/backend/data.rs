@@ -370,9 +370,9 @@ mod tests {
         assert_eq!(back, data);
         let head = b.read(&l, 0, 1000, &mut info).unwrap();
         assert!(head.iter().all(|&x| x == 0));
-        b.setattr("f", &SetAttr { size: Some(5000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        b.setattr("f", &SetAttr { size: Some(5000), ..Default::default() }, None, &Ctx::default()).unwrap();
         assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 5000);
-        b.setattr("f", &SetAttr { size: Some(20_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        b.setattr("f", &SetAttr { size: Some(20_000), ..Default::default() }, None, &Ctx::default()).unwrap();
         assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 20_000);
         let r = b.read(&l, 0, 30_000, &mut info).unwrap();
         assert_eq!(r.len(), 20_000);
@@ -402,11 +402,11 @@ mod tests {
         assert_eq!(counts(&b).iter().sum::<i64>(), 1);
         assert_eq!(counts(&b)[t3 as usize], 1);
         // Shrink into a hole: the hole's component is placed so the size holds.
-        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }, None, &Ctx::default()).unwrap();
         assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 10_000);
         assert_eq!(b.read(&l, 0, 1 << 20, &mut info).unwrap(), vec![0; 10_000]);
         // Extend: zeros up to the new size; a write after it shows through.
-        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }, false, &Ctx::default()).unwrap();
+        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }, None, &Ctx::default()).unwrap();
         assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 50_000);
         b.write(&l, h, 8000, b"abcdefghij", &mut info).unwrap();
         let r = b.read(&l, 0, 60_000, &mut info).unwrap();

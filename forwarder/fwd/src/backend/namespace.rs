@@ -528,7 +528,8 @@ impl Backend {
 
     /// Changes attributes of `path` with the caller's credentials (chown, chmod and
     /// utimensat rules are the kernel's); a size change needs write permission unless it
-    /// comes through a file open for writing (`by_fd`, ftruncate).
+    /// comes through a file open for writing (ftruncate): `by_fd` is the object id of the
+    /// open's verified write capability, honoured only while `path` holds that object.
     ///
     /// A truncate by a caller without `CAP_FSETID` also clears setuid/setgid: the client's
     /// kernel (FUSE without `handle_killpriv`) sends the mode with those bits cleared along
@@ -536,11 +537,20 @@ impl Backend {
     /// as the daemon once the size change is allowed (the caller need not own the file), as
     /// the local kernel does (`ATTR_FORCE`). Any other mode is a chmod with the caller's
     /// rights.
-    pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: bool, ctx: &Ctx) -> Res<Attr> {
-        let g = self.caller(ctx);
+    pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: Option<u64>, ctx: &Ctx) -> Res<Attr> {
+        let mut g = self.caller(ctx);
         let (d, name) = self.parent(path)?;
         let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         let fmt = st.st_mode & libc::S_IFMT;
+        let by_fd = match by_fd {
+            Some(oid) if fmt == libc::S_IFREG => {
+                drop(g); // the sidecar is read as the daemon
+                let same = self.layout_at(&d, &name)?.0.oid == oid;
+                g = self.caller(ctx);
+                same
+            }
+            _ => false,
+        };
         let cur = st.st_mode & 0o7777;
         let kill_mode = match (set.size, set.mode.map(|m| m & 0o7777)) {
             (Some(_), Some(m)) if m != cur && m | (cur & SUIDGID) == cur => Some(m),
@@ -727,7 +737,7 @@ mod tests {
         let perm = |p: &str| b.getattr(p, &root).unwrap().perm;
         for (mode, left) in [(0o4777, 0o777), (0o2777, 0o777), (0o6777, 0o777), (0o2767, 0o767), (0o777, 0o777)] {
             let (_, l, h) = b.create("f", mode, EXCL, 0, &root).unwrap();
-            b.setattr("f", &SetAttr { mode: Some(mode), ..Default::default() }, false, &root).unwrap();
+            b.setattr("f", &SetAttr { mode: Some(mode), ..Default::default() }, None, &root).unwrap();
             b.kill_suidgid("f", &l, h, &u1).unwrap();
             assert_eq!(perm("f"), left, "{mode:o}");
             // Not an open any more (or never one): refused.
@@ -739,21 +749,21 @@ mod tests {
         let (_, l, h) = b.create("f", 0o4777, EXCL, 0, &root).unwrap();
         b.rename("f", "g", false, &root).unwrap();
         b.create("f", 0o644, EXCL, 0, &root).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
-        b.setattr("f", &SetAttr { mode: Some(0o4777), ..Default::default() }, false, &root).unwrap();
+        b.setattr("f", &SetAttr { mode: Some(0o4777), ..Default::default() }, None, &root).unwrap();
         b.kill_suidgid("f", &l, h, &u1).unwrap();
         assert_eq!(perm("f"), 0o4777);
         b.release(&l, h).unwrap();
         // A truncate by a non-owner with write permission: the size and the mode without the
         // bits (as the client's kernel sends them) are applied; a chmod with it is refused.
-        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, false, &root).unwrap();
+        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, None, &root).unwrap();
         let trunc = |mode| SetAttr { size: Some(1), mode: Some(mode), ..Default::default() };
-        assert_eq!(b.setattr("g", &trunc(0o6755), false, &u1).unwrap_err().errno, errno::EPERM);
-        let a = b.setattr("g", &trunc(0o777), false, &u1).unwrap();
+        assert_eq!(b.setattr("g", &trunc(0o6755), None, &u1).unwrap_err().errno, errno::EPERM);
+        let a = b.setattr("g", &trunc(0o777), None, &u1).unwrap();
         assert_eq!((a.perm, a.size), (0o777, 1));
         // Times and sizes alone (root's truncate: no mode) keep the bits.
-        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, false, &root).unwrap();
-        b.setattr("g", &SetAttr { atime: Some(None), mtime: Some(None), ..Default::default() }, false, &u1).unwrap();
-        b.setattr("g", &SetAttr { size: Some(0), ..Default::default() }, false, &root).unwrap();
+        b.setattr("g", &SetAttr { mode: Some(0o6777), ..Default::default() }, None, &root).unwrap();
+        b.setattr("g", &SetAttr { atime: Some(None), mtime: Some(None), ..Default::default() }, None, &u1).unwrap();
+        b.setattr("g", &SetAttr { size: Some(0), ..Default::default() }, None, &root).unwrap();
         assert_eq!(perm("g"), 0o6777);
     }
 
@@ -776,27 +786,26 @@ mod tests {
         assert_eq!(b.open("pub/f", libc::O_WRONLY, &u2).unwrap_err().errno, errno::EACCES);
         b.open("pub/f", libc::O_RDONLY, &u2).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
         let chmod = SetAttr { mode: Some(0o600), ..Default::default() };
-        assert_eq!(b.setattr("pub/f", &chmod, false, &u2).unwrap_err().errno, errno::EPERM);
+        assert_eq!(b.setattr("pub/f", &chmod, None, &u2).unwrap_err().errno, errno::EPERM);
         let chown = SetAttr { uid: Some(65533), ..Default::default() };
-        assert_eq!(b.setattr("pub/f", &chown, false, &u1).unwrap_err().errno, errno::EPERM);
+        assert_eq!(b.setattr("pub/f", &chown, None, &u1).unwrap_err().errno, errno::EPERM);
         let trunc = SetAttr { size: Some(0), ..Default::default() };
-        assert_eq!(b.setattr("pub/f", &trunc, false, &u2).unwrap_err().errno, errno::EACCES);
+        assert_eq!(b.setattr("pub/f", &trunc, None, &u2).unwrap_err().errno, errno::EACCES);
         // utimensat: "now" for both needs write permission; one of them alone, ownership.
         let now = SetAttr { atime: Some(None), mtime: Some(None), ..Default::default() };
-        assert_eq!(b.setattr("pub/f", &now, false, &u2).unwrap_err().errno, errno::EACCES);
+        assert_eq!(b.setattr("pub/f", &now, None, &u2).unwrap_err().errno, errno::EACCES);
         let mnow = SetAttr { mtime: Some(None), ..Default::default() };
-        assert_eq!(b.setattr("pub/f", &mnow, false, &u2).unwrap_err().errno, errno::EPERM);
+        assert_eq!(b.setattr("pub/f", &mnow, None, &u2).unwrap_err().errno, errno::EPERM);
         // Group membership through supplementary groups: 4242 may write a g+w file of group 4242.
-        b.setattr("pub/f", &SetAttr { gid: Some(4242), mode: Some(0o664), ..Default::default() }, false, &root)
-            .unwrap();
+        b.setattr("pub/f", &SetAttr { gid: Some(4242), mode: Some(0o664), ..Default::default() }, None, &root).unwrap();
         b.open("pub/f", libc::O_WRONLY, &u2).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
         // Sticky directory: only the owner removes or renames its entries.
-        b.setattr("pub", &SetAttr { mode: Some(0o1777), ..Default::default() }, false, &root).unwrap();
+        b.setattr("pub", &SetAttr { mode: Some(0o1777), ..Default::default() }, None, &root).unwrap();
         assert_eq!(b.unlink("pub/f", &u2).unwrap_err().errno, errno::EPERM);
         assert_eq!(b.rename("pub/f", "pub/g", false, &u2).unwrap_err().errno, errno::EPERM);
         b.unlink("pub/f", &u1).unwrap();
         // setgid directory: new entries get its group; a non-member's setgid bit is cleared.
-        b.setattr("pub", &SetAttr { mode: Some(0o2777), gid: Some(4242), ..Default::default() }, false, &root).unwrap();
+        b.setattr("pub", &SetAttr { mode: Some(0o2777), gid: Some(4242), ..Default::default() }, None, &root).unwrap();
         let a = b.mkdir("pub/sub", 0o755, &u1).unwrap();
         assert_eq!(a.gid, 4242);
         assert_eq!(a.perm & 0o2000, 0o2000, "directories inherit setgid");
