@@ -47,6 +47,9 @@ def operator_token(state: Path) -> str:
 def scrape_config(targets: dict[str, list[str]], token_file: Path) -> str:
     """deploy/prometheus/prometheus.yml with this stack's targets and token file."""
     cfg = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    # Prometheus's own job and the stack's Alertmanager are the compose deployment's, not this stack's
+    cfg["scrape_configs"] = [j for j in cfg["scrape_configs"] if j["job_name"] != "prometheus"]
+    cfg.pop("alerting", None)
     assert {j["job_name"] for j in cfg["scrape_configs"]} == set(targets)
     cfg["global"].update(scrape_interval=f"{SCRAPE_S}s", scrape_timeout=f"{SCRAPE_S}s", evaluation_interval="5s")
     for job in cfg["scrape_configs"]:
