@@ -82,12 +82,13 @@ evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interfere
 	@$(RUN) pytest -q -s tests/live
 	@$(RUN) pytest -q -s -m evaluation tests
 
-bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints)
+bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
 	@$(RUN) python bench/placement.py
 	@$(RUN) python bench/interference.py --rounds 2
 	@$(RUN) python bench/placement_hints.py --rounds 2
+	@$(RUN) python bench/ingest.py --rounds 2 --with-queries --stored 10000000
 
 down: ## Stop a stack left running by `make demo`
 	@$(RUN) pharos down
