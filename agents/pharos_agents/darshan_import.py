@@ -22,7 +22,11 @@ same tables as traced jobs, so the summary, phases and insights work on both:
   -1 is a shared record. **LUSTRE** records become ``LUSTRE_STRIPE_SIZE`` (first
   component), ``LUSTRE_STRIPE_COUNT`` (largest over components), ``LUSTRE_OSTS`` (distinct
   OST ids), ``LUSTRE_COMPONENTS`` and one ``LUSTRE_OST_ID_<id>`` (value 1) per OST the
-  file is striped over (straggler attribution, :mod:`pharos_analytics.straggler`). APMPI/APXC (MPI and Cray profiling, not I/O) and
+  file is striped over (straggler attribution, :mod:`pharos_analytics.straggler`), and, once
+  per file, its layout per component ``c``: ``LUSTRE_COMP<c>_STRIPE_SIZE`` (bytes),
+  ``_STRIPE_COUNT``, ``_EXT_START`` / ``_EXT_END`` (bytes; -1 = end of file) and
+  ``LUSTRE_COMP<c>_OST_<k>`` = the OST id of stripe index ``k`` (zeros kept), which maps a DXT
+  request's offset to its OST. APMPI/APXC (MPI and Cray profiling, not I/O) and
   heatmaps are not imported; the result says so.
 * **Job record** -> ``job_events``: a ``start`` event (the log's start time, ``ranks`` =
   nprocs, ``user`` = uid as text, ``command`` = the exe line split on blanks, ``name`` =
@@ -310,6 +314,7 @@ def _extract(report: Any, notes: list[str]) -> _Log:
 
 def _lustre_counters(recs: list[dict]) -> list[tuple[str, int, int, str, float]]:
     out = []
+    laid_out: set[int] = set()
     for rec in recs:
         comps = rec.get("components") or []
         if not comps:
@@ -327,6 +332,23 @@ def _lustre_counters(recs: list[dict]) -> list[tuple[str, int, int, str, float]]
         out += [("LUSTRE", rank, rid, k, float(v)) for k, v in values.items() if v > 0]
         # which OSTs: one counter per OST id (value 1), for straggler attribution (TOKIO darshan_bad_ost)
         out += [("LUSTRE", rank, rid, f"LUSTRE_OST_ID_{o}", 1.0) for o in sorted(osts)]
+        if rid in laid_out:
+            continue
+        laid_out.add(rid)
+        # the layout itself, once per file: extent, stripe size and the OST of each stripe index of
+        # every component, so that a DXT request's offset maps to its OST (straggler attribution)
+        for c, comp in enumerate(comps):
+            cs = [int(v) for v in comp.get("counters", [])]
+            ost_ids = comp.get("ost_ids") if comp.get("ost_ids") is not None else []
+            if len(cs) < 6 or cs[0] <= 0 or cs[1] <= 0 or len(ost_ids) == 0:
+                continue
+            out += [
+                ("LUSTRE", rank, rid, f"LUSTRE_COMP{c}_STRIPE_SIZE", float(cs[0])),
+                ("LUSTRE", rank, rid, f"LUSTRE_COMP{c}_STRIPE_COUNT", float(cs[1])),
+                ("LUSTRE", rank, rid, f"LUSTRE_COMP{c}_EXT_START", float(cs[4])),
+                ("LUSTRE", rank, rid, f"LUSTRE_COMP{c}_EXT_END", float(cs[5])),  # -1: end of file
+            ]
+            out += [("LUSTRE", rank, rid, f"LUSTRE_COMP{c}_OST_{k}", float(o)) for k, o in enumerate(ost_ids)]
     return out
 
 

@@ -980,8 +980,9 @@ def straggler_resource(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPha
     performance, B/s, <= 1/``straggler_min_ratio`` (default 2) of the peers'); at least
     ``straggler_min_files`` (files, default 2) of at least ``straggler_min_file_bytes`` (bytes,
     default 64 KiB) on the resource and on its peers; see :mod:`pharos_analytics.straggler`. Trace (live jobs): storage
-    targets, forwarding nodes, compute nodes of the forwarder-layer requests; counters: OSTs
-    of the Darshan LUSTRE records. Weighed by the excess time of its files (time beyond what
+    targets, forwarding nodes, compute nodes of the forwarder-layer requests; DXT (a Darshan
+    log with files striped over several OSTs): each request on the OST of its stripe, one
+    observation per (file, OST); counters: OSTs of the Darshan LUSTRE records. Weighed by the excess time of its files (time beyond what
     the peers' median performance needs) against the slowest rank's I/O time."""
     from .straggler import job_stragglers
 
@@ -999,7 +1000,7 @@ def straggler_resource(c: _Counters, t: _Trace, cfg: DiagnosisConfig, ph: JobPha
                 "straggler_resource",
                 f"Slow files share {kind} {f.resource}",
                 "high",
-                "trace" if f.source == "trace" else "counters",
+                "counters" if f.source == "counters" else "trace",
                 f"the {v.files} file(s) on {kind} {f.resource} ran at a median {_mib(v.median_perf_b_s)}/s, "
                 f"{v.ratio:.1f}x slower than the {v.peer_files} file(s) on its peers ({_mib(v.peers_median_perf_b_s)}/s; "
                 f"Pearson r {v.coefficient:.2f}, p {v.p_value:.2g}): files {files}; ranks {ranks}; "

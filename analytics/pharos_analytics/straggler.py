@@ -21,6 +21,13 @@ Sources of observations:
 
 * ``counters`` (a Darshan log): POSIX records grouped by file; resource ``ost`` from the
   LUSTRE module (``LUSTRE_OST_ID_<id>`` counters written by the importer).
+* ``dxt`` (a Darshan log with DXT segments of files striped over several OSTs): each DXT
+  request is mapped to the OST that holds its first byte (the file's LUSTRE layout: component
+  by extent, stripe index = (offset - extent start) / stripe size mod stripe count, the
+  component's OST list); one observation per (file, OST): bytes and TOKIO's time (the longest
+  summed request time of one rank on that part). A slow OST then stands out even when every file
+  is striped over every OST, where the per-file columns carry no contrast. A request that
+  crosses a stripe boundary is counted on its first stripe's OST.
 * ``trace`` (live jobs): forwarder-layer ``io_requests`` of the job grouped by file:
   performance = bytes / summed request duration (queue wait excluded: ``duration_ns`` is the
   daemon's service time); resources ``target``, ``forwarding_node`` and ``compute_node``.
@@ -72,6 +79,26 @@ GROUP BY record_id
 LOGS_SQL = """
 SELECT log_id, nprocs, rank_offset, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns
 FROM darshan_logs FINAL WHERE job_id = {job_id:String}
+"""
+#: The LUSTRE layout counters (per component) of the job's files, for the DXT-by-stripe mapping.
+LAYOUT_SQL = """
+SELECT record_id, any(path) AS path, groupArray((counter, value)) AS kv
+FROM (SELECT DISTINCT record_id, path, counter, value FROM darshan_counters
+      WHERE job_id = {job_id:String} AND module = 'LUSTRE' AND startsWith(counter, 'LUSTRE_COMP'))
+GROUP BY record_id
+"""
+#: The job's DXT requests (client layer, imported with offsets) summed per (file, rank, block of
+#: the file's first stripe size): the block maps to one OST through the layout.
+DXT_BLOCKS_SQL = """
+SELECT r.path AS path, r.rank AS rank, intDiv(r.offset, l.ss) AS blk,
+       sum(r.bytes) AS bytes, sum(r.duration_ns) AS time_ns
+FROM io_requests AS r
+INNER JOIN (SELECT any(path) AS path, toUInt64(anyIf(value, counter = 'LUSTRE_COMP0_STRIPE_SIZE')) AS ss
+            FROM darshan_counters
+            WHERE job_id = {job_id:String} AND module = 'LUSTRE' AND counter = 'LUSTRE_COMP0_STRIPE_SIZE'
+            GROUP BY record_id HAVING ss > 0 AND path != '') AS l ON r.path = l.path
+WHERE r.job_id = {job_id:String} AND r.layer = 'client' AND r.op IN ('read', 'write') AND r.bytes > 0
+GROUP BY path, rank, blk
 """
 #: Per file of a live job on the forwarder layer: bytes, service time, ranks, resources.
 TRACE_FILES_SQL = """
@@ -129,7 +156,7 @@ class StragglerFinding:
 
     resource_type: str
     resource: str
-    source: Literal["counters", "trace"]
+    source: Literal["counters", "dxt", "trace"]
     verdict: ResourceVerdict
     files: list[str]
     ranks: list[int]
@@ -159,7 +186,7 @@ class StragglerReport:
     """Everything the attribution looked at: observations used, every verdict, the findings."""
 
     job_id: str
-    source: Literal["counters", "trace", "none"]
+    source: Literal["counters", "dxt", "trace", "none"]
     observations: int
     verdicts: list[ResourceVerdict] = field(default_factory=list)
     findings: list[StragglerFinding] = field(default_factory=list)
@@ -260,6 +287,87 @@ def _counter_obs(store: Store, job_id: str) -> tuple[list[FileObs], int | None, 
     return obs, start, end
 
 
+@dataclass(frozen=True)
+class LayoutComponent:
+    """One component of a Lustre file layout (Darshan LUSTRE module): extent [start, end) in
+    bytes (end None = end of file), stripe size in bytes, the OST id of each stripe index."""
+
+    start: int
+    end: int | None
+    stripe_size: int
+    osts: tuple[int, ...]
+
+    def ost_at(self, offset: int) -> int:
+        """The OST holding byte ``offset`` (bytes from the start of the file) of this component."""
+        return self.osts[((offset - self.start) // self.stripe_size) % len(self.osts)]
+
+
+def parse_layout(kv: list[tuple[str, float]]) -> list[LayoutComponent]:
+    """A file's components from its ``LUSTRE_COMP<c>_*`` counters (the importer's names);
+    components without a stripe size or an OST list are left out."""
+    comps: dict[int, dict] = {}
+    for name, value in kv:
+        head, _, rest = name[len("LUSTRE_COMP") :].partition("_")
+        if not head.isdigit():
+            continue
+        c = comps.setdefault(int(head), {"osts": {}})
+        if rest.startswith("OST_") and rest[4:].isdigit():
+            c["osts"][int(rest[4:])] = int(value)
+        else:
+            c[rest] = int(value)
+    out = []
+    for _, c in sorted(comps.items()):
+        osts = tuple(c["osts"][k] for k in sorted(c["osts"]))
+        if c.get("STRIPE_SIZE", 0) <= 0 or not osts:
+            continue
+        end = c.get("EXT_END", -1)
+        out.append(LayoutComponent(max(c.get("EXT_START", 0), 0), None if end < 0 else end, c["STRIPE_SIZE"], osts))
+    return out
+
+
+def ost_of(layout: list[LayoutComponent], offset: int) -> int | None:
+    """The OST holding byte ``offset`` of a file with this layout (None: no component covers it)."""
+    for comp in layout:
+        if offset >= comp.start and (comp.end is None or offset < comp.end):
+            return comp.ost_at(offset)
+    return None
+
+
+def _dxt_ost_obs(store: Store, job_id: str) -> list[FileObs]:
+    """Per (file, OST) observations from the job's DXT requests mapped through the files' LUSTRE
+    layouts; empty unless some file with DXT requests is striped over two or more OSTs."""
+    layouts = {r["path"]: parse_layout(r["kv"]) for r in store.query(LAYOUT_SQL, {"job_id": job_id}) if r["path"]}
+    striped = {p for p, lay in layouts.items() if len({o for c in lay for o in c.osts}) > 1}
+    if not striped:
+        return []
+    blocks = store.query(DXT_BLOCKS_SQL, {"job_id": job_id})
+    if not any(b["path"] in striped for b in blocks):
+        return []
+    parts: dict[tuple[str, int], dict] = {}
+    for b in blocks:
+        lay = layouts.get(b["path"])
+        if not lay or is_system_path(b["path"]):
+            continue
+        ost = ost_of(lay, int(b["blk"]) * lay[0].stripe_size)
+        if ost is None:
+            continue
+        p = parts.setdefault((b["path"], ost), {"bytes": 0, "rank_ns": {}})
+        p["bytes"] += int(b["bytes"])
+        rank = int(b["rank"])
+        p["rank_ns"][rank] = p["rank_ns"].get(rank, 0) + int(b["time_ns"])
+    return [
+        FileObs(
+            f"{path} [OST{ost}]",
+            float(p["bytes"]),
+            max(p["rank_ns"].values()) / 1e9,
+            tuple(sorted(r for r in p["rank_ns"] if r >= 0)),
+            {"ost": (f"OST{ost}",)},
+        )
+        for (path, ost), p in sorted(parts.items())
+        if p["bytes"] > 0 and max(p["rank_ns"].values()) > 0
+    ]
+
+
 def _trace_obs(store: Store, job_id: str) -> tuple[list[FileObs], int | None, int | None]:
     rows = store.query(TRACE_FILES_SQL, {"job_id": job_id, "system_re": SYSTEM_PATH_REGEX})
     obs = [
@@ -283,7 +391,10 @@ def _trace_obs(store: Store, job_id: str) -> tuple[list[FileObs], int | None, in
 
 
 def attribute(
-    obs: list[FileObs], cfg: DiagnosisConfig, types: tuple[str, ...], source: Literal["counters", "trace"] = "counters"
+    obs: list[FileObs],
+    cfg: DiagnosisConfig,
+    types: tuple[str, ...],
+    source: Literal["counters", "dxt", "trace"] = "counters",
 ) -> tuple[list[ResourceVerdict], list[StragglerFinding]]:
     """(verdicts, findings) over ``obs`` for each resource type in ``types`` (pure); findings
     sorted by excess time, largest first."""
@@ -318,7 +429,9 @@ def job_stragglers(store: Store, job_id: str, cfg: DiagnosisConfig | None = None
     """Straggler attribution of one job (TOKIO darshan_bad_ost; see the module docstring).
 
     Uses the forwarder-layer trace when the job has one (live jobs: targets, forwarding
-    nodes, compute nodes), else its Darshan counters (OSTs from the LUSTRE module).
+    nodes, compute nodes), else the Darshan log's DXT requests per (file, OST) when some file
+    is striped over several OSTs, else its Darshan counters per file (OSTs from the LUSTRE
+    module).
 
     Returns:
         A :class:`StragglerReport`; ``findings`` is empty when no resource explains the slow
@@ -332,7 +445,10 @@ def job_stragglers(store: Store, job_id: str, cfg: DiagnosisConfig | None = None
     if not obs:
         obs, start, end = _counter_obs(store, job_id)
         source, types = ("counters", ("ost",)) if obs else ("none", ())
-    verdicts, findings = attribute(obs, cfg, types, "trace" if source == "trace" else "counters")
+        dxt = _dxt_ost_obs(store, job_id) if obs else []
+        if dxt:
+            obs, source = dxt, "dxt"
+    verdicts, findings = attribute(obs, cfg, types, "counters" if source == "none" else source)
     return StragglerReport(job_id, source, len(obs), verdicts, findings, start, end)
 
 

@@ -19,7 +19,14 @@ from rich.console import Console
 from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
-from pharos_analytics.straggler import FileObs, job_stragglers, judge, record_straggler_anomalies
+from pharos_analytics.straggler import (
+    FileObs,
+    job_stragglers,
+    judge,
+    ost_of,
+    parse_layout,
+    record_straggler_anomalies,
+)
 from pharos_api.app import create_app
 from pharos_pipeline.settings import Settings
 
@@ -183,6 +190,73 @@ def test_counters_name_the_slow_ost(store):
     assert job_stragglers(store, "ctr-none").findings == []
 
 
+# -- DXT requests mapped to OSTs through the files' stripes -------------------------------------------
+
+
+def test_layout_maps_offsets_to_osts():
+    # plain layout: 1 MiB stripes over OSTs 6, 0, 3 (zeros kept); PFL: first 4 MiB on OST 9, then
+    # 2 MiB stripes over 1 and 2 to the end of the file
+    c0 = "LUSTRE_COMP0_"
+    c1 = "LUSTRE_COMP1_"
+    plain = {f"{c0}STRIPE_SIZE": MiB, f"{c0}STRIPE_COUNT": 3, f"{c0}EXT_START": 0, f"{c0}EXT_END": -1}
+    plain = parse_layout([*plain.items(), (f"{c0}OST_0", 6), (f"{c0}OST_1", 0), (f"{c0}OST_2", 3)])
+    assert [ost_of(plain, o) for o in (0, MiB - 1, MiB, 2 * MiB + 5, 3 * MiB, 10 * MiB)] == [6, 6, 0, 3, 6, 0]
+    pfl = {f"{c0}STRIPE_SIZE": MiB, f"{c0}EXT_START": 0, f"{c0}EXT_END": 4 * MiB, f"{c0}OST_0": 9}
+    pfl |= {f"{c1}STRIPE_SIZE": 2 * MiB, f"{c1}EXT_START": 4 * MiB, f"{c1}EXT_END": -1}
+    pfl = parse_layout([*pfl.items(), (f"{c1}OST_0", 1), (f"{c1}OST_1", 2)])
+    assert [ost_of(pfl, o) for o in (0, 4 * MiB - 1, 4 * MiB, 6 * MiB, 8 * MiB)] == [9, 9, 1, 2, 1]
+    assert parse_layout([("LUSTRE_COMP0_STRIPE_SIZE", MiB)]) == []  # no OST list: no layout
+    assert ost_of(pfl[:1], 5 * MiB) is None  # beyond every extent
+
+
+def striped_job(job, slow_ost, files=8, osts=4, mib_per_file=16):
+    """An N-N Darshan-like job: rank i writes /lus/s.i in 1 MiB requests (DXT rows), each file
+    striped over ALL ``osts`` OSTs (1 MiB stripes, the OST order rotated per file), so every file
+    is on every OST and the per-file columns carry no contrast; a request on ``slow_ost`` takes
+    4x longer. Returns (darshan_counters rows, io_requests rows)."""
+    ctr, reqs = [], []
+    for i in range(files):
+        rid, path = 5000 + i, f"/lus/s.{i}"
+        order = [(i + k) % osts for k in range(osts)]
+        total = 0.0
+        for b in range(mib_per_file):
+            ost = order[b % osts]
+            dur = (0.01 + 0.001 * ((i + b) % 3)) * (4 if ost == slow_ost else 1)
+            reqs.append(req(job, i, "write", path, b * MiB, MiB, t=1 + b * 0.05, dur=dur))
+            total += dur
+        for counter, value in (("POSIX_BYTES_WRITTEN", mib_per_file * MiB), ("POSIX_F_WRITE_TIME", total)):
+            ctr.append(_ctr(job, "POSIX", i, rid, path, counter, value))
+        layout = [("LUSTRE_STRIPE_SIZE", MiB), ("LUSTRE_STRIPE_COUNT", osts), ("LUSTRE_OSTS", osts)]
+        layout += [(f"LUSTRE_OST_ID_{o}", 1) for o in order]
+        layout += [("LUSTRE_COMP0_STRIPE_SIZE", MiB), ("LUSTRE_COMP0_STRIPE_COUNT", osts)]
+        layout += [("LUSTRE_COMP0_EXT_START", 0), ("LUSTRE_COMP0_EXT_END", -1)]
+        layout += [(f"LUSTRE_COMP0_OST_{k}", o) for k, o in enumerate(order)]
+        ctr += [_ctr(job, "LUSTRE", i, rid, path, c, v) for c, v in layout]
+    return ctr, reqs
+
+
+def test_dxt_requests_name_the_slow_ost_of_striped_files(store):
+    for job, slow in (("dxt-ost2", 2), ("dxt-none", None)):
+        ctr, reqs = striped_job(job, slow)
+        store.insert_rows("darshan_counters", ctr)
+        store.insert_rows("io_requests", reqs)
+    rep = job_stragglers(store, "dxt-ost2")
+    # 8 files x 4 OSTs: one observation per (file, OST)
+    assert rep.source == "dxt" and rep.observations == 32
+    assert [(f.resource_type, f.resource) for f in rep.findings] == [("ost", "OST2")]
+    f = rep.findings[0]
+    assert f.ranks == list(range(8)) and len(f.files) == 8 and all(x.endswith("[OST2]") for x in f.files)
+    assert f.verdict.ratio == pytest.approx(4.0, rel=0.25)
+    ins = {i.id: i for i in job_insights(store, "dxt-ost2").insights}
+    assert ins["straggler_resource"].evidence["resource"] == "OST2" and ins["straggler_resource"].source == "trace"
+    healthy = job_stragglers(store, "dxt-none")
+    assert healthy.source == "dxt" and healthy.findings == [] and len(healthy.verdicts) == 4
+    # the per-file columns alone cannot see it: every file is on every OST
+    from pharos_analytics.straggler import _counter_obs, attribute
+
+    assert attribute(_counter_obs(store, "dxt-ost2")[0], CFG, ("ost",))[1] == []
+
+
 # -- the shared Darshan logs that carry LUSTRE records ------------------------------------------------
 
 #: log -> (data files with an OST and >= straggler_min_file_bytes, OSTs among them, blamed OSTs)
@@ -212,7 +286,12 @@ def test_lustre_logs_blame_no_ost_where_imbalance_does_not_follow_osts(store):
         used = [o for o in _obs(store, r.job_id) if o.bytes >= CFG.straggler_min_file_bytes]
         osts = {x for o in used for x in o.resources["ost"]}
         judged = [(v.resource, v.files, v.peer_files, v.coefficient, v.ratio) for v in rep.verdicts]
-        print(f"  {rel[:60]:60s} files {len(used)} OSTs {len(osts)} judged {judged} blamed {rep.findings}")
+        print(
+            f"  {rel[:60]:60s} source {rep.source} files {len(used)} OSTs {len(osts)} judged {judged} "
+            f"blamed {rep.findings}"
+        )
+        # none of them has DXT requests on a file striped over several OSTs: judged per file
+        assert rep.source in ("counters", "none"), (rel, rep.source)
         assert (len(used), len(osts)) == (n_obs, n_osts), rel
         assert [f.resource for f in rep.findings] == blamed, rel
         assert "straggler_resource" not in {i.id for i in job_insights(store, r.job_id).insights}
