@@ -337,14 +337,15 @@ def assert_one_pattern(url: str, job_ids: list[str], layer: str = "client") -> d
     jobs` the same bytes as `pharos job`. Returns each job's `pharos job` JSON."""
     listed = {j["job_id"]: j for j in cli_json(url, "jobs", "--limit", "1000", "--layer", layer)["items"]}
     api_list = {
-        j["job_id"]: j for j in httpx.get(f"{url}/v1/jobs", params={"limit": 1000, "layer": layer}).json()["items"]
+        j["job_id"]: j
+        for j in httpx.get(f"{url}/v1/jobs", params={"limit": 1000, "layer": layer}, timeout=120).json()["items"]
     }
     out = {}
     for jid in job_ids:
         job = cli_json(url, "job", jid, "--layer", layer)
         diag = cli_json(url, "diagnose", jid)
-        api_job = httpx.get(f"{url}/v1/jobs/{jid}", params={"layer": layer}, timeout=60).json()
-        api_diag = httpx.get(f"{url}/v1/jobs/{jid}/insights", timeout=60).json()
+        api_job = httpx.get(f"{url}/v1/jobs/{jid}", params={"layer": layer}, timeout=120).json()
+        api_diag = httpx.get(f"{url}/v1/jobs/{jid}/insights", timeout=120).json()
         prof = diag["phases"]["job"]
         views = {
             "pharos job": job["pattern"],

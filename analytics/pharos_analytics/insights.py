@@ -284,6 +284,14 @@ class _Trace:
         rows = store.query(TRACE_FILES_SQL, self.p)
         self.files = rows[0] if rows and int(rows[0]["n_files"]) > 0 else None
         self.ranks = store.query(TRACE_RANKS_SQL, self.p)
+        self._phases: JobPhases | None = None
+
+    def phases(self) -> JobPhases:
+        """The job's client-layer phases, computed once per diagnosis (each is a window query
+        over all of the job's requests)."""
+        if self._phases is None:
+            self._phases = job_phases(self.store, self.job_id, "client", self.cfg)
+        return self._phases
 
     @property
     def present(self) -> bool:
@@ -1177,7 +1185,7 @@ def _totals(c: _Counters, t: _Trace) -> _Totals:
     nr, nw = t.f("reads"), t.f("writes")
     br = bw = 0.0
     if t.files:
-        prof = job_phases(t.store, t.job_id, "client", t.cfg).job
+        prof = t.phases().job
         br, bw = (float(prof.bytes_read), float(prof.bytes_written)) if prof else (0.0, 0.0)
     n = max(nr + nw, 1.0)
     return _Totals(
@@ -1287,9 +1295,9 @@ def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) 
     and time it concerns (:func:`weigh`), sort by severity, then id. An unknown job or one
     without I/O gives no insight (and its phases' source ``none``)."""
     cfg = cfg or DiagnosisConfig()
-    ph = job_phases(store, job_id, "client", cfg)
     counters = _Counters(store, job_id)
     trace = _Trace(store, job_id, cfg)
+    ph = trace.phases()
     notes = []
     if counters.present and trace.present:
         notes.append(

@@ -19,6 +19,12 @@ job is not blamed for a newcomer), and that resource is named. Interfered window
 same culprit, consecutive or one window apart, merge into one event; its resource is the one
 where the culprit moved the most over the event.
 
+Cost: with whole-second windows (the default is 60 s) and a range inside the last 7 days the
+window sums come from the per-second rollup ``io_rollup_1s`` (migration 009), so a detection
+cycle grows with seconds x (job, forwarding node, target), not with records; the same sums, and
+so the same events, as the raw records over whole seconds (tested). Earlier runs of a job name
+are found in ``io_rollup_1m``.
+
 Units: ns in the fields ending ``_ns``, ms in those ending ``_ms``, bytes, ratios dimensionless.
 """
 
@@ -59,20 +65,55 @@ WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:
 GROUP BY job_id, w
 """
 
+#: The same two views from the per-second rollup (io_rollup_1s, migration 009), used when the
+#: window is a whole number of seconds and the range lies within the rollup's retention: the cost
+#: grows with seconds x (job, forwarding node, target), not with records. Seconds [since, until)
+#: by the second each request started in (a partial last second is left out, as fail-slow does).
+_ROLLUP_RANGE = (
+    "layer = 'forwarder' AND sec >= toStartOfSecond({since:DateTime64(9)}) "
+    "AND sec < toStartOfSecond({until:DateTime64(9)})"
+)
+_ROLLUP_W = "intDiv(toUInt64(toUnixTimestamp(sec)) * 1000000000, {win:UInt64})"
+ROLLUP_USAGE_SQL = f"""
+SELECT job_id, w, r.1 AS rtype, r.2 AS res, sum(o) AS n, sum(b) AS bytes, sum(s) AS svc_ns, sum(q) AS qw_ns
+FROM
+(
+    SELECT job_id, {_ROLLUP_W} AS w, ops AS o, bytes AS b, service_ns AS s, queue_wait_ns AS q,
+           arrayJoin([('forwarding_node', forwarding_node), ('target', target)]) AS r
+    FROM io_rollup_1s
+    WHERE {_ROLLUP_RANGE} __JOBS__
+)
+WHERE r.2 != ''
+GROUP BY job_id, w, rtype, res
+"""
+ROLLUP_JOB_SQL = f"""
+SELECT job_id, {_ROLLUP_W} AS w, sum(ops) AS n, sum(bytes) AS bytes, sum(service_ns) AS svc_ns,
+       sum(queue_wait_ns) AS qw_ns
+FROM io_rollup_1s
+WHERE {_ROLLUP_RANGE} __JOBS__
+GROUP BY job_id, w
+"""
+#: io_rollup_1s keeps 8 days (TTL by ingest time, migration 009): older ranges read raw records.
+ROLLUP_1S_RETENTION_NS = 7 * 86400 * 10**9
+
 JOB_SPAN_SQL = """
 SELECT toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(start)) AS last_ns, count() AS n
 FROM io_requests WHERE job_id = {job_id:String} AND layer = 'forwarder'
 """
 
+#: Earlier runs of the same job name with forwarder-layer requests that started before ``before``,
+#: newest first, from the per-minute rollup (its minutes bound each run's span; the exact span of
+#: a candidate is then read from its own records by job id, the table's primary key).
 PREVIOUS_RUNS_SQL = """
-SELECT e.job_id AS job_id, toUnixTimestamp64Nano(min(r.start)) AS first_ns, toUnixTimestamp64Nano(max(r.start)) AS last_ns
-FROM (SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND name = {name:String} AND name != ''
-      AND job_id != {job_id:String}) AS e
-INNER JOIN (SELECT job_id, start FROM io_requests WHERE layer = 'forwarder') AS r ON r.job_id = e.job_id
-GROUP BY e.job_id
-HAVING last_ns < {before:Int64}
-ORDER BY last_ns DESC
-LIMIT 1
+SELECT job_id, toUnixTimestamp(max(minute)) AS last_minute
+FROM io_rollup_1m
+WHERE layer = 'forwarder' AND job_id IN (
+    SELECT job_id FROM job_events FINAL
+    WHERE kind = 'start' AND name = {name:String} AND name != '' AND job_id != {job_id:String})
+GROUP BY job_id
+HAVING toInt64(last_minute) * 1000000000 < {before:Int64}
+ORDER BY last_minute DESC
+LIMIT 8
 """
 
 JOB_NAME_SQL = "SELECT anyIf(name, kind = 'start') AS name FROM job_events FINAL WHERE job_id = {job_id:String}"
@@ -121,12 +162,39 @@ def _jobs_clause(job_ids: list[str] | None) -> str:
     return "" if job_ids is None else "AND job_id IN {jobs:Array(String)}"
 
 
-def _usage(store: Store, since_ns: int, until_ns: int, win_ns: int, job_ids: list[str] | None = None):
+ReadFrom = Literal["auto", "rollup", "raw"]
+
+
+def reads_rollup(since_ns: int, win_ns: int, read_from: ReadFrom = "auto", now_ns: int | None = None) -> bool:
+    """Whether a range starting at ``since_ns`` (ns since the epoch) with windows of ``win_ns``
+    is read from the per-second rollup rather than raw records (``read_from`` ``rollup`` or
+    ``raw`` decides; tests compare the two). ``auto``: whole-second windows
+    and ``since_ns`` within the last 7 days of the wall clock (a record is ingested after it
+    starts, so every record of such a range is younger than the rollup's 8-day TTL)."""
+    if read_from != "auto":
+        return read_from == "rollup"
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return win_ns % 1_000_000_000 == 0 and since_ns >= now_ns - ROLLUP_1S_RETENTION_NS
+
+
+def _usage(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    win_ns: int,
+    job_ids: list[str] | None = None,
+    read_from: ReadFrom = "auto",
+):
     p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns), "win": win_ns}
     if job_ids is not None:
         p["jobs"] = job_ids
-    use = store.query(WINDOW_USAGE_SQL.replace("__JOBS__", _jobs_clause(job_ids)), p)
-    own = store.query(WINDOW_JOB_SQL.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    usage_sql, job_sql = (
+        (ROLLUP_USAGE_SQL, ROLLUP_JOB_SQL)
+        if reads_rollup(since_ns, win_ns, read_from)
+        else (WINDOW_USAGE_SQL, WINDOW_JOB_SQL)
+    )
+    use = store.query(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    own = store.query(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
     by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
     for r in use:
@@ -189,29 +257,47 @@ def _least_shared_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict |
     return _baseline_of(jobw, job, sorted(low)) if len(low) >= 2 else None
 
 
-def _previous_run_baseline(store: Store, job: str, before_ns: int, cfg: DiagnosisConfig) -> tuple[dict, str] | None:
+def _previous_run_baseline(
+    store: Store, job: str, before_ns: int, cfg: DiagnosisConfig, read_from: ReadFrom = "auto"
+) -> tuple[dict, str] | None:
     name = store.query(JOB_NAME_SQL, {"job_id": job})
     name = name[0]["name"] if name else ""
     if not name:
         return None
-    prev = store.query(PREVIOUS_RUNS_SQL, {"name": name, "job_id": job, "before": before_ns})
-    if not prev:
+    prev = None
+    for cand in store.query(PREVIOUS_RUNS_SQL, {"name": name, "job_id": job, "before": before_ns}):
+        if prev is not None and (int(cand["last_minute"]) + 60) * 1_000_000_000 <= int(prev["last_ns"]):
+            break  # this and every later candidate ended before the run already found
+        span = store.query(JOB_SPAN_SQL, {"job_id": cand["job_id"]})
+        ok = span and int(span[0]["n"]) > 0 and int(span[0]["last_ns"]) < before_ns
+        if ok and (prev is None or int(span[0]["last_ns"]) > int(prev["last_ns"])):
+            prev = span[0] | {"job_id": cand["job_id"]}
+    if prev is None:
         return None
-    pj = prev[0]["job_id"]
+    pj = prev["job_id"]
     win_ns = int(cfg.interference_window_s * 1e9)
-    by_w, jobw = _usage(store, int(prev[0]["first_ns"]), int(prev[0]["last_ns"]) + 1, win_ns)
+    first, last = int(prev["first_ns"]), int(prev["last_ns"])
+    by_w, jobw = _usage(store, first // win_ns * win_ns, (last // win_ns + 1) * win_ns, win_ns, read_from=read_from)
     b = _quiet_baseline(by_w, jobw, pj, cfg)
     return (b, f"previous_run:{pj}") if b else None
 
 
 def _events_for(
-    store, by_w, jobw, job: str, cfg: DiagnosisConfig, win_ns: int, last_w: int | None, now_ns: int
+    store,
+    by_w,
+    jobw,
+    job: str,
+    cfg: DiagnosisConfig,
+    win_ns: int,
+    last_w: int | None,
+    now_ns: int,
+    read_from: ReadFrom = "auto",
 ) -> list[InterferenceEvent]:
     base = _quiet_baseline(by_w, jobw, job, cfg)
     source = "quiet_windows"
     if base is None:
         first_w = min(w for (j, w) in jobw if j == job)
-        prev = _previous_run_baseline(store, job, first_w * win_ns, cfg)
+        prev = _previous_run_baseline(store, job, first_w * win_ns, cfg, read_from)
         if prev is not None:
             base, source = prev
         else:
@@ -325,25 +411,29 @@ def detect_interference(
     since_ns: int | None = None,
     until_ns: int | None = None,
     job_ids: list[str] | None = None,
+    read_from: ReadFrom = "auto",
 ) -> list[InterferenceEvent]:
     """Interference events of every job with forwarder-layer requests in ``[since, until)`` (ns since
     the epoch; default: the last ``interference_lookback_s`` up to now), or of ``job_ids`` only
-    (their co-located jobs are still read). ``active``: the event reaches the newest complete window."""
+    (their co-located jobs are still read). ``active``: the event reaches the newest complete window.
+    ``read_from``: see :func:`reads_rollup`."""
     cfg = cfg or DiagnosisConfig()
     now_ns = time.time_ns()
     until_ns = now_ns if until_ns is None else until_ns
     since_ns = until_ns - int(cfg.interference_lookback_s * 1e9) if since_ns is None else since_ns
     win_ns = int(cfg.interference_window_s * 1e9)
-    by_w, jobw = _usage(store, since_ns, until_ns, win_ns)
+    by_w, jobw = _usage(store, since_ns, until_ns, win_ns, read_from=read_from)
     last_w = (until_ns - 1) // win_ns
     jobs = sorted({j for j, _ in jobw}) if job_ids is None else [j for j in job_ids if any(k[0] == j for k in jobw)]
     out: list[InterferenceEvent] = []
     for j in jobs:
-        out += _events_for(store, by_w, jobw, j, cfg, win_ns, last_w, until_ns)
+        out += _events_for(store, by_w, jobw, j, cfg, win_ns, last_w, until_ns, read_from)
     return out
 
 
-def job_interference(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) -> dict:
+def job_interference(
+    store: Store, job_id: str, cfg: DiagnosisConfig | None = None, read_from: ReadFrom = "auto"
+) -> dict:
     """A job's interference over its whole forwarder-layer span: events, and per window the
     jobs that shared its forwarding nodes or targets. Empty when the job has no such rows."""
     cfg = cfg or DiagnosisConfig()
@@ -359,8 +449,8 @@ def job_interference(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
     win_ns = int(cfg.interference_window_s * 1e9)
     first, last = int(span[0]["first_ns"]), int(span[0]["last_ns"])
     since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
-    by_w, jobw = _usage(store, since, until, win_ns)
-    events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns())
+    by_w, jobw = _usage(store, since, until, win_ns, read_from=read_from)
+    events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns(), read_from)
     shared = []
     for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
         if j != job_id:

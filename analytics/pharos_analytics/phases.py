@@ -440,12 +440,17 @@ def trace_phases(
     p = _params(store, job_id, layer, cfg)
     gap_ns = _gap_ns(store, p, cfg)
     p["gap_ns"] = gap_ns
-    job_rows = store.query(JOB_PROFILE_SQL, p)
-    if not job_rows:
+    phase_rows = store.query(PHASE_PROFILES_SQL, p)
+    if not phase_rows:
         return None, [], gap_ns / 1e9
+    # one phase: the job's profile is that phase's (the same rows, the same sums); each query here
+    # is a window query over all the job's requests, so the common case is spared one
+    job_rows = [phase_rows[0]] if len(phase_rows) == 1 else store.query(JOB_PROFILE_SQL, p)
     busy: dict[int, list[tuple[int, int]]] = {}
-    for r in store.query(BUSY_SECONDS_SQL, p):
-        busy.setdefault(int(r["phase"]), []).append((int(r["sec"]), int(r["ops"])))
+    # no second can exceed the metadata rate when the whole job has fewer metadata ops than it
+    if float(job_rows[0]["meta_ops"]) > cfg.metadata_rate_ops_s:
+        for r in store.query(BUSY_SECONDS_SQL, p):
+            busy.setdefault(int(r["phase"]), []).append((int(r["sec"]), int(r["ops"])))
     # Seconds of the whole job: the same second may hold ops of two phases; sum them.
     job_secs: dict[int, int] = {}
     for rows in busy.values():
@@ -453,8 +458,7 @@ def trace_phases(
             job_secs[sec] = job_secs.get(sec, 0) + ops
     job = _profile(job_rows[0], sorted(job_secs.items()), cfg)
     phases = [
-        Phase(index=i + 1, profile=_profile(r, busy.get(int(r["phase"]), []), cfg))
-        for i, r in enumerate(store.query(PHASE_PROFILES_SQL, p))
+        Phase(index=i + 1, profile=_profile(r, busy.get(int(r["phase"]), []), cfg)) for i, r in enumerate(phase_rows)
     ]
     return job, phases, gap_ns / 1e9
 

@@ -31,7 +31,6 @@ from pharos_analytics.summary import LAYERS
 
 Layer = Enum("Layer", {name: name for name in LAYERS}, type=str)
 
-HTTP_TIMEOUT_S = 10.0
 BAR_WIDTH = 30
 
 ApiOption = Annotated[
@@ -89,14 +88,22 @@ def api_error(r: httpx.Response) -> ApiError:
     return ApiError(f"Pharos API error {r.status_code}: {detail}")
 
 
-def api_request(
-    api_url: str, method: str, path: str, *, timeout: float = HTTP_TIMEOUT_S, **kwargs: Any
-) -> httpx.Response:
+def api_request(api_url: str, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> httpx.Response:
     """``method`` ``api_url + path`` with the API token (``kwargs`` go to httpx: params, json,
-    content, headers); a 2xx response, else :class:`ApiError` with a one-line message."""
+    content, headers), waiting at most ``timeout`` s (default: the ``api_timeout_s`` setting,
+    PHAROS_API_TIMEOUT_S); a 2xx response, else :class:`ApiError` with a one-line message."""
     headers = api_headers() | kwargs.pop("headers", {})
+    if timeout is None:
+        from pharos_pipeline.settings import get_settings
+
+        timeout = get_settings().api_timeout_s
     try:
         r = httpx.request(method, api_url + path, headers=headers, timeout=timeout, **kwargs)
+    except httpx.TimeoutException:
+        raise ApiError(
+            f"Pharos API at {api_url} did not answer {method} {path} within {timeout:g} s "
+            "(a busy store; wait longer with PHAROS_API_TIMEOUT_S or api_timeout_s in pharos.toml)"
+        ) from None
     except httpx.TransportError:
         raise ApiError(f"Pharos API not reachable at {api_url}: start it with `pharos up`") from None
     if r.status_code >= 400:
@@ -113,9 +120,9 @@ def _api_url(api: str | None) -> str:
 
 
 def api_get(
-    api_url: str, path: str, params: dict[str, Any] | None = None, timeout: float = HTTP_TIMEOUT_S
+    api_url: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None
 ) -> httpx.Response:
-    """GET ``api_url + path`` (``timeout`` s) with the API token; a 2xx response, else
+    """GET ``api_url + path`` (``timeout`` s, default ``api_timeout_s``) with the API token; a 2xx response, else
     :class:`ApiError` with a one-line message."""
     return api_request(api_url, "GET", path, params=params, timeout=timeout)
 

@@ -172,6 +172,13 @@ class Settings(PharosSettings):
         le=86400,
         description="Longest time (s) one import may spend reading a log's bytes (hash or upload).",
     )
+    api_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Longest time (s) a CLI command waits for one answer of the Pharos API (a job list or a "
+        "diagnosis of a job with millions of requests takes seconds on a busy store).",
+    )
     agent_binary: Path = Field(
         default=REPO_ROOT / "target" / "release" / "pharos-agent",
         description="The eBPF agent binary built by `make build`.",

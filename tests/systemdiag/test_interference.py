@@ -65,3 +65,32 @@ def test_previous_run_baseline(store):
     sim.insert(store, sim.simulate(cl, jobs, t1, 30, seed=9))
     events = detect_interference(store, CFG, since_ns=t1, until_ns=t1 + 30 * sim.NS, job_ids=["light-run2"])
     assert [(e.culprit_job, e.baseline_source) for e in events] == [("heavy-run2", "previous_run:light-run1")]
+
+
+def test_rollup_gives_the_events_of_the_raw_records(store):
+    """Interference reads the per-second rollup (issue 15: a cycle's cost grows with seconds and
+    objects, not records); on whole-second windows it finds exactly what the raw records give:
+    same events (culprit, resource, windows, latencies, baseline), same per-window view, and the
+    previous-run baseline found through the per-minute rollup."""
+    from dataclasses import asdict
+
+    def strip(events):
+        return [asdict(e) | {"detected_ns": 0} for e in events]
+
+    t0, _ = _scenario(store, 3, "fwd0", "eq")
+    cl = sim.Cluster(fwd_nodes=["fwd0"], fwd_capacity_mb_s=100)
+    t1 = 1_730_000_000 * sim.NS
+    run1 = [sim.SimJob("lq-run1", ["fwd0"], 20, req_bytes=256 << 10, name="lq")]
+    sim.insert(store, sim.simulate(cl, run1, t1, 30, seed=8))
+    t2 = t1 + 600 * sim.NS
+    pair = [sim.SimJob("lq-run2", ["fwd0"], 20, req_bytes=256 << 10, name="lq"), sim.SimJob("hq-run2", ["fwd0"], 140)]
+    sim.insert(store, sim.simulate(cl, pair, t2, 30, seed=9))
+    for since, until, jobs in ((t0, t0 + 90 * sim.NS, None), (t2, t2 + 30 * sim.NS, ["lq-run2"])):
+        raw = detect_interference(store, CFG, since_ns=since, until_ns=until, job_ids=jobs, read_from="raw")
+        rolled = detect_interference(store, CFG, since_ns=since, until_ns=until, job_ids=jobs, read_from="rollup")
+        assert raw and strip(rolled) == strip(raw)
+    assert [e.baseline_source for e in raw] == ["previous_run:lq-run1"]
+    for job in ("light-eq", "lq-run2"):
+        a, b = (job_interference(store, job, CFG, read_from=x) for x in ("raw", "rollup"))
+        assert a["shared_windows"] and b["shared_windows"] == a["shared_windows"]
+        assert [e | {"detected_ns": 0} for e in b["events"]] == [e | {"detected_ns": 0} for e in a["events"]]
