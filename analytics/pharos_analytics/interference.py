@@ -108,15 +108,22 @@ PREVIOUS_RUNS_SQL = """
 SELECT job_id, toUnixTimestamp(max(minute)) AS last_minute
 FROM io_rollup_1m
 WHERE layer = 'forwarder' AND job_id IN (
-    SELECT job_id FROM job_events FINAL
-    WHERE kind = 'start' AND name = {name:String} AND name != '' AND job_id != {job_id:String})
+    SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND name = {name:String} AND name != '')
 GROUP BY job_id
-HAVING toInt64(last_minute) * 1000000000 < {before:Int64}
 ORDER BY last_minute DESC
-LIMIT 8
+"""
+
+JOB_SPANS_SQL = """
+SELECT job_id, toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(start)) AS last_ns, count() AS n
+FROM io_requests WHERE job_id IN {jobs:Array(String)} AND layer = 'forwarder'
+GROUP BY job_id
 """
 
 JOB_NAME_SQL = "SELECT anyIf(name, kind = 'start') AS name FROM job_events FINAL WHERE job_id = {job_id:String}"
+JOB_NAMES_SQL = """
+SELECT job_id, anyIf(name, kind = 'start') AS name FROM job_events FINAL
+WHERE job_id IN {jobs:Array(String)} GROUP BY job_id
+"""
 
 
 @dataclass
@@ -257,18 +264,73 @@ def _least_shared_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict |
     return _baseline_of(jobw, job, sorted(low)) if len(low) >= 2 else None
 
 
+@dataclass
+class _Lookups:
+    """What one detection pass looks up once for all its jobs: names, exact spans, and the window
+    sums it already loaded for ``[since, until)`` (a previous run whose whole windows lie in that
+    range is judged from them, with the same numbers a query of its own span would give)."""
+
+    store: Store
+    since_ns: int
+    until_ns: int
+    by_w: dict
+    jobw: dict
+    names: dict[str, str] = field(default_factory=dict)
+    spans: dict[str, dict | None] = field(default_factory=dict)
+    runs_by_name: dict[str, list[dict]] = field(default_factory=dict)
+
+    def runs(self, name: str) -> list[dict]:
+        """Every run of ``name`` with forwarder requests: job_id, last_minute (s), newest first."""
+        if name not in self.runs_by_name:
+            runs = self.runs_by_name[name] = self.store.query(PREVIOUS_RUNS_SQL, {"name": name})
+            # the exact spans of the runs that can precede this range's jobs, in one query by job id
+            near = [
+                r["job_id"]
+                for r in runs
+                if int(r["last_minute"]) * 1_000_000_000 >= self.since_ns - 3_600_000_000_000
+                and r["job_id"] not in self.spans
+            ]
+            if near:
+                got = {r["job_id"]: r for r in self.store.query(JOB_SPANS_SQL, {"jobs": near})}
+                self.spans |= {j: got.get(j) for j in near}
+        return self.runs_by_name[name]
+
+    def name(self, job: str) -> str:
+        if job not in self.names:
+            rows = self.store.query(JOB_NAME_SQL, {"job_id": job})
+            self.names[job] = rows[0]["name"] if rows else ""
+        return self.names[job]
+
+    def prefetch_names(self, jobs: list[str]) -> None:
+        if jobs:
+            found = {r["job_id"]: r["name"] for r in self.store.query(JOB_NAMES_SQL, {"jobs": jobs})}
+            self.names |= {j: found.get(j, "") for j in jobs}
+
+    def span(self, job: str) -> dict | None:
+        if job not in self.spans:
+            rows = self.store.query(JOB_SPAN_SQL, {"job_id": job})
+            self.spans[job] = rows[0] if rows and int(rows[0]["n"]) > 0 else None
+        return self.spans[job]
+
+
 def _previous_run_baseline(
-    store: Store, job: str, before_ns: int, cfg: DiagnosisConfig, read_from: ReadFrom = "auto"
+    store: Store,
+    job: str,
+    before_ns: int,
+    cfg: DiagnosisConfig,
+    read_from: ReadFrom = "auto",
+    seen: _Lookups | None = None,
 ) -> tuple[dict, str] | None:
-    name = store.query(JOB_NAME_SQL, {"job_id": job})
-    name = name[0]["name"] if name else ""
+    seen = seen or _Lookups(store, 0, 0, {}, {})
+    name = seen.name(job)
     if not name:
         return None
     prev = None
-    for cand in store.query(PREVIOUS_RUNS_SQL, {"name": name, "job_id": job, "before": before_ns}):
+    cands = [c for c in seen.runs(name) if c["job_id"] != job and int(c["last_minute"]) * 1_000_000_000 < before_ns]
+    for cand in cands:
         if prev is not None and (int(cand["last_minute"]) + 60) * 1_000_000_000 <= int(prev["last_ns"]):
             break  # this and every later candidate ended before the run already found
-        span = store.query(JOB_SPAN_SQL, {"job_id": cand["job_id"]})
+        span = [seen.span(cand["job_id"])] if seen.span(cand["job_id"]) else []
         ok = span and int(span[0]["n"]) > 0 and int(span[0]["last_ns"]) < before_ns
         if ok and (prev is None or int(span[0]["last_ns"]) > int(prev["last_ns"])):
             prev = span[0] | {"job_id": cand["job_id"]}
@@ -277,7 +339,11 @@ def _previous_run_baseline(
     pj = prev["job_id"]
     win_ns = int(cfg.interference_window_s * 1e9)
     first, last = int(prev["first_ns"]), int(prev["last_ns"])
-    by_w, jobw = _usage(store, first // win_ns * win_ns, (last // win_ns + 1) * win_ns, win_ns, read_from=read_from)
+    since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
+    if seen.by_w and since >= seen.since_ns and until <= seen.until_ns:
+        by_w, jobw = seen.by_w, seen.jobw  # its whole windows are already loaded
+    else:
+        by_w, jobw = _usage(store, since, until, win_ns, read_from=read_from)
     b = _quiet_baseline(by_w, jobw, pj, cfg)
     return (b, f"previous_run:{pj}") if b else None
 
@@ -292,12 +358,13 @@ def _events_for(
     last_w: int | None,
     now_ns: int,
     read_from: ReadFrom = "auto",
+    seen: _Lookups | None = None,
 ) -> list[InterferenceEvent]:
     base = _quiet_baseline(by_w, jobw, job, cfg)
     source = "quiet_windows"
     if base is None:
         first_w = min(w for (j, w) in jobw if j == job)
-        prev = _previous_run_baseline(store, job, first_w * win_ns, cfg, read_from)
+        prev = _previous_run_baseline(store, job, first_w * win_ns, cfg, read_from, seen)
         if prev is not None:
             base, source = prev
         else:
@@ -425,9 +492,11 @@ def detect_interference(
     by_w, jobw = _usage(store, since_ns, until_ns, win_ns, read_from=read_from)
     last_w = (until_ns - 1) // win_ns
     jobs = sorted({j for j, _ in jobw}) if job_ids is None else [j for j in job_ids if any(k[0] == j for k in jobw)]
+    seen = _Lookups(store, since_ns, until_ns, by_w, jobw)
+    seen.prefetch_names(jobs)
     out: list[InterferenceEvent] = []
     for j in jobs:
-        out += _events_for(store, by_w, jobw, j, cfg, win_ns, last_w, until_ns, read_from)
+        out += _events_for(store, by_w, jobw, j, cfg, win_ns, last_w, until_ns, read_from, seen)
     return out
 
 
