@@ -41,7 +41,7 @@ from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, detect_failslow
 from .interference import InterferenceEvent, detect_interference
 from .periodic import PeriodicLoop
-from .straggler import record_straggler_anomalies
+from .straggler import record_straggler_anomalies, trace_observations
 
 log = logging.getLogger("pharos.alerts")
 HTTP_TIMEOUT_S = 5.0
@@ -397,9 +397,14 @@ class DetectionLoop(PeriodicLoop):
             ENDED_JOBS_SQL, {"since": ns_to_datetime64(since - 30_000_000_000), "until": ns_to_datetime64(now_ns)}
         )
         n = 0
+        try:
+            traces = trace_observations(self.store, [r["job_id"] for r in jobs])  # one query for the batch
+        except Exception as exc:  # never stops the detection loop; the next cycle's jobs are read again
+            log.warning("straggler attribution: reading %d ended jobs failed: %s", len(jobs), str(exc).splitlines()[0])
+            return 0
         for r in jobs:
             try:
-                n += len(record_straggler_anomalies(self.store, r["job_id"], cfg, now_ns).findings)
+                n += len(record_straggler_anomalies(self.store, r["job_id"], cfg, now_ns, traces[r["job_id"]]).findings)
             except Exception as exc:  # one job's attribution never stops the detection loop
                 log.warning("straggler attribution of job %s failed: %s", r["job_id"], str(exc).splitlines()[0])
         return n

@@ -102,7 +102,7 @@ GROUP BY path, rank, blk
 """
 #: Per file of a live job on the forwarder layer: bytes, service time, ranks, resources.
 TRACE_FILES_SQL = """
-SELECT path,
+SELECT job_id, path,
        sum(bytes) AS bytes, sum(duration_ns) AS time_ns,
        groupUniqArray(rank) AS ranks,
        groupUniqArrayIf(target, target != '') AS targets,
@@ -110,9 +110,10 @@ SELECT path,
        groupUniqArrayIf(compute_node, compute_node != '') AS cns,
        toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(end)) AS last_ns
 FROM io_requests
-WHERE job_id = {job_id:String} AND layer = 'forwarder' AND op IN ('read', 'write', 'pread', 'pwrite', 'readv', 'writev')
+WHERE job_id IN {jobs:Array(String)} AND layer = 'forwarder'
+  AND op IN ('read', 'write', 'pread', 'pwrite', 'readv', 'writev')
   AND path != '' AND NOT match(path, {system_re:String})
-GROUP BY path
+GROUP BY job_id, path
 """
 
 
@@ -368,8 +369,25 @@ def _dxt_ost_obs(store: Store, job_id: str) -> list[FileObs]:
     ]
 
 
-def _trace_obs(store: Store, job_id: str) -> tuple[list[FileObs], int | None, int | None]:
-    rows = store.query(TRACE_FILES_SQL, {"job_id": job_id, "system_re": SYSTEM_PATH_REGEX})
+TraceObs = tuple[list[FileObs], int | None, int | None]
+
+
+def trace_observations(store: Store, job_ids: list[str]) -> dict[str, TraceObs]:
+    """Per job of ``job_ids``: its forwarder-layer file observations and I/O time range (ns), in
+    one query by job id (the detection loop's batch of ended jobs); jobs without such requests
+    get ``([], None, None)``."""
+    rows: dict[str, list[dict]] = {j: [] for j in job_ids}
+    if job_ids:
+        for r in store.query(TRACE_FILES_SQL, {"jobs": list(job_ids), "system_re": SYSTEM_PATH_REGEX}):
+            rows[r["job_id"]].append(r)
+    return {j: _trace_obs_of(rs) for j, rs in rows.items()}
+
+
+def _trace_obs(store: Store, job_id: str) -> TraceObs:
+    return trace_observations(store, [job_id])[job_id]
+
+
+def _trace_obs_of(rows: list[dict]) -> TraceObs:
     obs = [
         FileObs(
             r["path"],
@@ -425,13 +443,16 @@ def attribute(
     return verdicts, findings
 
 
-def job_stragglers(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) -> StragglerReport:
+def job_stragglers(
+    store: Store, job_id: str, cfg: DiagnosisConfig | None = None, trace: TraceObs | None = None
+) -> StragglerReport:
     """Straggler attribution of one job (TOKIO darshan_bad_ost; see the module docstring).
 
     Uses the forwarder-layer trace when the job has one (live jobs: targets, forwarding
     nodes, compute nodes), else the Darshan log's DXT requests per (file, OST) when some file
     is striped over several OSTs, else its Darshan counters per file (OSTs from the LUSTRE
-    module).
+    module). ``trace``: the job's forwarder observations already read
+    (:func:`trace_observations`).
 
     Returns:
         A :class:`StragglerReport`; ``findings`` is empty when no resource explains the slow
@@ -439,7 +460,7 @@ def job_stragglers(store: Store, job_id: str, cfg: DiagnosisConfig | None = None
         pharos_pipeline.store.StoreError when the store fails.
     """
     cfg = cfg or DiagnosisConfig()
-    obs, start, end = _trace_obs(store, job_id)
+    obs, start, end = _trace_obs(store, job_id) if trace is None else trace
     source: Literal["counters", "trace", "none"] = "trace"
     types: tuple[str, ...] = ("target", "forwarding_node", "compute_node")
     if not obs:
@@ -492,14 +513,18 @@ EXISTING_SQL = "SELECT DISTINCT key FROM anomalies WHERE kind = {kind:String} AN
 
 
 def record_straggler_anomalies(
-    store: Store, job_id: str, cfg: DiagnosisConfig | None = None, now_ns: int | None = None
+    store: Store,
+    job_id: str,
+    cfg: DiagnosisConfig | None = None,
+    now_ns: int | None = None,
+    trace: TraceObs | None = None,
 ) -> StragglerReport:
     """Attribute ``job_id``'s stragglers and store each blamed resource once as an ``anomalies``
     row (kind ``straggler_resource``; a key already stored for the job is not stored again).
     ``now_ns`` (ns since the epoch, default now) is the row's ``detected`` time."""
     import time
 
-    rep = job_stragglers(store, job_id, cfg)
+    rep = job_stragglers(store, job_id, cfg, trace)
     if rep.findings:
         have = {r["key"] for r in store.query(EXISTING_SQL, {"kind": ANOMALY_KIND, "job_id": job_id})}
         rows = [r for r in anomaly_rows(rep, now_ns or time.time_ns()) if r["key"] not in have]
