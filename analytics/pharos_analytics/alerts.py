@@ -38,7 +38,7 @@ import httpx
 from pharos_pipeline.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
-from .failslow import Anomaly, detect_failslow
+from .failslow import Anomaly, WindowCache, detect_failslow
 from .interference import InterferenceEvent, detect_interference
 from .periodic import PeriodicLoop
 from .straggler import record_straggler_anomalies, trace_observations
@@ -355,6 +355,7 @@ class DetectionLoop(PeriodicLoop):
         self.cfg_factory = cfg_factory
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
+        self.failslow_windows = WindowCache()  # long windows re-judged every failslow_refresh_share of them
         super().__init__(cfg.detect_period_s, log)
 
     def run_once(self, now_ns: int | None = None) -> dict:
@@ -362,7 +363,7 @@ class DetectionLoop(PeriodicLoop):
         self.alerter.cfg = cfg
         t0 = time.monotonic()
         now_ns = time.time_ns() if now_ns is None else now_ns
-        rep = detect_failslow(self.store, cfg, now_ns=now_ns)
+        rep = detect_failslow(self.store, cfg, now_ns=now_ns, cache=self.failslow_windows)
         events = detect_interference(self.store, cfg, until_ns=now_ns)
         rows = anomaly_rows(rep.anomalies, events, now_ns)
         if rows:

@@ -213,6 +213,14 @@ class DiagnosisConfig(PharosSettings):
         description="Beacon §5.3 (1 h, 4 h, 12 h, 96 h). Widening look-back windows (s) of fail-slow "
         "detection: flagged in every window = persistent, in the shortest only = transient.",
     )
+    failslow_refresh_share: float = Field(
+        default=1 / 60,
+        ge=0,
+        le=1,
+        description="Pharos. The periodic detection re-judges each fail-slow window but the shortest when "
+        "this share of its length has passed (1/60: 4 h every 4 min, 96 h every 96 min), reusing the "
+        "verdicts in between, so a cycle does not re-read days of rollups every period; 0 = every cycle.",
+    )
     failslow_bw_ratio: float = Field(
         default=0.5,
         gt=0,

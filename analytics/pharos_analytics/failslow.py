@@ -401,14 +401,32 @@ def _onset_forwarder(
     return onset
 
 
+@dataclass
+class WindowCache:
+    """Verdicts of the long fail-slow windows kept between the periodic detection's cycles: a
+    window but the shortest is re-judged once ``failslow_refresh_share`` of its length has passed
+    since it was judged (see that setting). Key (kind, window s) -> (judged at ns, verdicts, ctx)."""
+
+    entries: dict[tuple[str, float], tuple[int, list[NodeVerdict], object]] = field(default_factory=dict)
+
+    def get(self, kind: str, w: float, now_ns: int, shortest: float, share: float):
+        hit = self.entries.get((kind, w))
+        if hit is None or w == shortest or share <= 0 or not 0 <= now_ns - hit[0] < w * share * 1e9:
+            return None
+        return hit[1], hit[2]
+
+
 def detect_failslow(
     store: Store,
     cfg: DiagnosisConfig | None = None,
     now_ns: int | None = None,
     kinds: tuple[NodeKind, ...] = ("target", "forwarder"),
+    cache: WindowCache | None = None,
 ) -> FailSlowReport:
     """Judge every target and forwarding node in each window ``(now - w, now]`` of
-    ``cfg.failslow_windows_s`` (s); ``now_ns`` defaults to the wall clock.
+    ``cfg.failslow_windows_s`` (s); ``now_ns`` defaults to the wall clock. With ``cache`` (the
+    periodic detection's), a long window judged less than ``failslow_refresh_share`` of its
+    length ago keeps its verdicts.
 
     Returns the anomalies (one per flagged node: persistent when flagged in every window,
     active when flagged in the shortest) and every (node, window) verdict of both detectors.
@@ -420,16 +438,27 @@ def detect_failslow(
     ctx: dict = {}
     for w in windows:
         since = now_ns - int(w * 1e9)
-        if "target" in kinds:
-            feats, rel = _target_window(store, since, now_ns)
-            n_int = max((f["intervals"] for f in feats.values()), default=0.0)
-            verdicts += _judge("target", w, feats, rel, cfg, n_int)
-            ctx[("target", w)] = any(f.get("normalised_by_limit") for f in feats.values())
-        if "forwarder" in kinds:
-            feats, rel, med = _fwd_window(store, since, now_ns, cfg)
-            n_int = min(w, max((f["busy"] for f in feats.values()), default=0.0))
-            verdicts += _judge("forwarder", w, feats, rel, cfg, n_int)
-            ctx[("forwarder", w)] = med
+        for kind in ("target", "forwarder"):
+            if kind not in kinds:
+                continue
+            hit = cache.get(kind, w, now_ns, windows[0], cfg.failslow_refresh_share) if cache else None
+            if hit is not None:
+                verdicts += hit[0]
+                ctx[(kind, w)] = hit[1]
+                continue
+            if kind == "target":
+                feats, rel = _target_window(store, since, now_ns)
+                n_int = max((f["intervals"] for f in feats.values()), default=0.0)
+                vs = _judge("target", w, feats, rel, cfg, n_int)
+                ctx[(kind, w)] = any(f.get("normalised_by_limit") for f in feats.values())
+            else:
+                feats, rel, med = _fwd_window(store, since, now_ns, cfg)
+                n_int = min(w, max((f["busy"] for f in feats.values()), default=0.0))
+                vs = _judge("forwarder", w, feats, rel, cfg, n_int)
+                ctx[(kind, w)] = med
+            verdicts += vs
+            if cache is not None:
+                cache.entries[(kind, w)] = (now_ns, vs, ctx[(kind, w)])
     anomalies = []
     nodes = {(v.kind, v.node) for v in verdicts}
     for kind, node in sorted(nodes):

@@ -121,3 +121,37 @@ def test_forwarder_features_from_the_rollup_equal_the_raw_records(store):
         b = {"bucket_ns": 2 * sim.NS}
         got = sorted(store.query(FWD_PAIRS_SQL, p | b), key=lambda r: (r["node"], r["target"], r["bucket"]))
         assert got == store.query(RAW_FWD_PAIRS_SQL, p | b) and len(got) > 10
+
+
+def test_long_windows_are_rejudged_only_after_their_refresh_share(store):
+    """The periodic detection (one WindowCache) re-reads a window but the shortest only when
+    failslow_refresh_share of its length has passed; in between its verdicts are reused."""
+    from pharos_analytics.failslow import WindowCache
+
+    t0, _ = _run(store, 41, 52, [sim.Fault("target", "ost3", 4.0)])
+    cfg = CFG.model_copy(update={"failslow_refresh_share": 0.25})  # 20 s window: 5 s; 60 s window: 15 s
+    now = t0 + DURATION * sim.NS
+    calls = []
+    real = store.query
+
+    def counting(sql, params=None, *a, **k):
+        calls.append(sql)
+        return real(sql, params, *a, **k)
+
+    cache = WindowCache()
+    store.query = counting
+    try:
+        first = detect_failslow(store, cfg, now_ns=now, cache=cache)
+        n_first = len(calls)
+        again = detect_failslow(store, cfg, now_ns=now + 2 * sim.NS, cache=cache)  # 20 s and 60 s reused
+        n_again = len(calls) - n_first
+        later = detect_failslow(store, cfg, now_ns=now + 6 * sim.NS, cache=cache)  # 20 s re-judged, 60 s reused
+        n_later = len(calls) - n_first - n_again
+    finally:
+        store.query = real
+    assert {(a.kind, a.node) for a in first.anomalies} == {("fail_slow_target", "ost3")}
+    assert {(a.kind, a.node) for a in again.anomalies} == {("fail_slow_target", "ost3")}
+    assert {(v.window_s, v.node) for v in again.verdicts} == {(v.window_s, v.node) for v in first.verdicts}
+    assert [v for v in again.verdicts if v.window_s == 60] == [v for v in first.verdicts if v.window_s == 60]
+    assert n_again < n_later < n_first, (n_first, n_again, n_later)
+    assert later.anomalies
