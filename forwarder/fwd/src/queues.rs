@@ -5,9 +5,11 @@
 //! Two kinds, chosen with `--queue` (`PHAROS_FWD_QUEUE`):
 //!
 //! * [`QueueKind::Lockfree`] (default): one bounded crossbeam channel per class (its array
-//!   flavour, a lock-free bounded MPMC ring). Push and pop take no lock; a worker with nothing
-//!   to do sleeps in crossbeam's `Select` over the classes it serves, and a push only touches
-//!   the waker when a worker sleeps.
+//!   flavour, a lock-free bounded MPMC ring). Push and pop take no lock on the queue; a worker
+//!   with nothing to do sleeps on a condition variable (the "bell", as before this module;
+//!   crossbeam's own blocking receive spins and yields before it parks, CPU a 2-core box with
+//!   16 idle workers cannot spare), and a push rings the bell of its class after the push,
+//!   only when a worker sleeps on it.
 //! * [`QueueKind::Mutex`] (the baseline of the paper): one `std::sync::Mutex` over the three
 //!   `VecDeque`s, with condition variables for "not full" and "not empty". Every push and pop
 //!   takes the one lock.
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Select, Sender, TryRecvError};
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 /// Number of request classes (metadata, small data, large data: `server::Class`).
 pub const CLASSES: usize = 3;
@@ -56,8 +58,53 @@ impl QueueKind {
     }
 }
 
+/// Workers asleep, by what they wait for: one class (0..CLASSES) or any of several
+/// (`CLASSES`). Kept under the lock that guards the wait, so a pusher wakes only condition
+/// variables someone waits on, after releasing that lock (no futex call for nobody, and the
+/// woken worker does not run into a held lock).
+type Sleepers = [usize; CLASSES + 1];
+
+/// The condition variables matching [`Sleepers`].
+struct Bells {
+    ready: [Condvar; CLASSES],
+    any: Condvar,
+}
+
+impl Bells {
+    fn new() -> Bells {
+        Bells { ready: std::array::from_fn(|_| Condvar::new()), any: Condvar::new() }
+    }
+    /// The slot and condition variable of a worker serving `order`.
+    fn slot(&self, order: &[usize]) -> (usize, &Condvar) {
+        if order.iter().all(|&c| c == order[0]) {
+            (order[0], &self.ready[order[0]])
+        } else {
+            (CLASSES, &self.any)
+        }
+    }
+    /// Wakes one worker able to take a request of `class` (given the sleepers seen under the
+    /// lock, which the caller has released since).
+    fn ring(&self, class: usize, seen: Sleepers) {
+        if seen[class] > 0 {
+            self.ready[class].notify_one();
+        }
+        if seen[CLASSES] > 0 {
+            self.any.notify_one();
+        }
+    }
+    fn ring_all(&self) {
+        self.any.notify_all();
+        for r in &self.ready {
+            r.notify_all();
+        }
+    }
+}
+
 struct Locked<T> {
     q: [VecDeque<T>; CLASSES],
+    sleepers: Sleepers,
+    /// Pushers waiting for room.
+    full_waiters: usize,
     closed: bool,
 }
 
@@ -65,15 +112,16 @@ enum Inner<T> {
     Lockfree {
         txs: [Sender<T>; CLASSES],
         rxs: [Receiver<T>; CLASSES],
+        /// The bell: a worker checks its classes are empty under it before it sleeps, a pusher
+        /// takes it after its push, so no wakeup is lost. It guards only the sleeper counts.
+        bell: Mutex<Sleepers>,
+        bells: Bells,
     },
     Mutex {
         m: Mutex<Locked<T>>,
         cap: [usize; CLASSES],
         not_full: Condvar,
-        /// Workers waiting for one class only.
-        ready: [Condvar; CLASSES],
-        /// Workers waiting for any of several classes.
-        any: Condvar,
+        bells: Bells,
     },
 }
 
@@ -91,14 +139,23 @@ impl<T> ClassQueues<T> {
                 let (t0, r0) = bounded(cap[0]);
                 let (t1, r1) = bounded(cap[1]);
                 let (t2, r2) = bounded(cap[2]);
-                Inner::Lockfree { txs: [t0, t1, t2], rxs: [r0, r1, r2] }
+                Inner::Lockfree {
+                    txs: [t0, t1, t2],
+                    rxs: [r0, r1, r2],
+                    bell: Mutex::new([0; CLASSES + 1]),
+                    bells: Bells::new(),
+                }
             }
             QueueKind::Mutex => Inner::Mutex {
-                m: Mutex::new(Locked { q: std::array::from_fn(|c| VecDeque::with_capacity(cap[c])), closed: false }),
+                m: Mutex::new(Locked {
+                    q: std::array::from_fn(|c| VecDeque::with_capacity(cap[c])),
+                    sleepers: [0; CLASSES + 1],
+                    full_waiters: 0,
+                    closed: false,
+                }),
                 cap,
                 not_full: Condvar::new(),
-                ready: std::array::from_fn(|_| Condvar::new()),
-                any: Condvar::new(),
+                bells: Bells::new(),
             },
         };
         ClassQueues { inner }
@@ -115,19 +172,26 @@ impl<T> ClassQueues<T> {
     /// queues are closed.
     pub fn push(&self, class: usize, item: T) -> Result<(), T> {
         match &self.inner {
-            Inner::Lockfree { txs, .. } => txs[class].send(item).map_err(|e| e.into_inner()),
-            Inner::Mutex { m, cap, not_full, ready, any } => {
+            Inner::Lockfree { txs, bell, bells, .. } => {
+                txs[class].send(item).map_err(|e| e.into_inner())?;
+                let seen = *bell.lock().unwrap();
+                bells.ring(class, seen);
+                Ok(())
+            }
+            Inner::Mutex { m, cap, not_full, bells } => {
                 let mut g = m.lock().unwrap();
                 while g.q[class].len() >= cap[class] && !g.closed {
+                    g.full_waiters += 1;
                     g = not_full.wait(g).unwrap();
+                    g.full_waiters -= 1;
                 }
                 if g.closed {
                     return Err(item);
                 }
                 g.q[class].push_back(item);
+                let seen = g.sleepers;
                 drop(g);
-                ready[class].notify_one();
-                any.notify_one();
+                bells.ring(class, seen);
                 Ok(())
             }
         }
@@ -150,37 +214,37 @@ impl<T> ClassQueues<T> {
     /// with its class. When all of them are empty, waits up to `timeout` for one; `None` when
     /// none came (the caller checks its stop flag and asks again).
     pub fn pop(&self, order: &[usize], timeout: Duration) -> Option<(T, usize)> {
+        let deadline = Instant::now() + timeout;
         match &self.inner {
-            Inner::Lockfree { rxs, .. } => {
-                let deadline = Instant::now() + timeout;
-                loop {
-                    for &c in order {
-                        match rxs[c].try_recv() {
-                            Ok(w) => return Some((w, c)),
-                            Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {}
-                        }
-                    }
-                    // Sleep until one of the classes has a request (crossbeam's waker).
-                    let mut sel = Select::new();
-                    let mut seen = [false; CLASSES];
-                    for &c in order {
-                        if !std::mem::replace(&mut seen[c], true) {
-                            sel.recv(&rxs[c]);
-                        }
-                    }
-                    if sel.ready_deadline(deadline).is_err() {
-                        return None;
+            Inner::Lockfree { rxs, bell, bells, .. } => loop {
+                for &c in order {
+                    if let Ok(w) = rxs[c].try_recv() {
+                        return Some((w, c));
                     }
                 }
-            }
-            Inner::Mutex { m, not_full, ready, any, .. } => {
-                let deadline = Instant::now() + timeout;
+                let now = Instant::now();
+                if now >= deadline {
+                    return None;
+                }
+                // Sleep until a push of one of the classes rings (checked under the bell).
+                let mut g = bell.lock().unwrap();
+                if order.iter().all(|&c| rxs[c].is_empty()) {
+                    let (slot, cv) = bells.slot(order);
+                    g[slot] += 1;
+                    g = cv.wait_timeout(g, deadline - now).unwrap().0;
+                    g[slot] -= 1;
+                }
+            },
+            Inner::Mutex { m, not_full, bells, .. } => {
                 let mut g = m.lock().unwrap();
                 loop {
                     for &c in order {
                         if let Some(w) = g.q[c].pop_front() {
+                            let full = g.full_waiters > 0;
                             drop(g);
-                            not_full.notify_all();
+                            if full {
+                                not_full.notify_all();
+                            }
                             return Some((w, c));
                         }
                     }
@@ -188,9 +252,10 @@ impl<T> ClassQueues<T> {
                     if now >= deadline || g.closed {
                         return None;
                     }
-                    let single = order.iter().all(|&c| c == order[0]);
-                    let cv = if single { &ready[order[0]] } else { any };
+                    let (slot, cv) = bells.slot(order);
+                    g.sleepers[slot] += 1;
                     g = cv.wait_timeout(g, deadline - now).unwrap().0;
+                    g.sleepers[slot] -= 1;
                 }
             }
         }
@@ -198,13 +263,13 @@ impl<T> ClassQueues<T> {
 
     /// Wakes every blocked pusher and popper: pushes fail from now on (shutdown).
     pub fn close(&self) {
-        if let Inner::Mutex { m, not_full, ready, any, .. } = &self.inner {
-            m.lock().unwrap().closed = true;
-            not_full.notify_all();
-            any.notify_all();
-            for r in ready {
-                r.notify_all();
+        match &self.inner {
+            Inner::Mutex { m, not_full, bells, .. } => {
+                m.lock().unwrap().closed = true;
+                not_full.notify_all();
+                bells.ring_all();
             }
+            Inner::Lockfree { bells, .. } => bells.ring_all(),
         }
     }
 }
