@@ -252,8 +252,8 @@ pub fn roles(a: &Alloc, min: [usize; CLASSES]) -> Vec<Role> {
     for (c, &m) in min.iter().enumerate() {
         out.extend(std::iter::repeat_n(Role::Reserved(c), m.min(a.class[c])));
     }
-    for c in 0..CLASSES {
-        out.extend(std::iter::repeat_n(Role::Extra(c), a.class[c].saturating_sub(min[c])));
+    for (c, &m) in min.iter().enumerate() {
+        out.extend(std::iter::repeat_n(Role::Extra(c), a.class[c].saturating_sub(m)));
     }
     out.extend(std::iter::repeat_n(Role::Shared, a.shared));
     out
@@ -371,8 +371,8 @@ impl Scheduler {
             }
         });
         *prev = now;
-        for c in 0..CLASSES {
-            self.last_delay[c].store(measured[c].to_bits(), Relaxed);
+        for (d, m) in self.last_delay.iter().zip(measured) {
+            d.store(m.to_bits(), Relaxed);
         }
         self.apply(allocate(self.workers, self.cfg.raas_min, self.cfg.raas_delay_s, measured));
         self.cycles.fetch_add(1, Relaxed);
