@@ -3,7 +3,8 @@ daemons side by side in one run, each with its own real pharos-mount, fio throug
 
 Part ``masters`` (item 2, the LWFS master/slave paper): baseline ``--masters 1 --queue mutex``
 (one master thread decodes every connection's requests into one mutex-protected queue set)
-against each optimised variant, by default ``--masters 0 --queue lockfree`` (a decoder thread
+against each optimised variant (throughput, and the daemon's CPU time per request served, read
+from /proc: the steadier figure on a shared box), by default ``--masters 0 --queue lockfree`` (a decoder thread
 per connection, the daemon's default) and ``--masters 2 --queue lockfree`` (two epoll masters),
 both with crossbeam lock-free queues. 16 concurrent fio jobs (psync, so 16 connections busy at
 once): 4 KiB random read and write (IOPS, 5 s time based) and 1 MiB sequential write and read
@@ -98,6 +99,15 @@ class Stack:
         self.procs.append(mount)
         wait_ready(root / f"mnt-{tag}.ready", mount)
 
+    def cpu_s(self) -> float:
+        """CPU time the daemon used so far (user + system), seconds."""
+        f = Path(f"/proc/{self.procs[0].pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    def served(self) -> int:
+        c = self.status()["counters"]
+        return c["served_metadata"] + c["served_small"] + c["served_large"]
+
     def status(self) -> dict:
         import urllib.request
 
@@ -186,6 +196,7 @@ def part_masters(a, root: Path) -> None:
             if a.cases and not any(name.startswith(c) for c in a.cases.split(",")):
                 continue
             res: dict[str, list[float]] = {k: [] for k in stacks}
+            cpu: dict[str, list[float]] = {k: [] for k in stacks}
             for r in range(a.rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 if r % 2:
@@ -195,12 +206,18 @@ def part_masters(a, root: Path) -> None:
                     subprocess.run(["sync"], check=False)
                     d = s.mnt / f"w{r}" if fresh else s.mnt / "files"
                     d.mkdir(exist_ok=True)
+                    c0, n0 = s.cpu_s(), s.served()
                     job = fio(d, "--name=j", "--numjobs=16", *args)
                     res[k].append(job[side]["iops"] if what == "iops" else job[side]["bw_bytes"] / 1e6)
+                    cpu[k].append((s.cpu_s() - c0) / max(1, s.served() - n0) * 1e6)
                     if fresh:
                         shutil.rmtree(d)
             for v in variants:
                 print(summary(name, unit, res, "baseline", v) + f"  {v}", flush=True)
+            # The daemon's own CPU per request: steadier than throughput on a shared box.
+            for v in variants:
+                line = summary("  daemon CPU/request", "µs", cpu, "baseline", v, higher_better=False)
+                print(line + f"  {v}", flush=True)
     finally:
         for s in stacks.values():
             s.close()

@@ -11,6 +11,10 @@
 //!   first most of the time, yet every class is served at least once per cycle of
 //!   `sum(weights)` picks, so data never starves. A worker executes the request against
 //!   the [`Backend`], writes the reply on the connection, and emits one `IoRecord`.
+//! * **Threading switches** (issue 12, items 2 and 5): `--masters N` replaces the decoder
+//!   threads with N epoll masters ([`crate::masters`]); `--queue mutex` the lock-free class
+//!   queues with one mutex-protected set (the baseline, [`crate::queues`]); `--scheduler raas`
+//!   the fixed weights with request-aware thread allocation ([`crate::raas`]).
 //! * **Authentication** (issue 14, item 3; [`pharos_fwd_proto::auth`]): a decoder first runs
 //!   the handshake (challenge, the client's proof of the site key, the daemon's proof); a
 //!   connection that fails it gets an error reply and is closed. Data operations carry a
@@ -415,7 +419,7 @@ impl Server {
     /// Reads, checks and queues one request of `c`; `false` when the connection is done.
     pub(crate) fn decode_one(&self, c: &mut ConnIn) -> bool {
         let ConnIn { conn, r, frame } = c;
-        // (one pass of what was the per-connection decoder loop)
+        // One request per call (the block is the body of the former per-connection loop).
         {
             if frame.data.capacity() == 0 {
                 frame.data = self.bufs.get();
