@@ -15,7 +15,8 @@
 //!   (`{"pools": {"fast": {"targets": ["ost0"], "max_perf": {"ost0": 50}}},
 //!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`).
 //! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
-//!   `/status` read at each scrape, the targets' queue wait and the service-time histograms.
+//!   `/status` read at each scrape, the targets' queue wait and the service-time histograms, the
+//!   request classes' queuing delay and worker allocation ([`crate::raas`]).
 use std::fmt;
 use std::sync::Arc;
 
@@ -98,6 +99,7 @@ async fn status(State(a): St) -> Json<Value> {
         "node": s.cfg.node_name,
         "workers": s.cfg.workers,
         "weights": s.cfg.weights,
+        "threads": s.sched.status(),
         "counters": s.counters_view(),
         "records": s.sink.stats(),
         "target_metrics": (a.metrics_stats)(),
@@ -276,6 +278,7 @@ impl Collector for FwdCollector {
         let depth: Vec<(&str, ConstGauge)> =
             names.iter().zip(&waits).map(|(t, w)| (*t, ConstGauge::new(w.depth))).collect();
         family(e, "pharos_fwd_target_queue_depth", "Data requests queued for a target now", "target", &depth)?;
+        s.sched.encode_metrics(e)?;
         Ok(())
     }
 }

@@ -56,6 +56,9 @@ struct Cli {
     /// Weights of the metadata, small-data and large-data queues.
     #[arg(long, env = "PHAROS_FWD_WEIGHTS", default_value = "4,2,1")]
     weights: String,
+    /// Masters, queue kind, scheduler (issue 12, items 2 and 5).
+    #[command(flatten)]
+    threads: pharos_fwd::raas::ThreadsArgs,
     /// Capacity of each request queue.
     #[arg(long, env = "PHAROS_FWD_QUEUE_DEPTH", default_value_t = 128)]
     queue_depth: usize,
@@ -195,6 +198,7 @@ fn run(cli: Cli) -> Result<(), String> {
         small_max: cli.small_max,
         max_conns: cli.max_conns,
         key,
+        threads: cli.threads.config(cli.workers.max(1))?,
     };
     let server = Server::new(cfg, Arc::new(backend), records.clone());
     server.start(listener);

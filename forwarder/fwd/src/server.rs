@@ -11,6 +11,10 @@
 //!   first most of the time, yet every class is served at least once per cycle of
 //!   `sum(weights)` picks, so data never starves. A worker executes the request against
 //!   the [`Backend`], writes the reply on the connection, and emits one `IoRecord`.
+//! * **Threading switches** (issue 12, items 2 and 5): `--masters N` replaces the decoder
+//!   threads with N epoll masters ([`crate::masters`]); `--queue mutex` the lock-free class
+//!   queues with one mutex-protected set (the baseline, [`crate::queues`]); `--scheduler raas`
+//!   the fixed weights with request-aware thread allocation ([`crate::raas`]).
 //! * **Authentication** (issue 14, item 3; [`pharos_fwd_proto::auth`]): a decoder first runs
 //!   the handshake (challenge, the client's proof of the site key, the daemon's proof); a
 //!   connection that fails it gets an error reply and is closed. Data operations carry a
@@ -24,10 +28,9 @@
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
 use pharos_fwd_proto::auth::{self, SiteKey};
 use pharos_fwd_proto::{self as proto, errno, Body, Cap, FrameError, Op, Reply, Request, WireError};
 use pharos_wire::{FileType, IoRecord, Layer};
@@ -36,6 +39,9 @@ use serde::Serialize;
 use crate::backend::{Backend, FileSpan, IoInfo};
 use crate::clock::wall_ns;
 use crate::metrics::TargetStats;
+use crate::queues::ClassQueues;
+pub use crate::raas::wrr_cycle;
+use crate::raas::{Scheduler, ThreadsConfig};
 use crate::records::RecordSink;
 
 /// Request classes, in priority order.
@@ -58,6 +64,8 @@ pub struct Config {
     pub max_conns: u32,
     /// The site key: handshake and capabilities.
     pub key: SiteKey,
+    /// Masters, queue kind and scheduler (issue 12, items 2 and 5; [`crate::raas`]).
+    pub threads: ThreadsConfig,
 }
 
 /// Time a new connection has to complete the handshake.
@@ -110,8 +118,15 @@ pub struct CountersView {
     pub buffer_pool_misses: u64,
 }
 
-struct Conn {
+pub(crate) struct Conn {
     w: Mutex<TcpStream>,
+}
+
+/// A connection's decoding state: the reply half, the buffered reader, the frame buffer.
+pub(crate) struct ConnIn {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) r: BufReader<TcpStream>,
+    frame: proto::Frame,
 }
 
 impl Conn {
@@ -220,7 +235,7 @@ impl BufPool {
     }
 }
 
-struct Work {
+pub(crate) struct Work {
     req: Request,
     conn: Arc<Conn>,
     arrival_ns: u64,
@@ -235,11 +250,10 @@ pub struct Server {
     pub counters: Counters,
     pub stats: Arc<TargetStats>,
     pub sink: Arc<RecordSink>,
-    txs: [Sender<Work>; 3],
-    rxs: [Receiver<Work>; 3],
-    /// Idle workers sleep here; a decoder rings after each push (one worker wakes, no herd).
-    bell: Mutex<()>,
-    bell_cv: Condvar,
+    /// The per-class queues (lock-free or the mutex baseline: [`crate::queues`]).
+    queues: ClassQueues<Work>,
+    /// Which class each worker serves next, per-class queuing delays ([`crate::raas`]).
+    pub sched: Scheduler,
     pub stop: AtomicBool,
     pub bufs: BufPool,
 }
@@ -260,27 +274,10 @@ fn classify(op: &Op, small_max: u64) -> Class {
     }
 }
 
-/// The smooth weighted round-robin order of one cycle (nginx's algorithm).
-pub fn wrr_cycle(w: [u32; 3]) -> Vec<usize> {
-    let total: i64 = w.iter().map(|&x| x as i64).sum();
-    let mut cur = [0i64; 3];
-    let mut out = Vec::new();
-    for _ in 0..total {
-        for i in 0..3 {
-            cur[i] += w[i] as i64;
-        }
-        let best = (0..3).max_by_key(|&i| (cur[i], -(i as i64))).unwrap();
-        cur[best] -= total;
-        out.push(best);
-    }
-    out
-}
-
 impl Server {
     pub fn new(cfg: Config, backend: Arc<Backend>, sink: Arc<RecordSink>) -> Arc<Server> {
-        let (t0, r0) = bounded(cfg.queue_depth[0].max(1));
-        let (t1, r1) = bounded(cfg.queue_depth[1].max(1));
-        let (t2, r2) = bounded(cfg.queue_depth[2].max(1));
+        let queues = ClassQueues::new(cfg.threads.queue, cfg.queue_depth);
+        let sched = Scheduler::new(cfg.threads.clone(), cfg.workers, cfg.weights);
         let stats = Arc::new(TargetStats::new(backend.targets.len()));
         Arc::new(Server {
             cfg,
@@ -288,10 +285,8 @@ impl Server {
             counters: Counters::default(),
             stats,
             sink,
-            txs: [t0, t1, t2],
-            rxs: [r0, r1, r2],
-            bell: Mutex::new(()),
-            bell_cv: Condvar::new(),
+            queues,
+            sched,
             stop: AtomicBool::new(false),
             bufs: BufPool::new(64),
         })
@@ -315,24 +310,22 @@ impl Server {
             worker_panics: c.worker_panics.load(Relaxed),
             auth_failures: c.auth_failures.load(Relaxed),
             cap_refusals: c.cap_refusals.load(Relaxed),
-            queued: [self.rxs[0].len(), self.rxs[1].len(), self.rxs[2].len()],
+            queued: [self.queues.len(0), self.queues.len(1), self.queues.len(2)],
             buffer_pool_misses: self.bufs.misses.load(Relaxed),
         }
     }
 
     /// Starts the workers and the acceptor on `listener`.
     pub fn start(self: &Arc<Self>, listener: TcpListener) {
-        let cycle = Arc::new(wrr_cycle(self.cfg.weights));
         for i in 0..self.cfg.workers.max(1) {
             let s = self.clone();
-            let cycle = cycle.clone();
             // A panic outside a request's execution (those are caught per request) ends the
             // worker's loop: it is logged, counted and the loop starts again in its place.
             std::thread::Builder::new()
                 .name(format!("fwd-worker-{i}"))
                 .spawn(move || loop {
                     let w = s.clone();
-                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.worker(i, &cycle))) {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.worker(i))) {
                         Ok(()) => break,
                         Err(_) => {
                             s.counters.worker_panics.fetch_add(1, Relaxed);
@@ -341,6 +334,15 @@ impl Server {
                     }
                 })
                 .expect("spawn worker");
+        }
+        let s = self.clone();
+        std::thread::Builder::new()
+            .name("fwd-sched".into())
+            .spawn(move || s.sched.run_controller(&s.queues, &s.stop))
+            .expect("spawn scheduler controller");
+        if self.cfg.threads.masters > 0 {
+            crate::masters::start(self, listener);
+            return;
         }
         let s = self.clone();
         std::thread::Builder::new()
@@ -362,18 +364,7 @@ impl Server {
                     continue;
                 }
             };
-            pharos_fwd_proto::tune_data_socket(&stream);
-            if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
-                self.counters.rejected_conns.fetch_add(1, Relaxed);
-                let mut s = stream;
-                if let Err(e) = s.write_all(&proto::encode(&Reply::err(0, errno::EBUSY, "too many connections"))) {
-                    self.counters.reply_failures.fetch_add(1, Relaxed);
-                    log::warn!("EBUSY reply not sent: {e}");
-                }
-                continue;
-            }
-            self.counters.conns.fetch_add(1, Relaxed);
-            self.counters.conns_total.fetch_add(1, Relaxed);
+            let Some(stream) = self.admit(stream) else { continue };
             let s = self.clone();
             let r = std::thread::Builder::new().name("fwd-conn".into()).spawn(move || {
                 s.serve_conn(stream);
@@ -386,12 +377,33 @@ impl Server {
         }
     }
 
-    /// The decoder half of the master for one connection.
+    /// A new connection: tuned and counted, or refused with `EBUSY` over `max_conns`.
+    pub(crate) fn admit(&self, stream: TcpStream) -> Option<TcpStream> {
+        pharos_fwd_proto::tune_data_socket(&stream);
+        if self.counters.conns.load(Relaxed) >= self.cfg.max_conns {
+            self.counters.rejected_conns.fetch_add(1, Relaxed);
+            let mut s = stream;
+            if let Err(e) = s.write_all(&proto::encode(&Reply::err(0, errno::EBUSY, "too many connections"))) {
+                self.counters.reply_failures.fetch_add(1, Relaxed);
+                log::warn!("EBUSY reply not sent: {e}");
+            }
+            return None;
+        }
+        self.counters.conns.fetch_add(1, Relaxed);
+        self.counters.conns_total.fetch_add(1, Relaxed);
+        Some(stream)
+    }
+
+    /// The decoder half of the master for one connection (its own thread: `--masters 0`).
     fn serve_conn(&self, stream: TcpStream) {
-        let w = match stream.try_clone() {
-            Ok(w) => w,
-            Err(_) => return,
-        };
+        if let Some(mut c) = self.open_conn(stream) {
+            while self.decode_one(&mut c) {}
+        }
+    }
+
+    /// Runs the handshake on a new connection; its decoding state, or `None` (refused, closed).
+    pub(crate) fn open_conn(&self, stream: TcpStream) -> Option<ConnIn> {
+        let w = stream.try_clone().ok()?;
         let conn = Arc::new(Conn { w: Mutex::new(w) });
         let mut r = BufReader::with_capacity(16 << 10, stream);
         let mut frame = proto::Frame::default();
@@ -399,39 +411,46 @@ impl Server {
             let peer = r.get_ref().peer_addr().map(|a| a.to_string()).unwrap_or_default();
             log::warn!("connection from {peer} refused: {why}");
             let _ = conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
-            return;
+            return None;
         }
-        loop {
+        Some(ConnIn { conn, r, frame })
+    }
+
+    /// Reads, checks and queues one request of `c`; `false` when the connection is done.
+    pub(crate) fn decode_one(&self, c: &mut ConnIn) -> bool {
+        let ConnIn { conn, r, frame } = c;
+        // One request per call (the block is the body of the former per-connection loop).
+        {
             if frame.data.capacity() == 0 {
                 frame.data = self.bufs.get();
             }
-            match proto::read_frame_into(&mut r, &mut frame) {
+            match proto::read_frame_into(r, frame) {
                 Ok(()) => {}
-                Err(FrameError::Eof) => return,
-                Err(FrameError::Io(_)) => return,
+                Err(FrameError::Eof) => return false,
+                Err(FrameError::Io(_)) => return false,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
                     conn.reply(&Reply::err(0, e.errno(), e.to_string()), &self.counters);
                     if e.recoverable() {
-                        continue;
+                        return true;
                     }
                     // Oversized or truncated: the next frame boundary is unknown.
                     let _ = conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
-                    return;
+                    return false;
                 }
             };
-            let req: Request = match proto::decode(&mut frame) {
+            let req: Request = match proto::decode(frame) {
                 Ok(r) => r,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
                     conn.reply(&Reply::err(0, e.errno(), e.to_string()), &self.counters);
-                    continue;
+                    return true;
                 }
             };
             if req.id == 0 {
                 self.counters.bad_frames.fetch_add(1, Relaxed);
                 conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"), &self.counters);
-                continue;
+                return true;
             }
             if let Err(e) = self.authorize(&req.op) {
                 self.counters.cap_refusals.fetch_add(1, Relaxed);
@@ -440,7 +459,7 @@ impl Server {
                 if let Op::Write { data, .. } = req.op {
                     self.bufs.put(data);
                 }
-                continue;
+                return true;
             }
             let class = classify(&req.op, self.cfg.small_max);
             // Target of the first byte (a progressive component not placed yet: none).
@@ -454,11 +473,7 @@ impl Server {
                 self.stats.queued(t, 1);
             }
             let work = Work { req, conn: conn.clone(), arrival_ns: wall_ns(), arrival: Instant::now(), target };
-            if self.txs[class as usize].send(work).is_err() {
-                return;
-            }
-            let _g = self.bell.lock().unwrap();
-            self.bell_cv.notify_one();
+            self.queues.push(class as usize, work).is_ok()
         }
     }
 
@@ -531,24 +546,12 @@ impl Server {
         Ok(())
     }
 
-    fn next(&self, pos: &mut usize, cycle: &[usize]) -> Option<(Work, Class)> {
+    /// Worker `idx`'s next request and its class ([`Scheduler::next`]); `None` once stopped.
+    fn next(&self, idx: usize, pos: &mut usize) -> Option<(Work, Class)> {
         const CLASSES: [Class; 3] = [Class::Meta, Class::Small, Class::Large];
         loop {
-            let pref = cycle[*pos % cycle.len()];
-            *pos += 1;
-            if let Ok(w) = self.rxs[pref].try_recv() {
-                return Some((w, CLASSES[pref]));
-            }
-            for (rx, class) in self.rxs.iter().zip(CLASSES) {
-                if let Ok(w) = rx.try_recv() {
-                    return Some((w, class));
-                }
-            }
-            // All empty: sleep until a decoder rings (or re-check the stop flag). The check
-            // under the bell's lock pairs with the decoder's push-then-lock: no lost wakeup.
-            let g = self.bell.lock().unwrap();
-            if self.rxs.iter().all(|r| r.is_empty()) {
-                let _ = self.bell_cv.wait_timeout(g, Duration::from_millis(200)).unwrap();
+            if let Some((w, c)) = self.sched.next(idx, pos, &self.queues) {
+                return Some((w, CLASSES[c]));
             }
             if self.stop.load(Relaxed) {
                 return None;
@@ -556,11 +559,12 @@ impl Server {
         }
     }
 
-    fn worker(self: Arc<Self>, idx: usize, cycle: &[usize]) {
+    fn worker(self: Arc<Self>, idx: usize) {
         let mut pos = idx; // workers start at different points of the cycle
-        while let Some((work, class)) = self.next(&mut pos, cycle) {
+        while let Some((work, class)) = self.next(idx, &mut pos) {
             let started = Instant::now();
             let queue_wait = started.duration_since(work.arrival);
+            self.sched.waits.dequeued(class as usize, queue_wait);
             if let Some(t) = work.target {
                 self.stats.queued(t, -1);
             }
@@ -815,6 +819,7 @@ mod tests {
             small_max: 65536,
             max_conns: 4,
             key: SiteKey::new(key),
+            threads: Default::default(),
         };
         (d, Server::new(cfg, Arc::new(backend), Arc::new(RecordSink::new(None))))
     }
@@ -853,14 +858,5 @@ mod tests {
         assert!(s.authorize(&Op::Setattr { path: "f".into(), set: Default::default(), fd: None }).is_ok());
         assert!(s.authorize(&Op::Lookup { path: "f".into() }).is_ok());
         assert_eq!(s.authorize(&Op::Auth { nonce: [0; 32], proof: [0; 32] }).unwrap_err().errno, errno::EPROTO);
-    }
-
-    #[test]
-    fn wrr_cycle_serves_every_class() {
-        let c = wrr_cycle([4, 2, 1]);
-        assert_eq!(c.len(), 7);
-        assert_eq!(c.iter().filter(|&&x| x == 0).count(), 4);
-        assert_eq!(c.iter().filter(|&&x| x == 2).count(), 1);
-        assert_eq!(c[0], 0);
     }
 }

@@ -1,0 +1,587 @@
+//! Which request class a worker serves next (issue 12, item 5).
+//!
+//! Two schedulers, chosen with `--scheduler` (`PHAROS_FWD_SCHEDULER`):
+//!
+//! * [`SchedulerKind::Weights`] (default, the baseline): every worker follows the smooth
+//!   weighted round-robin cycle of `--weights` (metadata 4, small 2, large 1) and falls back
+//!   to the other classes in priority order when its preferred one is empty.
+//! * [`SchedulerKind::Raas`]: request-aware thread allocation after GVDS's RAAS (request-aware
+//!   adaptive scheduling of the GVDS global virtual data space's I/O service threads). Each
+//!   class `c` has a minimum of workers `min[c]` that serve it only, so a class is never
+//!   without a worker however busy the others are. Every cycle (`--raas-cycle-ms`, 100 ms)
+//!   the controller measures each class's average queuing delay over the cycle and hands the
+//!   `workers − Σ min` extra workers out in proportion to each class's relative gap
+//!   `(measured − acceptable) / acceptable` (acceptable delays per class: `--raas-delay-ms`),
+//!   largest remainder first ([`allocate`]). A class within its acceptable delay gets no
+//!   extra; extras no class needs are *shared* (they serve every class, metadata first).
+//!   Extra workers serve their class first and then the others (no worker idles while a
+//!   request waits), the minimum ones only their class.
+//!
+//! Both keep, per class, the queuing delay since the start and over the last cycle and the
+//! worker allocation, exported on `GET /metrics` ([`Scheduler::encode_metrics`]).
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::queues::{ClassQueues, ClassWaits, QueueKind, CLASSES, CLASS_NAMES};
+
+/// How workers pick their next request's class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SchedulerKind {
+    /// Fixed weights, smooth weighted round-robin (the baseline).
+    #[default]
+    Weights,
+    /// Request-aware thread allocation (GVDS RAAS).
+    Raas,
+}
+
+impl std::str::FromStr for SchedulerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "weights" => Ok(SchedulerKind::Weights),
+            "raas" => Ok(SchedulerKind::Raas),
+            _ => Err(format!("scheduler {s:?}: expected weights or raas")),
+        }
+    }
+}
+
+impl SchedulerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SchedulerKind::Weights => "weights",
+            SchedulerKind::Raas => "raas",
+        }
+    }
+}
+
+/// The threading settings of the request path (issue 12, items 2 and 5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadsConfig {
+    /// Master threads (epoll; they accept and decode every connection's requests). 0: one
+    /// decoder thread per connection (`crate::masters`).
+    pub masters: usize,
+    /// The queues between masters and workers.
+    pub queue: QueueKind,
+    /// How workers pick a class.
+    pub scheduler: SchedulerKind,
+    /// RAAS: workers reserved to each class (metadata, small, large).
+    pub raas_min: [usize; CLASSES],
+    /// RAAS: acceptable average queuing delay of each class, seconds.
+    pub raas_delay_s: [f64; CLASSES],
+    /// RAAS: the allocation cycle.
+    pub raas_cycle: Duration,
+}
+
+impl Default for ThreadsConfig {
+    fn default() -> Self {
+        ThreadsConfig {
+            masters: 0,
+            queue: QueueKind::Lockfree,
+            scheduler: SchedulerKind::Weights,
+            raas_min: [1, 1, 1],
+            raas_delay_s: [0.001, 0.005, 0.050],
+            raas_cycle: Duration::from_millis(100),
+        }
+    }
+}
+
+impl ThreadsConfig {
+    /// Checks the settings against the worker count: clear errors for the command line.
+    pub fn validate(&self, workers: usize) -> Result<(), String> {
+        if self.scheduler == SchedulerKind::Raas {
+            let need: usize = self.raas_min.iter().sum();
+            if need > workers {
+                return Err(format!(
+                    "--raas-min {:?} reserves {need} workers, more than --workers {workers}",
+                    self.raas_min
+                ));
+            }
+            if self.raas_min.contains(&0) {
+                return Err("--raas-min: every class needs at least 1 worker".into());
+            }
+            if self.raas_delay_s.iter().any(|d| !(d.is_finite() && *d > 0.0)) {
+                return Err("--raas-delay-ms: every class needs an acceptable delay > 0".into());
+            }
+            if self.raas_cycle.is_zero() {
+                return Err("--raas-cycle-ms must be > 0".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The command-line flags of [`ThreadsConfig`] (flattened into `pharos-fwd`'s).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ThreadsArgs {
+    /// Master threads that accept connections and decode requests (epoll, LWFS paper); 0: one
+    /// decoder thread per connection; 1: the single-master baseline.
+    #[arg(long, env = "PHAROS_FWD_MASTERS", default_value_t = 0)]
+    pub masters: usize,
+    /// Queues between masters and workers: lockfree (crossbeam) or mutex (the baseline).
+    #[arg(long, env = "PHAROS_FWD_QUEUE", default_value = "lockfree")]
+    pub queue: QueueKind,
+    /// How workers pick a request class: weights (fixed --weights) or raas (GVDS RAAS).
+    #[arg(long, env = "PHAROS_FWD_SCHEDULER", default_value = "weights")]
+    pub scheduler: SchedulerKind,
+    /// RAAS: workers reserved to the metadata, small-data and large-data classes.
+    #[arg(long, env = "PHAROS_FWD_RAAS_MIN", default_value = "1,1,1")]
+    pub raas_min: String,
+    /// RAAS: acceptable average queuing delay of the three classes, ms.
+    #[arg(long, env = "PHAROS_FWD_RAAS_DELAY_MS", default_value = "1,5,50")]
+    pub raas_delay_ms: String,
+    /// RAAS: allocation cycle, ms.
+    #[arg(long, env = "PHAROS_FWD_RAAS_CYCLE_MS", default_value_t = 100)]
+    pub raas_cycle_ms: u64,
+}
+
+fn three<T: std::str::FromStr>(s: &str, flag: &str) -> Result<[T; CLASSES], String> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(|x| x.trim().parse::<T>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{flag} {s:?}: expected three numbers (metadata,small,large)"))?;
+    <[T; CLASSES]>::try_from(v).map_err(|_| format!("{flag} {s:?}: expected three numbers (metadata,small,large)"))
+}
+
+impl ThreadsArgs {
+    /// The settings, checked against `workers` (clear errors for the command line).
+    pub fn config(&self, workers: usize) -> Result<ThreadsConfig, String> {
+        let delay: [f64; CLASSES] = three(&self.raas_delay_ms, "--raas-delay-ms")?;
+        let c = ThreadsConfig {
+            masters: self.masters,
+            queue: self.queue,
+            scheduler: self.scheduler,
+            raas_min: three(&self.raas_min, "--raas-min")?,
+            raas_delay_s: delay.map(|d| d / 1e3),
+            raas_cycle: Duration::from_millis(self.raas_cycle_ms),
+        };
+        if c.masters > 256 {
+            return Err(format!("--masters {}: at most 256", c.masters));
+        }
+        c.validate(workers)?;
+        Ok(c)
+    }
+}
+
+/// A RAAS allocation: workers per class (the minimum plus the extras handed to it) and the
+/// extras no class was given (they serve every class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alloc {
+    pub class: [usize; CLASSES],
+    pub shared: usize,
+}
+
+/// The RAAS allocation rule (GVDS RAAS; pure). `workers` in all, `min[c]` reserved to class
+/// `c` (`Σ min ≤ workers`), `acceptable[c]` and `measured[c]` the class's acceptable and
+/// measured average queuing delays (seconds, `acceptable > 0`). The `workers − Σ min` extras
+/// go in proportion to each class's relative gap `max(0, measured − acceptable) /
+/// acceptable`, floors first, then one each by largest remainder (ties: the higher-priority
+/// class, metadata first); none goes to a class within its acceptable delay, and when no class
+/// is over, all extras are shared.
+pub fn allocate(workers: usize, min: [usize; CLASSES], acceptable: [f64; CLASSES], measured: [f64; CLASSES]) -> Alloc {
+    let base: usize = min.iter().sum();
+    let extra = workers.saturating_sub(base);
+    let gap: [f64; CLASSES] = std::array::from_fn(|c| {
+        let g = (measured[c] - acceptable[c]) / acceptable[c];
+        if g.is_finite() && g > 0.0 {
+            g
+        } else {
+            0.0
+        }
+    });
+    let total: f64 = gap.iter().sum();
+    let mut class = min;
+    if total <= 0.0 || extra == 0 {
+        return Alloc { class, shared: extra };
+    }
+    let share: [f64; CLASSES] = std::array::from_fn(|c| extra as f64 * gap[c] / total);
+    let mut given = 0;
+    for c in 0..CLASSES {
+        let f = share[c].floor() as usize;
+        class[c] += f;
+        given += f;
+    }
+    let mut by_rem: Vec<usize> = (0..CLASSES).filter(|&c| gap[c] > 0.0).collect();
+    by_rem.sort_by(|&a, &b| {
+        let (ra, rb) = (share[a] - share[a].floor(), share[b] - share[b].floor());
+        rb.partial_cmp(&ra).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+    });
+    for c in by_rem.into_iter().cycle().take(extra - given) {
+        class[c] += 1;
+    }
+    Alloc { class, shared: 0 }
+}
+
+/// A worker's role under RAAS: serves one class only (the minimum), its class first then the
+/// others, or every class (shared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Reserved(usize),
+    Extra(usize),
+    Shared,
+}
+
+impl Role {
+    fn code(self) -> u8 {
+        match self {
+            Role::Reserved(c) => c as u8,
+            Role::Extra(c) => (CLASSES + c) as u8,
+            Role::Shared => (2 * CLASSES) as u8,
+        }
+    }
+    fn from_code(x: u8) -> Role {
+        let x = x as usize;
+        if x < CLASSES {
+            Role::Reserved(x)
+        } else if x < 2 * CLASSES {
+            Role::Extra(x - CLASSES)
+        } else {
+            Role::Shared
+        }
+    }
+}
+
+/// Worker `i`'s role under `a` with `min` reserved workers: workers 0.. are the classes'
+/// reserved ones in class order, then each class's extras in class order, then the shared.
+pub fn roles(a: &Alloc, min: [usize; CLASSES]) -> Vec<Role> {
+    let mut out = Vec::new();
+    for (c, &m) in min.iter().enumerate() {
+        out.extend(std::iter::repeat_n(Role::Reserved(c), m.min(a.class[c])));
+    }
+    for (c, &m) in min.iter().enumerate() {
+        out.extend(std::iter::repeat_n(Role::Extra(c), a.class[c].saturating_sub(m)));
+    }
+    out.extend(std::iter::repeat_n(Role::Shared, a.shared));
+    out
+}
+
+/// The classes a worker of `role` tries, in order.
+pub fn order_of(role: Role) -> &'static [usize] {
+    match role {
+        Role::Reserved(0) => &[0],
+        Role::Reserved(1) => &[1],
+        Role::Reserved(_) => &[2],
+        Role::Extra(0) | Role::Shared => &[0, 1, 2],
+        Role::Extra(1) => &[1, 0, 2],
+        Role::Extra(_) => &[2, 0, 1],
+    }
+}
+
+/// The smooth weighted round-robin order of one cycle (nginx's algorithm).
+pub fn wrr_cycle(w: [u32; CLASSES]) -> Vec<usize> {
+    let total: i64 = w.iter().map(|&x| x as i64).sum();
+    let mut cur = [0i64; CLASSES];
+    let mut out = Vec::new();
+    for _ in 0..total {
+        for i in 0..CLASSES {
+            cur[i] += w[i] as i64;
+        }
+        let best = (0..CLASSES).max_by_key(|&i| (cur[i], -(i as i64))).unwrap();
+        cur[best] -= total;
+        out.push(best);
+    }
+    out
+}
+
+/// The scheduler state shared by the workers and the controller.
+pub struct Scheduler {
+    pub cfg: ThreadsConfig,
+    workers: usize,
+    cycle: Vec<usize>,
+    /// Each worker's [`Role`] (RAAS), as its code.
+    roles: Vec<AtomicU8>,
+    /// Per-class queuing delay since the start.
+    pub waits: ClassWaits,
+    /// Average queuing delay of each class over the last cycle, seconds (f64 bits).
+    last_delay: [AtomicU64; CLASSES],
+    /// Workers given to each class by the last allocation, and the shared ones (RAAS).
+    alloc: [AtomicU64; CLASSES + 1],
+    /// Allocation cycles run.
+    pub cycles: AtomicU64,
+}
+
+impl Scheduler {
+    pub fn new(cfg: ThreadsConfig, workers: usize, weights: [u32; CLASSES]) -> Scheduler {
+        let workers = workers.max(1);
+        let s = Scheduler {
+            cycle: wrr_cycle(weights),
+            roles: (0..workers).map(|_| AtomicU8::new(Role::Shared.code())).collect(),
+            waits: ClassWaits::default(),
+            last_delay: Default::default(),
+            alloc: Default::default(),
+            cycles: AtomicU64::new(0),
+            workers,
+            cfg,
+        };
+        // Until the first cycle: no class is over its acceptable delay.
+        s.apply(allocate(workers, s.cfg.raas_min, s.cfg.raas_delay_s, [0.0; CLASSES]));
+        s
+    }
+
+    fn apply(&self, a: Alloc) {
+        if self.cfg.scheduler != SchedulerKind::Raas {
+            self.alloc[CLASSES].store(self.workers as u64, Relaxed);
+            return;
+        }
+        for (r, role) in self.roles.iter().zip(roles(&a, self.cfg.raas_min)) {
+            r.store(role.code(), Relaxed);
+        }
+        for c in 0..CLASSES {
+            self.alloc[c].store(a.class[c] as u64, Relaxed);
+        }
+        self.alloc[CLASSES].store(a.shared as u64, Relaxed);
+    }
+
+    /// Worker `idx`'s next request and its class (`pos`: the worker's place in the weights
+    /// cycle). Waits up to 200 ms, then `None` (the worker checks the stop flag).
+    pub fn next<T>(&self, idx: usize, pos: &mut usize, q: &ClassQueues<T>) -> Option<(T, usize)> {
+        const WAIT: Duration = Duration::from_millis(200);
+        match self.cfg.scheduler {
+            SchedulerKind::Weights => {
+                let pref = self.cycle[*pos % self.cycle.len()];
+                *pos += 1;
+                let order = [pref, 0, 1, 2];
+                q.pop(&order, WAIT)
+            }
+            SchedulerKind::Raas => {
+                let role = self.roles.get(idx).map_or(Role::Shared, |r| Role::from_code(r.load(Relaxed)));
+                // A role may change while the worker waits: wait one cycle at most.
+                q.pop(order_of(role), WAIT.min(self.cfg.raas_cycle))
+            }
+        }
+    }
+
+    /// One controller cycle: the classes' average queuing delay since `prev` (the waits'
+    /// snapshot then), with a class that had requests waiting and none dequeued counted as
+    /// having waited the whole cycle; then, under RAAS, the new allocation.
+    pub fn tick<T>(&self, prev: &mut [(u64, u64); CLASSES], elapsed: Duration, q: &ClassQueues<T>) -> [f64; CLASSES] {
+        let now = self.waits.snapshot();
+        let measured: [f64; CLASSES] = std::array::from_fn(|c| {
+            let (dw, dn) = (now[c].0 - prev[c].0, now[c].1 - prev[c].1);
+            if dn > 0 {
+                dw as f64 / dn as f64 / 1e9
+            } else if q.len(c) > 0 {
+                elapsed.as_secs_f64()
+            } else {
+                0.0
+            }
+        });
+        *prev = now;
+        for (d, m) in self.last_delay.iter().zip(measured) {
+            d.store(m.to_bits(), Relaxed);
+        }
+        self.apply(allocate(self.workers, self.cfg.raas_min, self.cfg.raas_delay_s, measured));
+        self.cycles.fetch_add(1, Relaxed);
+        measured
+    }
+
+    /// Runs the controller every `raas_cycle` until `stop` is set (call it on a thread of its
+    /// own). Runs under both schedulers: the per-cycle delays are exported either way.
+    pub fn run_controller<T>(&self, q: &ClassQueues<T>, stop: &AtomicBool) {
+        let mut prev = self.waits.snapshot();
+        let mut last = Instant::now();
+        while !stop.load(Relaxed) {
+            std::thread::sleep(self.cfg.raas_cycle);
+            let now = Instant::now();
+            self.tick(&mut prev, now - last, q);
+            last = now;
+        }
+    }
+
+    /// The settings and state for `GET /status`.
+    pub fn status(&self) -> serde_json::Value {
+        let snap = self.waits.snapshot();
+        serde_json::json!({
+            "masters": self.cfg.masters,
+            "queue": self.cfg.queue.name(),
+            "scheduler": self.cfg.scheduler.name(),
+            "raas_min": self.cfg.raas_min,
+            "raas_delay_ms": self.cfg.raas_delay_s.map(|d| d * 1e3),
+            "raas_cycle_ms": self.cfg.raas_cycle.as_millis() as u64,
+            "class_workers": self.alloc.iter().map(|a| a.load(Relaxed)).collect::<Vec<_>>(),
+            "class_delay_ms": self.last_delay.iter().map(|d| f64::from_bits(d.load(Relaxed)) * 1e3).collect::<Vec<_>>(),
+            "class_wait_s": snap.map(|(w, _)| w as f64 / 1e9),
+            "class_dequeued": snap.map(|(_, n)| n),
+        })
+    }
+
+    /// The per-class metric families of `GET /metrics`: queuing delay since the start and over
+    /// the last cycle, the acceptable delay, and the workers each class has now.
+    pub fn encode_metrics(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        fn fam<M: EncodeMetric>(
+            e: &mut DescriptorEncoder,
+            name: &str,
+            help: &str,
+            vals: Vec<(&str, M)>,
+        ) -> std::fmt::Result {
+            let mut f = e.encode_descriptor(name, help, None, vals[0].1.metric_type())?;
+            for (v, m) in vals {
+                m.encode(f.encode_family(&[("class", v)])?)?;
+            }
+            Ok(())
+        }
+        let snap = self.waits.snapshot();
+        let per = |f: &dyn Fn(usize) -> f64| -> Vec<(&str, ConstCounter<f64>)> {
+            (0..CLASSES).map(|c| (CLASS_NAMES[c], ConstCounter::new(f(c)))).collect()
+        };
+        fam(
+            e,
+            "pharos_fwd_class_queue_wait_seconds",
+            "Time requests waited in their class queue, summed, by class",
+            per(&|c| snap[c].0 as f64 / 1e9),
+        )?;
+        fam(
+            e,
+            "pharos_fwd_class_dequeued_requests",
+            "Requests that left their class queue for a worker, by class",
+            per(&|c| snap[c].1 as f64),
+        )?;
+        let gauge = |f: &dyn Fn(usize) -> f64| -> Vec<(&str, ConstGauge<f64>)> {
+            (0..CLASSES).map(|c| (CLASS_NAMES[c], ConstGauge::new(f(c)))).collect()
+        };
+        fam(
+            e,
+            "pharos_fwd_class_queue_delay_seconds",
+            "Average queuing delay of a class over the last allocation cycle",
+            gauge(&|c| f64::from_bits(self.last_delay[c].load(Relaxed))),
+        )?;
+        if self.cfg.scheduler == SchedulerKind::Raas {
+            fam(
+                e,
+                "pharos_fwd_class_acceptable_delay_seconds",
+                "Acceptable average queuing delay of a class (RAAS)",
+                gauge(&|c| self.cfg.raas_delay_s[c]),
+            )?;
+        }
+        let mut workers: Vec<(&str, ConstGauge)> =
+            (0..CLASSES).map(|c| (CLASS_NAMES[c], ConstGauge::new(self.alloc[c].load(Relaxed) as i64))).collect();
+        workers.push(("shared", ConstGauge::new(self.alloc[CLASSES].load(Relaxed) as i64)));
+        fam(
+            e,
+            "pharos_fwd_class_workers",
+            "Workers allocated to a class now (RAAS; shared: serve every class, all of them under fixed weights)",
+            workers,
+        )?;
+        let info = ConstGauge::new(1i64);
+        let masters = self.cfg.masters.to_string();
+        let mut f = e.encode_descriptor(
+            "pharos_fwd_threading",
+            "Threading of the request path: masters (0: one decoder thread per connection), queue kind, scheduler",
+            None,
+            info.metric_type(),
+        )?;
+        info.encode(f.encode_family(&[
+            ("masters", masters.as_str()),
+            ("queue", self.cfg.queue.name()),
+            ("scheduler", self.cfg.scheduler.name()),
+        ])?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACC: [f64; 3] = [0.001, 0.005, 0.050];
+
+    #[test]
+    fn nobody_over_target_keeps_the_minimum_and_shares_the_rest() {
+        let a = allocate(16, [2, 1, 1], ACC, [0.0005, 0.004, 0.0]);
+        assert_eq!(a, Alloc { class: [2, 1, 1], shared: 12 });
+    }
+
+    #[test]
+    fn extras_follow_the_relative_gap() {
+        // metadata 3 ms over a 1 ms target (gap 2), large 150 ms over 50 (gap 2): an even split
+        let a = allocate(10, [1, 1, 1], ACC, [0.003, 0.001, 0.150]);
+        assert_eq!(a.class.iter().sum::<usize>() + a.shared, 10);
+        assert_eq!(a, Alloc { class: [5, 1, 4], shared: 0 }, "7 extras: 3.5 each, the tie to metadata");
+        // only large over: it takes every extra
+        let a = allocate(10, [1, 1, 1], ACC, [0.0, 0.0, 0.5]);
+        assert_eq!(a, Alloc { class: [1, 1, 8], shared: 0 });
+        // gap 1 vs gap 3: a quarter and three quarters of 8
+        let a = allocate(11, [1, 1, 1], ACC, [0.002, 0.0, 0.2]);
+        assert_eq!(a, Alloc { class: [3, 1, 7], shared: 0 });
+    }
+
+    #[test]
+    fn allocation_is_exact_and_respects_minimums_for_any_input() {
+        let delays = [0.0, 0.0005, 0.001, 0.002, 0.01, 0.04, 0.1, 1.0, f64::NAN, f64::INFINITY];
+        for w in 3..20 {
+            for m in &delays {
+                for s in &delays {
+                    for l in &delays {
+                        let a = allocate(w, [1, 1, 1], ACC, [*m, *s, *l]);
+                        assert_eq!(a.class.iter().sum::<usize>() + a.shared, w, "{w} {m} {s} {l}");
+                        assert!(a.class.iter().all(|&n| n >= 1));
+                        for c in 0..3 {
+                            let over = [*m, *s, *l][c] > ACC[c] && [*m, *s, *l][c].is_finite();
+                            assert!(over || a.class[c] == 1, "a class within its target gets no extra");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn more_gap_never_means_fewer_workers() {
+        let mut last = 0;
+        for ms in [1.0, 2.0, 4.0, 8.0, 16.0, 64.0] {
+            let a = allocate(16, [1, 1, 1], ACC, [ms / 1e3, 0.0, 0.1]);
+            assert!(a.class[0] >= last, "{a:?}");
+            last = a.class[0];
+        }
+        assert!(last > 10);
+    }
+
+    #[test]
+    fn roles_reserve_the_minimum_first() {
+        let a = Alloc { class: [2, 1, 3], shared: 1 };
+        let r = roles(&a, [1, 1, 1]);
+        use Role::*;
+        assert_eq!(r, vec![Reserved(0), Reserved(1), Reserved(2), Extra(0), Extra(2), Extra(2), Shared]);
+        for role in r {
+            assert_eq!(Role::from_code(role.code()), role);
+        }
+        assert_eq!(order_of(Reserved(2)), &[2]);
+        assert_eq!(order_of(Extra(2))[0], 2);
+        assert_eq!(order_of(Shared), &[0, 1, 2]);
+    }
+
+    #[test]
+    fn wrr_cycle_serves_every_class() {
+        let c = wrr_cycle([4, 2, 1]);
+        assert_eq!(c.len(), 7);
+        assert_eq!(c.iter().filter(|&&x| x == 0).count(), 4);
+        assert_eq!(c.iter().filter(|&&x| x == 2).count(), 1);
+        assert_eq!(c[0], 0);
+    }
+
+    #[test]
+    fn a_tick_measures_the_cycle_and_reallocates() {
+        let cfg = ThreadsConfig { scheduler: SchedulerKind::Raas, ..Default::default() };
+        let s = Scheduler::new(cfg, 8, [4, 2, 1]);
+        let q: ClassQueues<u32> = ClassQueues::new(QueueKind::Lockfree, [4, 4, 4]);
+        let mut prev = s.waits.snapshot();
+        s.waits.dequeued(0, Duration::from_millis(4));
+        s.waits.dequeued(0, Duration::from_millis(2));
+        q.push(2, 1).unwrap(); // waiting, nothing dequeued: the whole cycle
+        let m = s.tick(&mut prev, Duration::from_millis(100), &q);
+        assert!((m[0] - 0.003).abs() < 1e-9 && m[1] == 0.0 && (m[2] - 0.1).abs() < 1e-9, "{m:?}");
+        // gaps 2 (metadata) and 1 (large): 5 extras → 3.33 and 1.67 → 3 + 2 (remainder)
+        assert_eq!(s.alloc.iter().map(|a| a.load(Relaxed)).collect::<Vec<_>>(), vec![4, 1, 3, 0]);
+        let mut idx_role: Vec<Role> = s.roles.iter().map(|r| Role::from_code(r.load(Relaxed))).collect();
+        idx_role.truncate(3);
+        assert_eq!(idx_role, vec![Role::Reserved(0), Role::Reserved(1), Role::Reserved(2)]);
+        // a quiet cycle: back to the minimum, the rest shared
+        let m = s.tick(&mut prev, Duration::from_millis(100), &ClassQueues::<u32>::new(QueueKind::Mutex, [1; 3]));
+        assert_eq!(m, [0.0; 3]);
+        assert_eq!(s.alloc.iter().map(|a| a.load(Relaxed)).collect::<Vec<_>>(), vec![1, 1, 1, 5]);
+    }
+}
