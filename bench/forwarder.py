@@ -1,24 +1,30 @@
-"""Forwarding-layer benchmark: the same fio job through pharos-mount and on the backend
-directory directly, side by side in one run.
+"""Forwarding-layer benchmark: the same fio job through pharos-mount, through a plain FUSE
+passthrough and on the backend directory directly, side by side in one run.
 
 Starts one pharos-fwd (8 unlimited targets, --no-kafka: records are produced and counted
 but not shipped) and one pharos-mount on free loopback ports in a tmp dir on the same file
-system as the direct case. Cases (each ≤ 1 GiB of data):
+system as the direct case, and the FUSE passthrough: Debian's bindfs with `-o direct_io`
+(like the mount, no page cache on the FUSE layer; no network hop; without direct_io bindfs,
+a libfuse2 program, sends 4 KiB requests) over a directory of that file system, the floor a
+FUSE client can reach (issue 12, item 1). Cases (each ≤ 1 GiB of data):
 
 * 1 MiB sequential write, 4 jobs × 256 MiB (psync), with and without end_fsync;
 * 1 MiB sequential read of those files;
 * 4 KiB random read IOPS, 4 jobs, 5 s time-based;
 * file creates per second (open O_CREAT|O_EXCL + close, 2 000 files, one thread).
 
-Prints MB/s, IOPS or ops/s of both and their ratio (mount / direct; target ≥ 0.70 for the
-1 MiB cases). Each fio case runs ROUNDS times, rotating and alternating the order, and the median
-is reported, with the median of the per-round ratios (each round's mount and direct runs are
-adjacent, so a noisy neighbour tends to slow both: the paired ratio is the steadier figure) and
-their range. The backend's reads are page-cache hits in both columns.
+Prints MB/s, IOPS or ops/s of each column and the ratios mount / passthrough (target ≥ 0.90
+for the 1 MiB cases) and mount / direct. Each fio case runs ROUNDS times, rotating and
+alternating the order, and the median is reported, with the median of the per-round ratios
+(each round's runs are adjacent, so a noisy neighbour tends to slow all of them: the paired
+ratio is the steadier figure) and their range. Every run starts after `sync` and a drop of
+the page cache (`echo 3 > /proc/sys/vm/drop_caches`), so no column reads what another wrote
+into the cache and writeback of an earlier run does not land in the next one.
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
-(--baseline-bin: a second stack from older binaries in the same rounds, extra columns.)     (root, /dev/fuse, fio)
+(--baseline-bin: a second stack from older binaries in the same rounds, extra columns.)
+(root, /dev/fuse, fio, bindfs)
 """
 
 from __future__ import annotations
@@ -67,7 +73,30 @@ def fio(directory: Path, *args: str) -> dict:
 
 
 def drop_caches() -> None:
+    """`sync`, then drop the page cache, dentries and inodes (root)."""
     subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        sys.exit(f"cannot drop the page cache (root needed): {e}")
+
+
+def start_passthrough(root: Path, mounts: list[Path]) -> Path:
+    """bindfs -o direct_io of `root`/pt-src on `root`/pt: the FUSE passthrough column."""
+    exe = shutil.which("bindfs")
+    if exe is None:
+        sys.exit("bindfs not found: apt-get install bindfs (make setup installs it)")
+    src, mnt = root / "pt-src", root / "pt"
+    src.mkdir()
+    mnt.mkdir()
+    subprocess.run([exe, "-o", "direct_io", str(src), str(mnt)], check=True, timeout=30)
+    mounts.append(mnt)
+    end = time.monotonic() + 10
+    while not os.path.ismount(mnt):
+        if time.monotonic() > end:
+            sys.exit(f"bindfs did not mount {mnt}")
+        time.sleep(0.05)
+    return mnt
 
 
 def creates(directory: Path, n: int = 2000) -> float:
@@ -107,6 +136,11 @@ def figure(job: dict, how: str) -> float:
     if how == "read_bw":
         return job["read"]["bw_bytes"] / 1e6
     return job["read"]["iops"]
+
+
+def paired(res: dict[str, list[float]], side: str, ref: str) -> list[float]:
+    """Per-round ratios side / ref."""
+    return [m / d for m, d in zip(res[side], res[ref], strict=True)]
 
 
 def auth_args(bin_dir: Path, root: Path) -> list[str]:
@@ -204,12 +238,17 @@ def main() -> int:
         if a.baseline_bin is not None:
             bases["baseline"] = start_stack(a.baseline_bin.resolve(), root, "-base", procs)
             mounts.append(bases["baseline"])
+        bases["passthrough"] = start_passthrough(root, mounts)
         bases["direct"] = direct
         sides = list(bases)
         print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
-        head = f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7} {'paired':>7} {'range':>11}"
+        print("# m/pt: mount / passthrough (bindfs -o direct_io), paired = median of per-round ratios")
+        head = (
+            f"{'case':24} {'unit':6} {'mount':>10} {'passthru':>10} {'direct':>10} {'m/pt':>6} {'paired':>7} "
+            f"{'range':>11} {'m/direct':>8} {'paired':>7} {'range':>11}"
+        )
         if "baseline" in bases:
-            head += f" {'baseline':>10} {'b.ratio':>7}"
+            head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7}"
         print(head)
         wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
         for name, unit, args, how in CASES:
@@ -237,13 +276,17 @@ def main() -> int:
                         d.mkdir(exist_ok=True)
                         res[side].append(figure(fio(d, *args), how))
             med = {s: statistics.median(v) for s, v in res.items()}
-            paired = [m / d for m, d in zip(res["mount"], res["direct"], strict=True)]
+            pt, dr = paired(res, "mount", "passthrough"), paired(res, "mount", "direct")
             line = (
-                f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f} "
-                f"{statistics.median(paired):7.2f} {min(paired):5.2f}-{max(paired):<5.2f}"
+                f"{name:24} {unit:6} {med['mount']:10.1f} {med['passthrough']:10.1f} {med['direct']:10.1f} "
+                f"{med['mount'] / med['passthrough']:6.2f} {statistics.median(pt):7.2f} {min(pt):5.2f}-{max(pt):<5.2f} "
+                f"{med['mount'] / med['direct']:8.2f} {statistics.median(dr):7.2f} {min(dr):5.2f}-{max(dr):<5.2f}"
             )
             if "baseline" in med:
-                line += f" {med['baseline']:10.1f} {med['baseline'] / med['direct']:7.2f}"
+                bp = paired(res, "baseline", "passthrough")
+                line += (
+                    f" {med['baseline']:10.1f} {med['baseline'] / med['passthrough']:6.2f} {statistics.median(bp):7.2f}"
+                )
             print(line, flush=True)
         return 0
     finally:
