@@ -23,7 +23,8 @@ into the cache and writeback of an earlier run does not land in the next one.
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
-(--baseline-bin: a second stack from older binaries in the same rounds, extra columns.)
+(--baseline-bin: a second stack from older binaries in the same rounds, extra columns:
+its ratio to the passthrough and the paired ratio mount / baseline with its range.)
 (root, /dev/fuse, fio, bindfs)
 """
 
@@ -243,12 +244,14 @@ def main() -> int:
         sides = list(bases)
         print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
         print("# m/pt: mount / passthrough (bindfs -o direct_io), paired = median of per-round ratios")
+        if "baseline" in bases:
+            print("# baseline: the --baseline-bin stack; m/base: mount / baseline, paired, and its range")
         head = (
             f"{'case':24} {'unit':6} {'mount':>10} {'passthru':>10} {'direct':>10} {'m/pt':>6} {'paired':>7} "
             f"{'range':>11} {'m/direct':>8} {'paired':>7} {'range':>11}"
         )
         if "baseline" in bases:
-            head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7}"
+            head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7} {'m/base':>7} {'range':>11}"
         print(head)
         wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
         for name, unit, args, how in CASES:
@@ -283,9 +286,10 @@ def main() -> int:
                 f"{med['mount'] / med['direct']:8.2f} {statistics.median(dr):7.2f} {min(dr):5.2f}-{max(dr):<5.2f}"
             )
             if "baseline" in med:
-                bp = paired(res, "baseline", "passthrough")
+                bp, mb = paired(res, "baseline", "passthrough"), paired(res, "mount", "baseline")
                 line += (
                     f" {med['baseline']:10.1f} {med['baseline'] / med['passthrough']:6.2f} {statistics.median(bp):7.2f}"
+                    f" {statistics.median(mb):7.2f} {min(mb):5.2f}-{max(mb):<5.2f}"
                 )
             print(line, flush=True)
         return 0

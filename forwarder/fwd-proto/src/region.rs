@@ -93,9 +93,17 @@ impl Region {
             return Err(format!("region size {size} outside {}..={MAX_REGION}", HEADER + 1));
         }
         let path = format!("/proc/{pid}/fd/{fd}");
+        // Only a memfd is opened at all: another file of that process (a device, a FIFO, a
+        // file the client may not write) is refused before any open with its side effects.
+        let link = std::fs::read_link(&path).map_err(|e| format!("{path}: {e} (not on this host, or not allowed)"))?;
+        if !link.as_os_str().as_encoded_bytes().starts_with(b"/memfd:") {
+            return Err(format!("{path} is not a memfd ({})", link.display()));
+        }
+        use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
             .open(&path)
             .map_err(|e| format!("open {path}: {e} (not on this host, or not allowed)"))?;
         let owned = OwnedFd::from(file);
@@ -197,6 +205,12 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         f.set_len(3 * 4096).unwrap();
         let e = Region::attach(pid, f.as_raw_fd(), 3 * 4096, [0; 32]).unwrap_err();
+        assert!(e.contains("not a memfd"), "{e}");
+        // A memfd without the seals
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        let unsealed = unsafe { std::fs::File::from_raw_fd(raw) };
+        unsealed.set_len(3 * 4096).unwrap();
+        let e = Region::attach(pid, raw, 3 * 4096, [0; 32]).unwrap_err();
         assert!(e.contains("sealed"), "{e}");
         assert!(Region::attach(pid, 99999, 3 * 4096, [0; 32]).is_err());
         assert!(Region::attach(pid, c.raw_fd(), MAX_REGION + 1, [7; 32]).is_err());
