@@ -20,6 +20,10 @@ alternating the order, and the median is reported, with the median of the per-ro
 ratio is the steadier figure) and their range. Every run starts after `sync` and a drop of
 the page cache (`echo 3 > /proc/sys/vm/drop_caches`), so no column reads what another wrote
 into the cache and writeback of an earlier run does not land in the next one.
+A second table gives the CPU seconds per GiB moved of each FUSE side's own processes
+(pharos-fwd + pharos-mount, or bindfs) in the 1 MiB cases: on a shared, loaded machine the
+steadier measure of what a data path costs (bindfs has one thread, so its throughput suffers
+most when the cores are busy).
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
@@ -139,6 +143,33 @@ def figure(job: dict, how: str) -> float:
     return job["read"]["iops"]
 
 
+def bindfs_pid(mnt: Path) -> int | None:
+    """The pid of the bindfs process serving `mnt` (it daemonizes)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"bindfs") and str(mnt).encode() in argv:
+                return int(d.name)
+    return None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of every thread of `pids` so far (/proc/PID/task/*/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        for t in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                f = t.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15)
+    return total / tick
+
+
 def paired(res: dict[str, list[float]], side: str, ref: str) -> list[float]:
     """Per-round ratios side / ref."""
     return [m / d for m, d in zip(res[side], res[ref], strict=True)]
@@ -236,10 +267,17 @@ def main() -> int:
         direct.mkdir()
         bases = {"mount": start_stack(BIN, root, "", procs)}
         mounts.append(bases["mount"])
+        # The processes whose CPU time a side costs (the direct side: none but fio's own).
+        cpu_pids = {"mount": [p.pid for p in procs[-2:]]}
         if a.baseline_bin is not None:
             bases["baseline"] = start_stack(a.baseline_bin.resolve(), root, "-base", procs)
             mounts.append(bases["baseline"])
+            cpu_pids["baseline"] = [p.pid for p in procs[-2:]]
         bases["passthrough"] = start_passthrough(root, mounts)
+        pt_pid = bindfs_pid(bases["passthrough"])
+        if pt_pid is not None:
+            cpu_pids["passthrough"] = [pt_pid]
+        cpu_table: list[str] = []
         bases["direct"] = direct
         sides = list(bases)
         print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
@@ -258,6 +296,7 @@ def main() -> int:
             if wanted and not any(name.startswith(w) for w in wanted):
                 continue
             res: dict[str, list[float]] = {s: [] for s in sides}
+            cpu: dict[str, list[float]] = {s: [] for s in cpu_pids}
             for r in range(a.rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 if r % 2:
@@ -267,17 +306,19 @@ def main() -> int:
                     drop_caches()
                     if args is None:
                         res[side].append(creates(base))
-                    elif how == "write_bw":
-                        # Fresh files every round: allocation, not overwrite, on both sides.
-                        d = base / f"w{r}"
-                        d.mkdir()
-                        res[side].append(figure(fio(d, *args), how))
+                        continue
+                    # Writes: fresh files every round (allocation, not overwrite, on every side);
+                    # reads share one laid-out file set per side.
+                    d = base / (f"w{r}" if how == "write_bw" else "reads")
+                    d.mkdir(exist_ok=True)
+                    c0 = cpu_seconds(cpu_pids.get(side, []))
+                    job = fio(d, *args)
+                    moved = job["write"]["io_bytes"] + job["read"]["io_bytes"]
+                    if side in cpu and how != "read_iops" and moved:
+                        cpu[side].append((cpu_seconds(cpu_pids[side]) - c0) / (moved / 2**30))
+                    res[side].append(figure(job, how))
+                    if how == "write_bw":
                         shutil.rmtree(d)
-                    else:
-                        # Reads share one laid-out file set per side.
-                        d = base / "reads"
-                        d.mkdir(exist_ok=True)
-                        res[side].append(figure(fio(d, *args), how))
             med = {s: statistics.median(v) for s, v in res.items()}
             pt, dr = paired(res, "mount", "passthrough"), paired(res, "mount", "direct")
             line = (
@@ -292,6 +333,20 @@ def main() -> int:
                     f" {statistics.median(mb):7.2f} {min(mb):5.2f}-{max(mb):<5.2f}"
                 )
             print(line, flush=True)
+            if all(cpu.get(k) for k in ("mount", "passthrough")):
+                cm = {k: statistics.median(v) for k, v in cpu.items() if v}
+                cp = paired(cpu, "mount", "passthrough")
+                row = f"{name:24} {cm['mount']:8.2f} {cm['passthrough']:8.2f} {statistics.median(cp):7.2f}"
+                row += f" {min(cp):5.2f}-{max(cp):<5.2f}"
+                if "baseline" in cm:
+                    row += f" {cm['baseline']:8.2f} {statistics.median(paired(cpu, 'mount', 'baseline')):7.2f}"
+                cpu_table.append(row)
+        if cpu_table:
+            print(
+                "# CPU seconds per GiB moved of the FUSE side's processes (pharos-fwd + pharos-mount; bindfs), medians"
+            )
+            print(f"{'case':24} {'mount':>8} {'passthru':>8} {'m/pt':>7} {'range':>11} {'baseline':>8} {'m/base':>7}")
+            print("\n".join(cpu_table))
         return 0
     finally:
         for p in reversed(procs):
