@@ -543,6 +543,26 @@ mod tests {
         assert_eq!(names(&r, "small", 1), ["fwd0", "fwd1", "fwd2", "fwd3"]);
     }
 
+    /// Slots: bounded, too-large requests get none, a tainted slot is never handed out again.
+    #[test]
+    fn slots_are_bounded_and_tainted_ones_stay_out() {
+        let s = Slots::new(2, 4096).unwrap();
+        assert_eq!(s.get(4097), None);
+        let (a, b) = (s.get(4096).unwrap(), s.get(1).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(s.get(1), None);
+        assert_eq!(s.exhausted.load(Relaxed), 1);
+        assert_eq!(s.offset(a).max(s.offset(b)), region::HEADER + 4096);
+        unsafe { s.bytes(a, 3).copy_from_slice(b"abc") };
+        assert_eq!(unsafe { s.region.slice(s.offset(a), 3).unwrap() }, b"abc");
+        s.taint(b);
+        s.put(b);
+        s.put(a);
+        assert_eq!((s.free_count(), s.tainted_count()), (1, 1));
+        assert_eq!(s.get(1), Some(a));
+        assert_eq!(s.get(1), None);
+    }
+
     #[test]
     fn bad_reservations_are_refused() {
         assert!(rpc(&["fwd9"], 0).err().unwrap().contains("fwd9"));
