@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(HOME)/.local/bin:$(PATH)
 STAMPS := build/.stamps
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev fuse3 libfuse3-dev libcurl4-openssl-dev \
 	fio protobuf-compiler cmake libzstd-dev liblz4-dev libssl-dev util-linux procps prometheus-alertmanager mpich libmpich-dev \
-	slurmctld slurmd slurm-client munge libslurm-dev chromium docker-compose prometheus
+	slurmctld slurmd slurm-client munge libslurm-dev chromium docker-compose prometheus bindfs
 UV := uv
 RUN := $(UV) run --frozen
 

@@ -1,24 +1,35 @@
-"""Forwarding-layer benchmark: the same fio job through pharos-mount and on the backend
-directory directly, side by side in one run.
+"""Forwarding-layer benchmark: the same fio job through pharos-mount, through a plain FUSE
+passthrough and on the backend directory directly, side by side in one run.
 
 Starts one pharos-fwd (8 unlimited targets, --no-kafka: records are produced and counted
 but not shipped) and one pharos-mount on free loopback ports in a tmp dir on the same file
-system as the direct case. Cases (each ≤ 1 GiB of data):
+system as the direct case, and the FUSE passthrough: Debian's bindfs with `-o direct_io`
+(like the mount, no page cache on the FUSE layer; no network hop; without direct_io bindfs,
+a libfuse2 program, sends 4 KiB requests) over a directory of that file system, the floor a
+FUSE client can reach (issue 12, item 1). Cases (each ≤ 1 GiB of data):
 
 * 1 MiB sequential write, 4 jobs × 256 MiB (psync), with and without end_fsync;
 * 1 MiB sequential read of those files;
 * 4 KiB random read IOPS, 4 jobs, 5 s time-based;
 * file creates per second (open O_CREAT|O_EXCL + close, 2 000 files, one thread).
 
-Prints MB/s, IOPS or ops/s of both and their ratio (mount / direct; target ≥ 0.70 for the
-1 MiB cases). Each fio case runs ROUNDS times, rotating and alternating the order, and the median
-is reported, with the median of the per-round ratios (each round's mount and direct runs are
-adjacent, so a noisy neighbour tends to slow both: the paired ratio is the steadier figure) and
-their range. The backend's reads are page-cache hits in both columns.
+Prints MB/s, IOPS or ops/s of each column and the ratios mount / passthrough (target ≥ 0.90
+for the 1 MiB cases) and mount / direct. Each fio case runs ROUNDS times, rotating and
+alternating the order, and the median is reported, with the median of the per-round ratios
+(each round's runs are adjacent, so a noisy neighbour tends to slow all of them: the paired
+ratio is the steadier figure) and their range. Every run starts after `sync` and a drop of
+the page cache (`echo 3 > /proc/sys/vm/drop_caches`), so no column reads what another wrote
+into the cache and writeback of an earlier run does not land in the next one.
+A second table gives the CPU seconds per GiB moved of each FUSE side's own processes
+(pharos-fwd + pharos-mount, or bindfs) in the 1 MiB cases: on a shared, loaded machine the
+steadier measure of what a data path costs (bindfs has one thread, so its throughput suffers
+most when the cores are busy).
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
-(--baseline-bin: a second stack from older binaries in the same rounds, extra columns.)     (root, /dev/fuse, fio)
+(--baseline-bin: a second stack from older binaries in the same rounds, extra columns:
+its ratio to the passthrough and the paired ratio mount / baseline with its range.)
+(root, /dev/fuse, fio, bindfs)
 """
 
 from __future__ import annotations
@@ -67,7 +78,30 @@ def fio(directory: Path, *args: str) -> dict:
 
 
 def drop_caches() -> None:
+    """`sync`, then drop the page cache, dentries and inodes (root)."""
     subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        sys.exit(f"cannot drop the page cache (root needed): {e}")
+
+
+def start_passthrough(root: Path, mounts: list[Path]) -> Path:
+    """bindfs -o direct_io of `root`/pt-src on `root`/pt: the FUSE passthrough column."""
+    exe = shutil.which("bindfs")
+    if exe is None:
+        sys.exit("bindfs not found: apt-get install bindfs (make setup installs it)")
+    src, mnt = root / "pt-src", root / "pt"
+    src.mkdir()
+    mnt.mkdir()
+    subprocess.run([exe, "-o", "direct_io", str(src), str(mnt)], check=True, timeout=30)
+    mounts.append(mnt)
+    end = time.monotonic() + 10
+    while not os.path.ismount(mnt):
+        if time.monotonic() > end:
+            sys.exit(f"bindfs did not mount {mnt}")
+        time.sleep(0.05)
+    return mnt
 
 
 def creates(directory: Path, n: int = 2000) -> float:
@@ -107,6 +141,38 @@ def figure(job: dict, how: str) -> float:
     if how == "read_bw":
         return job["read"]["bw_bytes"] / 1e6
     return job["read"]["iops"]
+
+
+def bindfs_pid(mnt: Path) -> int | None:
+    """The pid of the bindfs process serving `mnt` (it daemonizes)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"bindfs") and str(mnt).encode() in argv:
+                return int(d.name)
+    return None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of every thread of `pids` so far (/proc/PID/task/*/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        for t in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                f = t.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15)
+    return total / tick
+
+
+def paired(res: dict[str, list[float]], side: str, ref: str) -> list[float]:
+    """Per-round ratios side / ref."""
+    return [m / d for m, d in zip(res[side], res[ref], strict=True)]
 
 
 def auth_args(bin_dir: Path, root: Path) -> list[str]:
@@ -201,21 +267,36 @@ def main() -> int:
         direct.mkdir()
         bases = {"mount": start_stack(BIN, root, "", procs)}
         mounts.append(bases["mount"])
+        # The processes whose CPU time a side costs (the direct side: none but fio's own).
+        cpu_pids = {"mount": [p.pid for p in procs[-2:]]}
         if a.baseline_bin is not None:
             bases["baseline"] = start_stack(a.baseline_bin.resolve(), root, "-base", procs)
             mounts.append(bases["baseline"])
+            cpu_pids["baseline"] = [p.pid for p in procs[-2:]]
+        bases["passthrough"] = start_passthrough(root, mounts)
+        pt_pid = bindfs_pid(bases["passthrough"])
+        if pt_pid is not None:
+            cpu_pids["passthrough"] = [pt_pid]
+        cpu_table: list[str] = []
         bases["direct"] = direct
         sides = list(bases)
         print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
-        head = f"{'case':24} {'unit':6} {'mount':>10} {'direct':>10} {'ratio':>7} {'paired':>7} {'range':>11}"
+        print("# m/pt: mount / passthrough (bindfs -o direct_io), paired = median of per-round ratios")
         if "baseline" in bases:
-            head += f" {'baseline':>10} {'b.ratio':>7}"
+            print("# baseline: the --baseline-bin stack; m/base: mount / baseline, paired, and its range")
+        head = (
+            f"{'case':24} {'unit':6} {'mount':>10} {'passthru':>10} {'direct':>10} {'m/pt':>6} {'paired':>7} "
+            f"{'range':>11} {'m/direct':>8} {'paired':>7} {'range':>11}"
+        )
+        if "baseline" in bases:
+            head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7} {'m/base':>7} {'range':>11}"
         print(head)
         wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
         for name, unit, args, how in CASES:
             if wanted and not any(name.startswith(w) for w in wanted):
                 continue
             res: dict[str, list[float]] = {s: [] for s in sides}
+            cpu: dict[str, list[float]] = {s: [] for s in cpu_pids}
             for r in range(a.rounds):
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 if r % 2:
@@ -225,26 +306,47 @@ def main() -> int:
                     drop_caches()
                     if args is None:
                         res[side].append(creates(base))
-                    elif how == "write_bw":
-                        # Fresh files every round: allocation, not overwrite, on both sides.
-                        d = base / f"w{r}"
-                        d.mkdir()
-                        res[side].append(figure(fio(d, *args), how))
+                        continue
+                    # Writes: fresh files every round (allocation, not overwrite, on every side);
+                    # reads share one laid-out file set per side.
+                    d = base / (f"w{r}" if how == "write_bw" else "reads")
+                    d.mkdir(exist_ok=True)
+                    c0 = cpu_seconds(cpu_pids.get(side, []))
+                    job = fio(d, *args)
+                    moved = job["write"]["io_bytes"] + job["read"]["io_bytes"]
+                    if side in cpu and how != "read_iops" and moved:
+                        cpu[side].append((cpu_seconds(cpu_pids[side]) - c0) / (moved / 2**30))
+                    res[side].append(figure(job, how))
+                    if how == "write_bw":
                         shutil.rmtree(d)
-                    else:
-                        # Reads share one laid-out file set per side.
-                        d = base / "reads"
-                        d.mkdir(exist_ok=True)
-                        res[side].append(figure(fio(d, *args), how))
             med = {s: statistics.median(v) for s, v in res.items()}
-            paired = [m / d for m, d in zip(res["mount"], res["direct"], strict=True)]
+            pt, dr = paired(res, "mount", "passthrough"), paired(res, "mount", "direct")
             line = (
-                f"{name:24} {unit:6} {med['mount']:10.1f} {med['direct']:10.1f} {med['mount'] / med['direct']:7.2f} "
-                f"{statistics.median(paired):7.2f} {min(paired):5.2f}-{max(paired):<5.2f}"
+                f"{name:24} {unit:6} {med['mount']:10.1f} {med['passthrough']:10.1f} {med['direct']:10.1f} "
+                f"{med['mount'] / med['passthrough']:6.2f} {statistics.median(pt):7.2f} {min(pt):5.2f}-{max(pt):<5.2f} "
+                f"{med['mount'] / med['direct']:8.2f} {statistics.median(dr):7.2f} {min(dr):5.2f}-{max(dr):<5.2f}"
             )
             if "baseline" in med:
-                line += f" {med['baseline']:10.1f} {med['baseline'] / med['direct']:7.2f}"
+                bp, mb = paired(res, "baseline", "passthrough"), paired(res, "mount", "baseline")
+                line += (
+                    f" {med['baseline']:10.1f} {med['baseline'] / med['passthrough']:6.2f} {statistics.median(bp):7.2f}"
+                    f" {statistics.median(mb):7.2f} {min(mb):5.2f}-{max(mb):<5.2f}"
+                )
             print(line, flush=True)
+            if all(cpu.get(k) for k in ("mount", "passthrough")):
+                cm = {k: statistics.median(v) for k, v in cpu.items() if v}
+                cp = paired(cpu, "mount", "passthrough")
+                row = f"{name:24} {cm['mount']:8.2f} {cm['passthrough']:8.2f} {statistics.median(cp):7.2f}"
+                row += f" {min(cp):5.2f}-{max(cp):<5.2f}"
+                if "baseline" in cm:
+                    row += f" {cm['baseline']:8.2f} {statistics.median(paired(cpu, 'mount', 'baseline')):7.2f}"
+                cpu_table.append(row)
+        if cpu_table:
+            print(
+                "# CPU seconds per GiB moved of the FUSE side's processes (pharos-fwd + pharos-mount; bindfs), medians"
+            )
+            print(f"{'case':24} {'mount':>8} {'passthru':>8} {'m/pt':>7} {'range':>11} {'baseline':>8} {'m/base':>7}")
+            print("\n".join(cpu_table))
         return 0
     finally:
         for p in reversed(procs):

@@ -47,6 +47,7 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 pub mod auth;
+pub mod region;
 
 /// Protocol version carried in every frame.
 pub const VERSION: u8 = 5;
@@ -362,6 +363,37 @@ pub enum Op {
         nonce: [u8; 32],
         proof: [u8; 32],
     },
+    // v5, later (appended): the shared-memory data path (issue 12, item 1)
+    /// Attach this connection to the client's shared-memory data region, when client and
+    /// daemon share a host: a sealed memfd (`F_SEAL_SHRINK | F_SEAL_GROW`, so the daemon's
+    /// mapping can never fault with SIGBUS) of `size` bytes, fd `fd` of process `pid`,
+    /// opened by the daemon through `/proc/<pid>/fd/<fd>`; its first 32 bytes hold `nonce`
+    /// (proof that the region is the one this client means, and that it is on this host).
+    /// Answer `Ok`, or an error (then the client sends its data on the connection).
+    ShmAttach {
+        pid: u32,
+        fd: i32,
+        size: u64,
+        nonce: [u8; 32],
+    },
+    /// [`Op::Write`] whose `len` data bytes are at `slot` (a byte offset) of the attached
+    /// region instead of the frame: the daemon writes them to the objects from there.
+    WriteShm {
+        path: String,
+        cap: Cap,
+        offset: u64,
+        slot: u64,
+        len: u32,
+    },
+    /// [`Op::Read`] whose data the daemon reads into the attached region at `slot` (a byte
+    /// offset, room for `size` bytes); the reply is [`Body::ShmData`].
+    ReadShm {
+        path: String,
+        cap: Cap,
+        offset: u64,
+        size: u32,
+        slot: u64,
+    },
 }
 
 impl Op {
@@ -390,6 +422,9 @@ impl Op {
             Op::Mknod { .. } => "mknod",
             Op::KillSuidgid { .. } => "kill_suidgid",
             Op::Auth { .. } => "auth",
+            Op::ShmAttach { .. } => "shm_attach",
+            Op::WriteShm { .. } => "write",
+            Op::ReadShm { .. } => "read",
         }
     }
 
@@ -464,6 +499,10 @@ pub enum Body {
     /// v5: the answer to [`Op::Auth`]: `HMAC(k_conn, "server" | daemon's nonce | client's nonce)`.
     Authed {
         proof: [u8; 32],
+    },
+    /// The answer to [`Op::ReadShm`]: `len` bytes were read into the request's slot.
+    ShmData {
+        len: u32,
     },
 }
 
@@ -632,6 +671,20 @@ pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> i
 pub fn write_msg<T: Serialize + Payload>(w: &mut impl Write, msg: &T) -> io::Result<()> {
     let hdr = header(msg)?;
     let data = msg.data();
+    if 1 + 4 + hdr.len() + data.len() > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than MAX_FRAME"));
+    }
+    let p = prefix(hdr.len(), data.len());
+    write_all_vectored(w, &mut [IoSlice::new(&p), IoSlice::new(&hdr), IoSlice::new(data)])
+}
+
+/// Writes one frame of `msg` (whose own data segment is empty) with `data` as its data
+/// segment, from the caller's buffer (e.g. a shared-memory slot: no copy into a `Vec`).
+pub fn write_msg_data<T: Serialize + Payload>(w: &mut impl Write, msg: &T, data: &[u8]) -> io::Result<()> {
+    let hdr = header(msg)?;
+    if !msg.data().is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message has its own data segment"));
+    }
     if 1 + 4 + hdr.len() + data.len() > MAX_FRAME {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than MAX_FRAME"));
     }
@@ -1026,6 +1079,31 @@ mod tests {
         assert_eq!(decode::<Request>(&mut f).unwrap(), req(Op::Ping));
         read_frame_into(&mut Cursor::new(&frame), &mut f).unwrap();
         assert_eq!(decode::<Request>(&mut f).unwrap(), r);
+    }
+
+    /// A write whose data comes from the caller's buffer (a shared-memory slot sent on a
+    /// connection without the region) is the same frame as one carrying its own data; the
+    /// shared-memory requests round-trip.
+    #[test]
+    fn data_from_a_foreign_buffer_and_shm_requests() {
+        let l = cap(Layout::striped(1, 1 << 20, vec![0]), OpenHandle::default());
+        let own = req(Op::Write { path: "f".into(), cap: l.clone(), offset: 8, data: b"slot bytes".to_vec() });
+        let empty = req(Op::Write { path: "f".into(), cap: l.clone(), offset: 8, data: Vec::new() });
+        let mut a = Vec::new();
+        write_msg_data(&mut a, &empty, b"slot bytes").unwrap();
+        assert_eq!(a, encode(&own));
+        assert!(write_msg_data(&mut Vec::new(), &own, b"x").is_err(), "a message with its own data");
+        for op in [
+            Op::ShmAttach { pid: 1, fd: 3, size: 1 << 20, nonce: [9; 32] },
+            Op::WriteShm { path: "f".into(), cap: l.clone(), offset: 1, slot: 4096, len: 7 },
+            Op::ReadShm { path: "f".into(), cap: l.clone(), offset: 1, size: 7, slot: 4096 },
+        ] {
+            let r = req(op);
+            assert_eq!(read_msg::<Request>(&mut Cursor::new(encode(&r))).unwrap(), r);
+            assert!(r.op.idempotent());
+        }
+        let rep = Reply { id: 3, body: Ok(Body::ShmData { len: 7 }) };
+        assert_eq!(read_msg::<Reply>(&mut Cursor::new(encode(&rep))).unwrap(), rep);
     }
 
     #[test]

@@ -232,6 +232,13 @@ impl Collector for FwdCollector {
             "Data buffers allocated because the pool was empty",
             n(c.buffer_pool_misses),
         )?;
+        family(
+            e,
+            "pharos_fwd_shm",
+            "Shared-memory data path: connections attached, attaches refused, data requests served through a region",
+            "what",
+            &[("attaches", n(c.shm_attaches)), ("refusals", n(c.shm_refusals)), ("requests", n(c.shm_requests))],
+        )?;
         single(e, "pharos_fwd_records_produced", "Per-request records made (one per served request)", n(r.produced))?;
         single(e, "pharos_fwd_records_sent", "Records Kafka acknowledged", n(r.records_sent))?;
         family(

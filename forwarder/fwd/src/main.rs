@@ -68,6 +68,10 @@ struct Cli {
     /// Connections served at once.
     #[arg(long, env = "PHAROS_FWD_MAX_CONNS", default_value_t = 512)]
     max_conns: u32,
+    /// Accept the shared-memory data region of a mount on the same host (issue 12, item 1):
+    /// its data then moves through a sealed memfd instead of the socket.
+    #[arg(long, env = "PHAROS_FWD_SHM_DATA", default_value_t = true, action = clap::ArgAction::Set)]
+    shm_data: bool,
     /// Kafka bootstrap servers.
     #[arg(long, env = "PHAROS_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:19092")]
     brokers: String,
@@ -191,6 +195,7 @@ fn run(cli: Cli) -> Result<(), String> {
     let records = Arc::new(RecordSink::new(sink));
     let mut shipper = MetricsShipper::new(brokers, &cli.metrics_topic, &format!("{producer_id}-metrics"), &host)?;
     let cfg = Config {
+        shm_data: cli.shm_data,
         node_name: cli.node_name.clone(),
         workers: cli.workers.max(1),
         weights: [weights[0], weights[1], weights[2]],

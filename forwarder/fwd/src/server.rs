@@ -25,6 +25,11 @@
 //!   of a single-target file goes page cache → socket with `sendfile(2)` after the reply
 //!   header; other reads fill a pooled buffer sent with one vectored write after the
 //!   header. Buffers go back to the pool, so steady-state large I/O allocates nothing.
+//! * **Shared-memory data path** (issue 12, item 1; [`pharos_fwd_proto::region`]): a client on
+//!   the same host attaches its sealed memfd region to the connection (`ShmAttach`, handled
+//!   by the decoder, `--shm-data`); its `WriteShm`/`ReadShm` requests carry a slot of that
+//!   region instead of a data segment: the worker writes the objects straight from the slot,
+//!   or reads them straight into it, and no data crosses the socket.
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -32,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::auth::{self, SiteKey};
+use pharos_fwd_proto::region::Region;
 use pharos_fwd_proto::{self as proto, errno, Body, Cap, FrameError, Op, Reply, Request, WireError};
 use pharos_wire::{FileType, IoRecord, Layer};
 use serde::Serialize;
@@ -66,6 +72,8 @@ pub struct Config {
     pub key: SiteKey,
     /// Masters, queue kind and scheduler (issue 12, items 2 and 5; [`crate::raas`]).
     pub threads: ThreadsConfig,
+    /// Accept clients' shared-memory data regions (`ShmAttach`; `--shm-data`).
+    pub shm_data: bool,
 }
 
 /// Time a new connection has to complete the handshake.
@@ -86,6 +94,12 @@ pub struct Counters {
     pub bytes_written: AtomicU64,
     /// Replies that could not be sent (the connection is then closed: the client replays).
     pub reply_failures: AtomicU64,
+    /// Connections attached to a client's shared-memory data region.
+    pub shm_attaches: AtomicU64,
+    /// `ShmAttach` requests refused (off, another host, bad region).
+    pub shm_refusals: AtomicU64,
+    /// Data requests served through a shared-memory region.
+    pub shm_requests: AtomicU64,
     /// Replies too large for a frame, answered with an `EMSGSIZE` error instead.
     pub oversized_replies: AtomicU64,
     /// Requests whose execution panicked (answered `EIO`; the worker goes on).
@@ -116,10 +130,15 @@ pub struct CountersView {
     pub queued: [usize; 3],
     /// Data buffers allocated because the pool was empty.
     pub buffer_pool_misses: u64,
+    pub shm_attaches: u64,
+    pub shm_refusals: u64,
+    pub shm_requests: u64,
 }
 
 pub(crate) struct Conn {
     w: Mutex<TcpStream>,
+    /// The client's shared-memory data region, once attached.
+    shm: std::sync::OnceLock<Region>,
 }
 
 /// A connection's decoding state: the reply half, the buffered reader, the frame buffer.
@@ -224,6 +243,10 @@ impl BufPool {
             Vec::new()
         })
     }
+    /// A pooled buffer, or an empty (unallocated) one without counting a miss.
+    pub fn take(&self) -> Vec<u8> {
+        self.bufs.lock().unwrap().pop().unwrap_or_default()
+    }
     pub fn put(&self, b: Vec<u8>) {
         if b.capacity() < 4096 || b.capacity() > proto::MAX_FRAME {
             return;
@@ -242,6 +265,9 @@ pub(crate) struct Work {
     arrival: Instant,
     /// Target whose queue depth counts this request.
     target: Option<u32>,
+    /// A `WriteShm`/`ReadShm` (decoded into `Write`/`Read`): the slot's offset in the
+    /// connection's region and the write's length or the read's size.
+    shm: Option<(u64, u32)>,
 }
 
 pub struct Server {
@@ -265,10 +291,15 @@ fn fault_panic_path() -> Option<&'static str> {
     P.get_or_init(|| std::env::var("PHAROS_FWD_FAULT_PANIC_PATH").ok().filter(|p| !p.is_empty())).as_deref()
 }
 
-fn classify(op: &Op, small_max: u64) -> Class {
+/// Bytes a write carries: its data segment, or its shared-memory slot's length.
+fn write_len(data: &[u8], shm: Option<(u64, u32)>) -> u64 {
+    shm.map(|(_, n)| n as u64).unwrap_or(data.len() as u64)
+}
+
+fn classify(op: &Op, shm: Option<(u64, u32)>, small_max: u64) -> Class {
     match op {
         Op::Read { size, .. } if *size as u64 <= small_max => Class::Small,
-        Op::Write { data, .. } if data.len() as u64 <= small_max => Class::Small,
+        Op::Write { data, .. } if write_len(data, shm) <= small_max => Class::Small,
         Op::Read { .. } | Op::Write { .. } => Class::Large,
         _ => Class::Meta,
     }
@@ -312,6 +343,9 @@ impl Server {
             cap_refusals: c.cap_refusals.load(Relaxed),
             queued: [self.queues.len(0), self.queues.len(1), self.queues.len(2)],
             buffer_pool_misses: self.bufs.misses.load(Relaxed),
+            shm_attaches: c.shm_attaches.load(Relaxed),
+            shm_refusals: c.shm_refusals.load(Relaxed),
+            shm_requests: c.shm_requests.load(Relaxed),
         }
     }
 
@@ -404,7 +438,7 @@ impl Server {
     /// Runs the handshake on a new connection; its decoding state, or `None` (refused, closed).
     pub(crate) fn open_conn(&self, stream: TcpStream) -> Option<ConnIn> {
         let w = stream.try_clone().ok()?;
-        let conn = Arc::new(Conn { w: Mutex::new(w) });
+        let conn = Arc::new(Conn { w: Mutex::new(w), shm: std::sync::OnceLock::new() });
         let mut r = BufReader::with_capacity(16 << 10, stream);
         let mut frame = proto::Frame::default();
         if let Err(why) = self.handshake(&conn, &mut r, &mut frame) {
@@ -422,7 +456,8 @@ impl Server {
         // One request per call (the block is the body of the former per-connection loop).
         {
             if frame.data.capacity() == 0 {
-                frame.data = self.bufs.get();
+                // With a region attached most frames carry no data: an empty pool is no miss.
+                frame.data = if conn.shm.get().is_some() { self.bufs.take() } else { self.bufs.get() };
             }
             match proto::read_frame_into(r, frame) {
                 Ok(()) => {}
@@ -439,7 +474,7 @@ impl Server {
                     return false;
                 }
             };
-            let req: Request = match proto::decode(frame) {
+            let mut req: Request = match proto::decode(frame) {
                 Ok(r) => r,
                 Err(e) => {
                     self.counters.bad_frames.fetch_add(1, Relaxed);
@@ -452,6 +487,19 @@ impl Server {
                 conn.reply(&Reply::err(0, errno::EPROTO, "request id 0 is reserved"), &self.counters);
                 return true;
             }
+            if let Op::ShmAttach { pid, fd, size, nonce } = req.op {
+                let body = self.shm_attach(conn, pid, fd, size, nonce);
+                conn.reply(&Reply { id: req.id, body }, &self.counters);
+                return true;
+            }
+            let shm = match self.unwrap_shm(conn, &mut req.op) {
+                Ok(shm) => shm,
+                Err(e) => {
+                    self.counters.bad_frames.fetch_add(1, Relaxed);
+                    conn.reply(&Reply { id: req.id, body: Err(e) }, &self.counters);
+                    return true;
+                }
+            };
             if let Err(e) = self.authorize(&req.op) {
                 self.counters.cap_refusals.fetch_add(1, Relaxed);
                 log::warn!("{} request {} refused: {}", req.op.name(), req.id, e.msg);
@@ -461,7 +509,7 @@ impl Server {
                 }
                 return true;
             }
-            let class = classify(&req.op, self.cfg.small_max);
+            let class = classify(&req.op, shm, self.cfg.small_max);
             // Target of the first byte (a progressive component not placed yet: none).
             let target = match &req.op {
                 Op::Read { cap, offset, .. } | Op::Write { cap, offset, .. } => {
@@ -472,9 +520,61 @@ impl Server {
             if let Some(t) = target {
                 self.stats.queued(t, 1);
             }
-            let work = Work { req, conn: conn.clone(), arrival_ns: wall_ns(), arrival: Instant::now(), target };
+            let work = Work { req, conn: conn.clone(), arrival_ns: wall_ns(), arrival: Instant::now(), target, shm };
             self.queues.push(class as usize, work).is_ok()
         }
+    }
+
+    /// `ShmAttach`: maps the client's region ([`Region::attach`]) for this connection.
+    fn shm_attach(&self, conn: &Conn, pid: u32, fd: i32, size: u64, nonce: [u8; 32]) -> Result<Body, WireError> {
+        let refuse = |errno: i32, msg: String| {
+            self.counters.shm_refusals.fetch_add(1, Relaxed);
+            Err(WireError { errno, msg })
+        };
+        if !self.cfg.shm_data {
+            return refuse(errno::ENOSYS, "shared-memory data path off (--shm-data false)".into());
+        }
+        if conn.shm.get().is_some() {
+            return refuse(errno::EINVAL, "a region is already attached".into());
+        }
+        match Region::attach(pid, fd, size, nonce) {
+            Ok(r) => {
+                let _ = conn.shm.set(r);
+                self.counters.shm_attaches.fetch_add(1, Relaxed);
+                Ok(Body::Ok)
+            }
+            Err(e) => {
+                log::info!("shared-memory region not attached: {e}");
+                refuse(errno::EINVAL, e)
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn conn_region<'a>(&self, conn: &'a Conn) -> &'a Region {
+        conn.shm.get().expect("attached")
+    }
+
+    /// Turns a `WriteShm`/`ReadShm` into the `Write`/`Read` it stands for and returns its
+    /// slot (checked against the connection's region: inside it, ≤ `MAX_IO`).
+    fn unwrap_shm(&self, conn: &Conn, op: &mut Op) -> Result<Option<(u64, u32)>, WireError> {
+        let (slot, n) = match op {
+            Op::WriteShm { slot, len, .. } => (*slot, *len),
+            Op::ReadShm { slot, size, .. } => (*slot, *size),
+            _ => return Ok(None),
+        };
+        let bad = |msg: &str| Err(WireError { errno: errno::EPROTO, msg: msg.into() });
+        let Some(region) = conn.shm.get() else { return bad("no shared-memory region attached") };
+        if n as usize > proto::MAX_IO || unsafe { region.slice(slot, n as usize) }.is_none() {
+            return bad("shared-memory slot outside the region or larger than MAX_IO");
+        }
+        let taken = std::mem::replace(op, Op::Ping);
+        *op = match taken {
+            Op::WriteShm { path, cap, offset, .. } => Op::Write { path, cap, offset, data: Vec::new() },
+            Op::ReadShm { path, cap, offset, size, .. } => Op::Read { path, cap, offset, size },
+            other => other,
+        };
+        Ok(Some((slot, n)))
     }
 
     /// The daemon's half of the handshake ([`pharos_fwd_proto::auth`]): sends the challenge,
@@ -532,6 +632,10 @@ impl Server {
             Op::Write { cap, .. } | Op::KillSuidgid { cap, .. } => (cap, Cap::WRITE),
             Op::Fsync { cap, .. } | Op::Release { cap, .. } | Op::Setattr { fd: Some(cap), .. } => (cap, 0),
             Op::Auth { .. } => return Err(WireError { errno: errno::EPROTO, msg: "already authenticated".into() }),
+            // Decoded into Write/Read before this check (unwrap_shm); never reaches it.
+            Op::ShmAttach { .. } | Op::WriteShm { .. } | Op::ReadShm { .. } => {
+                return Err(WireError { errno: errno::EPROTO, msg: "unexpected shared-memory request".into() })
+            }
             _ => return Ok(()),
         };
         if !self.cfg.key.verify(cap) {
@@ -572,7 +676,9 @@ impl Server {
             // Large single-target reads go page cache → socket with sendfile(2); small ones
             // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
             let mut span = None;
+            let region = work.shm.and_then(|(slot, n)| work.conn.shm.get().map(|r| (r, slot, n)));
             let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &work.req.op {
+                _ if region.is_some() => self.execute(&work.req, &mut info, region),
                 Op::Read { cap, offset, size, .. }
                     if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
                 {
@@ -581,11 +687,11 @@ impl Server {
                             span = Some(s);
                             Ok(Body::Data { data: Vec::new() })
                         }
-                        Ok(None) => self.execute(&work.req, &mut info),
+                        Ok(None) => self.execute(&work.req, &mut info, None),
                         Err(e) => Err(e),
                     }
                 }
-                _ => self.execute(&work.req, &mut info),
+                _ => self.execute(&work.req, &mut info, None),
             }))
             .unwrap_or_else(|p| {
                 let what = p
@@ -603,12 +709,13 @@ impl Server {
                     (span.as_ref().unwrap().len as i64, *size as u64)
                 }
                 (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
-                (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, data.len() as u64),
+                (Ok(Body::ShmData { len }), Op::Read { size, .. }) => (*len as i64, *size as u64),
+                (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, write_len(data, work.shm)),
                 (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
-                (Ok(_), Op::Write { data, .. }) => (0, data.len() as u64),
+                (Ok(_), Op::Write { data, .. }) => (0, write_len(data, work.shm)),
                 (Ok(_), _) => (0, 0),
                 (Err(e), Op::Read { size, .. }) => (-(e.errno as i64), *size as u64),
-                (Err(e), Op::Write { data, .. }) => (-(e.errno as i64), data.len() as u64),
+                (Err(e), Op::Write { data, .. }) => (-(e.errno as i64), write_len(data, work.shm)),
                 (Err(e), _) => (-(e.errno as i64), 0),
             };
             let reply = Reply { id: work.req.id, body };
@@ -629,6 +736,9 @@ impl Server {
                 self.bufs.put(data);
             }
             self.counters.served[class as usize].fetch_add(1, Relaxed);
+            if work.shm.is_some() {
+                self.counters.shm_requests.fetch_add(1, Relaxed);
+            }
             if result < 0 {
                 self.counters.errors.fetch_add(1, Relaxed);
             }
@@ -679,7 +789,11 @@ impl Server {
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
-            Op::Statfs | Op::Ping | Op::Auth { .. } => (WOp::Unspecified, "", 0, FileType::Unspecified),
+            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } => {
+                (WOp::Unspecified, "", 0, FileType::Unspecified)
+            }
+            Op::WriteShm { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
+            Op::ReadShm { path, offset, .. } => (WOp::Pread, path.as_str(), *offset, FileType::Regular),
         };
         let mut abs = String::with_capacity(path.len() + 1);
         if !path.starts_with('/') {
@@ -717,7 +831,14 @@ impl Server {
         }
     }
 
-    fn execute(&self, req: &Request, info: &mut IoInfo) -> Result<Body, proto::WireError> {
+    /// Executes `req`; `shm`: its data is in (write) or goes to (read) that region's slot
+    /// (offset, length or size), checked by [`Server::unwrap_shm`].
+    fn execute(
+        &self,
+        req: &Request,
+        info: &mut IoInfo,
+        shm: Option<(&Region, u64, u32)>,
+    ) -> Result<Body, proto::WireError> {
         let b = &self.backend;
         let c = &req.ctx;
         Ok(match &req.op {
@@ -776,6 +897,27 @@ impl Server {
                 Body::Ok
             }
             Op::Auth { .. } => return Err(WireError { errno: errno::EPROTO, msg: "already authenticated".into() }),
+            Op::ShmAttach { .. } | Op::WriteShm { .. } | Op::ReadShm { .. } => {
+                return Err(WireError { errno: errno::EPROTO, msg: "unexpected shared-memory request".into() })
+            }
+            Op::Read { cap, offset, size, .. } if shm.is_some() => {
+                let (region, slot, _) = shm.unwrap();
+                // SAFETY: the client gave this slot to this request until the reply (region.rs).
+                let dst = unsafe { region.slice_mut(slot, *size as usize) }.ok_or_else(|| WireError {
+                    errno: errno::EPROTO,
+                    msg: "shared-memory slot outside the region".into(),
+                })?;
+                Body::ShmData { len: b.read_into_slice(&cap.layout, *offset, info, dst)? as u32 }
+            }
+            Op::Write { cap, offset, .. } if shm.is_some() => {
+                let (region, slot, len) = shm.unwrap();
+                // SAFETY: as above; the client does not touch the slot until the reply.
+                let src = unsafe { region.slice(slot, len as usize) }.ok_or_else(|| WireError {
+                    errno: errno::EPROTO,
+                    msg: "shared-memory slot outside the region".into(),
+                })?;
+                Body::Written(b.write(&cap.layout, cap.handle, *offset, src, info)?)
+            }
             Op::Read { cap, offset, size, .. } => {
                 if *size as usize > proto::MAX_IO {
                     return Err(proto::WireError { errno: errno::EINVAL, msg: "read larger than MAX_IO".into() });
@@ -807,6 +949,10 @@ mod tests {
     use pharos_fwd_proto::{Layout, OpenHandle};
 
     fn server(key: &[u8]) -> (tempfile::TempDir, Arc<Server>) {
+        server_shm(key, true)
+    }
+
+    fn server_shm(key: &[u8], shm_data: bool) -> (tempfile::TempDir, Arc<Server>) {
         let d = tempfile::tempdir().unwrap();
         let ts: Vec<(String, std::path::PathBuf)> =
             (0..2).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
@@ -820,6 +966,7 @@ mod tests {
             max_conns: 4,
             key: SiteKey::new(key),
             threads: Default::default(),
+            shm_data,
         };
         (d, Server::new(cfg, Arc::new(backend), Arc::new(RecordSink::new(None))))
     }
@@ -858,5 +1005,60 @@ mod tests {
         assert!(s.authorize(&Op::Setattr { path: "f".into(), set: Default::default(), fd: None }).is_ok());
         assert!(s.authorize(&Op::Lookup { path: "f".into() }).is_ok());
         assert_eq!(s.authorize(&Op::Auth { nonce: [0; 32], proof: [0; 32] }).unwrap_err().errno, errno::EPROTO);
+    }
+
+    /// The shared-memory data path (issue 12, item 1): an attach is refused when off, on a
+    /// region that is not the client's, and twice; WriteShm/ReadShm need an attached region
+    /// and a slot inside it, and become the Write/Read they stand for, with their capability
+    /// checked as usual; a write from a slot and a read into one move the bytes.
+    #[test]
+    fn shared_memory_requests_are_bounded_and_checked() {
+        let (_d, s) = server(&[7; 32]);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let conn = Conn { w: Mutex::new(c), shm: std::sync::OnceLock::new() };
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
+        let (_, lay, h) = s.backend.create("f", 0o644, flags, 1, &Default::default()).unwrap();
+        let cap = s.cfg.key.sign(lay, h, Cap::READ | Cap::WRITE);
+        let wshm = |slot: u64, len: u32| Op::WriteShm { path: "f".into(), cap: cap.clone(), offset: 0, slot, len };
+        let head = pharos_fwd_proto::region::HEADER;
+        // No region yet: refused.
+        assert_eq!(s.unwrap_shm(&conn, &mut wshm(head, 3)).unwrap_err().errno, errno::EPROTO);
+        let region = Region::create(2, 1 << 20, [5; 32]).unwrap();
+        let pid = std::process::id();
+        let size = region.len() as u64;
+        let (fd, nonce) = (region.raw_fd(), region.nonce());
+        assert!(s.shm_attach(&conn, pid, fd, size, [6; 32]).is_err(), "wrong nonce");
+        let (_d2, off) = server_shm(&[7; 32], false);
+        assert_eq!(off.shm_attach(&conn, pid, fd, size, nonce).unwrap_err().errno, errno::ENOSYS);
+        assert_eq!(s.shm_attach(&conn, pid, fd, size, nonce).unwrap(), Body::Ok);
+        assert!(s.shm_attach(&conn, pid, fd, size, nonce).is_err(), "attached twice");
+        assert_eq!(s.counters.shm_attaches.load(Relaxed), 1);
+        // Slots outside the region, in its header, or larger than MAX_IO.
+        for (slot, len) in [(0, 3), (size - 2, 3), (u64::MAX - 1, 3), (head, proto::MAX_IO as u32 + 1)] {
+            assert_eq!(s.unwrap_shm(&conn, &mut wshm(slot, len)).unwrap_err().errno, errno::EPROTO, "{slot} {len}");
+        }
+        let mut op = wshm(head + (1 << 20), 5);
+        assert_eq!(s.unwrap_shm(&conn, &mut op).unwrap(), Some((head + (1 << 20), 5)));
+        assert!(matches!(&op, Op::Write { data, offset: 0, .. } if data.is_empty()));
+        assert!(s.authorize(&op).is_ok());
+        assert_eq!(classify(&op, Some((0, 1 << 20)), 65536), Class::Large);
+        // The bytes: written from the slot, read back into the other one.
+        unsafe { region.slice_mut(head + (1 << 20), 5).unwrap().copy_from_slice(b"hello") };
+        let r = s.conn_region(&conn);
+        let w = Request { id: 1, ctx: Default::default(), op };
+        let mut info = IoInfo::default();
+        assert_eq!(s.execute(&w, &mut info, Some((r, head + (1 << 20), 5))).unwrap(), Body::Written(5));
+        let mut op = Op::ReadShm { path: "f".into(), cap: cap.clone(), offset: 1, size: 100, slot: head };
+        assert_eq!(s.unwrap_shm(&conn, &mut op).unwrap(), Some((head, 100)));
+        let rd = Request { id: 2, ctx: Default::default(), op };
+        assert_eq!(s.execute(&rd, &mut info, Some((r, head, 100))).unwrap(), Body::ShmData { len: 4 });
+        assert_eq!(unsafe { region.slice(head, 4).unwrap() }, b"ello");
+        // A forged capability is still refused after the conversion.
+        let mut forged = cap.clone();
+        forged.layout.oid ^= 1;
+        let mut op = Op::ReadShm { path: "f".into(), cap: forged, offset: 0, size: 1, slot: head };
+        s.unwrap_shm(&conn, &mut op).unwrap();
+        assert_eq!(s.authorize(&op).unwrap_err().errno, errno::EACCES);
     }
 }

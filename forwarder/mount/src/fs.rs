@@ -571,13 +571,23 @@ impl Filesystem for PharosFs {
             return reply.error(errno::EINVAL);
         }
         self.spawn(move |sh, c| {
-            match sh.rpc.call(c, &ctx, Op::Read { path, cap: f.cap.clone(), offset: offset as u64, size }) {
+            let slot = sh.rpc.shm.as_ref().and_then(|s| s.get(size as usize)).map(|s| (s, size));
+            let op = Op::Read { path, cap: f.cap.clone(), offset: offset as u64, size };
+            match sh.rpc.call_slot(c, &ctx, op, slot) {
                 Ok(Body::Data { data }) => {
                     reply.data(&data);
                     sh.rpc.bufs.put(data);
                 }
+                Ok(Body::ShmData { len }) if slot.is_some() && len <= size => {
+                    // SAFETY: the slot is ours until put back; the daemon is done with it.
+                    let slots = sh.rpc.shm.as_ref().unwrap();
+                    reply.data(unsafe { slots.bytes(slot.unwrap().0, len as usize) });
+                }
                 Ok(_) => reply.error(errno::EIO),
                 Err(e) => reply.error(e),
+            }
+            if let (Some((s, _)), Some(slots)) = (slot, &sh.rpc.shm) {
+                slots.put(s);
             }
         });
     }
@@ -600,11 +610,22 @@ impl Filesystem for PharosFs {
         if offset < 0 {
             return reply.error(errno::EINVAL);
         }
-        // One copy out of the session's buffer into a pooled one (no allocation, no faults).
-        let mut buf = self.sh.rpc.bufs.get();
-        buf.clear();
-        buf.extend_from_slice(data);
-        let data = buf;
+        // One copy out of the session's buffer: into a slot of the shared-memory region (the
+        // daemon writes the objects from there), else into a pooled buffer (no allocation).
+        let slot = self.sh.rpc.shm.as_ref().and_then(|s| s.get(data.len())).map(|s| (s, data.len() as u32));
+        let data = match (slot, &self.sh.rpc.shm) {
+            (Some((s, len)), Some(slots)) => {
+                // SAFETY: the slot was just taken from the free list: only this request has it.
+                unsafe { slots.bytes(s, len as usize) }.copy_from_slice(data);
+                Vec::new()
+            }
+            _ => {
+                let mut buf = self.sh.rpc.bufs.get();
+                buf.clear();
+                buf.extend_from_slice(data);
+                buf
+            }
+        };
         // A writer without CAP_FSETID clears setuid/setgid (Linux's file_remove_privs): the
         // daemon does it once per open, before the first such write, if the file had them.
         let kill = wflags & FUSE_WRITE_KILL_PRIV != 0 && f.suidgid.swap(false, Relaxed);
@@ -615,10 +636,14 @@ impl Filesystem for PharosFs {
                     log::warn!("clearing setuid/setgid of {path:?} before a write: errno {e}");
                 }
             }
-            match sh.rpc.call(c, &ctx, Op::Write { path, cap: f.cap.clone(), offset: offset as u64, data }) {
+            let op = Op::Write { path, cap: f.cap.clone(), offset: offset as u64, data };
+            match sh.rpc.call_slot(c, &ctx, op, slot) {
                 Ok(Body::Written(n)) => reply.written(n),
                 Ok(_) => reply.error(errno::EIO),
                 Err(e) => reply.error(e),
+            }
+            if let (Some((s, _)), Some(slots)) = (slot, &sh.rpc.shm) {
+                slots.put(s);
             }
         });
     }

@@ -27,7 +27,10 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
 use crate::fs::{PharosFs, Shared};
-use crate::rpc::{Mapping, Rpc};
+use crate::rpc::{Mapping, Rpc, Slots};
+
+/// Bytes per shared-memory slot: the largest FUSE request (max_write, and max_pages 256 for reads).
+const SHM_SLOT_SIZE: usize = 1 << 20;
 
 /// A random non-zero u64 (create tokens).
 pub fn random_token() -> u64 {
@@ -70,6 +73,10 @@ struct Cli {
     /// I/O threads (concurrent requests in flight).
     #[arg(long, env = "PHAROS_MOUNT_THREADS", default_value_t = 16)]
     threads: usize,
+    /// Slots of the shared-memory data region (issue 12, item 1): 1 MiB each, a sealed memfd
+    /// offered to every forwarding daemon on this host; 0 = data always on the socket.
+    #[arg(long, env = "PHAROS_MOUNT_SHM_SLOTS", default_value_t = 32)]
+    shm_slots: usize,
     /// Attribute and entry TTL, ms (0 = no attribute caching).
     #[arg(long, env = "PHAROS_MOUNT_ATTR_TTL_MS", default_value_t = 0)]
     attr_ttl_ms: u64,
@@ -163,7 +170,14 @@ impl Collector for MountCollector {
         let help = "Requests tried on another forwarding node than their first";
         counter(&mut e, "pharos_mount_failovers", help, num(&st, "failovers"))?;
         let help = "Idempotent requests replayed after a node failed during them";
-        counter(&mut e, "pharos_mount_replays", help, num(&st, "replays"))
+        counter(&mut e, "pharos_mount_replays", help, num(&st, "replays"))?;
+        let shm = &st["shm"];
+        let help = "Data requests sent through the shared-memory region (WriteShm/ReadShm)";
+        counter(&mut e, "pharos_mount_shm_requests", help, num(shm, "requests"))?;
+        let help = "Data requests holding a slot sent on a connection without the region (data on the socket)";
+        counter(&mut e, "pharos_mount_shm_fallbacks", help, num(shm, "fallbacks"))?;
+        let help = "Data requests that found no free shared-memory slot (a pooled buffer instead)";
+        counter(&mut e, "pharos_mount_shm_exhausted", help, num(shm, "exhausted"))
     }
 }
 
@@ -206,8 +220,17 @@ fn run(cli: Cli) -> Result<(), String> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     let compute_node = cli.compute_node.clone().unwrap_or_else(|| format!("{host}-cn{}", cli.node_index));
     let timeout = Duration::from_millis(cli.rpc_timeout_ms.max(1));
-    let rpc = Rpc::new(nodes, &cli.reserved, cli.node_index, timeout, compute_node, key)
+    let mut rpc = Rpc::new(nodes, &cli.reserved, cli.node_index, timeout, compute_node, key)
         .map_err(|e| format!("--reserved: {e}"))?;
+    if cli.shm_slots > 0 {
+        if cli.shm_slots > 1000 {
+            return Err(format!("--shm-slots {}: at most 1000 (1 MiB each)", cli.shm_slots));
+        }
+        match Slots::new(cli.shm_slots, SHM_SLOT_SIZE) {
+            Ok(s) => rpc.shm = Some(s),
+            Err(e) => log::warn!("no shared-memory data region ({e}): data goes on the socket"),
+        }
+    }
     let mut m = Mapping::default();
     for j in &cli.job_map {
         let (job, ns) = j.split_once('=').ok_or_else(|| format!("--job-map {j:?}: expected JOB=NODE[:NODE...]"))?;

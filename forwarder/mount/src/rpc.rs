@@ -21,6 +21,14 @@
 //! Data path: a write's data goes out with one vectored write (prefix, header, data) from
 //! a pooled buffer; a read reply's data segment is read straight into a pooled buffer that
 //! the caller hands back with [`BufPool::put`] once the kernel has it.
+//!
+//! Shared-memory data path (issue 12, item 1; `--shm-slots`, [`pharos_fwd_proto::region`]):
+//! the mount owns one sealed memfd region of [`Slots`]; each new connection offers it to the
+//! daemon (`ShmAttach`, after the handshake). On a connection the daemon attached, a write
+//! whose data the caller put in a slot goes out as `WriteShm` (header only) and a read as
+//! `ReadShm` (the daemon reads into the slot); on any other connection (another host, a
+//! daemon with `--shm-data false`, an older daemon) the same slot's bytes go out as the
+//! frame's data segment, so failover and replay work the same either way.
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufReader;
 use std::sync::Mutex;
@@ -31,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use pharos_fwd_proto::auth::{self, SiteKey};
+use pharos_fwd_proto::region::{self, Region};
 use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Frame, Op, Reply, Request};
 use serde::{Deserialize, Serialize};
 
@@ -77,8 +86,88 @@ impl BufPool {
     }
 }
 
+/// The mount's shared-memory data region, cut into fixed-size slots, and their free list.
+pub struct Slots {
+    pub region: Region,
+    /// Bytes per slot (the largest request a slot takes: FUSE's max_write, 1 MiB).
+    pub slot_size: usize,
+    free: Mutex<Vec<u32>>,
+    /// Slots never reused: a daemon may still read or write them (its connection failed
+    /// while a request on the slot was in flight, and the request went elsewhere).
+    tainted: Vec<std::sync::atomic::AtomicBool>,
+    /// Requests that found no free slot (their data went through a pooled buffer instead).
+    pub exhausted: AtomicU64,
+}
+
+impl Slots {
+    /// A region of `n` slots of `slot_size` bytes with a fresh nonce.
+    pub fn new(n: usize, slot_size: usize) -> Result<Slots, String> {
+        let region = Region::create(n, slot_size, auth::random_bytes())?;
+        Ok(Slots {
+            region,
+            slot_size,
+            free: Mutex::new((0..n as u32).rev().collect()),
+            tainted: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
+            exhausted: AtomicU64::new(0),
+        })
+    }
+
+    /// A free slot for `len` bytes (None: too large, or none free).
+    pub fn get(&self, len: usize) -> Option<u32> {
+        if len > self.slot_size {
+            return None;
+        }
+        let s = self.free.lock().unwrap().pop();
+        if s.is_none() {
+            self.exhausted.fetch_add(1, Relaxed);
+        }
+        s
+    }
+
+    /// Gives `slot` back (a tainted one stays out of use).
+    pub fn put(&self, slot: u32) {
+        if !self.tainted[slot as usize].load(Relaxed) {
+            self.free.lock().unwrap().push(slot);
+        }
+    }
+
+    /// Slots taken out of use by [`Slots::taint`].
+    pub fn tainted_count(&self) -> usize {
+        self.tainted.iter().filter(|t| t.load(Relaxed)).count()
+    }
+
+    fn taint(&self, slot: u32) {
+        self.tainted[slot as usize].store(true, Relaxed);
+    }
+
+    /// Byte offset of `slot` in the region.
+    pub fn offset(&self, slot: u32) -> u64 {
+        region::HEADER + slot as u64 * self.slot_size as u64
+    }
+
+    /// The first `len` bytes of `slot` (len ≤ slot_size).
+    ///
+    /// # Safety
+    /// The caller holds `slot` (taken with [`Slots::get`], not yet put back) and the daemon is
+    /// not writing it (no request on it in flight).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes(&self, slot: u32, len: usize) -> &mut [u8] {
+        self.region.slice_mut(self.offset(slot), len).expect("slot inside the region")
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free.lock().unwrap().len()
+    }
+}
+
 pub struct Rpc {
     pub bufs: BufPool,
+    /// The shared-memory data region (None: `--shm-slots 0`, or no memfd here).
+    pub shm: Option<Slots>,
+    /// Data requests sent through the region (`WriteShm`/`ReadShm`).
+    pub shm_requests: AtomicU64,
+    /// Requests with a slot sent on a connection the daemon did not attach (data on the socket).
+    pub shm_fallbacks: AtomicU64,
     pub nodes: Vec<Node>,
     pub default_idx: usize,
     pub mapping: ArcSwap<Mapping>,
@@ -92,10 +181,13 @@ pub struct Rpc {
     key: SiteKey,
 }
 
+/// One connection: reader, writer, and whether the daemon attached the mount's region.
+type Conn = (BufReader<TcpStream>, TcpStream, bool);
+
 /// One thread's connections, by node index.
 #[derive(Default)]
 pub struct Conns {
-    m: HashMap<usize, (BufReader<TcpStream>, TcpStream)>,
+    m: HashMap<usize, Conn>,
     frame: Frame,
 }
 
@@ -126,6 +218,9 @@ impl Rpc {
         }
         Ok(Rpc {
             bufs: BufPool::new(64),
+            shm: None,
+            shm_requests: AtomicU64::new(0),
+            shm_fallbacks: AtomicU64::new(0),
             default_idx: shared[node_index % shared.len()],
             nodes: nodes
                 .into_iter()
@@ -205,15 +300,22 @@ impl Rpc {
     /// Sends `op` on behalf of `ctx` and returns the reply body or an errno. A write's data
     /// buffer goes back to [`Rpc::bufs`]; give a read's `Body::Data` buffer back there too.
     pub fn call(&self, conns: &mut Conns, ctx: &Ctx, op: Op) -> Result<Body, i32> {
+        self.call_slot(conns, ctx, op, None)
+    }
+
+    /// [`Rpc::call`] whose data is in (a `Write` with empty `data` and `len` bytes in the
+    /// slot) or goes to (a `Read`) shared-memory slot `slot = (slot, len)`: a read answered
+    /// through the region returns `Body::ShmData`, one answered on the socket `Body::Data`.
+    pub fn call_slot(&self, conns: &mut Conns, ctx: &Ctx, op: Op, slot: Option<(u32, u32)>) -> Result<Body, i32> {
         let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op };
-        let r = self.call_req(conns, &req);
+        let r = self.call_req(conns, &req, slot);
         if let Op::Write { data, .. } = req.op {
             self.bufs.put(data);
         }
         r
     }
 
-    fn call_req(&self, conns: &mut Conns, req: &Request) -> Result<Body, i32> {
+    fn call_req(&self, conns: &mut Conns, req: &Request, slot: Option<(u32, u32)>) -> Result<Body, i32> {
         let order = self.order(&req.ctx.job_id, req.ctx.rank);
         // Up nodes first, in mapping order; down ones only as a last resort.
         let mut tries: Vec<usize> = order.iter().copied().filter(|&i| !self.is_down(i)).collect();
@@ -223,10 +325,16 @@ impl Rpc {
                 self.failovers.fetch_add(1, Relaxed);
             }
             self.nodes[i].requests.fetch_add(1, Relaxed);
-            match self.once(conns, i, req) {
+            match self.once(conns, i, req, slot) {
                 Ok(Reply { body: Ok(b), .. }) => return Ok(b),
                 Ok(Reply { body: Err(e), .. }) => return Err(e.errno),
                 Err(f) => {
+                    if let (Some((s, _)), Some(slots), Fail::Sent(_), Some((_, _, true))) =
+                        (slot, &self.shm, &f, conns.m.get(&i))
+                    {
+                        // The daemon may still touch the slot after we moved on.
+                        slots.taint(s);
+                    }
                     conns.m.remove(&i);
                     let n = &self.nodes[i];
                     n.failures.fetch_add(1, Relaxed);
@@ -258,7 +366,7 @@ impl Rpc {
         Err(errno::EIO)
     }
 
-    fn connect(&self, i: usize) -> Result<(BufReader<TcpStream>, TcpStream), String> {
+    fn connect(&self, i: usize) -> Result<Conn, String> {
         let n = &self.nodes[i];
         let addr = n.addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
@@ -268,7 +376,29 @@ impl Rpc {
         let mut w = s.try_clone().map_err(|e| e.to_string())?;
         let mut r = BufReader::with_capacity(16 << 10, s);
         self.handshake(&mut r, &mut w)?;
-        Ok((r, w))
+        let attached = self.attach(&mut r, &mut w, &n.name)?;
+        Ok((r, w, attached))
+    }
+
+    /// Offers the region to the daemon on a new connection; Ok(true) when it attached it.
+    /// A refusal (another host, shared memory off, an older daemon) is not an error: the
+    /// connection carries the data itself.
+    fn attach(&self, r: &mut BufReader<TcpStream>, w: &mut TcpStream, node: &str) -> Result<bool, String> {
+        let Some(slots) = &self.shm else { return Ok(false) };
+        let reg = &slots.region;
+        let op =
+            Op::ShmAttach { pid: std::process::id(), fd: reg.raw_fd(), size: reg.len() as u64, nonce: reg.nonce() };
+        let ctx = Ctx { compute_node: self.compute_node.clone(), rank: -1, ..Default::default() };
+        let id = self.next_id.fetch_add(1, Relaxed);
+        proto::write_msg(w, &Request { id, ctx, op }).map_err(|e| format!("shm attach: send: {e}"))?;
+        match proto::read_msg::<Reply>(r).map_err(|e| format!("shm attach: {e}"))? {
+            Reply { id: rid, body: Ok(Body::Ok) } if rid == id => Ok(true),
+            Reply { id: rid, body: Err(e) } if rid == id || rid == 0 => {
+                log::debug!("forwarding node {node}: shared-memory region not attached: {}", e.msg);
+                Ok(false)
+            }
+            other => Err(format!("shm attach: unexpected reply {other:?}")),
+        }
     }
 
     /// This mount's half of the handshake on a new connection: answers the daemon's challenge
@@ -296,14 +426,40 @@ impl Rpc {
         }
     }
 
-    fn once(&self, conns: &mut Conns, i: usize, req: &Request) -> Result<Reply, Fail> {
+    fn once(&self, conns: &mut Conns, i: usize, req: &Request, slot: Option<(u32, u32)>) -> Result<Reply, Fail> {
         let id = req.id;
         if let std::collections::hash_map::Entry::Vacant(e) = conns.m.entry(i) {
             e.insert(self.connect(i).map_err(Fail::NotSent)?);
         }
         let Conns { m, frame } = conns;
-        let (r, w) = m.get_mut(&i).unwrap();
-        proto::write_msg(w, req).map_err(|e| Fail::Sent(format!("send: {e}")))?;
+        let (r, w, attached) = m.get_mut(&i).unwrap();
+        let sent = match (slot, &self.shm) {
+            (Some((s, len)), Some(slots)) if *attached => {
+                self.shm_requests.fetch_add(1, Relaxed);
+                let at = slots.offset(s);
+                let op = match &req.op {
+                    Op::Write { path, cap, offset, .. } => {
+                        Op::WriteShm { path: path.clone(), cap: cap.clone(), offset: *offset, slot: at, len }
+                    }
+                    Op::Read { path, cap, offset, size } => {
+                        Op::ReadShm { path: path.clone(), cap: cap.clone(), offset: *offset, size: *size, slot: at }
+                    }
+                    other => other.clone(),
+                };
+                proto::write_msg(w, &Request { id, ctx: req.ctx.clone(), op })
+            }
+            (Some((s, len)), Some(slots)) if matches!(req.op, Op::Write { .. }) => {
+                self.shm_fallbacks.fetch_add(1, Relaxed);
+                // SAFETY: this request holds the slot; nothing else writes it meanwhile.
+                proto::write_msg_data(w, req, unsafe { slots.bytes(s, len as usize) })
+            }
+            (Some(_), _) => {
+                self.shm_fallbacks.fetch_add(1, Relaxed);
+                proto::write_msg(w, req)
+            }
+            (None, _) => proto::write_msg(w, req),
+        };
+        sent.map_err(|e| Fail::Sent(format!("send: {e}")))?;
         if frame.data.capacity() == 0 {
             frame.data = self.bufs.get();
         }
@@ -332,6 +488,15 @@ impl Rpc {
             "nodes": nodes,
             "failovers": self.failovers.load(Relaxed),
             "replays": self.replays.load(Relaxed),
+            "shm": self.shm.as_ref().map(|s| serde_json::json!({
+                "slots": (s.region.len() - region::HEADER as usize) / s.slot_size,
+                "slot_size": s.slot_size,
+                "free": s.free_count(),
+                "exhausted": s.exhausted.load(Relaxed),
+                "tainted": s.tainted_count(),
+                "requests": self.shm_requests.load(Relaxed),
+                "fallbacks": self.shm_fallbacks.load(Relaxed),
+            })),
         })
     }
 }
@@ -376,6 +541,26 @@ mod tests {
         assert_eq!(names(&r, "big", -1), ["fwd2", "fwd3", "fwd0", "fwd1"]);
         // other jobs keep the default
         assert_eq!(names(&r, "small", 1), ["fwd0", "fwd1", "fwd2", "fwd3"]);
+    }
+
+    /// Slots: bounded, too-large requests get none, a tainted slot is never handed out again.
+    #[test]
+    fn slots_are_bounded_and_tainted_ones_stay_out() {
+        let s = Slots::new(2, 4096).unwrap();
+        assert_eq!(s.get(4097), None);
+        let (a, b) = (s.get(4096).unwrap(), s.get(1).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(s.get(1), None);
+        assert_eq!(s.exhausted.load(Relaxed), 1);
+        assert_eq!(s.offset(a).max(s.offset(b)), region::HEADER + 4096);
+        unsafe { s.bytes(a, 3).copy_from_slice(b"abc") };
+        assert_eq!(unsafe { s.region.slice(s.offset(a), 3).unwrap() }, b"abc");
+        s.taint(b);
+        s.put(b);
+        s.put(a);
+        assert_eq!((s.free_count(), s.tainted_count()), (1, 1));
+        assert_eq!(s.get(1), Some(a));
+        assert_eq!(s.get(1), None);
     }
 
     #[test]

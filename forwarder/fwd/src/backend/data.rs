@@ -242,16 +242,24 @@ impl Backend {
 
     /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again).
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+        if buf.len() < size as usize {
+            buf.resize(size as usize, 0);
+        }
+        let n = self.read_into_slice(l, off, info, &mut buf[..size as usize])?;
+        buf.truncate(n);
+        Ok(())
+    }
+
+    /// Reads up to `buf.len()` bytes at `off` into `buf` (e.g. a shared-memory slot, issue 12
+    /// item 1); returns how many bytes the file has there (fewer at its end).
+    pub fn read_into_slice(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
         self.check_layout(l)?;
         info.oid = l.oid;
         let single = l.targets.len() == 1 && !l.is_progressive();
-        let mut len = size as u64;
+        let mut len = buf.len() as u64;
         if l.targets.len() > 1 && !l.is_progressive() {
             let (fsize, ..) = self.data_stat(l)?;
             len = len.min(fsize.saturating_sub(off));
-        }
-        if buf.len() < len as usize {
-            buf.resize(len as usize, 0);
         }
         if !single {
             // Holes inside the size read as zeros: a reused buffer must not show old bytes.
@@ -304,8 +312,7 @@ impl Backend {
         if l.is_progressive() {
             got_end = if short { len.min(self.data_stat(l)?.0.saturating_sub(off)) } else { len };
         }
-        buf.truncate(got_end as usize);
-        Ok(())
+        Ok(got_end as usize)
     }
 
     /// Writes `data` at `off` through open `h` (the default handle = none: progressive
