@@ -219,6 +219,15 @@ def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dic
         store.command(FILL_SQL, params | {"n": n})
         store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
         print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
+        # a store that has been running has merged its parts: time the queries once the background
+        # merges of the fill are done (bounded), not while they load the machine
+        t = time.perf_counter()
+        while time.perf_counter() - t < 900:
+            if not int(store.query("SELECT count() AS n FROM system.merges")[0]["n"]):
+                break
+            time.sleep(2)
+        parts = store.query("SELECT count() AS n FROM system.parts WHERE active AND table = 'io_requests'")[0]["n"]
+        print(f"background merges settled in {time.perf_counter() - t:.0f} s ({parts} active parts)", flush=True)
         loop = DetectionLoop(store, DiagnosisConfig)
         job = f"job{max(1, n // per_job) // 2}"
         out = {
