@@ -35,7 +35,9 @@
 //!   (lookup, readdir, create/open/release, setattr, links, special files);
 //! * `backend/opens.rs`: open markers, orphans, daemon liveness and start-time GC;
 //! * `backend/data.rs`: the data path on the targets (objects, read/write/fsync/truncate,
-//!   token buckets, injected latency and slowdown).
+//!   token buckets, injected latency and slowdown);
+//! * `backend/cache.rs`: the forwarding node's page cache (FGF-LRU / LRU), hooked into the
+//!   data path's reads, writes, truncates and removals.
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -44,7 +46,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use pharos_fwd_proto::{errno, Layout, OpenHandle, StatFs, Time, WireError};
@@ -52,6 +54,7 @@ use pharos_fwd_proto::{errno, Layout, OpenHandle, StatFs, Time, WireError};
 use crate::nsfs;
 use crate::shm::TargetShm;
 
+pub mod cache;
 mod data;
 mod layout;
 mod namespace;
@@ -106,6 +109,8 @@ pub struct Backend {
     open_seq: AtomicU64,
     /// Holds the exclusive flock on `<mdt>/daemons/<daemon_id>` while the daemon lives.
     _alive: File,
+    /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
+    pub cache: OnceLock<cache::PageCache>,
 }
 
 fn random_u64() -> u64 {
@@ -168,6 +173,7 @@ impl Backend {
             daemon_id,
             open_seq: AtomicU64::new(1),
             _alive: alive,
+            cache: OnceLock::new(),
         })
     }
 

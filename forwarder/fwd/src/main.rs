@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use pharos_fwd::admin::{self, AdminState};
+use pharos_fwd::backend::cache::{PageCache, Policy as CachePolicy};
 use pharos_fwd::backend::{Backend, Placement};
 use pharos_fwd::clock::wall_ns;
 use pharos_fwd::metrics::MetricsShipper;
@@ -62,6 +63,17 @@ struct Cli {
     /// Data requests up to this many bytes are "small".
     #[arg(long, env = "PHAROS_FWD_SMALL_MAX", default_value_t = 65536)]
     small_max: u64,
+    /// Page cache of file data on this forwarding node, MiB (0: off). Coherent for writes
+    /// through this daemon only: see forwarder/fwd/src/backend/cache.rs.
+    #[arg(long, env = "PHAROS_FWD_CACHE_MB", default_value_t = 0)]
+    cache_mb: u64,
+    /// Replacement policy of the page cache: fgf-lru (fine-grained-first LRU, Li & Sun) or
+    /// lru (Linux's active/inactive two-list LRU, the baseline).
+    #[arg(long, env = "PHAROS_FWD_CACHE_POLICY", default_value = "fgf-lru")]
+    cache_policy: String,
+    /// Reads up to this many bytes are fine-grained for the page cache.
+    #[arg(long, env = "PHAROS_FWD_CACHE_FINE_MAX", default_value_t = 65536)]
+    cache_fine_max: u64,
     /// Connections served at once.
     #[arg(long, env = "PHAROS_FWD_MAX_CONNS", default_value_t = 512)]
     max_conns: u32,
@@ -138,6 +150,13 @@ fn run(cli: Cli) -> Result<(), String> {
         None => None,
     };
     let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
+    let policy: CachePolicy = cli.cache_policy.parse().map_err(|e| format!("--cache-policy: {e}"))?;
+    if cli.cache_mb > 1 << 20 {
+        return Err(format!("--cache-mb {}: at most {} (1 TiB)", cli.cache_mb, 1u64 << 20));
+    }
+    if cli.cache_mb > 0 {
+        let _ = backend.cache.set(PageCache::new(cli.cache_mb, policy, cli.cache_fine_max));
+    }
     // Opens of daemons that died are dropped; unlinked files nobody holds open go.
     let gc = backend.gc();
     log::info!("pharos-fwd {}: daemon id {:016x}; start gc: {gc:?}", cli.node_name, backend.daemon_id);

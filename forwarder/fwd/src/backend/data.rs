@@ -137,6 +137,9 @@ impl Backend {
             log::warn!("objects of {:016x}: {}", l.oid, e.msg);
             Vec::new()
         });
+        if let Some(c) = self.cache.get() {
+            c.invalidate_file(l.oid);
+        }
         let mut fds = self.fds.lock().unwrap();
         for &(idx, ti) in &objs {
             fds.remove(&(ti, l.oid, idx));
@@ -152,6 +155,14 @@ impl Backend {
     }
 
     pub(super) fn truncate(&self, l: &Layout, size: u64) -> Res<()> {
+        let r = self.truncate_objects(l, size);
+        if let Some(c) = self.cache.get() {
+            c.invalidate_file(l.oid);
+        }
+        r
+    }
+
+    fn truncate_objects(&self, l: &Layout, size: u64) -> Res<()> {
         if !l.is_progressive() {
             for (s, ti) in self.objects(l)? {
                 self.obj_fd(ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
@@ -219,7 +230,7 @@ impl Backend {
     /// [`Backend::read_into`]).
     pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
         self.check_layout(l)?;
-        if l.targets.len() != 1 || l.is_progressive() {
+        if l.targets.len() != 1 || l.is_progressive() || self.cache.get().is_some() {
             return Ok(None);
         }
         info.oid = l.oid;
@@ -240,8 +251,17 @@ impl Backend {
         Ok(buf)
     }
 
-    /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again).
+    /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again),
+    /// through the page cache when one is enabled.
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+        match self.cache.get() {
+            Some(c) if size > 0 => self.read_cached(c, l, off, size, info, buf),
+            _ => self.read_direct(l, off, size, info, buf),
+        }
+    }
+
+    /// Reads from the targets (no cache).
+    pub(super) fn read_direct(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
         let single = l.targets.len() == 1 && !l.is_progressive();
@@ -316,6 +336,16 @@ impl Backend {
         if off.checked_add(data.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
         }
+        let r = self.write_pieces(l, h, off, data, info);
+        // After the bytes are on the targets (or some of them, on an error): a read that
+        // fetched the old bytes meanwhile sees the generation change and does not cache them.
+        if let Some(c) = self.cache.get() {
+            c.invalidate_range(l.oid, off, data.len() as u64);
+        }
+        r
+    }
+
+    fn write_pieces(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
         for pc in pieces(l, off, data.len() as u64) {
             let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
             info.target.get_or_insert(ti);
