@@ -85,6 +85,7 @@ evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interfere
 bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
+	@$(RUN) python bench/fgf_lru.py
 	@$(RUN) python bench/placement.py
 	@$(RUN) python bench/interference.py --rounds 2
 	@$(RUN) python bench/placement_hints.py --rounds 2

@@ -74,6 +74,17 @@ struct Cli {
     /// Reads up to this many bytes are fine-grained for the page cache.
     #[arg(long, env = "PHAROS_FWD_CACHE_FINE_MAX", default_value_t = 65536)]
     cache_fine_max: u64,
+    /// Gather-Arrange-Scatter of writes per compute node (Ohta et al. 2010): on or off.
+    /// Off by default: gathered writes reach the targets (and other daemons) at the node's
+    /// buffer limit, after --gas-flush-ms, or at the file's read, stat, fsync or close.
+    #[arg(long, env = "PHAROS_FWD_GAS", default_value = "off")]
+    gas: String,
+    /// Gather buffer of each compute node, KiB.
+    #[arg(long, env = "PHAROS_FWD_GAS_BUFFER_KB", default_value_t = 4096)]
+    gas_buffer_kb: u64,
+    /// Oldest age of a gathered write before its node's buffer is flushed, ms.
+    #[arg(long, env = "PHAROS_FWD_GAS_FLUSH_MS", default_value_t = 5)]
+    gas_flush_ms: u64,
     /// Connections served at once.
     #[arg(long, env = "PHAROS_FWD_MAX_CONNS", default_value_t = 512)]
     max_conns: u32,
@@ -141,6 +152,18 @@ fn run(cli: Cli) -> Result<(), String> {
     if weights.len() != 3 || weights.contains(&0) {
         return Err(format!("--weights {:?}: expected three integers >= 1", cli.weights));
     }
+    let policy: CachePolicy = cli.cache_policy.parse().map_err(|e| format!("--cache-policy: {e}"))?;
+    let gas = match cli.gas.as_str() {
+        "on" | "true" | "1" => true,
+        "off" | "false" | "0" => false,
+        g => return Err(format!("--gas {g:?}: expected on or off")),
+    };
+    if gas && !(4..=1 << 20).contains(&cli.gas_buffer_kb) {
+        return Err(format!("--gas-buffer-kb {}: expected 4..=1048576", cli.gas_buffer_kb));
+    }
+    if gas && !(1..=60_000).contains(&cli.gas_flush_ms) {
+        return Err(format!("--gas-flush-ms {}: expected 1..=60000", cli.gas_flush_ms));
+    }
     if cli.metrics_interval_ms == 0 {
         return Err("--metrics-interval-ms must be > 0".into());
     }
@@ -150,7 +173,6 @@ fn run(cli: Cli) -> Result<(), String> {
         None => None,
     };
     let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
-    let policy: CachePolicy = cli.cache_policy.parse().map_err(|e| format!("--cache-policy: {e}"))?;
     if cli.cache_mb > 1 << 20 {
         return Err(format!("--cache-mb {}: at most {} (1 TiB)", cli.cache_mb, 1u64 << 20));
     }
@@ -215,7 +237,11 @@ fn run(cli: Cli) -> Result<(), String> {
         max_conns: cli.max_conns,
         key,
     };
-    let server = Server::new(cfg, Arc::new(backend), records.clone());
+    let backend = Arc::new(backend);
+    if gas {
+        backend.enable_gas((cli.gas_buffer_kb << 10) as usize, Duration::from_millis(cli.gas_flush_ms));
+    }
+    let server = Server::new(cfg, backend, records.clone());
     server.start(listener);
     admin::spawn(
         admin_l,
@@ -257,6 +283,7 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     log::info!("pharos-fwd {}: SIGTERM, flushing records", cli.node_name);
     server.stop.store(true, Ordering::Relaxed);
+    server.backend.gas_flush_all();
     records.flush(Duration::from_secs(10));
     shipper.flush(Duration::from_secs(5));
     Ok(())
