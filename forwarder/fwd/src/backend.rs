@@ -37,7 +37,9 @@
 //! * `backend/data.rs`: the data path on the targets (objects, read/write/fsync/truncate,
 //!   token buckets, injected latency and slowdown);
 //! * `backend/cache.rs`: the forwarding node's page cache (FGF-LRU / LRU), hooked into the
-//!   data path's reads, writes, truncates and removals.
+//!   data path's reads, writes, truncates and removals;
+//! * `backend/gas.rs`: Gather-Arrange-Scatter of client writes per compute node, flushed
+//!   before the data path's reads, stats, truncates and fsyncs of the file and at close.
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -56,6 +58,7 @@ use crate::shm::TargetShm;
 
 pub mod cache;
 mod data;
+pub mod gas;
 mod layout;
 mod namespace;
 mod opens;
@@ -111,6 +114,12 @@ pub struct Backend {
     _alive: File,
     /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
     pub cache: OnceLock<cache::PageCache>,
+    /// Gather-Arrange-Scatter buffers of client writes, when enabled (`backend/gas.rs`).
+    pub gas: OnceLock<gas::Gas>,
+    /// Client writes received ([`Backend::write_from`] calls).
+    pub client_writes: AtomicU64,
+    /// Write requests issued to the targets (one `pwrite` of an object per piece).
+    pub data_writes: AtomicU64,
 }
 
 fn random_u64() -> u64 {
@@ -174,6 +183,9 @@ impl Backend {
             open_seq: AtomicU64::new(1),
             _alive: alive,
             cache: OnceLock::new(),
+            gas: OnceLock::new(),
+            client_writes: AtomicU64::new(0),
+            data_writes: AtomicU64::new(0),
         })
     }
 

@@ -6,11 +6,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{errno, Layout, OpenHandle, Time};
 
+use super::gas::Reason;
 use super::layout::{logical_from_component, logical_from_obj, obj_size, pieces};
 use super::{eno, t, werr, Backend, Res};
 
@@ -114,6 +116,7 @@ impl Backend {
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
     pub(super) fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         self.check_layout(l)?;
+        self.gas_settle(l.oid, Reason::Read);
         let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
         for (idx, ti) in self.objects(l)? {
             let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
@@ -155,6 +158,7 @@ impl Backend {
     }
 
     pub(super) fn truncate(&self, l: &Layout, size: u64) -> Res<()> {
+        self.gas_settle(l.oid, Reason::Read);
         let r = self.truncate_objects(l, size);
         if let Some(c) = self.cache.get() {
             c.invalidate_file(l.oid);
@@ -233,6 +237,7 @@ impl Backend {
         if l.targets.len() != 1 || l.is_progressive() || self.cache.get().is_some() {
             return Ok(None);
         }
+        self.gas_settle(l.oid, Reason::Read);
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
@@ -254,6 +259,7 @@ impl Backend {
     /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again),
     /// through the page cache when one is enabled.
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+        self.gas_settle(l.oid, Reason::Read);
         match self.cache.get() {
             Some(c) if size > 0 => self.read_cached(c, l, off, size, info, buf),
             _ => self.read_direct(l, off, size, info, buf),
@@ -331,11 +337,42 @@ impl Backend {
     /// Writes `data` at `off` through open `h` (the default handle = none: progressive
     /// components are then placed but the write is not counted on their targets).
     pub fn write(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+        self.write_from("", l, h, off, data, info)
+    }
+
+    /// A client write from compute node `node`: gathered into the node's buffer when
+    /// Gather-Arrange-Scatter is on ([`super::gas`]), else written through.
+    pub fn write_from(
+        &self,
+        node: &str,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
         self.check_layout(l)?;
         info.oid = l.oid;
         if off.checked_add(data.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
         }
+        self.client_writes.fetch_add(1, Relaxed);
+        if let Some(g) = self.gas.get() {
+            info.target = self.first_target(l, off);
+            return g.gather(self, node, l, h, off, data);
+        }
+        self.write_through(l, h, off, data, info)
+    }
+
+    /// Writes to the targets now.
+    pub(super) fn write_through(
+        &self,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
         let r = self.write_pieces(l, h, off, data, info);
         // After the bytes are on the targets (or some of them, on an error): a read that
         // fetched the old bytes meanwhile sees the generation change and does not cache them.
@@ -352,6 +389,7 @@ impl Backend {
             self.gate(ti, pc.len, info);
             let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
             let t0 = Instant::now();
+            self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
             self.stretch(ti, t0.elapsed());
         }
@@ -362,6 +400,9 @@ impl Backend {
     pub fn fsync(&self, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
+        if let Some(g) = self.gas.get() {
+            g.settle(self, l.oid, Reason::Fsync, true)?;
+        }
         for (idx, ti) in self.objects(l)? {
             let f = if l.is_progressive() {
                 match self.existing_obj(ti, l.oid, idx)? {
