@@ -76,13 +76,15 @@ struct Cli {
     cache_fine_max: u64,
     /// Gather-Arrange-Scatter of writes per compute node (Ohta et al. 2010): on or off.
     /// Off by default: gathered writes reach the targets (and other daemons) at the node's
-    /// buffer limit, after --gas-flush-ms, or at the file's read, stat, fsync or close.
+    /// buffer limit, when the node is idle for --gas-flush-ms (at the latest 20 x that after
+    /// its oldest write), or at the file's read, stat, fsync or close.
     #[arg(long, env = "PHAROS_FWD_GAS", default_value = "off")]
     gas: String,
     /// Gather buffer of each compute node, KiB.
-    #[arg(long, env = "PHAROS_FWD_GAS_BUFFER_KB", default_value_t = 4096)]
+    #[arg(long, env = "PHAROS_FWD_GAS_BUFFER_KB", default_value_t = 16384)]
     gas_buffer_kb: u64,
-    /// Oldest age of a gathered write before its node's buffer is flushed, ms.
+    /// Idle time of a compute node after which its gathered writes are flushed, ms (and 20 x
+    /// this the oldest age of a gathered write).
     #[arg(long, env = "PHAROS_FWD_GAS_FLUSH_MS", default_value_t = 5)]
     gas_flush_ms: u64,
     /// Connections served at once.

@@ -4,15 +4,16 @@
 //!
 //! * **Gather**: a write through this daemon is copied into the buffer of its compute node
 //!   (the request's `compute_node`; every rank of a node shares it) and answered at once.
-//! * **Arrange**: each node's buffer keeps its writes by (file, open handle) in offset order;
-//!   a write that starts where a buffered extent ends (or ends where one starts) is merged
+//! * **Arrange**: each node's buffer keeps its writes by file (and open, for progressive
+//!   layouts) in offset order; a write that starts where a buffered extent ends (or ends where one starts) is merged
 //!   into it, so the interleaved blocks of a node's ranks become contiguous runs.
 //! * **Scatter**: a flush takes the node's runs and writes them to the targets, runs of
 //!   different objects in parallel (one thread per run, at most [`SCATTER_THREADS`]).
 //!
 //! A node's buffer is flushed when it holds more than `buffer_max` bytes (by the worker that
-//! filled it: backpressure), when its oldest write is `flush_after` old (a background
-//! thread), and, for one file, before a read of it, a stat of its size, a truncate, its
+//! filled it: backpressure), when the node has sent no write for `flush_after` (the burst is
+//! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
+//! checks every `flush_after / 2`), and, for one file, before a read of it, a stat of its size, a truncate, its
 //! fsync and each release (close) of it, so that a read after a write through this daemon
 //! sees the write and fsync/close durability hold. A write overlapping a buffered one of the
 //! same file flushes that file first (the later write lands last). A flush waits for flushes
@@ -20,8 +21,8 @@
 //!
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
-//! Writes buffered here are not seen by *other* daemons until flushed (at most `flush_after`
-//! later, or at the writer's fsync/close): off by default.
+//! Writes buffered here are not seen by *other* daemons until flushed (at most
+//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -33,6 +34,8 @@ use super::{Backend, IoInfo, Res};
 
 /// Most threads one flush scatters its runs with.
 pub const SCATTER_THREADS: usize = 8;
+/// A node's buffer is flushed at the latest this many `flush_after` after its oldest write.
+pub const MAX_AGE_FACTOR: u32 = 20;
 /// Most compute-node buffers held at once (a new node past it flushes every buffer first).
 pub const MAX_NODES: usize = 256;
 /// Most files whose deferred write error waits to be reported.
@@ -81,6 +84,8 @@ struct NodeBuf {
     bytes: usize,
     /// When the oldest write still buffered arrived.
     since: Option<Instant>,
+    /// When the newest write arrived.
+    last: Option<Instant>,
     files: HashMap<(u64, OpenHandle), FileBuf>,
 }
 
@@ -88,8 +93,10 @@ struct NodeBuf {
 struct Inner {
     nodes: HashMap<String, NodeBuf>,
     total: usize,
-    /// Flushes under way, by object id.
-    inflight: HashMap<u64, usize>,
+    /// Byte ranges being written by flushes under way, by object id. Buffered extents never
+    /// overlap them (a write overlapping one waits for it), so flushes of a file that run at
+    /// once touch disjoint bytes and need no order between them.
+    inflight: HashMap<u64, Vec<(u64, u64)>>,
     /// Deferred write errors not reported yet, by object id.
     errors: HashMap<u64, WireError>,
 }
@@ -130,7 +137,7 @@ impl Gas {
 
     /// Takes every buffered extent of `oid` (all nodes) out of the buffers, after the
     /// flushes of it already under way; marks a flush of it under way.
-    fn take_file(&self, g: &mut std::sync::MutexGuard<'_, Inner>, oid: u64) -> Vec<Run> {
+    fn take_file(&self, g: &mut Inner, oid: u64) -> Vec<Run> {
         let mut runs = Vec::new();
         for node in g.nodes.values_mut() {
             let keys: Vec<(u64, OpenHandle)> = node.files.keys().filter(|k| k.0 == oid).copied().collect();
@@ -143,6 +150,7 @@ impl Gas {
             }
             if node.files.is_empty() {
                 node.since = None;
+                node.last = None;
             }
         }
         g.total = g.nodes.values().map(|n| n.bytes).sum();
@@ -150,7 +158,7 @@ impl Gas {
     }
 
     /// Takes a node's whole buffer.
-    fn take_node(g: &mut std::sync::MutexGuard<'_, Inner>, node: &str) -> Vec<Run> {
+    fn take_node(g: &mut Inner, node: &str) -> Vec<Run> {
         let Some(n) = g.nodes.remove(node) else { return Vec::new() };
         g.total -= n.bytes;
         let mut runs = Vec::new();
@@ -162,25 +170,31 @@ impl Gas {
         runs
     }
 
-    /// Waits until no flush of any object of `runs` (or of `oid`) is under way, then marks
-    /// theirs as under way.
-    fn begin<'a>(&'a self, mut g: std::sync::MutexGuard<'a, Inner>, oids: &[u64]) -> std::sync::MutexGuard<'a, Inner> {
-        while oids.iter().any(|o| g.inflight.get(o).is_some_and(|&n| n > 0)) {
-            g = self.done.wait(g).unwrap();
+    /// Marks the ranges of `runs` as being written.
+    fn begin(g: &mut Inner, runs: &[Run]) {
+        for r in runs {
+            g.inflight.entry(r.layout.oid).or_default().push((r.off, r.off + r.data.len() as u64));
         }
-        for o in oids {
-            *g.inflight.entry(*o).or_default() += 1;
-        }
-        g
     }
 
-    fn end(&self, oids: &[u64], errors: Vec<(u64, WireError)>) {
+    /// Whether a flush under way writes bytes of `[off, end)` of `oid` (any, `None`).
+    fn in_flight(g: &Inner, oid: u64, range: Option<(u64, u64)>) -> bool {
+        g.inflight.get(&oid).is_some_and(|v| match range {
+            None => !v.is_empty(),
+            Some((off, end)) => v.iter().any(|&(a, b)| a < end && off < b),
+        })
+    }
+
+    fn end(&self, runs: &[Run], errors: Vec<(u64, WireError)>) {
         let mut g = self.inner.lock().unwrap();
-        for o in oids {
-            if let Some(n) = g.inflight.get_mut(o) {
-                *n -= 1;
-                if *n == 0 {
-                    g.inflight.remove(o);
+        for r in runs {
+            let range = (r.off, r.off + r.data.len() as u64);
+            if let Some(v) = g.inflight.get_mut(&r.layout.oid) {
+                if let Some(i) = v.iter().position(|&x| x == range) {
+                    v.swap_remove(i);
+                }
+                if v.is_empty() {
+                    g.inflight.remove(&r.layout.oid);
                 }
             }
         }
@@ -194,8 +208,8 @@ impl Gas {
     }
 
     /// Writes `runs` to the targets (scattered over threads when several) and records
-    /// their errors; `oids` were marked under way by [`Gas::begin`].
-    fn scatter(&self, b: &Backend, mut runs: Vec<Run>, oids: &[u64], why: Reason) {
+    /// their errors; the runs were marked under way by [`Gas::begin`].
+    fn scatter(&self, b: &Backend, mut runs: Vec<Run>, why: Reason) {
         self.stats.flushes[why as usize].fetch_add(1, Relaxed);
         runs.sort_unstable_by_key(|r| (r.layout.oid, r.off));
         let write = |r: &Run| -> Option<(u64, WireError)> {
@@ -222,14 +236,7 @@ impl Gas {
                 hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
             })
         };
-        self.end(oids, errors);
-    }
-
-    fn oids(runs: &[Run]) -> Vec<u64> {
-        let mut o: Vec<u64> = runs.iter().map(|r| r.layout.oid).collect();
-        o.sort_unstable();
-        o.dedup();
-        o
+        self.end(&runs, errors);
     }
 
     /// Flushes every buffered write of `oid` (all nodes) and waits for flushes of it under
@@ -237,16 +244,15 @@ impl Gas {
     pub fn settle(&self, b: &Backend, oid: u64, why: Reason, report: bool) -> Res<()> {
         let mut g = self.inner.lock().unwrap();
         let runs = self.take_file(&mut g, oid);
-        if runs.is_empty() {
-            // Flushes of it already under way must be done before a read or fsync.
-            while g.inflight.get(&oid).is_some_and(|&n| n > 0) {
-                g = self.done.wait(g).unwrap();
-            }
-        } else {
-            let g2 = self.begin(g, &[oid]);
-            drop(g2);
-            self.scatter(b, runs, &[oid], why);
+        if !runs.is_empty() {
+            Self::begin(&mut g, &runs);
+            drop(g);
+            self.scatter(b, runs, why);
             g = self.inner.lock().unwrap();
+        }
+        // Flushes of it under way elsewhere must be done too before a read or fsync.
+        while Self::in_flight(&g, oid, None) {
+            g = self.done.wait(g).unwrap();
         }
         match report {
             true => g.errors.remove(&oid).map_or(Ok(()), Err),
@@ -268,18 +274,22 @@ impl Gas {
         if runs.is_empty() {
             return;
         }
-        let oids = Self::oids(&runs);
-        drop(self.begin(g, &oids));
-        self.scatter(b, runs, &oids, why);
+        Self::begin(&mut g, &runs);
+        drop(g);
+        self.scatter(b, runs, why);
     }
 
-    /// Flushes the buffers whose oldest write is older than `flush_after`.
+    /// Flushes the buffers of nodes idle for `flush_after`, or whose oldest write is
+    /// [`MAX_AGE_FACTOR`] x `flush_after` old.
     pub fn flush_due(&self, b: &Backend) {
         let due: Vec<String> = {
             let g = self.inner.lock().unwrap();
             g.nodes
                 .iter()
-                .filter(|(_, n)| n.since.is_some_and(|t| t.elapsed() >= self.flush_after))
+                .filter(|(_, n)| {
+                    n.last.is_some_and(|t| t.elapsed() >= self.flush_after)
+                        || n.since.is_some_and(|t| t.elapsed() >= self.flush_after * MAX_AGE_FACTOR)
+                })
                 .map(|(k, _)| k.clone())
                 .collect()
         };
@@ -292,14 +302,18 @@ impl Gas {
     /// node `node` (the caller checked the layout and the range).
     pub fn gather(&self, b: &Backend, node: &str, l: &Layout, h: OpenHandle, off: u64, data: &[u8]) -> Res<u32> {
         let end = off + data.len() as u64;
+        log::trace!("gather {node} {:016x} {off}+{}", l.oid, data.len());
         let mut g = self.inner.lock().unwrap();
-        // A write overlapping a buffered (or in-flight) one of the file lands after it.
-        let overlaps = g.inflight.contains_key(&l.oid)
-            || g.nodes.values().any(|n| {
-                n.files.iter().any(|(k, f)| {
-                    k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len() as u64 > off)
-                })
-            });
+        // A write overlapping one being flushed waits for it; one overlapping a buffered
+        // write flushes the file first: either way it lands last.
+        while Self::in_flight(&g, l.oid, Some((off, end))) {
+            g = self.done.wait(g).unwrap();
+        }
+        let overlaps = g.nodes.values().any(|n| {
+            n.files.iter().any(|(k, f)| {
+                k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len() as u64 > off)
+            })
+        });
         if overlaps {
             drop(g);
             self.settle(b, l.oid, Reason::Overlap, false)?;
@@ -311,9 +325,14 @@ impl Gas {
             g = self.inner.lock().unwrap();
         }
         let nb = g.nodes.entry(node.to_string()).or_default();
-        nb.since.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        nb.since.get_or_insert(now);
+        nb.last = Some(now);
         nb.bytes += data.len();
-        let f = nb.files.entry((l.oid, h)).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
+        // Writes of every open of a classic layout merge (the handle only matters to the
+        // placement accounting of progressive components).
+        let key = (l.oid, if l.is_progressive() { h } else { OpenHandle { daemon: 0, id: 0 } });
+        let f = nb.files.entry(key).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
         // Arrange: append to the extent ending at `off`, then take in the one starting at `end`.
         let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len() as u64 == off);
         let mut merged = false;
