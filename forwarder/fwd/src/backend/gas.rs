@@ -11,7 +11,8 @@
 //!   different objects in parallel (one thread per run, at most [`SCATTER_THREADS`]).
 //!
 //! A node's buffer is flushed when it holds more than `buffer_max` bytes (by the worker that
-//! filled it: backpressure), when the node has sent no write for `flush_after` (the burst is
+//! filled it: backpressure; every buffer when all hold more than [`MAX_BUFFERS`] x
+//! `buffer_max`), when the node has sent no write for `flush_after` (the burst is
 //! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
 //! checks every `flush_after / 2`), and, for one file, before a read of it, a stat of its size, a truncate, its
 //! fsync and each release (close) of it, so that a read after a write through this daemon
@@ -36,6 +37,8 @@ use super::{Backend, IoInfo, Res};
 pub const SCATTER_THREADS: usize = 8;
 /// A node's buffer is flushed at the latest this many `flush_after` after its oldest write.
 pub const MAX_AGE_FACTOR: u32 = 20;
+/// All nodes' buffers hold at most this many `buffer_max` (past it every buffer is flushed).
+pub const MAX_BUFFERS: usize = 4;
 /// Most compute-node buffers held at once (a new node past it flushes every buffer first).
 pub const MAX_NODES: usize = 256;
 /// Most files whose deferred write error waits to be reported.
@@ -353,12 +356,15 @@ impl Gas {
         }
         let node_bytes = nb.bytes;
         g.total += data.len();
+        let total = g.total;
         drop(g);
         self.stats.gathered.fetch_add(1, Relaxed);
         if merged {
             self.stats.merged.fetch_add(1, Relaxed);
         }
-        if node_bytes >= self.buffer_max {
+        if total >= self.buffer_max * MAX_BUFFERS {
+            self.flush(b, None, Reason::Size);
+        } else if node_bytes >= self.buffer_max {
             self.flush(b, Some(node), Reason::Size);
         }
         Ok(data.len() as u32)
