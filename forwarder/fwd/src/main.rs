@@ -180,6 +180,11 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     if cli.cache_mb > 0 {
         let _ = backend.cache.set(PageCache::new(cli.cache_mb, policy, cli.cache_fine_max));
+        log::warn!(
+            "page cache on ({} MiB, {}): reads do not see writes other daemons make to the targets",
+            cli.cache_mb,
+            policy.name()
+        );
     }
     // Opens of daemons that died are dropped; unlinked files nobody holds open go.
     let gc = backend.gc();
@@ -241,6 +246,7 @@ fn run(cli: Cli) -> Result<(), String> {
     };
     let backend = Arc::new(backend);
     if gas {
+        log::warn!("gather-arrange-scatter on: other daemons see a write once flushed (at most 20 x --gas-flush-ms)");
         backend.enable_gas((cli.gas_buffer_kb << 10) as usize, Duration::from_millis(cli.gas_flush_ms));
     }
     let server = Server::new(cfg, backend, records.clone());
