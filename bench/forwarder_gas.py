@@ -6,7 +6,7 @@ compute node): ``--gas on`` (defaults: 4 MiB buffer per compute node, 5 ms flush
 ``--gas off``. The workload is 8 ranks writing one shared file in interleaved 64 KiB blocks: fio
 ``numjobs=8`` on one file, job j writing blocks j, j+8, j+16, ... (``offset_increment=64k``,
 ``rw=write:448k``), 8 MiB per job, psync, then ``--verify=crc32c`` reading every block back. Each
-round runs both stacks (order alternating) on fresh files. Printed: write MB/s of each and the
+round runs both stacks (order alternating, after a sync) on fresh files. Printed: write MB/s of each and the
 ratio on/off (median and range of the per-round ratios), and from the daemons' GET /metrics the
 write requests issued to the targets per client write received (and their ratio on/off).
 
@@ -16,6 +16,7 @@ Usage: python bench/forwarder_gas.py [--rounds 3] [--bin DIR] [--keep]   (root, 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -110,6 +111,7 @@ def main() -> int:
         for r in range(a.rounds):
             for side in SIDES if r % 2 == 0 else SIDES[::-1]:
                 d, m = stacks[side]
+                os.sync()  # the other side's dirty pages are not this run's writeback
                 w0, b0 = counters(d)
                 (m.path / f"r{r}").mkdir()
                 job = interleaved_fio(m.path / f"r{r}")

@@ -10,9 +10,10 @@
 //! * **Scatter**: a flush takes the node's runs and writes them to the targets, runs of
 //!   different objects in parallel (one thread per run, at most [`SCATTER_THREADS`]).
 //!
-//! A node's buffer is flushed when it holds more than `buffer_max` bytes (by the worker that
-//! filled it: backpressure; every buffer when all hold more than [`MAX_BUFFERS`] x
-//! `buffer_max`), when the node has sent no write for `flush_after` (the burst is
+//! A node's buffer is flushed when it holds more than `buffer_max` bytes (scattered by the
+//! flusher thread while the writer is answered; by the writer itself when
+//! [`QUEUED_FLUSHES`] wait already, or when all buffers hold more than [`MAX_BUFFERS`] x
+//! `buffer_max`: backpressure), when the node has sent no write for `flush_after` (the burst is
 //! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
 //! checks every `flush_after / 2`), and, for one file, before a read of it, a stat of its size, a truncate, its
 //! fsync and each release (close) of it, so that a read after a write through this daemon
@@ -20,13 +21,20 @@
 //! same file flushes that file first (the later write lands last). A flush waits for flushes
 //! of the same file already under way, so writes land in the order they were buffered.
 //!
+//! Cost: a gathered write is copied once into the buffer (and merged runs grow by
+//! reallocation), then written by the flush: one more copy than writing through. TODO
+//! (issue 12, item 3): gather without the copy (keep the request's pooled buffer and write
+//! a run with one `pwritev`), which the throughput figure of bench/forwarder_gas.py waits on.
+//!
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
 //! Writes buffered here are not seen by *other* daemons until flushed (at most
 //! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+
+use crossbeam_channel::{bounded, RecvTimeoutError, Sender, TrySendError};
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{Layout, OpenHandle, WireError};
@@ -37,6 +45,8 @@ use super::{Backend, IoInfo, Res};
 pub const SCATTER_THREADS: usize = 8;
 /// A node's buffer is flushed at the latest this many `flush_after` after its oldest write.
 pub const MAX_AGE_FACTOR: u32 = 20;
+/// Size flushes waiting for the flusher thread at most.
+pub const QUEUED_FLUSHES: usize = 2;
 /// All nodes' buffers hold at most this many `buffer_max` (past it every buffer is flushed).
 pub const MAX_BUFFERS: usize = 4;
 /// Most compute-node buffers held at once (a new node past it flushes every buffer first).
@@ -120,6 +130,9 @@ pub struct Gas {
     inner: Mutex<Inner>,
     done: Condvar,
     pub stats: GasStats,
+    /// Size flushes handed to the flusher thread (at most [`QUEUED_FLUSHES`] waiting; past
+    /// that the writer scatters its node's runs itself).
+    queue: OnceLock<Sender<(Vec<Run>, Reason)>>,
 }
 
 impl Gas {
@@ -130,6 +143,7 @@ impl Gas {
             inner: Mutex::new(Inner::default()),
             done: Condvar::new(),
             stats: GasStats::default(),
+            queue: OnceLock::new(),
         }
     }
 
@@ -265,6 +279,13 @@ impl Gas {
 
     /// Flushes one node's buffer (or all, `None`).
     pub fn flush(&self, b: &Backend, node: Option<&str>, why: Reason) {
+        self.flush_to(b, node, why, false)
+    }
+
+    /// Like [`Gas::flush`]; with `background`, the runs (marked under way) go to the flusher
+    /// thread when its queue has room, so the writer that filled the buffer is answered while
+    /// they are scattered.
+    fn flush_to(&self, b: &Backend, node: Option<&str>, why: Reason, background: bool) {
         let mut g = self.inner.lock().unwrap();
         let names: Vec<String> = match node {
             Some(n) => vec![n.to_string()],
@@ -279,7 +300,23 @@ impl Gas {
         }
         Self::begin(&mut g, &runs);
         drop(g);
+        let runs = match self.queue.get() {
+            Some(q) if background => match q.try_send((runs, why)) {
+                Ok(()) => return,
+                Err(TrySendError::Full((runs, _)) | TrySendError::Disconnected((runs, _))) => runs,
+            },
+            _ => runs,
+        };
         self.scatter(b, runs, why);
+    }
+
+    /// Flushes every buffer and waits for the flushes under way (shutdown).
+    pub fn drain(&self, b: &Backend) {
+        self.flush(b, None, Reason::Shutdown);
+        let mut g = self.inner.lock().unwrap();
+        while !g.inflight.is_empty() {
+            g = self.done.wait(g).unwrap();
+        }
     }
 
     /// Flushes the buffers of nodes idle for `flush_after`, or whose oldest write is
@@ -365,7 +402,7 @@ impl Gas {
         if total >= self.buffer_max * MAX_BUFFERS {
             self.flush(b, None, Reason::Size);
         } else if node_bytes >= self.buffer_max {
-            self.flush(b, Some(node), Reason::Size);
+            self.flush_to(b, Some(node), Reason::Size, true);
         }
         Ok(data.len() as u32)
     }
@@ -450,15 +487,22 @@ impl Backend {
         if self.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
             return;
         }
+        let (tx, rx) = bounded::<(Vec<Run>, Reason)>(QUEUED_FLUSHES);
+        let _ = self.gas.get().unwrap().queue.set(tx);
         let weak: Weak<Backend> = Arc::downgrade(self);
         let tick = (flush_after / 2).max(Duration::from_micros(500));
+        // Scatters the size flushes handed over, and every tick the idle and old buffers; ends
+        // when the backend (and so the queue's sender) is gone.
         std::thread::Builder::new()
             .name("fwd-gas-flush".into())
             .spawn(move || loop {
-                std::thread::sleep(tick);
+                let got = rx.recv_timeout(tick);
                 let Some(b) = weak.upgrade() else { return };
-                if let Some(g) = b.gas.get() {
-                    g.flush_due(&b);
+                let Some(g) = b.gas.get() else { return };
+                match got {
+                    Ok((runs, why)) => g.scatter(&b, runs, why),
+                    Err(RecvTimeoutError::Timeout) => g.flush_due(&b),
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             })
             .expect("spawn gas flusher");
@@ -488,7 +532,7 @@ impl Backend {
     /// Writes every gathered write to the targets (shutdown); a no-op without GAS.
     pub fn gas_flush_all(&self) {
         if let Some(g) = self.gas.get() {
-            g.flush(self, None, Reason::Shutdown);
+            g.drain(self);
         }
     }
 
