@@ -2,7 +2,7 @@
 the forwarding node's page cache (issue 12, item 4), through the real daemon and the real mount.
 
 Two stacks side by side, each one pharos-fwd (8 targets, --no-kafka) and one pharos-mount:
-``--cache-mb 16 --cache-policy fgf-lru`` and ``--cache-mb 16 --cache-policy lru``. For each
+``--cache-mb 8 --cache-policy fgf-lru`` and ``--cache-mb 8 --cache-policy lru``. For each
 fine-grained probability p in 0.9, 0.7, 0.5, 0.3, 0.1 both stacks are started fresh (cold cache),
 FILES files of FILE_MB MiB each (4x the cache) are written through the mount, and then one
 seeded access sequence is replayed on both, in alternating chunks: each access is fine-grained
@@ -22,7 +22,7 @@ daemons' own counters (GET /metrics, ``pharos_fwd_cache_requests_total``,
 * ``page``: 4 KiB pages found / pages looked up (byte-weighted: dominated by coarse reads).
 The time of the measured accesses is printed too (ratio fgf/lru; < 1 is faster).
 
-Usage: python bench/fgf_lru.py [--accesses 6000] [--warmup 3000] [--bin DIR] [--keep]
+Usage: python bench/fgf_lru.py [--accesses 4000] [--warmup 2000] [--bin DIR] [--keep]
 (root, /dev/fuse)
 """
 
@@ -46,9 +46,9 @@ sys.path.insert(0, str(REPO / "tests" / "forwarder"))
 
 import forwarder_testkit as kit  # noqa: E402
 
-CACHE_MB = 16
+CACHE_MB = 8
 FILES = 4
-FILE_MB = 16
+FILE_MB = 8
 PAGE = 4096
 FINE = 4096
 COARSE = 1 << 20
@@ -166,8 +166,8 @@ def run_p(root: Path, p: float, a: argparse.Namespace) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--accesses", type=int, default=6000, help="measured accesses per p")
-    ap.add_argument("--warmup", type=int, default=3000, help="accesses before measuring, per p")
+    ap.add_argument("--accesses", type=int, default=4000, help="measured accesses per p")
+    ap.add_argument("--warmup", type=int, default=2000, help="accesses before measuring, per p")
     ap.add_argument("--bin", type=Path, default=None, help="pharos-fwd/pharos-mount from this dir (no build)")
     ap.add_argument("--workdir", default="/var/tmp")
     ap.add_argument("--keep", action="store_true")
