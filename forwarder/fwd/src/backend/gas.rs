@@ -21,10 +21,11 @@
 //! same file flushes that file first (the later write lands last). A flush waits for flushes
 //! of the same file already under way, so writes land in the order they were buffered.
 //!
-//! Cost: a gathered write is copied once into the buffer (and merged runs grow by
-//! reallocation), then written by the flush: one more copy than writing through. TODO
-//! (issue 12, item 3): gather without the copy (keep the request's pooled buffer and write
-//! a run with one `pwritev`), which the throughput figure of bench/forwarder_gas.py waits on.
+//! Cost: a gathered write is copied once into the buffer (a run keeps its writes' copies
+//! and is written with one `pwritev` per object piece), then by the flush into the target:
+//! one more copy than writing through. TODO (issue 12, item 3): gather without the copy
+//! (keep the request's pooled buffer), which the throughput figure of
+//! bench/forwarder_gas.py waits on.
 //!
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
@@ -89,7 +90,7 @@ pub struct GasStats {
 struct FileBuf {
     layout: Layout,
     /// Extents by offset: non-overlapping, adjacent ones merged.
-    extents: BTreeMap<u64, Vec<u8>>,
+    extents: BTreeMap<u64, Extent>,
 }
 
 #[derive(Default)]
@@ -115,11 +116,19 @@ struct Inner {
 }
 
 /// One run to write: a file's contiguous bytes.
+/// Contiguous gathered bytes: the writes' own copies, in order (merging appends, no
+/// reallocation of the bytes; a flush writes them with one `pwritev` per object piece).
+#[derive(Default)]
+struct Extent {
+    len: usize,
+    chunks: Vec<Vec<u8>>,
+}
+
 struct Run {
     layout: Layout,
     handle: OpenHandle,
     off: u64,
-    data: Vec<u8>,
+    data: Extent,
 }
 
 /// The gather buffers of the daemon: at most `buffer_max` bytes per compute node, flushed
@@ -161,7 +170,7 @@ impl Gas {
             for k in keys {
                 let f = node.files.remove(&k).unwrap();
                 for (off, data) in f.extents {
-                    node.bytes -= data.len();
+                    node.bytes -= data.len;
                     runs.push(Run { layout: f.layout.clone(), handle: k.1, off, data });
                 }
             }
@@ -190,7 +199,7 @@ impl Gas {
     /// Marks the ranges of `runs` as being written.
     fn begin(g: &mut Inner, runs: &[Run]) {
         for r in runs {
-            g.inflight.entry(r.layout.oid).or_default().push((r.off, r.off + r.data.len() as u64));
+            g.inflight.entry(r.layout.oid).or_default().push((r.off, r.off + r.data.len as u64));
         }
     }
 
@@ -205,7 +214,7 @@ impl Gas {
     fn end(&self, runs: &[Run], errors: Vec<(u64, WireError)>) {
         let mut g = self.inner.lock().unwrap();
         for r in runs {
-            let range = (r.off, r.off + r.data.len() as u64);
+            let range = (r.off, r.off + r.data.len as u64);
             if let Some(v) = g.inflight.get_mut(&r.layout.oid) {
                 if let Some(i) = v.iter().position(|&x| x == range) {
                     v.swap_remove(i);
@@ -232,8 +241,9 @@ impl Gas {
         let write = |r: &Run| -> Option<(u64, WireError)> {
             let mut info = IoInfo::default();
             self.stats.runs.fetch_add(1, Relaxed);
-            self.stats.bytes.fetch_add(r.data.len() as u64, Relaxed);
-            match b.write_through(&r.layout, r.handle, r.off, &r.data, &mut info) {
+            self.stats.bytes.fetch_add(r.data.len as u64, Relaxed);
+            let chunks: Vec<&[u8]> = r.data.chunks.iter().map(|c| c.as_slice()).collect();
+            match b.write_through_chunks(&r.layout, r.handle, r.off, &chunks, &mut info) {
                 Ok(_) => None,
                 Err(e) => {
                     self.stats.deferred_errors.fetch_add(1, Relaxed);
@@ -351,7 +361,7 @@ impl Gas {
         }
         let overlaps = g.nodes.values().any(|n| {
             n.files.iter().any(|(k, f)| {
-                k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len() as u64 > off)
+                k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len as u64 > off)
             })
         });
         if overlaps {
@@ -374,21 +384,24 @@ impl Gas {
         let key = (l.oid, if l.is_progressive() { h } else { OpenHandle { daemon: 0, id: 0 } });
         let f = nb.files.entry(key).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
         // Arrange: append to the extent ending at `off`, then take in the one starting at `end`.
-        let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len() as u64 == off);
+        let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len as u64 == off);
         let mut merged = false;
         let start = match prev {
             Some((&o, d)) => {
-                d.extend_from_slice(data);
+                d.len += data.len();
+                d.chunks.push(data.to_vec());
                 merged = true;
                 o
             }
             None => {
-                f.extents.insert(off, data.to_vec());
+                f.extents.insert(off, Extent { len: data.len(), chunks: vec![data.to_vec()] });
                 off
             }
         };
         if let Some(next) = f.extents.remove(&end) {
-            f.extents.get_mut(&start).unwrap().extend_from_slice(&next);
+            let e = f.extents.get_mut(&start).unwrap();
+            e.len += next.len;
+            e.chunks.extend(next.chunks);
             merged = true;
         }
         let node_bytes = nb.bytes;
@@ -557,7 +570,7 @@ impl Backend {
 mod tests {
     use super::*;
     use crate::backend::testutil::*;
-    use crate::backend::Placement;
+    use crate::backend::{pieces, Placement};
     use pharos_fwd_proto::Ctx;
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -632,5 +645,20 @@ mod tests {
         assert!(b.gas_close(&gone).is_err());
         assert!(b.gas_close(&gone).is_ok(), "reported once");
         b.release(&l2, h2).unwrap();
+    }
+
+    #[test]
+    fn chunked_runs_write_across_stripes() {
+        let (_d, b) = gas_backend(3, 1 << 20, 60_000);
+        b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let parts: Vec<Vec<u8>> =
+            [3usize, 5000, 70_000, 1, 4093].iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+        let chunks: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let mut info = IoInfo::default();
+        assert_eq!(b.write_through_chunks(&l, h, 777, &chunks, &mut info).unwrap(), 79_097);
+        let want: Vec<u8> = parts.concat();
+        assert_eq!(b.read(&l, 777, 100_000, &mut info).unwrap(), want);
+        assert_eq!(b.data_writes.load(Relaxed), pieces(&l, 777, 79_097).len() as u64);
     }
 }
