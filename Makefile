@@ -86,6 +86,8 @@ bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placemen
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
 	@$(RUN) python bench/forwarder_threads.py
+	@$(RUN) python bench/fgf_lru.py
+	@$(RUN) python bench/forwarder_gas.py
 	@$(RUN) python bench/placement.py
 	@$(RUN) python bench/interference.py --rounds 2
 	@$(RUN) python bench/placement_hints.py --rounds 2

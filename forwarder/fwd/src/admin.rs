@@ -103,6 +103,8 @@ async fn status(State(a): St) -> Json<Value> {
         "counters": s.counters_view(),
         "records": s.sink.stats(),
         "target_metrics": (a.metrics_stats)(),
+        "cache": s.backend.cache.get().map(|c| c.view()),
+        "gas": s.backend.gas_view(),
     }))
 }
 
@@ -294,6 +296,8 @@ impl Collector for FwdCollector {
 fn registry(state: &Arc<AdminState>) -> Registry {
     let mut reg = Registry::default();
     reg.register_collector(Box::new(FwdCollector(state.clone())));
+    reg.register_collector(Box::new(crate::backend::cache::CacheCollector(state.server.backend.clone())));
+    reg.register_collector(Box::new(crate::backend::gas::GasCollector(state.server.backend.clone())));
     reg.register(
         "pharos_fwd_service_seconds",
         "Service time of requests with a target (execution and reply), by op kind",

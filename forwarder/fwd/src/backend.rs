@@ -35,7 +35,11 @@
 //!   (lookup, readdir, create/open/release, setattr, links, special files);
 //! * `backend/opens.rs`: open markers, orphans, daemon liveness and start-time GC;
 //! * `backend/data.rs`: the data path on the targets (objects, read/write/fsync/truncate,
-//!   token buckets, injected latency and slowdown).
+//!   token buckets, injected latency and slowdown);
+//! * `backend/cache.rs`: the forwarding node's page cache (FGF-LRU / LRU), hooked into the
+//!   data path's reads, writes, truncates and removals;
+//! * `backend/gas.rs`: Gather-Arrange-Scatter of client writes per compute node, flushed
+//!   before the data path's reads, stats, truncates and fsyncs of the file and at close.
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -44,7 +48,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use pharos_fwd_proto::{errno, Layout, OpenHandle, StatFs, Time, WireError};
@@ -52,7 +56,9 @@ use pharos_fwd_proto::{errno, Layout, OpenHandle, StatFs, Time, WireError};
 use crate::nsfs;
 use crate::shm::TargetShm;
 
+pub mod cache;
 mod data;
+pub mod gas;
 mod layout;
 mod namespace;
 mod opens;
@@ -106,6 +112,14 @@ pub struct Backend {
     open_seq: AtomicU64,
     /// Holds the exclusive flock on `<mdt>/daemons/<daemon_id>` while the daemon lives.
     _alive: File,
+    /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
+    pub cache: OnceLock<cache::PageCache>,
+    /// Gather-Arrange-Scatter buffers of client writes, when enabled (`backend/gas.rs`).
+    pub gas: OnceLock<gas::Gas>,
+    /// Client writes received ([`Backend::write_from`] calls).
+    pub client_writes: AtomicU64,
+    /// Write requests issued to the targets (one `pwrite` of an object per piece).
+    pub data_writes: AtomicU64,
 }
 
 fn random_u64() -> u64 {
@@ -168,6 +182,10 @@ impl Backend {
             daemon_id,
             open_seq: AtomicU64::new(1),
             _alive: alive,
+            cache: OnceLock::new(),
+            gas: OnceLock::new(),
+            client_writes: AtomicU64::new(0),
+            data_writes: AtomicU64::new(0),
         })
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use pharos_fwd::admin::{self, AdminState};
+use pharos_fwd::backend::cache::{PageCache, Policy as CachePolicy};
 use pharos_fwd::backend::{Backend, Placement};
 use pharos_fwd::clock::wall_ns;
 use pharos_fwd::metrics::MetricsShipper;
@@ -65,6 +66,30 @@ struct Cli {
     /// Data requests up to this many bytes are "small".
     #[arg(long, env = "PHAROS_FWD_SMALL_MAX", default_value_t = 65536)]
     small_max: u64,
+    /// Page cache of file data on this forwarding node, MiB (0: off). Coherent for writes
+    /// through this daemon only: see forwarder/fwd/src/backend/cache.rs.
+    #[arg(long, env = "PHAROS_FWD_CACHE_MB", default_value_t = 0)]
+    cache_mb: u64,
+    /// Replacement policy of the page cache: fgf-lru (fine-grained-first LRU, Li & Sun) or
+    /// lru (Linux's active/inactive two-list LRU, the baseline).
+    #[arg(long, env = "PHAROS_FWD_CACHE_POLICY", default_value = "fgf-lru")]
+    cache_policy: String,
+    /// Reads up to this many bytes are fine-grained for the page cache.
+    #[arg(long, env = "PHAROS_FWD_CACHE_FINE_MAX", default_value_t = 65536)]
+    cache_fine_max: u64,
+    /// Gather-Arrange-Scatter of writes per compute node (Ohta et al. 2010): on or off.
+    /// Off by default: gathered writes reach the targets (and other daemons) at the node's
+    /// buffer limit, when the node is idle for --gas-flush-ms (at the latest 20 x that after
+    /// its oldest write), or at the file's read, stat, fsync or close.
+    #[arg(long, env = "PHAROS_FWD_GAS", default_value = "off")]
+    gas: String,
+    /// Gather buffer of each compute node, KiB.
+    #[arg(long, env = "PHAROS_FWD_GAS_BUFFER_KB", default_value_t = 16384)]
+    gas_buffer_kb: u64,
+    /// Idle time of a compute node after which its gathered writes are flushed, ms (and 20 x
+    /// this the oldest age of a gathered write).
+    #[arg(long, env = "PHAROS_FWD_GAS_FLUSH_MS", default_value_t = 5)]
+    gas_flush_ms: u64,
     /// Connections served at once.
     #[arg(long, env = "PHAROS_FWD_MAX_CONNS", default_value_t = 512)]
     max_conns: u32,
@@ -136,6 +161,18 @@ fn run(cli: Cli) -> Result<(), String> {
     if weights.len() != 3 || weights.contains(&0) {
         return Err(format!("--weights {:?}: expected three integers >= 1", cli.weights));
     }
+    let policy: CachePolicy = cli.cache_policy.parse().map_err(|e| format!("--cache-policy: {e}"))?;
+    let gas = match cli.gas.as_str() {
+        "on" | "true" | "1" => true,
+        "off" | "false" | "0" => false,
+        g => return Err(format!("--gas {g:?}: expected on or off")),
+    };
+    if gas && !(4..=1 << 20).contains(&cli.gas_buffer_kb) {
+        return Err(format!("--gas-buffer-kb {}: expected 4..=1048576", cli.gas_buffer_kb));
+    }
+    if gas && !(1..=60_000).contains(&cli.gas_flush_ms) {
+        return Err(format!("--gas-flush-ms {}: expected 1..=60000", cli.gas_flush_ms));
+    }
     if cli.metrics_interval_ms == 0 {
         return Err("--metrics-interval-ms must be > 0".into());
     }
@@ -145,6 +182,17 @@ fn run(cli: Cli) -> Result<(), String> {
         None => None,
     };
     let backend = Backend::new(&cli.mdt, &targets).map_err(|e| format!("backend: {e}"))?;
+    if cli.cache_mb > 1 << 20 {
+        return Err(format!("--cache-mb {}: at most {} (1 TiB)", cli.cache_mb, 1u64 << 20));
+    }
+    if cli.cache_mb > 0 {
+        let _ = backend.cache.set(PageCache::new(cli.cache_mb, policy, cli.cache_fine_max));
+        log::warn!(
+            "page cache on ({} MiB, {}): reads do not see writes other daemons make to the targets",
+            cli.cache_mb,
+            policy.name()
+        );
+    }
     // Opens of daemons that died are dropped; unlinked files nobody holds open go.
     let gc = backend.gc();
     log::info!("pharos-fwd {}: daemon id {:016x}; start gc: {gc:?}", cli.node_name, backend.daemon_id);
@@ -205,7 +253,12 @@ fn run(cli: Cli) -> Result<(), String> {
         key,
         threads: cli.threads.config(cli.workers.max(1))?,
     };
-    let server = Server::new(cfg, Arc::new(backend), records.clone());
+    let backend = Arc::new(backend);
+    if gas {
+        log::warn!("gather-arrange-scatter on: other daemons see a write once flushed (at most 20 x --gas-flush-ms)");
+        backend.enable_gas((cli.gas_buffer_kb << 10) as usize, Duration::from_millis(cli.gas_flush_ms));
+    }
+    let server = Server::new(cfg, backend, records.clone());
     server.start(listener);
     admin::spawn(
         admin_l,
@@ -247,6 +300,7 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     log::info!("pharos-fwd {}: SIGTERM, flushing records", cli.node_name);
     server.stop.store(true, Ordering::Relaxed);
+    server.backend.gas_flush_all();
     records.flush(Duration::from_secs(10));
     shipper.flush(Duration::from_secs(5));
     Ok(())

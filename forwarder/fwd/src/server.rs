@@ -891,7 +891,9 @@ impl Server {
                 Body::Opened { attr, cap: self.cfg.key.sign(layout, handle, Cap::rights_of(*flags)) }
             }
             Op::Release { cap, .. } => {
+                let flushed = b.gas_close(&cap.layout); // gathered writes (issue 12, item 3)
                 b.release(&cap.layout, cap.handle)?;
+                flushed?;
                 info.target = b.first_target(&cap.layout, 0);
                 info.oid = cap.layout.oid;
                 Body::Ok
@@ -916,7 +918,7 @@ impl Server {
                     errno: errno::EPROTO,
                     msg: "shared-memory slot outside the region".into(),
                 })?;
-                Body::Written(b.write(&cap.layout, cap.handle, *offset, src, info)?)
+                Body::Written(b.write_from(&req.ctx.compute_node, &cap.layout, cap.handle, *offset, src, info)?)
             }
             Op::Read { cap, offset, size, .. } => {
                 if *size as usize > proto::MAX_IO {
@@ -932,7 +934,7 @@ impl Server {
                 }
             }
             Op::Write { cap, offset, data, .. } => {
-                Body::Written(b.write(&cap.layout, cap.handle, *offset, data, info)?)
+                Body::Written(b.write_from(&req.ctx.compute_node, &cap.layout, cap.handle, *offset, data, info)?)
             }
             Op::Fsync { cap, datasync, .. } => {
                 b.fsync(&cap.layout, *datasync, info)?;

@@ -6,11 +6,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{errno, Layout, OpenHandle, Time};
 
+use super::gas::Reason;
 use super::layout::{logical_from_component, logical_from_obj, obj_size, pieces};
 use super::{eno, t, werr, Backend, Res};
 
@@ -114,6 +116,7 @@ impl Backend {
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
     pub(super) fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         self.check_layout(l)?;
+        self.gas_settle(l.oid, Reason::Read);
         let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
         for (idx, ti) in self.objects(l)? {
             let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
@@ -137,6 +140,9 @@ impl Backend {
             log::warn!("objects of {:016x}: {}", l.oid, e.msg);
             Vec::new()
         });
+        if let Some(c) = self.cache.get() {
+            c.invalidate_file(l.oid);
+        }
         let mut fds = self.fds.lock().unwrap();
         for &(idx, ti) in &objs {
             fds.remove(&(ti, l.oid, idx));
@@ -152,6 +158,15 @@ impl Backend {
     }
 
     pub(super) fn truncate(&self, l: &Layout, size: u64) -> Res<()> {
+        self.gas_settle(l.oid, Reason::Read);
+        let r = self.truncate_objects(l, size);
+        if let Some(c) = self.cache.get() {
+            c.invalidate_file(l.oid);
+        }
+        r
+    }
+
+    fn truncate_objects(&self, l: &Layout, size: u64) -> Res<()> {
         if !l.is_progressive() {
             for (s, ti) in self.objects(l)? {
                 self.obj_fd(ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
@@ -219,9 +234,10 @@ impl Backend {
     /// [`Backend::read_into`]).
     pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
         self.check_layout(l)?;
-        if l.targets.len() != 1 || l.is_progressive() {
+        if l.targets.len() != 1 || l.is_progressive() || self.cache.get().is_some() {
             return Ok(None);
         }
+        self.gas_settle(l.oid, Reason::Read);
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
@@ -240,19 +256,45 @@ impl Backend {
         Ok(buf)
     }
 
-    /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again).
+    /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again),
+    /// through the page cache when one is enabled.
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+        self.gas_settle(l.oid, Reason::Read);
+        match self.cache.get() {
+            Some(c) if size > 0 => self.read_cached(c, l, off, size, info, buf),
+            _ => self.read_direct(l, off, size, info, buf),
+        }
+    }
+
+    /// Reads from the targets (no cache) into `buf`, resized to the bytes read.
+    pub(super) fn read_direct(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
         if buf.len() < size as usize {
             buf.resize(size as usize, 0);
         }
-        let n = self.read_into_slice(l, off, info, &mut buf[..size as usize])?;
+        let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize])?;
         buf.truncate(n);
         Ok(())
     }
 
     /// Reads up to `buf.len()` bytes at `off` into `buf` (e.g. a shared-memory slot, issue 12
-    /// item 1); returns how many bytes the file has there (fewer at its end).
+    /// item 1), after the file's gathered writes and through the page cache when one is enabled;
+    /// returns how many bytes the file has there (fewer at its end).
     pub fn read_into_slice(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
+        self.gas_settle(l.oid, Reason::Read);
+        match self.cache.get() {
+            Some(c) if !buf.is_empty() => {
+                let mut v = Vec::new();
+                self.read_cached(c, l, off, buf.len() as u32, info, &mut v)?;
+                let n = v.len().min(buf.len());
+                buf[..n].copy_from_slice(&v[..n]);
+                Ok(n)
+            }
+            _ => self.read_slice_direct(l, off, info, buf),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `off` from the targets (no cache, no gathered writes).
+    fn read_slice_direct(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
         self.check_layout(l)?;
         info.oid = l.oid;
         let single = l.targets.len() == 1 && !l.is_progressive();
@@ -318,17 +360,143 @@ impl Backend {
     /// Writes `data` at `off` through open `h` (the default handle = none: progressive
     /// components are then placed but the write is not counted on their targets).
     pub fn write(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+        self.write_from("", l, h, off, data, info)
+    }
+
+    /// A client write from compute node `node`: gathered into the node's buffer when
+    /// Gather-Arrange-Scatter is on ([`super::gas`]), else written through.
+    pub fn write_from(
+        &self,
+        node: &str,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
         self.check_layout(l)?;
         info.oid = l.oid;
         if off.checked_add(data.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
         }
+        self.client_writes.fetch_add(1, Relaxed);
+        if let Some(g) = self.gas.get() {
+            info.target = self.first_target(l, off);
+            return g.gather(self, node, l, h, off, data);
+        }
+        self.write_through(l, h, off, data, info)
+    }
+
+    /// Writes to the targets now.
+    pub(super) fn write_through(
+        &self,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
+        let r = self.write_pieces(l, h, off, data, info);
+        // After the bytes are on the targets (or some of them, on an error): a read that
+        // fetched the old bytes meanwhile sees the generation change and does not cache them.
+        if let Some(c) = self.cache.get() {
+            c.invalidate_range(l.oid, off, data.len() as u64);
+        }
+        r
+    }
+
+    /// Like [`Backend::write_through`] for bytes given as consecutive chunks (a gathered
+    /// run, [`super::gas`]): one `pwritev(2)` per object piece, no copy to join them.
+    pub(super) fn write_through_chunks(
+        &self,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        chunks: &[&[u8]],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
+        let len: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        let r = self.write_chunk_pieces(l, h, off, len, chunks, info);
+        if let Some(c) = self.cache.get() {
+            c.invalidate_range(l.oid, off, len);
+        }
+        r.map(|()| len as u32)
+    }
+
+    fn write_chunk_pieces(
+        &self,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        len: u64,
+        chunks: &[&[u8]],
+        info: &mut IoInfo,
+    ) -> Res<()> {
+        use std::os::fd::AsRawFd;
+        // (chunk index, offset in it) of the run's byte `pos`, advanced piece by piece.
+        let (mut ci, mut co) = (0usize, 0usize);
+        for pc in pieces(l, off, len) {
+            let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
+            info.target.get_or_insert(ti);
+            self.gate(ti, pc.len, info);
+            let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
+            let mut iov: Vec<libc::iovec> = Vec::new();
+            let mut need = pc.len as usize;
+            while need > 0 {
+                let c = &chunks[ci][co..];
+                let k = c.len().min(need);
+                iov.push(libc::iovec { iov_base: c.as_ptr() as *mut libc::c_void, iov_len: k });
+                need -= k;
+                co += k;
+                if co == chunks[ci].len() {
+                    ci += 1;
+                    co = 0;
+                }
+            }
+            let t0 = Instant::now();
+            self.data_writes.fetch_add(1, Relaxed);
+            let (mut done, mut first, mut at) = (0usize, 0usize, pc.obj_off);
+            while done < pc.len as usize {
+                let cnt = (iov.len() - first).min(libc::UIO_MAXIOV as usize) as i32;
+                let n = unsafe { libc::pwritev(f.as_raw_fd(), iov[first..].as_ptr(), cnt, at as libc::off_t) };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(werr(e));
+                }
+                if n == 0 {
+                    return Err(eno(errno::EIO, "pwritev wrote nothing"));
+                }
+                let mut n = n as usize;
+                done += n;
+                at += n as u64;
+                // Skip the iovecs written, trim a partly written one.
+                while n > 0 && first < iov.len() {
+                    if n >= iov[first].iov_len {
+                        n -= iov[first].iov_len;
+                        first += 1;
+                    } else {
+                        iov[first].iov_base = unsafe { (iov[first].iov_base as *mut u8).add(n) } as *mut libc::c_void;
+                        iov[first].iov_len -= n;
+                        n = 0;
+                    }
+                }
+            }
+            self.stretch(ti, t0.elapsed());
+        }
+        Ok(())
+    }
+
+    fn write_pieces(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
         for pc in pieces(l, off, data.len() as u64) {
             let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
             info.target.get_or_insert(ti);
             self.gate(ti, pc.len, info);
             let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
             let t0 = Instant::now();
+            self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
             self.stretch(ti, t0.elapsed());
         }
@@ -339,6 +507,9 @@ impl Backend {
     pub fn fsync(&self, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
+        if let Some(g) = self.gas.get() {
+            g.settle(self, l.oid, Reason::Fsync, true)?;
+        }
         for (idx, ti) in self.objects(l)? {
             let f = if l.is_progressive() {
                 match self.existing_obj(ti, l.oid, idx)? {

@@ -1,0 +1,664 @@
+//! Gather-Arrange-Scatter (Ohta et al., "Optimization techniques at the I/O forwarding
+//! layer", IEEE Cluster 2010, section IV: 34.9% faster than uncoordinated writes in BTIO),
+//! issue 12, item 3.
+//!
+//! * **Gather**: a write through this daemon is copied into the buffer of its compute node
+//!   (the request's `compute_node`; every rank of a node shares it) and answered at once.
+//! * **Arrange**: each node's buffer keeps its writes by file (and open, for progressive
+//!   layouts) in offset order; a write that starts where a buffered extent ends (or ends where one starts) is merged
+//!   into it, so the interleaved blocks of a node's ranks become contiguous runs.
+//! * **Scatter**: a flush takes the node's runs and writes them to the targets, runs of
+//!   different objects in parallel (one thread per run, at most [`SCATTER_THREADS`]).
+//!
+//! A node's buffer is flushed when it holds more than `buffer_max` bytes (scattered by the
+//! flusher thread while the writer is answered; by the writer itself when
+//! [`QUEUED_FLUSHES`] wait already, or when all buffers hold more than [`MAX_BUFFERS`] x
+//! `buffer_max`: backpressure), when the node has sent no write for `flush_after` (the burst is
+//! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
+//! checks every `flush_after / 2`), and, for one file, before a read of it, a stat of its size, a truncate, its
+//! fsync and each release (close) of it, so that a read after a write through this daemon
+//! sees the write and fsync/close durability hold. A write overlapping a buffered one of the
+//! same file flushes that file first (the later write lands last). A flush waits for flushes
+//! of the same file already under way, so writes land in the order they were buffered.
+//!
+//! Cost: a gathered write is copied once into the buffer (a run keeps its writes' copies
+//! and is written with one `pwritev` per object piece), then by the flush into the target:
+//! one more copy than writing through. TODO (issue 12, item 3): gather without the copy
+//! (keep the request's pooled buffer), which the throughput figure of
+//! bench/forwarder_gas.py waits on.
+//!
+//! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
+//! returned by the next fsync or release of it, as the kernel reports writeback errors.
+//! Writes buffered here are not seen by *other* daemons until flushed (at most
+//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+
+use crossbeam_channel::{bounded, RecvTimeoutError, Sender, TrySendError};
+use std::time::{Duration, Instant};
+
+use pharos_fwd_proto::{Layout, OpenHandle, WireError};
+
+use super::{Backend, IoInfo, Res};
+
+/// Most threads one flush scatters its runs with.
+pub const SCATTER_THREADS: usize = 8;
+/// A node's buffer is flushed at the latest this many `flush_after` after its oldest write.
+pub const MAX_AGE_FACTOR: u32 = 20;
+/// Size flushes waiting for the flusher thread at most.
+pub const QUEUED_FLUSHES: usize = 2;
+/// All nodes' buffers hold at most this many `buffer_max` (past it every buffer is flushed).
+pub const MAX_BUFFERS: usize = 4;
+/// Most compute-node buffers held at once (a new node past it flushes every buffer first).
+pub const MAX_NODES: usize = 256;
+/// Most files whose deferred write error waits to be reported.
+const MAX_ERRORS: usize = 4096;
+
+/// Why a buffer was flushed (metrics label order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Size = 0,
+    Time = 1,
+    Fsync = 2,
+    Close = 3,
+    Read = 4,
+    Overlap = 5,
+    Shutdown = 6,
+}
+
+/// Names of [`Reason`]s, in order.
+pub const REASONS: [&str; 7] = ["size", "time", "fsync", "close", "read_or_stat", "overlap", "shutdown"];
+
+/// Counters of Gather-Arrange-Scatter since the start (GET /metrics).
+#[derive(Default)]
+pub struct GasStats {
+    /// Client writes gathered into a buffer.
+    pub gathered: AtomicU64,
+    /// Gathered writes merged into a preceding or following buffered extent.
+    pub merged: AtomicU64,
+    /// Runs written to the targets by flushes.
+    pub runs: AtomicU64,
+    /// Bytes written by flushes.
+    pub bytes: AtomicU64,
+    /// Flushes, by [`Reason`].
+    pub flushes: [AtomicU64; 7],
+    /// Runs whose write failed (the error goes to the file's next fsync or release).
+    pub deferred_errors: AtomicU64,
+}
+
+struct FileBuf {
+    layout: Layout,
+    /// Extents by offset: non-overlapping, adjacent ones merged.
+    extents: BTreeMap<u64, Extent>,
+}
+
+#[derive(Default)]
+struct NodeBuf {
+    bytes: usize,
+    /// When the oldest write still buffered arrived.
+    since: Option<Instant>,
+    /// When the newest write arrived.
+    last: Option<Instant>,
+    files: HashMap<(u64, OpenHandle), FileBuf>,
+}
+
+#[derive(Default)]
+struct Inner {
+    nodes: HashMap<String, NodeBuf>,
+    total: usize,
+    /// Byte ranges being written by flushes under way, by object id. Buffered extents never
+    /// overlap them (a write overlapping one waits for it), so flushes of a file that run at
+    /// once touch disjoint bytes and need no order between them.
+    inflight: HashMap<u64, Vec<(u64, u64)>>,
+    /// Deferred write errors not reported yet, by object id.
+    errors: HashMap<u64, WireError>,
+}
+
+/// One run to write: a file's contiguous bytes.
+/// Contiguous gathered bytes: the writes' own copies, in order (merging appends, no
+/// reallocation of the bytes; a flush writes them with one `pwritev` per object piece).
+#[derive(Default)]
+struct Extent {
+    len: usize,
+    chunks: Vec<Vec<u8>>,
+}
+
+struct Run {
+    layout: Layout,
+    handle: OpenHandle,
+    off: u64,
+    data: Extent,
+}
+
+/// The gather buffers of the daemon: at most `buffer_max` bytes per compute node, flushed
+/// after `flush_after` at the latest.
+pub struct Gas {
+    pub buffer_max: usize,
+    pub flush_after: Duration,
+    inner: Mutex<Inner>,
+    done: Condvar,
+    pub stats: GasStats,
+    /// Size flushes handed to the flusher thread (at most [`QUEUED_FLUSHES`] waiting; past
+    /// that the writer scatters its node's runs itself).
+    queue: OnceLock<Sender<(Vec<Run>, Reason)>>,
+}
+
+impl Gas {
+    pub fn new(buffer_max: usize, flush_after: Duration) -> Gas {
+        Gas {
+            buffer_max: buffer_max.max(4096),
+            flush_after,
+            inner: Mutex::new(Inner::default()),
+            done: Condvar::new(),
+            stats: GasStats::default(),
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Bytes buffered now (all nodes).
+    pub fn buffered(&self) -> usize {
+        self.inner.lock().unwrap().total
+    }
+
+    /// Takes every buffered extent of `oid` (all nodes) out of the buffers, after the
+    /// flushes of it already under way; marks a flush of it under way.
+    fn take_file(&self, g: &mut Inner, oid: u64) -> Vec<Run> {
+        let mut runs = Vec::new();
+        for node in g.nodes.values_mut() {
+            let keys: Vec<(u64, OpenHandle)> = node.files.keys().filter(|k| k.0 == oid).copied().collect();
+            for k in keys {
+                let f = node.files.remove(&k).unwrap();
+                for (off, data) in f.extents {
+                    node.bytes -= data.len;
+                    runs.push(Run { layout: f.layout.clone(), handle: k.1, off, data });
+                }
+            }
+            if node.files.is_empty() {
+                node.since = None;
+                node.last = None;
+            }
+        }
+        g.total = g.nodes.values().map(|n| n.bytes).sum();
+        runs
+    }
+
+    /// Takes a node's whole buffer.
+    fn take_node(g: &mut Inner, node: &str) -> Vec<Run> {
+        let Some(n) = g.nodes.remove(node) else { return Vec::new() };
+        g.total -= n.bytes;
+        let mut runs = Vec::new();
+        for ((_, h), f) in n.files {
+            for (off, data) in f.extents {
+                runs.push(Run { layout: f.layout.clone(), handle: h, off, data });
+            }
+        }
+        runs
+    }
+
+    /// Marks the ranges of `runs` as being written.
+    fn begin(g: &mut Inner, runs: &[Run]) {
+        for r in runs {
+            g.inflight.entry(r.layout.oid).or_default().push((r.off, r.off + r.data.len as u64));
+        }
+    }
+
+    /// Whether a flush under way writes bytes of `[off, end)` of `oid` (any, `None`).
+    fn in_flight(g: &Inner, oid: u64, range: Option<(u64, u64)>) -> bool {
+        g.inflight.get(&oid).is_some_and(|v| match range {
+            None => !v.is_empty(),
+            Some((off, end)) => v.iter().any(|&(a, b)| a < end && off < b),
+        })
+    }
+
+    fn end(&self, runs: &[Run], errors: Vec<(u64, WireError)>) {
+        let mut g = self.inner.lock().unwrap();
+        for r in runs {
+            let range = (r.off, r.off + r.data.len as u64);
+            if let Some(v) = g.inflight.get_mut(&r.layout.oid) {
+                if let Some(i) = v.iter().position(|&x| x == range) {
+                    v.swap_remove(i);
+                }
+                if v.is_empty() {
+                    g.inflight.remove(&r.layout.oid);
+                }
+            }
+        }
+        for (oid, e) in errors {
+            if g.errors.len() < MAX_ERRORS || g.errors.contains_key(&oid) {
+                g.errors.entry(oid).or_insert(e);
+            }
+        }
+        drop(g);
+        self.done.notify_all();
+    }
+
+    /// Writes `runs` to the targets (scattered over threads when several) and records
+    /// their errors; the runs were marked under way by [`Gas::begin`].
+    fn scatter(&self, b: &Backend, mut runs: Vec<Run>, why: Reason) {
+        self.stats.flushes[why as usize].fetch_add(1, Relaxed);
+        runs.sort_unstable_by_key(|r| (r.layout.oid, r.off));
+        let write = |r: &Run| -> Option<(u64, WireError)> {
+            let mut info = IoInfo::default();
+            self.stats.runs.fetch_add(1, Relaxed);
+            self.stats.bytes.fetch_add(r.data.len as u64, Relaxed);
+            let chunks: Vec<&[u8]> = r.data.chunks.iter().map(|c| c.as_slice()).collect();
+            match b.write_through_chunks(&r.layout, r.handle, r.off, &chunks, &mut info) {
+                Ok(_) => None,
+                Err(e) => {
+                    self.stats.deferred_errors.fetch_add(1, Relaxed);
+                    log::warn!("deferred write of {:016x} at {}: {}", r.layout.oid, r.off, e.msg);
+                    Some((r.layout.oid, e))
+                }
+            }
+        };
+        let errors: Vec<(u64, WireError)> = if runs.len() <= 1 {
+            runs.iter().filter_map(write).collect()
+        } else {
+            let k = runs.len().min(SCATTER_THREADS);
+            let per = runs.len().div_ceil(k);
+            std::thread::scope(|s| {
+                let hs: Vec<_> =
+                    runs.chunks(per).map(|c| s.spawn(move || c.iter().filter_map(write).collect::<Vec<_>>())).collect();
+                hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+            })
+        };
+        self.end(&runs, errors);
+    }
+
+    /// Flushes every buffered write of `oid` (all nodes) and waits for flushes of it under
+    /// way; returns (and forgets) the file's deferred write error if `report`.
+    pub fn settle(&self, b: &Backend, oid: u64, why: Reason, report: bool) -> Res<()> {
+        let mut g = self.inner.lock().unwrap();
+        let runs = self.take_file(&mut g, oid);
+        if !runs.is_empty() {
+            Self::begin(&mut g, &runs);
+            drop(g);
+            self.scatter(b, runs, why);
+            g = self.inner.lock().unwrap();
+        }
+        // Flushes of it under way elsewhere must be done too before a read or fsync.
+        while Self::in_flight(&g, oid, None) {
+            g = self.done.wait(g).unwrap();
+        }
+        match report {
+            true => g.errors.remove(&oid).map_or(Ok(()), Err),
+            false => Ok(()),
+        }
+    }
+
+    /// Flushes one node's buffer (or all, `None`).
+    pub fn flush(&self, b: &Backend, node: Option<&str>, why: Reason) {
+        self.flush_to(b, node, why, false)
+    }
+
+    /// Like [`Gas::flush`]; with `background`, the runs (marked under way) go to the flusher
+    /// thread when its queue has room, so the writer that filled the buffer is answered while
+    /// they are scattered.
+    fn flush_to(&self, b: &Backend, node: Option<&str>, why: Reason, background: bool) {
+        let mut g = self.inner.lock().unwrap();
+        let names: Vec<String> = match node {
+            Some(n) => vec![n.to_string()],
+            None => g.nodes.keys().cloned().collect(),
+        };
+        let mut runs = Vec::new();
+        for n in &names {
+            runs.extend(Self::take_node(&mut g, n));
+        }
+        if runs.is_empty() {
+            return;
+        }
+        Self::begin(&mut g, &runs);
+        drop(g);
+        let runs = match self.queue.get() {
+            Some(q) if background => match q.try_send((runs, why)) {
+                Ok(()) => return,
+                Err(TrySendError::Full((runs, _)) | TrySendError::Disconnected((runs, _))) => runs,
+            },
+            _ => runs,
+        };
+        self.scatter(b, runs, why);
+    }
+
+    /// Flushes every buffer and waits for the flushes under way (shutdown).
+    pub fn drain(&self, b: &Backend) {
+        self.flush(b, None, Reason::Shutdown);
+        let mut g = self.inner.lock().unwrap();
+        while !g.inflight.is_empty() {
+            g = self.done.wait(g).unwrap();
+        }
+    }
+
+    /// Flushes the buffers of nodes idle for `flush_after`, or whose oldest write is
+    /// [`MAX_AGE_FACTOR`] x `flush_after` old.
+    pub fn flush_due(&self, b: &Backend) {
+        let due: Vec<String> = {
+            let g = self.inner.lock().unwrap();
+            g.nodes
+                .iter()
+                .filter(|(_, n)| {
+                    n.last.is_some_and(|t| t.elapsed() >= self.flush_after)
+                        || n.since.is_some_and(|t| t.elapsed() >= self.flush_after * MAX_AGE_FACTOR)
+                })
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for n in due {
+            self.flush(b, Some(&n), Reason::Time);
+        }
+    }
+
+    /// Gathers a client write of `data` at `off` of file `l` through open `h` from compute
+    /// node `node` (the caller checked the layout and the range).
+    pub fn gather(&self, b: &Backend, node: &str, l: &Layout, h: OpenHandle, off: u64, data: &[u8]) -> Res<u32> {
+        let end = off + data.len() as u64;
+        log::trace!("gather {node} {:016x} {off}+{}", l.oid, data.len());
+        let mut g = self.inner.lock().unwrap();
+        // A write overlapping one being flushed waits for it; one overlapping a buffered
+        // write flushes the file first: either way it lands last.
+        while Self::in_flight(&g, l.oid, Some((off, end))) {
+            g = self.done.wait(g).unwrap();
+        }
+        let overlaps = g.nodes.values().any(|n| {
+            n.files.iter().any(|(k, f)| {
+                k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len as u64 > off)
+            })
+        });
+        if overlaps {
+            drop(g);
+            self.settle(b, l.oid, Reason::Overlap, false)?;
+            g = self.inner.lock().unwrap();
+        }
+        if !g.nodes.contains_key(node) && g.nodes.len() >= MAX_NODES {
+            drop(g);
+            self.flush(b, None, Reason::Size);
+            g = self.inner.lock().unwrap();
+        }
+        let nb = g.nodes.entry(node.to_string()).or_default();
+        let now = Instant::now();
+        nb.since.get_or_insert(now);
+        nb.last = Some(now);
+        nb.bytes += data.len();
+        // Writes of every open of a classic layout merge (the handle only matters to the
+        // placement accounting of progressive components).
+        let key = (l.oid, if l.is_progressive() { h } else { OpenHandle { daemon: 0, id: 0 } });
+        let f = nb.files.entry(key).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
+        // Arrange: append to the extent ending at `off`, then take in the one starting at `end`.
+        let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len as u64 == off);
+        let mut merged = false;
+        let start = match prev {
+            Some((&o, d)) => {
+                d.len += data.len();
+                d.chunks.push(data.to_vec());
+                merged = true;
+                o
+            }
+            None => {
+                f.extents.insert(off, Extent { len: data.len(), chunks: vec![data.to_vec()] });
+                off
+            }
+        };
+        if let Some(next) = f.extents.remove(&end) {
+            let e = f.extents.get_mut(&start).unwrap();
+            e.len += next.len;
+            e.chunks.extend(next.chunks);
+            merged = true;
+        }
+        let node_bytes = nb.bytes;
+        g.total += data.len();
+        let total = g.total;
+        drop(g);
+        self.stats.gathered.fetch_add(1, Relaxed);
+        if merged {
+            self.stats.merged.fetch_add(1, Relaxed);
+        }
+        if total >= self.buffer_max * MAX_BUFFERS {
+            self.flush(b, None, Reason::Size);
+        } else if node_bytes >= self.buffer_max {
+            self.flush_to(b, Some(node), Reason::Size, true);
+        }
+        Ok(data.len() as u32)
+    }
+}
+
+/// Counters of GAS and of the write path (GET /status).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct GasView {
+    pub enabled: bool,
+    pub client_writes: u64,
+    pub backend_write_requests: u64,
+    pub gathered: u64,
+    pub merged: u64,
+    pub runs: u64,
+    pub bytes: u64,
+    pub buffered_bytes: u64,
+    pub deferred_errors: u64,
+    pub flushes: BTreeMap<&'static str, u64>,
+}
+
+/// Client writes received and write requests issued to the targets (always), and the GAS
+/// counters (when on), in `GET /metrics`.
+pub struct GasCollector(pub Arc<Backend>);
+
+impl std::fmt::Debug for GasCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GasCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for GasCollector {
+    fn encode(&self, mut e: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let v = self.0.gas_view();
+        let one = |e: &mut prometheus_client::encoding::DescriptorEncoder, name: &str, help: &str, x: u64| {
+            let c = ConstCounter::new(x);
+            c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+        };
+        one(&mut e, "pharos_fwd_client_writes", "Write requests received from clients", v.client_writes)?;
+        one(
+            &mut e,
+            "pharos_fwd_backend_write_requests",
+            "Write requests issued to the targets (one pwrite of an object each)",
+            v.backend_write_requests,
+        )?;
+        if !v.enabled {
+            return Ok(());
+        }
+        one(
+            &mut e,
+            "pharos_fwd_gas_gathered_writes",
+            "Client writes gathered into a compute node's buffer",
+            v.gathered,
+        )?;
+        one(&mut e, "pharos_fwd_gas_merged_writes", "Gathered writes merged with an adjacent buffered one", v.merged)?;
+        one(&mut e, "pharos_fwd_gas_runs", "Contiguous runs written to the targets by flushes", v.runs)?;
+        one(&mut e, "pharos_fwd_gas_bytes", "Bytes written to the targets by flushes", v.bytes)?;
+        one(&mut e, "pharos_fwd_gas_deferred_errors", "Flushed runs whose write failed", v.deferred_errors)?;
+        let g = ConstGauge::new(v.buffered_bytes as i64);
+        g.encode(e.encode_descriptor(
+            "pharos_fwd_gas_buffered_bytes",
+            "Bytes gathered, not written yet",
+            None,
+            g.metric_type(),
+        )?)?;
+        let c0 = ConstCounter::new(0u64);
+        let mut f =
+            e.encode_descriptor("pharos_fwd_gas_flushes", "Buffer flushes, by reason", None, c0.metric_type())?;
+        for r in REASONS {
+            ConstCounter::new(v.flushes.get(r).copied().unwrap_or(0)).encode(f.encode_family(&[("reason", r)])?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend {
+    /// Enables Gather-Arrange-Scatter (see the module doc) and starts its time-based flusher,
+    /// which ends with the backend.
+    pub fn enable_gas(self: &Arc<Self>, buffer_max: usize, flush_after: Duration) {
+        if self.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
+            return;
+        }
+        let (tx, rx) = bounded::<(Vec<Run>, Reason)>(QUEUED_FLUSHES);
+        let _ = self.gas.get().unwrap().queue.set(tx);
+        let weak: Weak<Backend> = Arc::downgrade(self);
+        let tick = (flush_after / 2).max(Duration::from_micros(500));
+        // Scatters the size flushes handed over, and every tick the idle and old buffers; ends
+        // when the backend (and so the queue's sender) is gone.
+        std::thread::Builder::new()
+            .name("fwd-gas-flush".into())
+            .spawn(move || loop {
+                let got = rx.recv_timeout(tick);
+                let Some(b) = weak.upgrade() else { return };
+                let Some(g) = b.gas.get() else { return };
+                match got {
+                    Ok((runs, why)) => g.scatter(&b, runs, why),
+                    Err(RecvTimeoutError::Timeout) => g.flush_due(&b),
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            })
+            .expect("spawn gas flusher");
+    }
+
+    /// The write path's counters and GAS's.
+    pub fn gas_view(&self) -> GasView {
+        let mut v = GasView {
+            client_writes: self.client_writes.load(Relaxed),
+            backend_write_requests: self.data_writes.load(Relaxed),
+            ..Default::default()
+        };
+        if let Some(g) = self.gas.get() {
+            let s = &g.stats;
+            v.enabled = true;
+            v.gathered = s.gathered.load(Relaxed);
+            v.merged = s.merged.load(Relaxed);
+            v.runs = s.runs.load(Relaxed);
+            v.bytes = s.bytes.load(Relaxed);
+            v.deferred_errors = s.deferred_errors.load(Relaxed);
+            v.buffered_bytes = g.buffered() as u64;
+            v.flushes = REASONS.iter().zip(&s.flushes).map(|(r, c)| (*r, c.load(Relaxed))).collect();
+        }
+        v
+    }
+
+    /// Writes every gathered write to the targets (shutdown); a no-op without GAS.
+    pub fn gas_flush_all(&self) {
+        if let Some(g) = self.gas.get() {
+            g.drain(self);
+        }
+    }
+
+    /// Before a close of `l` (release): flushes its gathered writes and returns a deferred
+    /// write error of the file, if any; a no-op without GAS.
+    pub fn gas_close(&self, l: &Layout) -> Res<()> {
+        match self.gas.get() {
+            Some(g) => g.settle(self, l.oid, Reason::Close, true),
+            None => Ok(()),
+        }
+    }
+
+    /// Before a read, stat or truncate of `oid`: its gathered writes go to the targets.
+    pub(super) fn gas_settle(&self, oid: u64, why: Reason) {
+        if let Some(g) = self.gas.get() {
+            let _ = g.settle(self, oid, why, false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::testutil::*;
+    use crate::backend::{pieces, Placement};
+    use pharos_fwd_proto::Ctx;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn gas_backend(targets: usize, buffer: usize, ms: u64) -> (tempfile::TempDir, Arc<Backend>) {
+        let (d, b) = backend(targets);
+        let b = Arc::new(b);
+        b.enable_gas(buffer, Duration::from_millis(ms));
+        (d, b)
+    }
+
+    #[test]
+    fn interleaved_writes_of_a_node_merge_and_read_back() {
+        let (_d, b) = gas_backend(2, 8 << 20, 60_000);
+        b.placement.store(Arc::new(Placement {
+            stripe_count: Some(2),
+            stripe_size: Some(1 << 20),
+            ..Default::default()
+        }));
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut info = IoInfo::default();
+        let blk = 64 << 10;
+        // 8 "ranks" write their blocks round-robin, rank-major order shuffled.
+        let mut want = vec![0u8; 8 * 4 * blk];
+        for round in 0..4 {
+            for rank in [3usize, 0, 7, 1, 5, 2, 6, 4] {
+                let off = (round * 8 + rank) * blk;
+                let data = vec![(round * 8 + rank) as u8 + 1; blk];
+                want[off..off + blk].copy_from_slice(&data);
+                b.write_from("cn0", &l, h, off as u64, &data, &mut info).unwrap();
+            }
+        }
+        let g = b.gas.get().unwrap();
+        assert_eq!(g.buffered(), want.len());
+        assert_eq!(b.data_writes.load(Relaxed), 0, "nothing reached the targets yet");
+        assert_eq!(b.read(&l, 0, want.len() as u32, &mut info).unwrap(), want);
+        assert_eq!(g.buffered(), 0);
+        // One run, split at the stripe boundary: 2 pwrites for 32 client writes.
+        assert_eq!(g.stats.runs.load(Relaxed), 1);
+        assert_eq!(b.data_writes.load(Relaxed), 2);
+        assert_eq!(b.client_writes.load(Relaxed), 32);
+    }
+
+    #[test]
+    fn overlap_size_time_fsync_and_deferred_errors() {
+        let (_d, b) = gas_backend(1, 64 << 10, 20);
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut info = IoInfo::default();
+        b.write_from("a", &l, h, 0, b"aaaa", &mut info).unwrap();
+        b.write_from("b", &l, h, 2, b"BB", &mut info).unwrap(); // overlaps: "aaaa" lands first
+        b.fsync(&l, false, &mut info).unwrap();
+        assert_eq!(b.read(&l, 0, 10, &mut info).unwrap(), b"aaBB");
+        let g = b.gas.get().unwrap();
+        assert_eq!(g.stats.flushes[Reason::Overlap as usize].load(Relaxed), 1);
+        // Size: a node past its buffer flushes.
+        b.write_from("a", &l, h, 0, &vec![1u8; 70 << 10], &mut info).unwrap();
+        assert_eq!(g.buffered(), 0);
+        // Time: the flusher writes a small buffer within a few periods.
+        b.write_from("a", &l, h, 0, b"t", &mut info).unwrap();
+        let t0 = Instant::now();
+        while g.buffered() > 0 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(g.buffered(), 0);
+        assert!(g.stats.flushes[Reason::Time as usize].load(Relaxed) >= 1);
+        // A deferred error (the objects are gone) comes back at the file's close.
+        b.unlink("f", &Ctx::default()).unwrap();
+        b.release(&l, h).unwrap();
+        let (_, l2, h2) = b.create("g", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut gone = l.clone();
+        gone.oid = l2.oid ^ 1;
+        b.write_from("a", &gone, h2, 0, b"x", &mut info).unwrap();
+        assert!(b.gas_close(&gone).is_err());
+        assert!(b.gas_close(&gone).is_ok(), "reported once");
+        b.release(&l2, h2).unwrap();
+    }
+
+    #[test]
+    fn chunked_runs_write_across_stripes() {
+        let (_d, b) = gas_backend(3, 1 << 20, 60_000);
+        b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let parts: Vec<Vec<u8>> =
+            [3usize, 5000, 70_000, 1, 4093].iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+        let chunks: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let mut info = IoInfo::default();
+        assert_eq!(b.write_through_chunks(&l, h, 777, &chunks, &mut info).unwrap(), 79_097);
+        let want: Vec<u8> = parts.concat();
+        assert_eq!(b.read(&l, 777, 100_000, &mut info).unwrap(), want);
+        assert_eq!(b.data_writes.load(Relaxed), pieces(&l, 777, 79_097).len() as u64);
+    }
+}
