@@ -46,17 +46,9 @@ from forwarder_testkit import ADMIN_TOKEN, write_secret
 from pharos_testkit import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def wait_ready(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists() and path.stat().st_size:
-            return
-        if proc.poll() is not None:
-            sys.exit(f"{proc.args[0]} exited with {proc.returncode}")
-        time.sleep(0.05)
-    sys.exit(f"{path} not written in {timeout}s")
+from forwarder import fio, wait_ready  # noqa: E402 - one fio runner and ready-file wait for the forwarder benches
 
 
 class Stack:
@@ -124,14 +116,6 @@ class Stack:
                     p.kill()
         if os.path.ismount(self.mnt):
             subprocess.run(["umount", "-l", str(self.mnt)], check=False)
-
-
-def fio(directory: Path, *args: str) -> dict:
-    cmd = ["fio", "--output-format=json", f"--directory={directory}", "--ioengine=psync", "--group_reporting", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode:
-        sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
 
 
 def summary(name: str, unit: str, res: dict[str, list[float]], base: str, opt: str, higher_better: bool = True) -> str:
