@@ -48,25 +48,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pharos_testkit import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
 
-from forwarder_testkit import ADMIN_TOKEN, write_secret
+from forwarder_testkit import ADMIN_TOKEN, port_of, wait_ready, write_secret
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / "target" / "release"
-
-
-def wait_ready(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists() and path.stat().st_size:
-            return
-        if proc.poll() is not None:
-            sys.exit(f"{proc.args[0]} exited with {proc.returncode}")
-        time.sleep(0.05)
-    sys.exit(f"{path} not written in {timeout}s")
 
 
 def fio(directory: Path, *args: str) -> dict:
@@ -192,7 +180,6 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
     """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir`; returns the mount."""
     mnt = root / f"mnt{tag}"
     mnt.mkdir()
-    port, admin, madmin = free_port(), free_port(), free_port()
     auth = auth_args(bin_dir, root)
     fwd = subprocess.Popen(
         [
@@ -200,9 +187,9 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
             "--node-name",
             "fwd0",
             "--listen",
-            f"127.0.0.1:{port}",
+            "127.0.0.1:0",
             "--admin",
-            f"127.0.0.1:{admin}",
+            "127.0.0.1:0",
             "--mdt",
             str(root / f"be{tag}" / "mdt"),
             "--targets-root",
@@ -218,7 +205,7 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
         stderr=subprocess.STDOUT,
     )
     procs.append(fwd)
-    wait_ready(root / f"fwd{tag}.ready", fwd)
+    port = port_of(wait_ready(root / f"fwd{tag}.ready", fwd)["listen"])
     mount = subprocess.Popen(
         [
             str(bin_dir / "pharos-mount"),
@@ -227,7 +214,7 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
             "--fwd",
             f"fwd0=127.0.0.1:{port}",
             "--admin",
-            f"127.0.0.1:{madmin}",
+            "127.0.0.1:0",
             "--ready-file",
             str(root / f"mnt{tag}.ready"),
             *auth,

@@ -42,13 +42,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
 
-from forwarder_testkit import ADMIN_TOKEN, write_secret
-from pharos_testkit import free_port
+from forwarder_testkit import ADMIN_TOKEN, port_of, wait_ready, write_secret
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from forwarder import fio, wait_ready  # noqa: E402 - one fio runner and ready-file wait for the forwarder benches
+from forwarder import fio  # noqa: E402 - one fio runner for the forwarder benches
 
 
 class Stack:
@@ -63,13 +62,11 @@ class Stack:
         auth = ["--key-file", str(key), "--admin-token-file", str(token)]
         self.mnt = root / f"mnt-{tag}"
         self.mnt.mkdir()
-        port, admin, madmin = free_port(), free_port(), free_port()
-        self.admin = f"http://127.0.0.1:{admin}"
         be = root / f"be-{tag}"
         fwd = subprocess.Popen(
             [
                 str(bin_dir / "pharos-fwd"),
-                *("--node-name", "fwd0", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}"),
+                *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
                 *("--mdt", str(be / "mdt"), "--targets-root", str(be), "--target-count", "8", "--no-kafka"),
                 *("--ready-file", str(root / f"fwd-{tag}.ready"), *auth, *fwd_args),
             ],
@@ -77,12 +74,13 @@ class Stack:
             stderr=subprocess.STDOUT,
         )
         self.procs.append(fwd)
-        wait_ready(root / f"fwd-{tag}.ready", fwd)
+        bound = wait_ready(root / f"fwd-{tag}.ready", fwd)
+        port, self.admin = port_of(bound["listen"]), f"http://{bound['admin']}"
         mount = subprocess.Popen(
             [
                 str(bin_dir / "pharos-mount"),
                 *("--mountpoint", str(self.mnt), "--fwd", f"fwd0=127.0.0.1:{port}"),
-                *("--admin", f"127.0.0.1:{madmin}", "--threads", str(mount_threads)),
+                *("--admin", "127.0.0.1:0", "--threads", str(mount_threads)),
                 *("--ready-file", str(root / f"mnt-{tag}.ready"), *auth),
             ],
             stdout=(root / f"mnt-{tag}.log").open("w"),

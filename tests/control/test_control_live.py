@@ -11,8 +11,8 @@ import time
 import control_rows as cr
 import pharos_sysdiag_sim as sim
 import pytest
-from forwarder_testkit import BIN, Daemon, free_port, http, wait_file
-from pharos_testkit import in_job
+from forwarder_testkit import BIN, Daemon, http, port_of, wait_ready
+from pharos_testkit import free_port, in_job
 
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
@@ -52,7 +52,6 @@ def end(store, job: str, name: str, t: int) -> None:
 
 def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
     """pharos-fwd as Cluster.start_daemon starts it, on a given admin port (a daemon coming back)."""
-    port = free_port()
     ready, log = cluster.root / f"{name}.ready", cluster.root / f"{name}.log"
     ready.unlink(missing_ok=True)
     args = [
@@ -60,7 +59,7 @@ def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
         "--node-name",
         name,
         "--listen",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",
         "--admin",
         f"127.0.0.1:{admin_port}",
         "--mdt",
@@ -75,8 +74,7 @@ def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
         *cluster.auth_args(),
     ]
     proc = subprocess.Popen(args, stdout=log.open("a"), stderr=subprocess.STDOUT)
-    wait_file(ready, proc)
-    d = Daemon(name, proc, port, admin_port, log)
+    d = Daemon(name, proc, port_of(wait_ready(ready, proc)["listen"]), admin_port, log)
     cluster.daemons.append(d)
     return d
 

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pharos_testkit import free_port, in_job
+from pharos_testkit import in_job
 
 REPO = Path(__file__).resolve().parents[2]
 # PHAROS_FWD_BIN_DIR: run against other builds (e.g. to show a test fails on an older one).
@@ -48,6 +48,26 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before ready")
         time.sleep(0.05)
     raise TimeoutError(f"{path} not written within {timeout}s")
+
+
+def wait_ready(path: Path, proc: subprocess.Popen, timeout: float = 20) -> dict:
+    """The ready file's JSON (bound ``listen``/``admin`` addresses, ``pid``) once complete.
+
+    The daemon and the mount are started on port 0 and say which ports they bound here,
+    so no port is picked by the test and then lost to another process before the bind."""
+    deadline = time.monotonic() + timeout
+    wait_file(path, proc, timeout)
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def port_of(addr: str) -> int:
+    return int(addr.rsplit(":", 1)[1])
 
 
 # The admin token of every cluster of this test session (the daemons' and mounts'
@@ -160,7 +180,6 @@ class Cluster:
         return self.backend / "mdt" / "ns"
 
     def start_daemon(self, name: str, *extra: str, kafka: str | None = None, admin_token: bool = True) -> Daemon:
-        port, admin = free_port(), free_port()
         ready = self.root / f"{name}.ready"
         log = self.root / f"{name}.log"
         args = [
@@ -168,9 +187,9 @@ class Cluster:
             "--node-name",
             name,
             "--listen",
-            f"127.0.0.1:{port}",
+            "127.0.0.1:0",
             "--admin",
-            f"127.0.0.1:{admin}",
+            "127.0.0.1:0",
             "--mdt",
             str(self.backend / "mdt"),
             "--targets-root",
@@ -184,8 +203,8 @@ class Cluster:
             *extra,
         ]
         proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
-        wait_file(ready, proc)
-        d = Daemon(name, proc, port, admin, log)
+        bound = wait_ready(ready, proc)
+        d = Daemon(name, proc, port_of(bound["listen"]), port_of(bound["admin"]), log)
         self.daemons.append(d)
         return d
 
@@ -194,7 +213,6 @@ class Cluster:
     ) -> Mount:
         mp = self.root / f"mnt{len(self.mounts)}"
         mp.mkdir()
-        admin = free_port()
         ready = self.root / f"{mp.name}.ready"
         log = self.root / f"{mp.name}.log"
         args = [
@@ -206,7 +224,7 @@ class Cluster:
             "--compute-node",
             f"cn{node_index}",
             "--admin",
-            f"127.0.0.1:{admin}",
+            "127.0.0.1:0",
             "--ready-file",
             str(ready),
             *[a for d in daemons for a in ("--fwd", f"{d.name}={d.addr}")],
@@ -214,8 +232,8 @@ class Cluster:
             *extra,
         ]
         proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
-        wait_file(ready, proc)
-        m = Mount(mp, proc, admin, log)
+        bound = wait_ready(ready, proc)
+        m = Mount(mp, proc, port_of(bound["admin"]), log)
         self.mounts.append(m)
         return m
 
