@@ -48,7 +48,6 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from . import columnar
 from .settings import Settings
 from .store import Store, StoreError, ns_to_datetime64
 from .wire import (
@@ -58,6 +57,7 @@ from .wire import (
     OP_NAMES,
     SCHEMA_VERSION,
     IoBatch,
+    IoBatchHeader,
     JobEvent,
     TargetMetricsBatch,
 )
@@ -90,9 +90,9 @@ def decode_batch(value: bytes | None) -> IoBatch:
     ``producer_id`` is empty, a record has ``count`` 0, a timestamp does not fit
     DateTime64(9) (> 2262), or a record's bytes (max(result,0)*count) overflow UInt64.
     (The pipeline checks the batch with :func:`decode_batch_header` and the records in the
-    store; this is its fallback when the store refuses a record, and the reference.)
+    store; this is its fallback when the store refuses a poll, and the reference.)
     """
-    batch = decode_batch_header(value)
+    batch = _parse_batch(value, IoBatch)
     for i, r in enumerate(batch.records):
         if r.count == 0:
             raise InvalidMessage(f"record {i}: count 0 (must be >= 1)")
@@ -103,16 +103,22 @@ def decode_batch(value: bytes | None) -> IoBatch:
     return batch
 
 
-def decode_batch_header(value: bytes | None) -> IoBatch:
-    """Parse one ``pharos.io.requests`` message and check what the fast path cannot check in
-    the store: it parses (protobuf's C parser; no Python object per record), ``schema_version``
-    is 1, ``producer_id`` is set, ``created_ns`` fits DateTime64(9). The records' own rules
-    (:func:`decode_batch`) are checked by the insert (:mod:`pharos_pipeline.columnar`).
+def decode_batch_header(value: bytes | None) -> IoBatchHeader:
+    """Parse one ``pharos.io.requests`` message without decoding its records
+    (:data:`~pharos_pipeline.wire.IoBatchHeader`: ``len(h.records)`` is their number) and
+    check what the fast path cannot check in the store: ``schema_version`` is 1,
+    ``producer_id`` is set, ``created_ns`` fits DateTime64(9). The records are decoded and
+    checked by the insert (:mod:`pharos_pipeline.columnar`); a record that does not parse
+    there makes the pipeline validate the poll's batches with :func:`decode_batch`.
     Raises InvalidMessage.
     """
+    return _parse_batch(value, IoBatchHeader)
+
+
+def _parse_batch(value: bytes | None, cls):
     if value is None:
         raise InvalidMessage("empty message (null value)")
-    batch = IoBatch()
+    batch = cls()
     try:
         batch.ParseFromString(value)
     except DecodeError as exc:
@@ -226,7 +232,7 @@ def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
     return rows
 
 
-def batch_row(batch: IoBatch) -> dict[str, Any]:
+def batch_row(batch: IoBatch | IoBatchHeader) -> dict[str, Any]:
     """The ``io_batches`` row of a batch (``ingested`` is the column default, now)."""
     return {
         "producer_id": batch.producer_id,
@@ -237,7 +243,7 @@ def batch_row(batch: IoBatch) -> dict[str, Any]:
     }
 
 
-def drop_rows(batches: list[IoBatch]) -> list[dict[str, Any]]:
+def drop_rows(batches: list[IoBatch] | list[IoBatchHeader]) -> list[dict[str, Any]]:
     """``producer_drops`` rows: one per (producer, job), the maximum of each cumulative
     counter over ``batches``, ``updated`` = the newest batch's created time."""
     acc: dict[tuple[str, str], dict[str, Any]] = {}
@@ -397,7 +403,7 @@ class _Batch:
     offset: int
     key: bytes | None
     value: bytes
-    batch: IoBatch
+    batch: IoBatchHeader
 
 
 @dataclass
@@ -672,14 +678,15 @@ class Pipeline:
 
     def _insert_records(self, new: list[_Batch]) -> list[_Batch]:
         """Insert the records of ``new``; returns the batches stored. When the store refuses
-        a record, each batch is validated here (:func:`decode_batch`): the invalid ones go
-        to the dead letters and the others are inserted."""
+        the poll (a record that breaks a rule, or one that does not parse: the dispatcher
+        did not decode the records), each batch is validated here (:func:`decode_batch`):
+        the invalid ones go to the dead letters and the others are inserted. When every
+        batch is valid the refusal was the store's own: StoreError is raised."""
         try:
             self.store.insert_io_batches([b.value for b in new], self.settings.pipeline_parse_threads)
             return new
         except StoreError as exc:
-            if columnar.INVALID_RECORD not in str(exc):
-                raise
+            refused = exc
         good, bad = [], []
         for b in new:
             try:
@@ -687,12 +694,14 @@ class Pipeline:
                 good.append(b)
             except InvalidMessage as exc:
                 bad.append(_Bad(b.topic, b.partition, b.offset, b.key, b.value, str(exc)))
+        if not bad:
+            raise refused
         log.warning("%d batch(es) with invalid records in the poll: dead letters", len(bad))
         self._dead_letter(bad)
         self.store.insert_io_batches([b.value for b in good], self.settings.pipeline_parse_threads)
         return good
 
-    def _detect_gaps(self, batches: list[IoBatch]) -> None:
+    def _detect_gaps(self, batches: list[IoBatchHeader]) -> None:
         last = self._c.last_seq
         unknown = sorted({b.producer_id for b in batches} - set(last))
         if unknown:

@@ -239,7 +239,7 @@ class ChdbStore(Store):
                     f.writelines(columnar.length_delimited_parts(run))
             names = "{" + ",".join(str(k) for k in range(len(runs))) + "}"
             source = f"file({_ch_literal(f'{tmp}/{names}.bin')}, 'Protobuf', {_ch_literal(columnar.STRUCTURE)})"
-            settings = {**columnar.format_settings(inline=False), **columnar.ONE_BLOCK, "max_threads": len(runs)}
+            settings = {**columnar.format_settings(inline=False), **columnar.INSERT_SETTINGS, "max_threads": len(runs)}
             clause = ", ".join(f"{k} = {_ch_literal(v)}" for k, v in settings.items())
             self._h.query(f"{columnar.insert_sql('io_requests', source)}\nSETTINGS {clause}", "Null")
 
