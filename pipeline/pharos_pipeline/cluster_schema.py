@@ -16,7 +16,8 @@ by its first sorting-key column (rows that replace each other must meet on one s
 logs by ``rand()``. ``ALTER TABLE T`` goes to ``T_local`` ``ON CLUSTER``; an added column is
 added to ``T`` as well. A materialized view (the rollups) runs on every node from the local
 requests into the local rollup; a backfill ``INSERT ... SELECT`` is printed for the local tables,
-to run on one replica of every shard (INSERT has no ``ON CLUSTER``).
+to run on one replica of every shard (INSERT has no ``ON CLUSTER``); ``DROP VIEW`` (a view
+re-created with more columns) runs ``ON CLUSTER``.
 
 ``{cluster}``, ``{shard}``, ``{replica}`` and ``{database}`` are ClickHouse macros of each
 node's configuration (``<macros>``), except the cluster name, which is given here. Inserts through
@@ -47,6 +48,7 @@ _ORDER = re.compile(r"\bORDER BY\s*\(?\s*([\w]+)")
 _ALTER = re.compile(r"^ALTER TABLE (\w+)\s+(.*)$", re.S)
 _VIEW = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\s+TO (\w+)\s+AS\s+(.*)$", re.S)
 _INSERT = re.compile(r"^INSERT INTO (\w+)\s+(SELECT .*)$", re.S)
+_DROP_VIEW = re.compile(r"^DROP VIEW IF EXISTS (\w+)$", re.S)
 
 
 def _tables() -> set[str]:
@@ -106,13 +108,18 @@ def cluster_statements(cluster: str, sql: str) -> list[str]:
                 "-- on one replica of every shard (INSERT has no ON CLUSTER)\n"
                 f"INSERT INTO {m.group(1)}_local " + _locals(m.group(2), _tables())
             )
+        elif m := _DROP_VIEW.match(stmt):
+            # a view re-created by a later statement (the rollups' views: on every node)
+            out.append(f"DROP VIEW IF EXISTS {m.group(1)} {on}")
         elif m := _ALTER.match(stmt):
             table, rest = m.group(1), m.group(2)
             out.append(f"ALTER TABLE {table}_local {on} {rest}")
             if rest.upper().startswith("ADD COLUMN"):
                 out.append(f"ALTER TABLE {table} {on} {rest}")
         else:
-            raise ValueError(f"not a CREATE TABLE, materialized view, backfill or ALTER TABLE: {stmt[:80]!r}")
+            raise ValueError(
+                f"not a CREATE TABLE, materialized view, DROP VIEW, backfill or ALTER TABLE: {stmt[:80]!r}"
+            )
     return out
 
 

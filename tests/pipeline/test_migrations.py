@@ -19,6 +19,13 @@ MIGRATIONS = {
     "008_api_tokens.sql": {"tables": {"api_tokens"}},
     "009_rollups.sql": {"tables": {"io_rollup_1s", "io_rollup_1m"}},
     "010_io_batches_created_index.sql": {},
+    "011_rollup_data_ops.sql": {
+        "columns": {
+            (t, c)
+            for t in ("io_rollup_1s", "io_rollup_1m")
+            for c in ("data_bytes_read", "data_bytes_written", "data_reads", "data_writes", "meta_ops")
+        }
+    },
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -86,30 +93,65 @@ def test_old_requests_survive_the_ttl(pipeline_settings):
 
 
 def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
-    """009: the rollups' views add every insert into io_requests; applied to a store that already
-    holds records, the migration fills the rollups from them, once."""
+    """009 and 011: the rollups' views add every insert into io_requests; applied to a store that
+    already holds records, the migrations fill the rollups from them, once (011's columns with the
+    operation sets of pharos_analytics.summary and the dashboards' IS_DATA)."""
     from pipeline_testkit import make_batch, make_record
 
+    from pharos_analytics.summary import META_OPS, READ_OPS, WRITE_OPS, sql_list
     from pharos_pipeline.ingest import record_rows
+    from pharos_pipeline.wire import io_pb2
 
     store = open_store(pipeline_settings)
     try:
         migrate(store)
-        b = make_batch("p", 0, [make_record(k, layer=2, forwarding_node=f"fwd{k % 2}") for k in range(50)])
+        ops = [io_pb2.OP_PWRITE, io_pb2.OP_READ, io_pb2.OP_OPEN, io_pb2.OP_STAT, io_pb2.OP_WRITE]
+        kinds = [io_pb2.FILE_TYPE_REGULAR, io_pb2.FILE_TYPE_REGULAR, io_pb2.FILE_TYPE_PIPE]
+        b = make_batch(
+            "p",
+            0,
+            [
+                make_record(k, layer=2, forwarding_node=f"fwd{k % 2}", op=ops[k % 5], file_type=kinds[k % 3])
+                for k in range(50)
+            ],
+        )
         store.insert_io_batches([b.SerializeToString()])
         store.insert_rows("io_requests", record_rows(make_batch("p", 1, [make_record(k) for k in range(7)])))
-        sums = "SELECT sum(records) AS r, sum(ops) AS o, sum(bytes) AS b, sum(service_ns) AS s FROM {}"
-        raw = store.query(
-            "SELECT count() AS r, sum(count) AS o, sum(bytes) AS b, sum(duration_ns) AS s FROM io_requests"
+        sums = (
+            "SELECT sum(records) AS r, sum(ops) AS o, sum(bytes) AS b, sum(service_ns) AS s, "
+            "sum(data_bytes_read) AS dbr, sum(data_bytes_written) AS dbw, sum(data_reads) AS dr, "
+            "sum(data_writes) AS dw, sum(meta_ops) AS m FROM {}"
         )
+        regular = "file_type = 'regular'"
+        raw_sql = (
+            "SELECT count() AS r, sum(count) AS o, sum(bytes) AS b, sum(duration_ns) AS s, "
+            f"sumIf(bytes, {regular} AND op IN {sql_list(READ_OPS)}) AS dbr, "
+            f"sumIf(bytes, {regular} AND op IN {sql_list(WRITE_OPS)}) AS dbw, "
+            f"sumIf(count, {regular} AND op IN {sql_list(READ_OPS)}) AS dr, "
+            f"sumIf(count, {regular} AND op IN {sql_list(WRITE_OPS)}) AS dw, "
+            f"sumIf(count, op IN {sql_list(META_OPS)}) AS m FROM io_requests"
+        )
+        raw = store.query(raw_sql)
+        assert all(int(v) > 0 for v in raw[0].values()), raw  # every column has something to sum
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
-        # as if 009 had not run yet on this store: the re-run fills the empty rollups from the records
-        store.command("DROP VIEW io_rollup_1s_mv")
-        store.command("DROP VIEW io_rollup_1m_mv")
-        store.command("TRUNCATE TABLE io_rollup_1s")
-        store.command("TRUNCATE TABLE io_rollup_1m")
-        store.command("ALTER TABLE schema_migrations DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
-        assert migrate(store) == ["009_rollups.sql"]  # 010 stays recorded
+        # as if 009 had not run yet on this store: the re-run creates the rollups and fills them
+        # from the records, 011 adds its columns and fills them
+        for v in ("io_rollup_1s_mv", "io_rollup_1m_mv"):
+            store.command(f"DROP VIEW {v}")
+        for t in ("io_rollup_1s", "io_rollup_1m"):
+            store.command(f"DROP TABLE {t}")
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11) SETTINGS mutations_sync = 1")
+        assert migrate(store) == ["009_rollups.sql", "011_rollup_data_ops.sql"]  # 010 stays recorded
+        assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
+        # 011 again (a crash before it was recorded): the columns are filled, nothing is added twice
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version = 11 SETTINGS mutations_sync = 1")
+        assert migrate(store) == ["011_rollup_data_ops.sql"]
+        assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
+        # the re-created views keep following the inserts
+        store.insert_io_batches(
+            [make_batch("p", 2, [make_record(k, op=ops[k % 5]) for k in range(9)]).SerializeToString()]
+        )
+        raw = store.query(raw_sql)
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         per_node = store.query(
             "SELECT forwarding_node AS n, sum(ops) AS o FROM io_rollup_1s WHERE layer = 'forwarder' GROUP BY n ORDER BY n"
