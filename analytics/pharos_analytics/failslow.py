@@ -119,7 +119,7 @@ ORDER BY t_ns
 
 #: The seconds of a window ``(since, until]`` in the per-second rollup (io_rollup_1s, migration
 #: 009): the seconds its records started in, the last partial second left out.
-_ROLLUP_WINDOW = (
+ROLLUP_FWD_WINDOW = (
     "layer = 'forwarder' AND forwarding_node != '' "
     "AND sec >= toStartOfSecond({since:DateTime64(9)}) AND sec < toStartOfSecond({until:DateTime64(9)})"
 )
@@ -130,7 +130,7 @@ FWD_PAIRS_SQL = f"""
 SELECT forwarding_node AS node, target, intDiv(toUInt64(toUnixTimestamp(sec)) * 1000000000, {{bucket_ns:UInt64}}) AS bucket,
        sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
 FROM io_rollup_1s
-WHERE {_ROLLUP_WINDOW}
+WHERE {ROLLUP_FWD_WINDOW}
 GROUP BY node, target, bucket
 """
 FWD_BUCKETS_PER_WINDOW = 600  # the forwarders' median is taken over at most this many intervals per window
@@ -153,7 +153,7 @@ FROM
            sum(bytes) AS b, sum(ops) AS o, sum(queue_wait_ns) AS qw,
            quantilesMerge(0.5, 0.99)(duration)[2] AS p99, groupUniqArray(job_id) AS js
     FROM io_rollup_1s
-    WHERE {_ROLLUP_WINDOW}
+    WHERE {ROLLUP_FWD_WINDOW}
     GROUP BY node, sec
 )
 GROUP BY node
@@ -165,7 +165,7 @@ FWD_INTERVALS_SQL = f"""
 SELECT forwarding_node AS node, target, toUnixTimestamp64Nano(toDateTime64(sec, 9)) AS t_ns,
        sum(service_ns) / greatest(sum(bytes), 1) AS ns_per_byte, sum(ops) AS ops
 FROM io_rollup_1s
-WHERE {_ROLLUP_WINDOW} AND forwarding_node = {{node:String}}
+WHERE {ROLLUP_FWD_WINDOW} AND forwarding_node = {{node:String}}
 GROUP BY node, target, t_ns
 ORDER BY t_ns
 """

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pharos_sysdiag_sim as sim
 import pytest
@@ -69,6 +70,56 @@ def test_targets_and_forwarders(client):
     assert set(fw) == {"fwd0", "fwd1"} and all(x["state"] == "ok" for x in fw.values())
     assert [j["job_id"] for j in fw["fwd0"]["jobs"]] == ["heavy", "light"]
     assert fw["fwd0"]["queue_wait_ns"] > 100 * fw["fwd1"]["queue_wait_ns"]
+    assert fw["fwd0"]["queue_wait_p99_ns"] >= fw["fwd0"]["queue_wait_ns"] > 0
+
+
+def test_forwarders_from_the_rollup_equal_the_raw_records(client, store):
+    """/v1/forwarders reads io_rollup_1s: over the window's whole seconds its counts equal the
+    raw forwarder records' (mean queue wait and service time exactly; p99s approximate)."""
+    f = client.get("/v1/forwarders", params={"window_s": 30}).json()
+    until = datetime.fromisoformat(f["until"].replace("Z", "+00:00"))
+    hi = int(until.timestamp())  # seconds [hi - 30, hi): the last partial second left out
+    raw = store.query(
+        """
+        SELECT node, sum(n) AS requests, sum(b) AS bytes, sum(q) / sum(n) AS qw, sum(d) / sum(n) AS svc,
+               arraySlice(arraySort(x -> -x.2, groupArray((job_id, b))), 1, 20) AS jobs
+        FROM (
+            SELECT forwarding_node AS node, job_id, sum(count) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS q,
+                   sum(duration_ns) AS d
+            FROM io_requests
+            WHERE layer = 'forwarder' AND forwarding_node != ''
+              AND toUnixTimestamp(start) >= {lo:Int64} AND toUnixTimestamp(start) < {hi:Int64}
+            GROUP BY node, job_id
+        )
+        GROUP BY node ORDER BY node
+        """,
+        {"lo": hi - 30, "hi": hi},
+    )
+    raw_exact = {
+        r["node"]: r
+        for r in store.query(
+            """
+            SELECT forwarding_node AS node, uniqExact(target) AS targets,
+                   uniqExactIf(compute_node, compute_node != '') AS cns, quantileExact(0.99)(queue_wait_ns) AS qw99
+            FROM io_requests
+            WHERE layer = 'forwarder' AND forwarding_node != ''
+              AND toUnixTimestamp(start) >= {lo:Int64} AND toUnixTimestamp(start) < {hi:Int64}
+            GROUP BY node
+            """,
+            {"lo": hi - 30, "hi": hi},
+        )
+    }
+    got = {x["node"]: x for x in f["items"]}
+    assert set(got) == {r["node"] for r in raw} == {"fwd0", "fwd1"}
+    for r in raw:
+        g, e = got[r["node"]], raw_exact[r["node"]]
+        assert (g["requests"], g["bytes"]) == (int(r["requests"]), int(r["bytes"]))
+        assert g["queue_wait_ns"] == pytest.approx(float(r["qw"])) and g["service_ns"] == pytest.approx(float(r["svc"]))
+        assert (g["targets"], g["compute_nodes"]) == (int(e["targets"]), int(e["cns"]))
+        assert g["queue_wait_p99_ns"] == pytest.approx(float(e["qw99"]), rel=0.25)
+        assert [(j["job_id"], j["bytes"]) for j in g["jobs"]] == [
+            (j[0], int(j[1])) if isinstance(j, (list, tuple)) else (j["1"], int(j["2"])) for j in r["jobs"]
+        ]
 
 
 def test_interference_endpoint(client):

@@ -47,6 +47,7 @@ from pharos_pipeline.settings import Settings, admin_headers
 from pharos_pipeline.store import Store, ns_to_datetime64
 
 from ..diagnosis_config import DiagnosisConfig
+from ..failslow import ROLLUP_FWD_WINDOW
 from ..periodic import PeriodicLoop
 from .config import ControlConfig
 from .dfra import DfraDecision, NodeState, decide, job_history
@@ -96,17 +97,21 @@ SELECT node, toUnixTimestamp64Nano(max(detected)) AS t_ns FROM anomalies
 WHERE kind = 'fail_slow_target' AND active = 1 AND detected > {since:DateTime64(9)} AND detected <= {until:DateTime64(9)}
 GROUP BY node
 """
-LOAD_SQL = """
-SELECT forwarding_node AS node, job_id, sum(bytes) AS bytes FROM io_requests
-WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+#: Bytes forwarded per (forwarding node, job) over a window, and the capacity of a node (the
+#: largest per-node p99 of forwarded bytes per second), from the per-second rollup
+#: (io_rollup_1s; the seconds of the window ``(since, until]``, see failslow.ROLLUP_FWD_WINDOW):
+#: the cost grows with seconds x nodes x jobs, not with records.
+LOAD_SQL = f"""
+SELECT forwarding_node AS node, job_id, sum(bytes) AS bytes FROM io_rollup_1s
+WHERE {ROLLUP_FWD_WINDOW}
 GROUP BY node, job_id
 """
-CAPACITY_SQL = """
+CAPACITY_SQL = f"""
 SELECT max(p) AS cap FROM (
     SELECT node, quantileExact(0.99)(b) AS p FROM (
-        SELECT forwarding_node AS node, toStartOfSecond(start) AS s, sum(bytes) AS b FROM io_requests
-        WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
-        GROUP BY node, s)
+        SELECT forwarding_node AS node, sec, sum(bytes) AS b FROM io_rollup_1s
+        WHERE {ROLLUP_FWD_WINDOW}
+        GROUP BY node, sec)
     GROUP BY node)
 """
 TARGETS_SEEN_SQL = "SELECT DISTINCT target FROM target_metrics WHERE time > {since:DateTime64(9)} ORDER BY target"

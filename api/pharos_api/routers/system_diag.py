@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
-from pharos_analytics.failslow import detect_failslow
+from pharos_analytics.failslow import ROLLUP_FWD_WINDOW, detect_failslow
 from pharos_analytics.interference import detect_interference, job_interference
 from pharos_analytics.profiles import job_profiles
 from pharos_pipeline.store import Store, ns_to_datetime64
@@ -63,9 +63,12 @@ ANY_ANOMALY = {"kind": "", "node": "", "job": "", "active": -1}
 LAST_CYCLE_SQL = (
     "SELECT toUnixTimestamp64Nano(max(detected)) AS t FROM anomalies WHERE detected >= {since:DateTime64(9)}"
 )
+#: The newest data: the last target_metrics interval, or the end of the last second of forwarder
+#: requests in the per-second rollup.
 DATA_END_SQL = """
 SELECT greatest((SELECT toUnixTimestamp64Nano(max(time)) FROM target_metrics),
-                (SELECT toUnixTimestamp64Nano(max(start)) FROM io_requests WHERE layer = 'forwarder')) AS t
+                (SELECT if(count() = 0, 0, (toInt64(toUnixTimestamp(max(sec))) + 1) * 1000000000)
+                 FROM io_rollup_1s WHERE layer = 'forwarder')) AS t
 """
 
 TARGETS_SQL = """
@@ -91,22 +94,28 @@ GROUP BY target
 ORDER BY target
 """
 
-FORWARDERS_SQL = """
-SELECT fwd AS node, sum(n) AS requests, sum(b) AS bytes,
-       sum(b) / {window_s:Float64} AS bandwidth_b_s,
-       sum(qw) / greatest(sum(n), 1) AS queue_wait_ns, quantile(0.99)(qw) AS queue_wait_p99_ns,
-       sum(svc) / greatest(sum(n), 1) AS service_ns, quantile(0.99)(svc) AS service_p99_ns,
-       uniqExact(tgt) AS targets, uniqExact(cn) AS compute_nodes,
-       arraySlice(arraySort(x -> -x.2, groupUniqArray((job, jb))), 1, 20) AS _jobs
+#: Per forwarding node over the window, from the per-second rollup (io_rollup_1s, migrations 009
+#: and 011; the seconds of ``(since, until]``, the last partial second left out, as fail-slow
+#: reads it): the cost grows with seconds x nodes x targets x jobs, not with records.
+FORWARDERS_SQL = f"""
+SELECT node, sum(n) AS requests, sum(b) AS bytes,
+       sum(b) / {{window_s:Float64}} AS bandwidth_b_s,
+       sum(qw) / greatest(sum(n), 1) AS queue_wait_ns, quantilesMerge(0.5, 0.99)(qwq)[2] AS queue_wait_p99_ns,
+       sum(svc) / greatest(sum(n), 1) AS service_ns, quantilesMerge(0.5, 0.99)(svcq)[2] AS service_p99_ns,
+       length(groupUniqArrayArray(tgts)) AS targets, length(groupUniqArrayArray(cns)) AS compute_nodes,
+       arraySlice(arraySort(x -> -x.2, groupArray((job_id, b))), 1, 20) AS _jobs
 FROM
 (
-    SELECT forwarding_node AS fwd, target AS tgt, compute_node AS cn, job_id AS job, count AS n, bytes AS b,
-           queue_wait_ns AS qw, duration_ns AS svc, sum(bytes) OVER (PARTITION BY forwarding_node, job_id) AS jb
-    FROM io_requests
-    WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
+    SELECT forwarding_node AS node, job_id, sum(ops) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS qw,
+           sum(service_ns) AS svc, quantilesMergeState(0.5, 0.99)(queue_wait) AS qwq,
+           quantilesMergeState(0.5, 0.99)(duration) AS svcq, groupUniqArray(target) AS tgts,
+           groupUniqArrayArray(compute_nodes) AS cns
+    FROM io_rollup_1s
+    WHERE {ROLLUP_FWD_WINDOW}
+    GROUP BY node, job_id
 )
-GROUP BY fwd
-ORDER BY fwd
+GROUP BY node
+ORDER BY node
 """
 
 

@@ -5,6 +5,9 @@
 --   data_bytes_read / data_bytes_written: bytes of read / write requests on regular files
 --   data_reads / data_writes: those requests (sum of count)
 --   meta_ops: metadata requests (open, close, fsync, fdatasync, stat, unlink, mkdir, rename)
+-- and in the 1 s rollup, for the API's forwarding-node view:
+--   queue_wait: quantilesState(0.5, 0.99) of the requests' queue wait (ns)
+--   compute_nodes: the compute nodes the requests came from
 -- The same operation sets as pharos_analytics.summary READ_OPS / WRITE_OPS / META_OPS and the
 -- dashboards' IS_DATA (tests/pipeline/test_rollups.py checks the text against them).
 -- The views are re-created with the new columns; the rows already in the rollups get them once
@@ -20,7 +23,9 @@ ALTER TABLE io_rollup_1s
     ADD COLUMN IF NOT EXISTS data_bytes_written SimpleAggregateFunction(sum, UInt64),
     ADD COLUMN IF NOT EXISTS data_reads SimpleAggregateFunction(sum, UInt64),
     ADD COLUMN IF NOT EXISTS data_writes SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS meta_ops SimpleAggregateFunction(sum, UInt64);
+    ADD COLUMN IF NOT EXISTS meta_ops SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS queue_wait AggregateFunction(quantiles(0.5, 0.99), UInt64),
+    ADD COLUMN IF NOT EXISTS compute_nodes SimpleAggregateFunction(groupUniqArrayArray, Array(String));
 
 ALTER TABLE io_rollup_1m
     ADD COLUMN IF NOT EXISTS data_bytes_read SimpleAggregateFunction(sum, UInt64),
@@ -37,7 +42,8 @@ SELECT toStartOfSecond(start) AS sec, layer, forwarding_node, target, job_id,
        sumIf(io_requests.bytes, file_type = 'regular' AND op IN ('write', 'pwrite', 'writev')) AS data_bytes_written,
        sumIf(count, file_type = 'regular' AND op IN ('read', 'pread', 'readv')) AS data_reads,
        sumIf(count, file_type = 'regular' AND op IN ('write', 'pwrite', 'writev')) AS data_writes,
-       sumIf(count, op IN ('open', 'close', 'fsync', 'fdatasync', 'stat', 'unlink', 'mkdir', 'rename')) AS meta_ops
+       sumIf(count, op IN ('open', 'close', 'fsync', 'fdatasync', 'stat', 'unlink', 'mkdir', 'rename')) AS meta_ops,
+       quantilesState(0.5, 0.99)(io_requests.queue_wait_ns) AS queue_wait, groupUniqArrayIf(compute_node, compute_node != '') AS compute_nodes
 FROM io_requests
 WHERE (SELECT sum(data_reads) + sum(data_writes) + sum(meta_ops) FROM io_rollup_1s) = 0
   AND io_requests.ingested >= now() - INTERVAL 8 DAY
@@ -64,7 +70,8 @@ SELECT toStartOfSecond(start) AS sec, layer, forwarding_node, target, job_id,
        sumIf(io_requests.bytes, file_type = 'regular' AND op IN ('write', 'pwrite', 'writev')) AS data_bytes_written,
        sumIf(count, file_type = 'regular' AND op IN ('read', 'pread', 'readv')) AS data_reads,
        sumIf(count, file_type = 'regular' AND op IN ('write', 'pwrite', 'writev')) AS data_writes,
-       sumIf(count, op IN ('open', 'close', 'fsync', 'fdatasync', 'stat', 'unlink', 'mkdir', 'rename')) AS meta_ops
+       sumIf(count, op IN ('open', 'close', 'fsync', 'fdatasync', 'stat', 'unlink', 'mkdir', 'rename')) AS meta_ops,
+       quantilesState(0.5, 0.99)(io_requests.queue_wait_ns) AS queue_wait, groupUniqArrayIf(compute_node, compute_node != '') AS compute_nodes
 FROM io_requests
 GROUP BY sec, layer, forwarding_node, target, job_id;
 
