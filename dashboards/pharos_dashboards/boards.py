@@ -27,6 +27,29 @@ def all_of(condition: str, var: str) -> str:
 
 LAYER_F = all_of("layer IN (${layer})", "layer")
 
+#: The system-wide panels read the rollups (migrations 009 and 011, issue 15 item 2), not raw
+#: records: their cost grows with the range and the objects in it, not with the records. A range
+#: that starts within the last ROLLUP_1S_DAYS days (inside the 1 s rollup's 8-day TTL) reads
+#: io_rollup_1s, an older one io_rollup_1m; ``t`` is the row's second or minute, ``span`` its
+#: length in seconds (a rate divides by RATE_S, never less than one row's span).
+ROLLUP_1S_DAYS = 7
+RATE_S = "greatest($__interval_s, max(span))"
+
+
+def rollup(cols: str, where: str = "1", cols_1m: str | None = None) -> str:
+    """A FROM source over the rollup of the selected range with ``t``, ``span`` and ``cols``
+    (columns both rollups have: layer, job_id, forwarding_node, target, records, ops, bytes,
+    service_ns, queue_wait_ns, duration, data_bytes_read, data_bytes_written, data_reads,
+    data_writes, meta_ops; ``cols_1m`` for the minute rollup when ``cols`` names a 1 s-only
+    column: queue_wait, compute_nodes), rows matching ``where``."""
+    return f"""(
+  SELECT sec AS t, 1 AS span, {cols} FROM io_rollup_1s
+  WHERE $__fromTime >= now() - INTERVAL {ROLLUP_1S_DAYS} DAY AND $__timeFilter(sec) AND {where}
+  UNION ALL
+  SELECT minute AS t, 60 AS span, {cols_1m or cols} FROM io_rollup_1m
+  WHERE $__fromTime < now() - INTERVAL {ROLLUP_1S_DAYS} DAY AND $__timeFilter(minute) AND {where}
+)"""
+
 
 def per_series(label: str, fmt: str = "") -> dict:
     d = series_name(label)
@@ -104,15 +127,15 @@ def board(uid: str, title: str, description: str, datasource: str = PLUGIN) -> B
 # ---------------------------------------------------------------- system overview
 
 
-def top_jobs_sql(value: str, alias: str, where: str) -> str:
-    """Top-N jobs by ``value`` over the selected layers; per job the largest layer's value (each
-    layer sees the same requests: summing layers would count them twice)."""
+def top_jobs_sql(value: str, alias: str) -> str:
+    """Top-N jobs by ``value`` (over the rollup's rows) over the selected layers; per job the
+    largest layer's value (each layer sees the same requests: summing layers would count them twice)."""
+    cols = "layer, job_id, data_bytes_read, data_bytes_written, data_reads, data_writes, meta_ops"
     return f"""
 SELECT job_id, max(v) AS {alias}
 FROM (
   SELECT job_id, layer, {value} AS v
-  FROM io_requests
-  WHERE $__timeFilter(start) AND {LAYER_F} AND {where}
+  FROM {rollup(cols, LAYER_F)}
   GROUP BY job_id, layer
 )
 GROUP BY job_id
@@ -128,9 +151,7 @@ def overview() -> Board:
         "Bandwidth, IOPS and metadata operations by layer, active jobs, top jobs.",
     )
     b.variables = [
-        query_variable(
-            "layer", "Layer", "SELECT DISTINCT layer FROM io_requests WHERE $__timeFilter(start) ORDER BY layer"
-        ),
+        query_variable("layer", "Layer", f"SELECT DISTINCT layer FROM {rollup('layer')} ORDER BY layer"),
         custom_variable("topn", "Top N", ["5", "10", "20", "50"], "10"),
     ]
     annotations(b)
@@ -138,7 +159,7 @@ def overview() -> Board:
     for title, value, alias, unit, description in (
         (
             "Bandwidth by layer",
-            "sum(bytes)",
+            "sum(d.2)",
             "bandwidth",
             "Bps",
             "Bytes read and written on regular files per second, per layer (client: eBPF agent, "
@@ -146,7 +167,7 @@ def overview() -> Board:
         ),
         (
             "IOPS by layer",
-            "sum(count)",
+            "sum(d.3)",
             "iops",
             "iops",
             "Data requests per second (a merged record counts its requests).",
@@ -156,9 +177,10 @@ def overview() -> Board:
             "timeseries",
             title,
             f"""
-SELECT $__timeInterval(start) AS time, concat(layer, ' ', {DIRECTION}) AS series, {value} / $__interval_s AS {alias}
-FROM io_requests
-WHERE $__timeFilter(start) AND {LAYER_F} AND {IS_DATA}
+SELECT $__timeInterval(t) AS time, concat(layer, ' ', d.1) AS series, {value} / {RATE_S} AS {alias}
+FROM {rollup("layer, data_bytes_read, data_bytes_written, data_reads, data_writes", LAYER_F)}
+ARRAY JOIN [('read', data_bytes_read, data_reads), ('write', data_bytes_written, data_writes)] AS d
+WHERE d.3 > 0
 GROUP BY time, series
 ORDER BY time
 """,
@@ -172,9 +194,8 @@ ORDER BY time
         "timeseries",
         "Metadata ops by layer",
         f"""
-SELECT $__timeInterval(start) AS time, layer, sum(count) / $__interval_s AS metadata_ops
-FROM io_requests
-WHERE $__timeFilter(start) AND {LAYER_F} AND op IN {META}
+SELECT $__timeInterval(t) AS time, layer, sum(meta_ops) / {RATE_S} AS metadata_ops
+FROM {rollup("layer, meta_ops", LAYER_F + " AND meta_ops > 0")}
 GROUP BY time, layer
 ORDER BY time
 """,
@@ -205,9 +226,8 @@ WHERE started <= $__toTime AND (ends = 0 OR ended >= $__fromTime)
         "timeseries",
         "Jobs doing I/O",
         f"""
-SELECT $__timeInterval(start) AS time, uniqExact(job_id) AS jobs
-FROM io_requests
-WHERE $__timeFilter(start) AND {LAYER_F}
+SELECT $__timeInterval(t) AS time, uniqExact(job_id) AS jobs
+FROM {rollup("job_id", LAYER_F)}
 GROUP BY time
 ORDER BY time
 """,
@@ -224,10 +244,10 @@ SELECT job_id, e.name AS name, e.user AS user, e.ranks AS ranks, e.started AS st
 FROM (
   SELECT job_id, max(b) AS bytes, max(o) AS ops
   FROM (
-    SELECT job_id, layer, sum(bytes) AS b, sum(count) AS o
-    FROM io_requests
-    WHERE $__timeFilter(start) AND {LAYER_F} AND {IS_DATA}
+    SELECT job_id, layer, sum(data_bytes_read + data_bytes_written) AS b, sum(data_reads + data_writes) AS o
+    FROM {rollup("layer, job_id, data_bytes_read, data_bytes_written, data_reads, data_writes", LAYER_F)}
     GROUP BY job_id, layer
+    HAVING o > 0
   )
   GROUP BY job_id
 ) AS j
@@ -246,24 +266,28 @@ LIMIT 100
         overrides=[job_link("job_id"), unit_override("bytes", "bytes")],
     )
     b.row("Top jobs")
-    for title, value, alias, where, unit in (
-        ("Top jobs by bytes", "sum(bytes)", "bytes", IS_DATA, "bytes"),
+    for title, value, alias, unit in (
+        ("Top jobs by bytes", "sum(data_bytes_read + data_bytes_written)", "bytes", "bytes"),
         (
             "Top jobs by IOPS",
-            "sum(count) / greatest(1, dateDiff('millisecond', min(start), max(end)) / 1000)",
+            "sumIf(data_reads + data_writes, data_reads + data_writes > 0) "
+            "/ greatest(1, dateDiff('second', minIf(t, data_reads + data_writes > 0), "
+            "maxIf(t, data_reads + data_writes > 0)) + max(span))",
             "iops",
-            IS_DATA,
             "iops",
         ),
-        ("Top jobs by metadata ops", "sum(count)", "metadata_ops", f"op IN {META}", "short"),
+        ("Top jobs by metadata ops", "sum(meta_ops)", "metadata_ops", "short"),
     ):
         b.panel(
             "table",
             title,
-            top_jobs_sql(value, alias, where),
+            top_jobs_sql(value, alias),
             ("job_id", alias),
             w=8,
-            description="IOPS: data requests over the job's I/O time span in the range." if alias == "iops" else "",
+            description="IOPS: data requests over the seconds (minutes, for a range older than 7 days) "
+            "from the job's first to its last data request in the range."
+            if alias == "iops"
+            else "",
             overrides=[job_link("job_id"), unit_override(alias, unit)],
         )
     return b
@@ -288,10 +312,10 @@ def job() -> Board:
         query_variable(
             "job",
             "Job",
-            """
+            f"""
 SELECT job_id
 FROM (
-  SELECT job_id, max(start) AS t FROM io_requests WHERE $__timeFilter(start) GROUP BY job_id
+  SELECT job_id, max(t) AS t FROM {rollup("job_id")} GROUP BY job_id
   UNION ALL
   SELECT job_id, max(time) AS t FROM job_events WHERE $__timeFilter(time) GROUP BY job_id
 )
@@ -522,7 +546,7 @@ LIMIT 200
 # ---------------------------------------------------------------- forwarding nodes
 
 NODE_F = all_of("forwarding_node IN (${node})", "node")
-FWD = f"$__timeFilter(start) AND layer = 'forwarder' AND {NODE_F}"
+FWD = f"layer = 'forwarder' AND forwarding_node != '' AND {NODE_F}"
 
 
 def forwarders() -> Board:
@@ -535,10 +559,10 @@ def forwarders() -> Board:
         query_variable(
             "node",
             "Forwarding node",
-            """
+            f"""
 SELECT node
 FROM (
-  SELECT DISTINCT forwarding_node AS node FROM io_requests WHERE $__timeFilter(start) AND layer = 'forwarder'
+  SELECT DISTINCT forwarding_node AS node FROM {rollup("forwarding_node", "layer = 'forwarder'")}
   UNION DISTINCT
   SELECT DISTINCT forwarding_node AS node FROM target_metrics WHERE $__timeFilter(time)
 )
@@ -556,9 +580,8 @@ ORDER BY node
         "timeseries",
         "Load: bandwidth",
         f"""
-SELECT $__timeInterval(start) AS time, forwarding_node, sum(bytes) / $__interval_s AS bandwidth
-FROM io_requests
-WHERE {FWD} AND {IS_DATA}
+SELECT $__timeInterval(t) AS time, forwarding_node, sum(data_bytes_read + data_bytes_written) / {RATE_S} AS bandwidth
+FROM {rollup("forwarding_node, data_bytes_read, data_bytes_written", FWD)}
 GROUP BY time, forwarding_node
 ORDER BY time
 """,
@@ -570,9 +593,8 @@ ORDER BY time
         "timeseries",
         "Load: requests",
         f"""
-SELECT $__timeInterval(start) AS time, forwarding_node, sum(count) / $__interval_s AS requests
-FROM io_requests
-WHERE {FWD}
+SELECT $__timeInterval(t) AS time, forwarding_node, sum(ops) / {RATE_S} AS requests
+FROM {rollup("forwarding_node, ops", FWD)}
 GROUP BY time, forwarding_node
 ORDER BY time
 """,
@@ -585,31 +607,38 @@ ORDER BY time
         "timeseries",
         "Queue wait",
         f"""
-SELECT $__timeInterval(start) AS time, forwarding_node, avg(queue_wait_ns) / 1e9 AS mean, quantile(0.95)(queue_wait_ns) / 1e9 AS p95
-FROM io_requests
-WHERE {FWD}
+SELECT $__timeInterval(t) AS time, forwarding_node, sum(queue_wait_ns) / greatest(sum(ops), 1) / 1e9 AS mean,
+       quantilesMerge(0.5, 0.99)(queue_wait)[2] / 1e9 AS p99
+FROM {
+            rollup(
+                "forwarding_node, ops, queue_wait_ns, queue_wait",
+                FWD,
+                "forwarding_node, ops, queue_wait_ns, arrayReduce('quantilesStateIf(0.5, 0.99)', [toUInt64(0)], [0]) AS queue_wait",
+            )
+        }
 GROUP BY time, forwarding_node
 ORDER BY time
 """,
-        ("time", "forwarding_node", "mean", "p95"),
+        ("time", "forwarding_node", "mean", "p99"),
         unit="s",
-        description="Time a request waited in the daemon's class queue before a worker took it.",
+        description="Time a request waited in the daemon's class queue before a worker took it "
+        "(p99: ranges within the last 7 days, which the per-second rollup keeps).",
         defaults=per_series("forwarding_node", "${__field.labels.forwarding_node} ${__field.name}"),
     )
     b.panel(
         "timeseries",
         "Service time",
         f"""
-SELECT $__timeInterval(start) AS time, forwarding_node,
-       sum(duration_ns) / greatest(sum(count), 1) / 1e9 AS mean, quantile(0.95)(duration_ns / greatest(count, 1)) / 1e9 AS p95
-FROM io_requests
-WHERE {FWD} AND {IS_DATA}
+SELECT $__timeInterval(t) AS time, forwarding_node,
+       sum(service_ns) / greatest(sum(ops), 1) / 1e9 AS mean, quantilesMerge(0.5, 0.99)(duration)[2] / 1e9 AS p99
+FROM {rollup("forwarding_node, ops, service_ns, duration", FWD)}
 GROUP BY time, forwarding_node
 ORDER BY time
 """,
-        ("time", "forwarding_node", "mean", "p95"),
+        ("time", "forwarding_node", "mean", "p99"),
         unit="s",
-        description="Time per data request inside the daemon (a merged record's time divided by its requests).",
+        description="Time per request inside the daemon, data and metadata (mean: a merged record's time "
+        "divided by its requests; p99: of the records' times).",
         defaults=per_series("forwarding_node", "${__field.labels.forwarding_node} ${__field.name}"),
     )
     service_per_mib(
@@ -625,9 +654,8 @@ ORDER BY time
         "Jobs mapped (served in range)",
         f"""
 SELECT forwarding_node, uniqExact(job_id) AS jobs, arrayStringConcat(arraySort(groupUniqArray(job_id)), ', ') AS job_ids,
-       sum(bytes) AS bytes, max(end) AS last_request
-FROM io_requests
-WHERE {FWD}
+       sum(bytes) AS bytes, max(t) AS last_request
+FROM {rollup("forwarding_node, job_id, bytes", FWD)}
 GROUP BY forwarding_node
 ORDER BY forwarding_node
 """,
