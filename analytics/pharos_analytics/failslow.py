@@ -151,7 +151,7 @@ FROM
 (
     SELECT forwarding_node AS node, sec,
            sum(bytes) AS b, sum(ops) AS o, sum(queue_wait_ns) AS qw,
-           quantilesMerge(0.5, 0.99)(duration)[2] AS p99, groupUniqArray(job_id) AS js
+           quantilesBFloat16Merge(0.5, 0.99)(service_quantiles)[2] AS p99, groupUniqArray(job_id) AS js
     FROM io_rollup_1s
     WHERE {ROLLUP_FWD_WINDOW}
     GROUP BY node, sec

@@ -39,9 +39,9 @@ RATE_S = "greatest($__interval_s, max(span))"
 def rollup(cols: str, where: str = "1", cols_1m: str | None = None) -> str:
     """A FROM source over the rollup of the selected range with ``t``, ``span`` and ``cols``
     (columns both rollups have: layer, job_id, forwarding_node, target, records, ops, bytes,
-    service_ns, queue_wait_ns, duration, data_bytes_read, data_bytes_written, data_reads,
+    service_ns, queue_wait_ns, service_quantiles, data_bytes_read, data_bytes_written, data_reads,
     data_writes, meta_ops; ``cols_1m`` for the minute rollup when ``cols`` names a 1 s-only
-    column: queue_wait, compute_nodes), rows matching ``where``."""
+    column: queue_wait_quantiles, compute_nodes), rows matching ``where``."""
     return f"""(
   SELECT sec AS t, 1 AS span, {cols} FROM io_rollup_1s
   WHERE $__fromTime >= now() - INTERVAL {ROLLUP_1S_DAYS} DAY AND $__timeFilter(sec) AND {where}
@@ -608,12 +608,12 @@ ORDER BY time
         "Queue wait",
         f"""
 SELECT $__timeInterval(t) AS time, forwarding_node, sum(queue_wait_ns) / greatest(sum(ops), 1) / 1e9 AS mean,
-       quantilesMerge(0.5, 0.99)(queue_wait)[2] / 1e9 AS p99
+       quantilesBFloat16Merge(0.5, 0.99)(queue_wait_quantiles)[2] / 1e9 AS p99
 FROM {
             rollup(
-                "forwarding_node, ops, queue_wait_ns, queue_wait",
+                "forwarding_node, ops, queue_wait_ns, queue_wait_quantiles",
                 FWD,
-                "forwarding_node, ops, queue_wait_ns, arrayReduce('quantilesStateIf(0.5, 0.99)', [toUInt64(0)], [0]) AS queue_wait",
+                "forwarding_node, ops, queue_wait_ns, arrayReduce('quantilesBFloat16StateIf(0.5, 0.99)', [toUInt64(0)], [0]) AS queue_wait_quantiles",
             )
         }
 GROUP BY time, forwarding_node
@@ -630,8 +630,8 @@ ORDER BY time
         "Service time",
         f"""
 SELECT $__timeInterval(t) AS time, forwarding_node,
-       sum(service_ns) / greatest(sum(ops), 1) / 1e9 AS mean, quantilesMerge(0.5, 0.99)(duration)[2] / 1e9 AS p99
-FROM {rollup("forwarding_node, ops, service_ns, duration", FWD)}
+       sum(service_ns) / greatest(sum(ops), 1) / 1e9 AS mean, quantilesBFloat16Merge(0.5, 0.99)(service_quantiles)[2] / 1e9 AS p99
+FROM {rollup("forwarding_node, ops, service_ns, service_quantiles", FWD)}
 GROUP BY time, forwarding_node
 ORDER BY time
 """,

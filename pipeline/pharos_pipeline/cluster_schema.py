@@ -13,8 +13,8 @@ For a site that outgrows one ClickHouse server: every table ``T`` of the migrati
 Sharding: the traced requests and Darshan counters by job (``cityHash64(job_id)``: a job's
 analysis runs on its shard's data in parallel with the other shards'), every ReplacingMergeTree
 by its first sorting-key column (rows that replace each other must meet on one shard), append-only
-logs by ``rand()``. ``ALTER TABLE T`` goes to ``T_local`` ``ON CLUSTER``; an added column is
-added to ``T`` as well. A materialized view (the rollups) runs on every node from the local
+logs by ``rand()``. ``ALTER TABLE T`` goes to ``T_local`` ``ON CLUSTER``; an added or dropped
+column is added to or dropped from ``T`` as well. A materialized view (the rollups) runs on every node from the local
 requests into the local rollup; a backfill ``INSERT ... SELECT`` is printed for the local tables,
 to run on one replica of every shard (INSERT has no ``ON CLUSTER``); ``DROP VIEW`` (a view
 re-created with more columns) runs ``ON CLUSTER``.
@@ -114,7 +114,7 @@ def cluster_statements(cluster: str, sql: str) -> list[str]:
         elif m := _ALTER.match(stmt):
             table, rest = m.group(1), m.group(2)
             out.append(f"ALTER TABLE {table}_local {on} {rest}")
-            if rest.upper().startswith("ADD COLUMN"):
+            if rest.upper().startswith(("ADD COLUMN", "DROP COLUMN")):
                 out.append(f"ALTER TABLE {table} {on} {rest}")
         else:
             raise ValueError(

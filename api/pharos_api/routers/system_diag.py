@@ -100,15 +100,15 @@ ORDER BY target
 FORWARDERS_SQL = f"""
 SELECT node, sum(n) AS requests, sum(b) AS bytes,
        sum(b) / {{window_s:Float64}} AS bandwidth_b_s,
-       sum(qw) / greatest(sum(n), 1) AS queue_wait_ns, quantilesMerge(0.5, 0.99)(qwq)[2] AS queue_wait_p99_ns,
-       sum(svc) / greatest(sum(n), 1) AS service_ns, quantilesMerge(0.5, 0.99)(svcq)[2] AS service_p99_ns,
+       sum(qw) / greatest(sum(n), 1) AS queue_wait_ns, quantilesBFloat16Merge(0.5, 0.99)(qwq)[2] AS queue_wait_p99_ns,
+       sum(svc) / greatest(sum(n), 1) AS service_ns, quantilesBFloat16Merge(0.5, 0.99)(svcq)[2] AS service_p99_ns,
        length(groupUniqArrayArray(tgts)) AS targets, length(groupUniqArrayArray(cns)) AS compute_nodes,
        arraySlice(arraySort(x -> -x.2, groupArray((job_id, b))), 1, 20) AS _jobs
 FROM
 (
     SELECT forwarding_node AS node, job_id, sum(ops) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS qw,
-           sum(service_ns) AS svc, quantilesMergeState(0.5, 0.99)(queue_wait) AS qwq,
-           quantilesMergeState(0.5, 0.99)(duration) AS svcq, groupUniqArray(target) AS tgts,
+           sum(service_ns) AS svc, quantilesBFloat16MergeState(0.5, 0.99)(queue_wait_quantiles) AS qwq,
+           quantilesBFloat16MergeState(0.5, 0.99)(service_quantiles) AS svcq, groupUniqArray(target) AS tgts,
            groupUniqArrayArray(compute_nodes) AS cns
     FROM io_rollup_1s
     WHERE {ROLLUP_FWD_WINDOW}
