@@ -286,8 +286,10 @@ class Alerter:
 
 #: Jobs whose end event falls in (since, until].
 ENDED_JOBS_SQL = """
-SELECT DISTINCT job_id FROM job_events
+SELECT job_id, max(time) AS ended FROM job_events
 WHERE kind = 'end' AND time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+GROUP BY job_id
+ORDER BY ended, job_id
 """
 
 
@@ -356,6 +358,11 @@ class DetectionLoop(PeriodicLoop):
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
         self.failslow_windows = WindowCache()  # long windows re-judged every failslow_refresh_share of them
+        # ended jobs waiting for straggler attribution (oldest end first), and when each was queued
+        # (a job seen again in the next cycle's 30 s overlap is not queued twice)
+        self.straggler_backlog: list[str] = []
+        self.straggler_dropped = 0  # jobs left out when the backlog was full (logged)
+        self._straggler_seen: dict[str, int] = {}
         super().__init__(cfg.detect_period_s, log)
 
     def run_once(self, now_ns: int | None = None) -> dict:
@@ -382,6 +389,8 @@ class DetectionLoop(PeriodicLoop):
             "anomalies": len(rep.anomalies),
             "interference": len(events),
             "straggler_resources": stragglers,
+            "straggler_backlog": len(self.straggler_backlog),
+            "straggler_dropped": self.straggler_dropped,
             "conditions": len(conds),
             **sent,
             "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]],
@@ -391,23 +400,41 @@ class DetectionLoop(PeriodicLoop):
     def _stragglers(self, cfg: DiagnosisConfig, now_ns: int) -> int:
         """Straggler attribution (:mod:`~pharos_analytics.straggler`) of the jobs that ended since the
         previous cycle, and in the 30 s before it (their last forwarder records may come after the
-        end event), on the first cycle within ``interference_lookback_s``; each blamed resource is
-        stored once per job (kind ``straggler_resource``). Returns the resources found."""
+        end event), on the first cycle within ``interference_lookback_s``. At most
+        ``straggler_jobs_per_cycle`` jobs per cycle, oldest end first: the rest stay in
+        :attr:`straggler_backlog` for the next cycles. Each blamed resource is stored once per job
+        (kind ``straggler_resource``). Returns the resources found."""
         since = int(self.last.get("time_ns", 0)) if self.last else now_ns - int(cfg.interference_lookback_s * 1e9)
-        jobs = self.store.query(
+        ended = self.store.query(
             ENDED_JOBS_SQL, {"since": ns_to_datetime64(since - 30_000_000_000), "until": ns_to_datetime64(now_ns)}
         )
+        for r in ended:
+            if r["job_id"] not in self._straggler_seen:
+                self._straggler_seen[r["job_id"]] = now_ns
+                self.straggler_backlog.append(r["job_id"])
+        cap = 100 * cfg.straggler_jobs_per_cycle
+        if len(self.straggler_backlog) > cap:  # attribution failing cycle after cycle: keep the newest
+            over = len(self.straggler_backlog) - cap
+            self.straggler_dropped += over
+            log.warning("straggler attribution: backlog over %d jobs, %d oldest left out", cap, over)
+            del self.straggler_backlog[:over]
+        horizon = now_ns - 600_000_000_000  # well past the 30 s overlap
+        self._straggler_seen = {j: t for j, t in self._straggler_seen.items() if t >= horizon}
+        jobs = self.straggler_backlog[: cfg.straggler_jobs_per_cycle]
+        if not jobs:
+            return 0
         n = 0
         try:
-            traces = trace_observations(self.store, [r["job_id"] for r in jobs])  # one query for the batch
-        except Exception as exc:  # never stops the detection loop; the next cycle's jobs are read again
+            traces = trace_observations(self.store, jobs)  # one query for the batch
+        except Exception as exc:  # never stops the detection loop; the jobs stay queued for the next cycle
             log.warning("straggler attribution: reading %d ended jobs failed: %s", len(jobs), str(exc).splitlines()[0])
             return 0
-        for r in jobs:
+        del self.straggler_backlog[: len(jobs)]
+        for job in jobs:
             try:
-                n += len(record_straggler_anomalies(self.store, r["job_id"], cfg, now_ns, traces[r["job_id"]]).findings)
+                n += len(record_straggler_anomalies(self.store, job, cfg, now_ns, traces[job]).findings)
             except Exception as exc:  # one job's attribution never stops the detection loop
-                log.warning("straggler attribution of job %s failed: %s", r["job_id"], str(exc).splitlines()[0])
+                log.warning("straggler attribution of job %s failed: %s", job, str(exc).splitlines()[0])
         return n
 
     def status(self) -> dict:

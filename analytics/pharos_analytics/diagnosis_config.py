@@ -187,6 +187,13 @@ class DiagnosisConfig(PharosSettings):
         description="Beacon §5.3 (bandwidth < 0.5 x peers). The resource's median per-file performance must "
         "be at most 1/this of its peers' median (effect size).",
     )
+    straggler_jobs_per_cycle: int = Field(
+        default=16,
+        ge=1,
+        description="Pharos. Ended jobs the periodic detection attributes per cycle, oldest end first; "
+        "more wait for the next cycles (after a start, the jobs of the last interference_lookback_s), so a "
+        "cycle's cost is bounded by this many jobs' records, not by the backlog.",
+    )
     straggler_min_files: int = Field(
         default=2,
         ge=2,

@@ -29,6 +29,7 @@ from pharos_analytics.straggler import (
 )
 from pharos_api.app import create_app
 from pharos_pipeline.settings import Settings
+from pharos_pipeline.store import ns_to_datetime64
 
 CFG = DiagnosisConfig()
 
@@ -312,3 +313,32 @@ def _obs(store, job_id):
     from pharos_analytics.straggler import _counter_obs
 
     return [o for o in _counter_obs(store, job_id)[0] if o.resources["ost"]]
+
+
+def test_detection_works_off_a_backlog_of_ended_jobs_a_few_per_cycle(store, monkeypatch):
+    """After a start the periodic detection finds every job that ended in the look-back; it
+    attributes ``straggler_jobs_per_cycle`` of them per cycle (oldest end first), each once."""
+    from pharos_analytics.alerts import DetectionLoop
+
+    jobs = [f"strag-bl{k}" for k in range(5)]
+    store.insert_rows("io_requests", [r for k, j in enumerate(jobs) for r in fwd_rows(j, f"ost{k + 1}")])
+    ends = [
+        start_event(j, 16) | {"kind": "end", "time": ns_to_datetime64(T0 + (10 + k) * S)} for k, j in enumerate(jobs)
+    ]
+    store.insert_rows("job_events", [start_event(j, 16) for j in jobs] + ends)
+    monkeypatch.setenv("PHAROS_DIAGNOSIS_STRAGGLER_JOBS_PER_CYCLE", "2")
+    loop = DetectionLoop(store, DiagnosisConfig)
+
+    def blamed() -> list[tuple[str, str]]:
+        sql = "SELECT job_id, node FROM anomalies WHERE kind = 'straggler_resource' AND job_id LIKE 'strag-bl%'"
+        return sorted((r["job_id"], r["node"]) for r in store.query(sql))
+
+    now = T0 + 100 * S
+    assert loop.run_once(now)["straggler_backlog"] == 3
+    assert blamed() == [("strag-bl0", "ost1"), ("strag-bl1", "ost2")]
+    assert loop.run_once(now + 10 * S)["straggler_backlog"] == 1
+    last = loop.run_once(now + 20 * S)
+    assert last["straggler_backlog"] == 0 and last["straggler_dropped"] == 0
+    assert blamed() == [(j, f"ost{k + 1}") for k, j in enumerate(jobs)]
+    assert loop.run_once(now + 30 * S)["straggler_resources"] == 0  # nothing attributed twice
+    assert blamed() == [(j, f"ost{k + 1}") for k, j in enumerate(jobs)]
