@@ -33,9 +33,9 @@
 //! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crossbeam_channel::{bounded, RecvTimeoutError, Sender, TrySendError};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{Layout, OpenHandle, WireError};
@@ -212,12 +212,82 @@ pub struct Gas {
     pub flush_after: Duration,
     inner: Mutex<Inner>,
     done: Condvar,
-    /// Buffers of flushed writes, reused by the next gathers (at most `buffer_max` bytes).
+    /// Buffers of flushed writes, reused by the next gathers (at most 2 x `buffer_max` bytes:
+    /// a node's next buffer fills while its last one is scattered).
     pool: ChunkPool,
     pub stats: GasStats,
     /// Size flushes handed to the flusher thread (at most [`QUEUED_FLUSHES`] waiting; past
     /// that the writer scatters its node's runs itself).
-    queue: OnceLock<Sender<(Vec<Run>, Reason)>>,
+    queue: Arc<FlushQueue>,
+}
+
+/// The flusher thread's work: size flushes handed over, and whether buffers wait for a time
+/// flush. A mutex and a condition variable, not a channel: crossbeam's blocking receive spins
+/// and yields before it parks, at every tick, CPU a 2-core box serving the writers lacks.
+#[derive(Default)]
+struct FlushQueue {
+    state: Mutex<FlushState>,
+    bell: Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    jobs: VecDeque<(Vec<Run>, Reason)>,
+    /// Something is buffered: the flusher ticks (else it sleeps until a job or a gather).
+    armed: bool,
+    /// The backend is gone: the flusher ends.
+    closed: bool,
+}
+
+impl FlushQueue {
+    /// Queues a flush unless [`QUEUED_FLUSHES`] wait already (then gives it back).
+    fn offer(&self, job: (Vec<Run>, Reason)) -> Result<(), (Vec<Run>, Reason)> {
+        let mut s = self.state.lock().unwrap();
+        if s.jobs.len() >= QUEUED_FLUSHES || s.closed {
+            return Err(job);
+        }
+        s.jobs.push_back(job);
+        drop(s);
+        self.bell.notify_one();
+        Ok(())
+    }
+    /// Wakes the flusher to tick (buffers became non-empty).
+    fn arm(&self) {
+        let mut s = self.state.lock().unwrap();
+        if !s.armed {
+            s.armed = true;
+            drop(s);
+            self.bell.notify_one();
+        }
+    }
+    /// The next job, `Ok(None)` after a tick (or at once when armed and none came), `Err` when closed.
+    fn next(&self, tick: Duration) -> Result<Option<(Vec<Run>, Reason)>, ()> {
+        let mut s = self.state.lock().unwrap();
+        loop {
+            if s.closed {
+                return Err(());
+            }
+            if let Some(j) = s.jobs.pop_front() {
+                return Ok(Some(j));
+            }
+            if s.armed {
+                let (s2, t) = self.bell.wait_timeout(s, tick).unwrap();
+                s = s2;
+                if t.timed_out() && s.jobs.is_empty() && !s.closed {
+                    return Ok(None);
+                }
+            } else {
+                s = self.bell.wait(s).unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for Gas {
+    fn drop(&mut self) {
+        self.queue.state.lock().unwrap().closed = true;
+        self.queue.bell.notify_all();
+    }
 }
 
 impl Gas {
@@ -227,9 +297,9 @@ impl Gas {
             flush_after,
             inner: Mutex::new(Inner::default()),
             done: Condvar::new(),
-            pool: ChunkPool { bufs: Mutex::new((Vec::new(), 0)), max: buffer_max.max(4096) },
+            pool: ChunkPool { bufs: Mutex::new((Vec::new(), 0)), max: 2 * buffer_max.max(4096) },
             stats: GasStats::default(),
-            queue: OnceLock::new(),
+            queue: Arc::default(),
         }
     }
 
@@ -328,14 +398,18 @@ impl Gas {
                 }
             }
         };
-        let errors: Vec<(u64, WireError)> = if runs.len() <= 1 {
+        let groups = object_groups(&runs);
+        let errors: Vec<(u64, WireError)> = if groups.len() <= 1 {
             runs.iter().filter_map(write).collect()
         } else {
-            let k = runs.len().min(SCATTER_THREADS);
-            let per = runs.len().div_ceil(k);
+            let k = groups.len().min(SCATTER_THREADS);
             std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    runs.chunks(per).map(|c| s.spawn(move || c.iter().filter_map(write).collect::<Vec<_>>())).collect();
+                let hs: Vec<_> = (0..k)
+                    .map(|i| {
+                        let mine: Vec<&Run> = groups.iter().skip(i).step_by(k).flatten().copied().collect();
+                        s.spawn(move || mine.into_iter().filter_map(write).collect::<Vec<_>>())
+                    })
+                    .collect();
                 hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
             })
         };
@@ -387,12 +461,12 @@ impl Gas {
         }
         Self::begin(&mut g, &runs);
         drop(g);
-        let runs = match self.queue.get() {
-            Some(q) if background => match q.try_send((runs, why)) {
+        let runs = match background {
+            true => match self.queue.offer((runs, why)) {
                 Ok(()) => return,
-                Err(TrySendError::Full((runs, _)) | TrySendError::Disconnected((runs, _))) => runs,
+                Err((runs, _)) => runs,
             },
-            _ => runs,
+            false => runs,
         };
         self.scatter(b, runs, why);
     }
@@ -487,6 +561,9 @@ impl Gas {
         g.total += data.len();
         let total = g.total;
         drop(g);
+        if total == data.len() {
+            self.queue.arm(); // the first bytes buffered: the flusher ticks again
+        }
         self.stats.gathered.fetch_add(1, Relaxed);
         if merged {
             self.stats.merged.fetch_add(1, Relaxed);
@@ -498,6 +575,22 @@ impl Gas {
         }
         Ok(data.len() as u32)
     }
+}
+
+/// The runs of a flush (sorted by object id and offset) in groups that one scatter thread
+/// writes in order: the runs of a file stored in one object share that object's inode lock,
+/// so writing them from several threads only makes the threads wait on (and spin for) each
+/// other; a striped or progressive file's runs reach several objects and stay one group each.
+fn object_groups(runs: &[Run]) -> Vec<Vec<&Run>> {
+    let mut groups: Vec<Vec<&Run>> = Vec::new();
+    for r in runs {
+        let one_object = !r.layout.is_progressive() && r.layout.targets.len() == 1;
+        match groups.last_mut() {
+            Some(g) if one_object && g[0].layout.oid == r.layout.oid => g.push(r),
+            _ => groups.push(vec![r]),
+        }
+    }
+    groups
 }
 
 /// Counters of GAS and of the write path (GET /status).
@@ -579,25 +672,29 @@ impl Backend {
         if self.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
             return;
         }
-        let (tx, rx) = bounded::<(Vec<Run>, Reason)>(QUEUED_FLUSHES);
-        let _ = self.gas.get().unwrap().queue.set(tx);
+        let q = self.gas.get().unwrap().queue.clone();
         let weak: Weak<Backend> = Arc::downgrade(self);
         let tick = (flush_after / 2).max(Duration::from_micros(500));
-        // Scatters the size flushes handed over, and every tick the idle and old buffers; ends
-        // when the backend (and so the queue's sender) is gone.
+        // Scatters the size flushes handed over, and every tick (while something is buffered)
+        // the idle and old buffers; ends when the backend is gone.
         std::thread::Builder::new()
             .name("fwd-gas-flush".into())
             .spawn(move || {
                 // SAFETY: a plain syscall about this thread; a failure leaves the default nice.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FLUSHER_NICE) };
-                loop {
-                    let got = rx.recv_timeout(tick);
+                while let Ok(got) = q.next(tick) {
                     let Some(b) = weak.upgrade() else { return };
                     let Some(g) = b.gas.get() else { return };
                     match got {
-                        Ok((runs, why)) => g.scatter(&b, runs, why),
-                        Err(RecvTimeoutError::Timeout) => g.flush_due(&b),
-                        Err(RecvTimeoutError::Disconnected) => return,
+                        Some((runs, why)) => g.scatter(&b, runs, why),
+                        None => {
+                            g.flush_due(&b);
+                            // Disarmed first, then checked: a gather after the check arms again.
+                            q.state.lock().unwrap().armed = false;
+                            if g.buffered() > 0 {
+                                q.arm();
+                            }
+                        }
                     }
                 }
             })
