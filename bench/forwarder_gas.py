@@ -2,7 +2,7 @@
 uncoordinated writes (issue 12, item 3), through the real daemon and the real mount.
 
 Two stacks side by side, each one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (one
-compute node): ``--gas on`` (defaults: 4 MiB buffer per compute node, 5 ms flush) and
+compute node): ``--gas on`` (defaults: 16 MiB buffer per compute node, 5 ms flush) and
 ``--gas off``. The workload is 8 ranks writing one shared file in interleaved 64 KiB blocks: fio
 ``numjobs=8`` on one file, job j writing blocks j, j+8, j+16, ... (``offset_increment=64k``,
 ``rw=write:448k``), 8 MiB per job, psync, then ``--verify=crc32c`` reading every block back. Each
