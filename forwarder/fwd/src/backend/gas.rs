@@ -448,6 +448,53 @@ impl Gas {
         }
     }
 
+    /// Before a read of `[off, end)` of `oid`: flushes the buffered writes overlapping it (all
+    /// nodes) and waits for the flushes under way that overlap it, so the read sees every
+    /// write answered before it; the file's other buffered writes stay gathered. Returns the
+    /// size the file has at least once its other gathered and flushing writes land (0 if
+    /// none): the read pads a short read up to it with zeros (a hole, not the end of the file).
+    pub fn settle_read(&self, b: &Backend, oid: u64, off: u64, end: u64) -> u64 {
+        let mut g = self.inner.lock().unwrap();
+        let mut runs = Vec::new();
+        let gi = &mut *g;
+        for (name, h) in gi.index.get(oid).to_vec() {
+            let Some(node) = gi.nodes.get_mut(&name) else { continue };
+            let Some(f) = node.files.get_mut(&(oid, h)) else { continue };
+            let hit: Vec<u64> =
+                f.extents.range(..end).rev().take_while(|(&o, d)| o + d.len as u64 > off).map(|(&o, _)| o).collect();
+            let layout = f.layout.clone();
+            for o in hit {
+                let data = f.extents.remove(&o).unwrap();
+                node.bytes -= data.len;
+                gi.total -= data.len;
+                runs.push(Run { layout: layout.clone(), handle: h, off: o, data });
+            }
+            if f.extents.is_empty() {
+                node.files.remove(&(oid, h));
+                gi.index.remove(oid, &name, h);
+                if node.files.is_empty() {
+                    node.since = None;
+                    node.last = None;
+                }
+            }
+        }
+        if !runs.is_empty() {
+            Self::begin(&mut g, &runs);
+            drop(g);
+            self.scatter(b, runs, Reason::Read);
+            g = self.inner.lock().unwrap();
+        }
+        while Self::in_flight(&g, oid, Some((off, end))) {
+            g = self.done.wait(g).unwrap();
+        }
+        let buffered = g.index.get(oid).iter().filter_map(|(n, h)| {
+            let f = g.nodes.get(n)?.files.get(&(oid, *h))?;
+            f.extents.iter().next_back().map(|(&o, d)| o + d.len as u64)
+        });
+        let flushing = g.inflight.get(&oid).into_iter().flatten().map(|&(_, e)| e);
+        buffered.chain(flushing).max().unwrap_or(0)
+    }
+
     /// Flushes one node's buffer (or all, `None`).
     pub fn flush(&self, b: &Backend, node: Option<&str>, why: Reason) {
         self.flush_to(b, node, why, false)
@@ -748,7 +795,16 @@ impl Backend {
         }
     }
 
-    /// Before a read, stat or truncate of `oid`: its gathered writes go to the targets.
+    /// Before a read of `[off, off + len)` of `oid` (see [`Gas::settle_read`]): the size the
+    /// file has at least counting its writes still gathered (0 without GAS).
+    pub(super) fn gas_settle_read(&self, oid: u64, off: u64, len: u64) -> u64 {
+        match self.gas.get() {
+            Some(g) => g.settle_read(self, oid, off, off.saturating_add(len)),
+            None => 0,
+        }
+    }
+
+    /// Before a stat or truncate of `oid`: its gathered writes go to the targets.
     pub(super) fn gas_settle(&self, oid: u64, why: Reason) {
         if let Some(g) = self.gas.get() {
             let _ = g.settle(self, oid, why, false);
@@ -901,6 +957,42 @@ mod tests {
         b.write_from("a", &l1, h1, 0, b"new", &mut info).unwrap();
         assert_eq!(g.pool.bufs.lock().unwrap().0.len(), pooled - 1);
         assert_eq!(b.read(&l1, 0, 3, &mut info).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_read_flushes_the_writes_it_overlaps_and_sees_the_size_of_the_others() {
+        for stripes in [1u32, 2] {
+            let (_d, b) = gas_backend(2, 8 << 20, 60_000);
+            b.placement.store(Arc::new(Placement {
+                stripe_count: Some(stripes),
+                stripe_size: Some(4096),
+                ..Default::default()
+            }));
+            let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+            let g = b.gas.get().unwrap();
+            let mut info = IoInfo::default();
+            b.write_from("a", &l, h, 0, b"abc", &mut info).unwrap();
+            b.fsync(&l, false, &mut info).unwrap();
+            b.write_from("a", &l, h, 10_000, b"xyz", &mut info).unwrap();
+            b.write_from("b", &l, h, 1, b"B", &mut info).unwrap();
+            // [0, 50): "B" lands, "xyz" stays gathered, and the bytes past the objects' end read as a hole.
+            let want = [&b"aBc"[..], &[0; 47]].concat();
+            assert_eq!(b.read(&l, 0, 50, &mut info).unwrap(), want, "stripes {stripes}");
+            assert_eq!(g.buffered(), 3, "the write elsewhere stays gathered");
+            let mut slot = [7u8; 60];
+            assert_eq!(b.read_into_slice(&l, 5, &mut info, &mut slot).unwrap(), 60);
+            assert_eq!(slot, [0; 60]);
+            if stripes == 1 {
+                assert!(b.read_span(&l, 0, 50, &mut info).unwrap().is_none(), "a hole sendfile cannot send");
+            }
+            // The range holding it flushes it; the end of the file is then its end.
+            assert_eq!(b.read(&l, 9_998, 100, &mut info).unwrap(), b"\0\0xyz");
+            assert_eq!(g.buffered(), 0);
+            assert_eq!(b.read(&l, 20_000, 10, &mut info).unwrap(), b"", "past the end");
+            let span = if stripes == 1 { b.read_span(&l, 0, 50, &mut info).unwrap().map(|s| s.len) } else { None };
+            assert!(stripes != 1 || span == Some(50));
+            assert_eq!(g.stats.flushes[Reason::Read as usize].load(Relaxed), 2);
+        }
     }
 
     #[test]
