@@ -17,9 +17,12 @@
 //! [`QUEUED_FLUSHES`] wait already, or when all buffers hold more than [`MAX_BUFFERS`] x
 //! `buffer_max`: backpressure), when the node has sent no write for `flush_after` (the burst is
 //! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
-//! checks every `flush_after / 2` while anything is buffered), and, for one file, before a read of it, a stat of its size, a truncate, its
-//! fsync and each release (close) of it, so that a read after a write through this daemon
-//! sees the write and fsync/close durability hold. A write overlapping a buffered one of the
+//! checks every `flush_after / 2` while anything is buffered), and, for one file, before a
+//! stat of its size, a truncate, its fsync and each release (close) of it, so that fsync/close
+//! durability hold. A read flushes the file's gathered writes that overlap its range and waits
+//! for the flushes under way that overlap it ([`Gas::settle_read`]; with the page cache on, the
+//! whole file); the file's other gathered writes stay and give the size up to which a short
+//! read is a hole: a read after a write through this daemon sees the write. A write overlapping a buffered one of the
 //! same file flushes that file first (the later write lands last; the check looks at that
 //! file's buffers only, found through a per-object index). A flush waits for flushes
 //! of the same file already under way, so writes land in the order they were buffered.
