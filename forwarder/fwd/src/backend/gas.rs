@@ -13,7 +13,7 @@
 //!   stored in one object are written by one thread, in offset order: see `object_groups`).
 //!
 //! A node's buffer is flushed when it holds more than `buffer_max` bytes (scattered by the
-//! flusher thread, at nice [`FLUSHER_NICE`], while the writer is answered; by the writer itself when
+//! flusher thread while the writer is answered; by the writer itself when
 //! [`QUEUED_FLUSHES`] wait already, or when all buffers hold more than [`MAX_BUFFERS`] x
 //! `buffer_max`: backpressure), when the node has sent no write for `flush_after` (the burst is
 //! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
@@ -65,10 +65,6 @@ pub const QUEUED_FLUSHES: usize = 2;
 pub const MAX_BUFFERS: usize = 4;
 /// Most compute-node buffers held at once (a new node past it flushes every buffer first).
 pub const MAX_NODES: usize = 256;
-/// Nice value of the flusher thread (and of the scatter threads it starts): background
-/// write-back yields the CPU to the writers' requests, as the kernel's flusher does; a flush
-/// someone waits for (fsync, close, read, overlap, backpressure) runs on the waiting thread.
-pub const FLUSHER_NICE: i32 = 10;
 /// Most files whose deferred write error waits to be reported.
 const MAX_ERRORS: usize = 4096;
 
@@ -740,8 +736,6 @@ impl Backend {
         std::thread::Builder::new()
             .name("fwd-gas-flush".into())
             .spawn(move || {
-                // SAFETY: a plain syscall about this thread; a failure leaves the default nice.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FLUSHER_NICE) };
                 while let Ok(got) = q.next(tick) {
                     let Some(b) = weak.upgrade() else { return };
                     let Some(g) = b.gas.get() else { return };
