@@ -10,7 +10,7 @@ round runs both stacks (order alternating, after a sync) on fresh files. Printed
 ratio on/off (median and range of the per-round ratios), and from the daemons' GET /metrics the
 write requests issued to the targets per client write received (and their ratio on/off).
 
-Usage: python bench/forwarder_gas.py [--rounds 3] [--mib-per-rank 8] [--bin DIR] [--keep]   (root, /dev/fuse, fio)
+Usage: python bench/forwarder_gas.py [--rounds 3] [--mib-per-rank 8] [--target-latency-ms 0] [--bin DIR] [--keep]   (root, /dev/fuse, fio)
 """
 
 from __future__ import annotations
@@ -86,6 +86,12 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--mib-per-rank", type=int, default=PER_RANK_MB, help="MiB each fio job writes (longer runs)")
     ap.add_argument(
+        "--target-latency-ms",
+        type=float,
+        default=0.0,
+        help="latency added to every target request on both stacks (pharos-fwd --latency-ms), as remote targets have",
+    )
+    ap.add_argument(
         "--gas-args", default="", help="extra pharos-fwd flags of the gas-on stack, e.g. '--gas-flush-ms 20'"
     )
     a = ap.parse_args()
@@ -101,11 +107,13 @@ def main() -> int:
             c = kit.Cluster(root / side)
             c.root.mkdir()
             clusters.append(c)
-            d = c.start_daemon("fwd0", "--gas", side, *(a.gas_args.split() if side == "on" else []))
+            lat = [f"--latency-ms=ost{i}={a.target_latency_ms}" for i in range(c.n_targets) if a.target_latency_ms > 0]
+            d = c.start_daemon("fwd0", "--gas", side, *lat, *(a.gas_args.split() if side == "on" else []))
             stacks[side] = (d, c.start_mount([d]))
         print(
             f"# GAS on/off: {RANKS} ranks (fio jobs) x {a.mib_per_rank} MiB in interleaved {BLOCK >> 10} KiB blocks of "
-            f"one file, then crc32c verify; {a.rounds} rounds, order alternating; tmp {root}"
+            f"one file, then crc32c verify; {a.rounds} rounds, order alternating; target latency {a.target_latency_ms} ms; "
+            f"tmp {root}"
         )
         bw = {s: [] for s in SIDES}
         per = {s: [] for s in SIDES}
