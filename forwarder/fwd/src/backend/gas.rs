@@ -34,7 +34,10 @@
 //! page faults once warm), so a gathered 64 KiB write is served in ~9-13 us against ~25-30 us
 //! for a write-through `pwrite` (bench/forwarder_gas.py, daemon service time); the flusher is
 //! woken by a condition variable (crossbeam's blocking receive spun at every tick) and sleeps
-//! while nothing is buffered. The daemon then spends about the CPU of GAS off per byte. A write
+//! while nothing is buffered. The daemon then spends about the CPU of GAS off per byte, and
+//! GAS on/off is at parity where a target write is a local page-cache copy (the client's
+//! FUSE round trip, ~200 us, dominates); with a per-request target latency (remote targets,
+//! `bench/forwarder_gas.py --target-latency-ms 0.1`) GAS on/off is 2.2-2.5. A write
 //! from a shared-memory slot (the mount's default) needs this copy (the slot is the client's
 //! again at the reply); TODO (issue 12, item 3): keep a socket write's own pooled buffer
 //! instead of copying it (server.rs hands the backend a borrowed slice today), and gather into
