@@ -2,7 +2,7 @@
 uncoordinated writes (issue 12, item 3), through the real daemon and the real mount.
 
 Two stacks side by side, each one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (one
-compute node): ``--gas on`` (defaults: 4 MiB buffer per compute node, 5 ms flush) and
+compute node): ``--gas on`` (defaults: 16 MiB buffer per compute node, 5 ms flush) and
 ``--gas off``. The workload is 8 ranks writing one shared file in interleaved 64 KiB blocks: fio
 ``numjobs=8`` on one file, job j writing blocks j, j+8, j+16, ... (``offset_increment=64k``,
 ``rw=write:448k``), 8 MiB per job, psync, then ``--verify=crc32c`` reading every block back. Each
@@ -10,7 +10,7 @@ round runs both stacks (order alternating, after a sync) on fresh files. Printed
 ratio on/off (median and range of the per-round ratios), and from the daemons' GET /metrics the
 write requests issued to the targets per client write received (and their ratio on/off).
 
-Usage: python bench/forwarder_gas.py [--rounds 3] [--bin DIR] [--keep]   (root, /dev/fuse, fio)
+Usage: python bench/forwarder_gas.py [--rounds 3] [--mib-per-rank 8] [--target-latency-ms 0] [--bin DIR] [--keep]   (root, /dev/fuse, fio)
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def counters(d: kit.Daemon) -> tuple[float, float]:
     return vals["pharos_fwd_client_writes_total"], vals["pharos_fwd_backend_write_requests_total"]
 
 
-def interleaved_fio(directory: Path) -> dict:
+def interleaved_fio(directory: Path, per_rank_mb: int = PER_RANK_MB) -> dict:
     """8 jobs, one shared file, interleaved 64 KiB blocks, then verify; fio's job summary."""
-    span = PER_RANK_MB * RANKS  # MiB of file each job's pattern spans
+    span = per_rank_mb * RANKS  # MiB of file each job's pattern spans
     out = kit.fio(
         "--name=gas",
         f"--directory={directory}",
@@ -61,7 +61,7 @@ def interleaved_fio(directory: Path) -> dict:
         f"--offset_increment={BLOCK >> 10}k",
         f"--rw=write:{(RANKS - 1) * BLOCK >> 10}k",
         f"--size={span}M",
-        f"--io_size={PER_RANK_MB}M",
+        f"--io_size={per_rank_mb}M",
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
@@ -72,7 +72,7 @@ def interleaved_fio(directory: Path) -> dict:
     job = out["jobs"][0]
     if job["error"]:
         raise SystemExit(f"fio error {job['error']}")
-    want = RANKS * PER_RANK_MB << 20
+    want = RANKS * per_rank_mb << 20
     if job["write"]["io_bytes"] != want or job["read"]["io_bytes"] != want:
         raise SystemExit(f"fio wrote {job['write']['io_bytes']} and verified {job['read']['io_bytes']} of {want}")
     return job
@@ -84,6 +84,13 @@ def main() -> int:
     ap.add_argument("--bin", type=Path, default=None, help="pharos-fwd/pharos-mount from this dir (no build)")
     ap.add_argument("--workdir", default="/var/tmp")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--mib-per-rank", type=int, default=PER_RANK_MB, help="MiB each fio job writes (longer runs)")
+    ap.add_argument(
+        "--target-latency-ms",
+        type=float,
+        default=0.0,
+        help="latency added to every target request on both stacks (pharos-fwd --latency-ms), as remote targets have",
+    )
     ap.add_argument(
         "--gas-args", default="", help="extra pharos-fwd flags of the gas-on stack, e.g. '--gas-flush-ms 20'"
     )
@@ -100,11 +107,13 @@ def main() -> int:
             c = kit.Cluster(root / side)
             c.root.mkdir()
             clusters.append(c)
-            d = c.start_daemon("fwd0", "--gas", side, *(a.gas_args.split() if side == "on" else []))
+            lat = [f"--latency-ms=ost{i}={a.target_latency_ms}" for i in range(c.n_targets) if a.target_latency_ms > 0]
+            d = c.start_daemon("fwd0", "--gas", side, *lat, *(a.gas_args.split() if side == "on" else []))
             stacks[side] = (d, c.start_mount([d]))
         print(
-            f"# GAS on/off: {RANKS} ranks (fio jobs) x {PER_RANK_MB} MiB in interleaved {BLOCK >> 10} KiB blocks of "
-            f"one file, then crc32c verify; {a.rounds} rounds, order alternating; tmp {root}"
+            f"# GAS on/off: {RANKS} ranks (fio jobs) x {a.mib_per_rank} MiB in interleaved {BLOCK >> 10} KiB blocks of "
+            f"one file, then crc32c verify; {a.rounds} rounds, order alternating; target latency {a.target_latency_ms} ms; "
+            f"tmp {root}"
         )
         bw = {s: [] for s in SIDES}
         per = {s: [] for s in SIDES}
@@ -114,7 +123,7 @@ def main() -> int:
                 os.sync()  # the other side's dirty pages are not this run's writeback
                 w0, b0 = counters(d)
                 (m.path / f"r{r}").mkdir()
-                job = interleaved_fio(m.path / f"r{r}")
+                job = interleaved_fio(m.path / f"r{r}", a.mib_per_rank)
                 w1, b1 = counters(d)
                 bw[side].append(job["write"]["bw_bytes"] / 1e6)
                 per[side].append((b1 - b0) / (w1 - w0))

@@ -117,6 +117,11 @@ impl Backend {
     pub(super) fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         self.check_layout(l)?;
         self.gas_settle(l.oid, Reason::Read);
+        self.data_stat_now(l)
+    }
+
+    /// Like [`Backend::data_stat`] of the objects as they are (gathered writes not flushed).
+    fn data_stat_now(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
         for (idx, ti) in self.objects(l)? {
             let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
@@ -237,13 +242,16 @@ impl Backend {
         if l.targets.len() != 1 || l.is_progressive() || self.cache.get().is_some() {
             return Ok(None);
         }
-        self.gas_settle(l.oid, Reason::Read);
+        let floor = self.gas_settle_read(l.oid, off, size as u64);
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
         let file = self.obj_fd(ti, l.oid, 0, false)?;
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
+        if len < size as u64 && floor > osize {
+            return Ok(None); // gathered writes past the object's end: a hole, read_into pads it
+        }
         if len > 0 {
             self.gate(ti, len, info);
         }
@@ -259,10 +267,20 @@ impl Backend {
     /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again),
     /// through the page cache when one is enabled.
     pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
-        self.gas_settle(l.oid, Reason::Read);
         match self.cache.get() {
-            Some(c) if size > 0 => self.read_cached(c, l, off, size, info, buf),
-            _ => self.read_direct(l, off, size, info, buf),
+            Some(c) if size > 0 => {
+                self.gas_settle(l.oid, Reason::Read);
+                self.read_cached(c, l, off, size, info, buf)
+            }
+            _ => {
+                let floor = self.gas_settle_read(l.oid, off, size as u64);
+                if buf.len() < size as usize {
+                    buf.resize(size as usize, 0);
+                }
+                let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize], floor)?;
+                buf.truncate(n);
+                Ok(())
+            }
         }
     }
 
@@ -271,7 +289,7 @@ impl Backend {
         if buf.len() < size as usize {
             buf.resize(size as usize, 0);
         }
-        let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize])?;
+        let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize], 0)?;
         buf.truncate(n);
         Ok(())
     }
@@ -280,28 +298,34 @@ impl Backend {
     /// item 1), after the file's gathered writes and through the page cache when one is enabled;
     /// returns how many bytes the file has there (fewer at its end).
     pub fn read_into_slice(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
-        self.gas_settle(l.oid, Reason::Read);
         match self.cache.get() {
             Some(c) if !buf.is_empty() => {
+                self.gas_settle(l.oid, Reason::Read);
                 let mut v = Vec::new();
                 self.read_cached(c, l, off, buf.len() as u32, info, &mut v)?;
                 let n = v.len().min(buf.len());
                 buf[..n].copy_from_slice(&v[..n]);
                 Ok(n)
             }
-            _ => self.read_slice_direct(l, off, info, buf),
+            _ => {
+                let floor = self.gas_settle_read(l.oid, off, buf.len() as u64);
+                self.read_slice_direct(l, off, info, buf, floor)
+            }
         }
     }
 
-    /// Reads up to `buf.len()` bytes at `off` from the targets (no cache, no gathered writes).
-    fn read_slice_direct(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
+    /// Reads up to `buf.len()` bytes at `off` from the targets (no cache; the gathered writes
+    /// overlapping the range were flushed by the caller). `floor`: the size the file has at
+    /// least (its gathered writes elsewhere, [`super::gas::Gas::settle_read`]; 0 without):
+    /// the bytes between the objects' end and it read as zeros.
+    fn read_slice_direct(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8], floor: u64) -> Res<usize> {
         self.check_layout(l)?;
         info.oid = l.oid;
         let single = l.targets.len() == 1 && !l.is_progressive();
         let mut len = buf.len() as u64;
         if l.targets.len() > 1 && !l.is_progressive() {
-            let (fsize, ..) = self.data_stat(l)?;
-            len = len.min(fsize.saturating_sub(off));
+            let (fsize, ..) = self.data_stat_now(l)?;
+            len = len.min(fsize.max(floor).saturating_sub(off));
         }
         if !single {
             // Holes inside the size read as zeros: a reused buffer must not show old bytes.
@@ -352,7 +376,13 @@ impl Backend {
             }
         }
         if l.is_progressive() {
-            got_end = if short { len.min(self.data_stat(l)?.0.saturating_sub(off)) } else { len };
+            got_end = if short { len.min(self.data_stat_now(l)?.0.max(floor).saturating_sub(off)) } else { len };
+        }
+        // A single object ending before `floor`: the rest up to it is a hole.
+        let pad_end = len.min(floor.saturating_sub(off));
+        if single && got_end < pad_end {
+            buf[got_end as usize..pad_end as usize].fill(0);
+            got_end = pad_end;
         }
         Ok(got_end as usize)
     }

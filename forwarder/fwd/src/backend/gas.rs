@@ -3,29 +3,45 @@
 //! issue 12, item 3.
 //!
 //! * **Gather**: a write through this daemon is copied into the buffer of its compute node
-//!   (the request's `compute_node`; every rank of a node shares it) and answered at once.
+//!   (the request's `compute_node`; every rank of a node shares it) and answered at once. The
+//!   copy is made before the buffers' lock is taken, into a reused buffer of a flushed write.
 //! * **Arrange**: each node's buffer keeps its writes by file (and open, for progressive
 //!   layouts) in offset order; a write that starts where a buffered extent ends (or ends where one starts) is merged
 //!   into it, so the interleaved blocks of a node's ranks become contiguous runs.
 //! * **Scatter**: a flush takes the node's runs and writes them to the targets, runs of
-//!   different objects in parallel (one thread per run, at most [`SCATTER_THREADS`]).
+//!   different objects in parallel (at most [`SCATTER_THREADS`] threads; the runs of a file
+//!   stored in one object are written by one thread, in offset order: see `object_groups`).
 //!
 //! A node's buffer is flushed when it holds more than `buffer_max` bytes (scattered by the
 //! flusher thread while the writer is answered; by the writer itself when
 //! [`QUEUED_FLUSHES`] wait already, or when all buffers hold more than [`MAX_BUFFERS`] x
 //! `buffer_max`: backpressure), when the node has sent no write for `flush_after` (the burst is
 //! over) or its oldest write is [`MAX_AGE_FACTOR`] x `flush_after` old (a background thread
-//! checks every `flush_after / 2`), and, for one file, before a read of it, a stat of its size, a truncate, its
-//! fsync and each release (close) of it, so that a read after a write through this daemon
-//! sees the write and fsync/close durability hold. A write overlapping a buffered one of the
-//! same file flushes that file first (the later write lands last). A flush waits for flushes
+//! checks every `flush_after / 2` while anything is buffered), and, for one file, before a
+//! stat of its size, a truncate, its fsync and each release (close) of it, so that fsync/close
+//! durability hold. A read flushes the file's gathered writes that overlap its range and waits
+//! for the flushes under way that overlap it ([`Gas::settle_read`]; with the page cache on, the
+//! whole file); the file's other gathered writes stay and give the size up to which a short
+//! read is a hole: a read after a write through this daemon sees the write. A write overlapping a buffered one of the
+//! same file flushes that file first (the later write lands last; the check looks at that
+//! file's buffers only, found through a per-object index). A flush waits for flushes
 //! of the same file already under way, so writes land in the order they were buffered.
 //!
 //! Cost: a gathered write is copied once into the buffer (a run keeps its writes' copies
 //! and is written with one `pwritev` per object piece), then by the flush into the target:
-//! one more copy than writing through. TODO (issue 12, item 3): gather without the copy
-//! (keep the request's pooled buffer), which the throughput figure of
-//! bench/forwarder_gas.py waits on.
+//! one more copy than writing through. The copy is made outside the lock into a buffer of
+//! a flushed write (a `ChunkPool` of at most 2 x `buffer_max` bytes: no allocation and no
+//! page faults once warm), so a gathered 64 KiB write is served in ~9-13 us against ~25-30 us
+//! for a write-through `pwrite` (bench/forwarder_gas.py, daemon service time); the flusher is
+//! woken by a condition variable (crossbeam's blocking receive spun at every tick) and sleeps
+//! while nothing is buffered. The daemon then spends about the CPU of GAS off per byte, and
+//! GAS on/off is at parity where a target write is a local page-cache copy (the client's
+//! FUSE round trip, ~200 us, dominates); with a per-request target latency (remote targets,
+//! `bench/forwarder_gas.py --target-latency-ms 0.1`) GAS on/off is 2.2-2.5. A write
+//! from a shared-memory slot (the mount's default) needs this copy (the slot is the client's
+//! again at the reply); TODO (issue 12, item 3): keep a socket write's own pooled buffer
+//! instead of copying it (server.rs hands the backend a borrowed slice today), and gather into
+//! preallocated slabs so that the first buffer after start is not faulted in write by write.
 //!
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
@@ -33,9 +49,9 @@
 //! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crossbeam_channel::{bounded, RecvTimeoutError, Sender, TrySendError};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{Layout, OpenHandle, WireError};
@@ -103,9 +119,79 @@ struct NodeBuf {
     files: HashMap<(u64, OpenHandle), FileBuf>,
 }
 
+/// Which buffers hold writes of an object: `(compute node, open)` keys of [`NodeBuf::files`]
+/// by object id, so that a write's overlap check and a flush of one file look at that file's
+/// buffers only instead of every file of every node.
+#[derive(Default)]
+struct OidIndex(HashMap<u64, Vec<(String, OpenHandle)>>);
+
+impl OidIndex {
+    /// Notes that `node` buffers writes of `oid` through open `h` (once per pair).
+    fn add(&mut self, oid: u64, node: &str, h: OpenHandle) {
+        let v = self.0.entry(oid).or_default();
+        if !v.iter().any(|(n, x)| n == node && *x == h) {
+            v.push((node.to_string(), h));
+        }
+    }
+    /// Forgets one pair (its buffer was taken).
+    fn remove(&mut self, oid: u64, node: &str, h: OpenHandle) {
+        if let Some(v) = self.0.get_mut(&oid) {
+            v.retain(|(n, x)| !(n == node && *x == h));
+            if v.is_empty() {
+                self.0.remove(&oid);
+            }
+        }
+    }
+    /// The buffers of `oid`.
+    fn get(&self, oid: u64) -> &[(String, OpenHandle)] {
+        self.0.get(&oid).map_or(&[], |v| v.as_slice())
+    }
+    /// Takes every buffer of `oid` out of the index.
+    fn take(&mut self, oid: u64) -> Vec<(String, OpenHandle)> {
+        self.0.remove(&oid).unwrap_or_default()
+    }
+}
+
+/// Reusable copies of gathered writes: a flushed write's buffer (its pages already faulted
+/// in) takes the next gathered write, so a gather is one `memcpy` without an allocation or
+/// page faults. Holds at most `max` bytes of capacity.
+struct ChunkPool {
+    bufs: Mutex<(Vec<Vec<u8>>, usize)>,
+    max: usize,
+}
+
+impl ChunkPool {
+    /// A copy of `data`, in a pooled buffer when there is one (grown if too small).
+    fn copy(&self, data: &[u8]) -> Vec<u8> {
+        let got = {
+            let mut p = self.bufs.lock().unwrap();
+            let b = p.0.pop();
+            p.1 -= b.as_ref().map_or(0, |b| b.capacity());
+            b
+        };
+        let mut b = got.unwrap_or_else(|| Vec::with_capacity(data.len()));
+        b.clear();
+        b.extend_from_slice(data);
+        b
+    }
+    /// Keeps written buffers for reuse (up to the pool's capacity; the rest are freed).
+    fn recycle(&self, chunks: impl IntoIterator<Item = Vec<u8>>) {
+        let mut p = self.bufs.lock().unwrap();
+        for b in chunks {
+            if p.1 + b.capacity() > self.max {
+                break;
+            }
+            p.1 += b.capacity();
+            p.0.push(b);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     nodes: HashMap<String, NodeBuf>,
+    /// The buffers of each object (see [`OidIndex`]).
+    index: OidIndex,
     total: usize,
     /// Byte ranges being written by flushes under way, by object id. Buffered extents never
     /// overlap them (a write overlapping one waits for it), so flushes of a file that run at
@@ -138,10 +224,82 @@ pub struct Gas {
     pub flush_after: Duration,
     inner: Mutex<Inner>,
     done: Condvar,
+    /// Buffers of flushed writes, reused by the next gathers (at most 2 x `buffer_max` bytes:
+    /// a node's next buffer fills while its last one is scattered).
+    pool: ChunkPool,
     pub stats: GasStats,
     /// Size flushes handed to the flusher thread (at most [`QUEUED_FLUSHES`] waiting; past
     /// that the writer scatters its node's runs itself).
-    queue: OnceLock<Sender<(Vec<Run>, Reason)>>,
+    queue: Arc<FlushQueue>,
+}
+
+/// The flusher thread's work: size flushes handed over, and whether buffers wait for a time
+/// flush. A mutex and a condition variable, not a channel: crossbeam's blocking receive spins
+/// and yields before it parks, at every tick, CPU a 2-core box serving the writers lacks.
+#[derive(Default)]
+struct FlushQueue {
+    state: Mutex<FlushState>,
+    bell: Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    jobs: VecDeque<(Vec<Run>, Reason)>,
+    /// Something is buffered: the flusher ticks (else it sleeps until a job or a gather).
+    armed: bool,
+    /// The backend is gone: the flusher ends.
+    closed: bool,
+}
+
+impl FlushQueue {
+    /// Queues a flush unless [`QUEUED_FLUSHES`] wait already (then gives it back).
+    fn offer(&self, job: (Vec<Run>, Reason)) -> Result<(), (Vec<Run>, Reason)> {
+        let mut s = self.state.lock().unwrap();
+        if s.jobs.len() >= QUEUED_FLUSHES || s.closed {
+            return Err(job);
+        }
+        s.jobs.push_back(job);
+        drop(s);
+        self.bell.notify_one();
+        Ok(())
+    }
+    /// Wakes the flusher to tick (buffers became non-empty).
+    fn arm(&self) {
+        let mut s = self.state.lock().unwrap();
+        if !s.armed {
+            s.armed = true;
+            drop(s);
+            self.bell.notify_one();
+        }
+    }
+    /// The next job, `Ok(None)` after a tick (or at once when armed and none came), `Err` when closed.
+    fn next(&self, tick: Duration) -> Result<Option<(Vec<Run>, Reason)>, ()> {
+        let mut s = self.state.lock().unwrap();
+        loop {
+            if s.closed {
+                return Err(());
+            }
+            if let Some(j) = s.jobs.pop_front() {
+                return Ok(Some(j));
+            }
+            if s.armed {
+                let (s2, t) = self.bell.wait_timeout(s, tick).unwrap();
+                s = s2;
+                if t.timed_out() && s.jobs.is_empty() && !s.closed {
+                    return Ok(None);
+                }
+            } else {
+                s = self.bell.wait(s).unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for Gas {
+    fn drop(&mut self) {
+        self.queue.state.lock().unwrap().closed = true;
+        self.queue.bell.notify_all();
+    }
 }
 
 impl Gas {
@@ -151,8 +309,9 @@ impl Gas {
             flush_after,
             inner: Mutex::new(Inner::default()),
             done: Condvar::new(),
+            pool: ChunkPool { bufs: Mutex::new((Vec::new(), 0)), max: 2 * buffer_max.max(4096) },
             stats: GasStats::default(),
-            queue: OnceLock::new(),
+            queue: Arc::default(),
         }
     }
 
@@ -165,21 +324,19 @@ impl Gas {
     /// flushes of it already under way; marks a flush of it under way.
     fn take_file(&self, g: &mut Inner, oid: u64) -> Vec<Run> {
         let mut runs = Vec::new();
-        for node in g.nodes.values_mut() {
-            let keys: Vec<(u64, OpenHandle)> = node.files.keys().filter(|k| k.0 == oid).copied().collect();
-            for k in keys {
-                let f = node.files.remove(&k).unwrap();
-                for (off, data) in f.extents {
-                    node.bytes -= data.len;
-                    runs.push(Run { layout: f.layout.clone(), handle: k.1, off, data });
-                }
+        for (name, h) in g.index.take(oid) {
+            let Some(node) = g.nodes.get_mut(&name) else { continue };
+            let Some(f) = node.files.remove(&(oid, h)) else { continue };
+            for (off, data) in f.extents {
+                node.bytes -= data.len;
+                g.total -= data.len;
+                runs.push(Run { layout: f.layout.clone(), handle: h, off, data });
             }
             if node.files.is_empty() {
                 node.since = None;
                 node.last = None;
             }
         }
-        g.total = g.nodes.values().map(|n| n.bytes).sum();
         runs
     }
 
@@ -188,7 +345,8 @@ impl Gas {
         let Some(n) = g.nodes.remove(node) else { return Vec::new() };
         g.total -= n.bytes;
         let mut runs = Vec::new();
-        for ((_, h), f) in n.files {
+        for ((oid, h), f) in n.files {
+            g.index.remove(oid, node, h);
             for (off, data) in f.extents {
                 runs.push(Run { layout: f.layout.clone(), handle: h, off, data });
             }
@@ -252,18 +410,23 @@ impl Gas {
                 }
             }
         };
-        let errors: Vec<(u64, WireError)> = if runs.len() <= 1 {
+        let groups = object_groups(&runs);
+        let errors: Vec<(u64, WireError)> = if groups.len() <= 1 {
             runs.iter().filter_map(write).collect()
         } else {
-            let k = runs.len().min(SCATTER_THREADS);
-            let per = runs.len().div_ceil(k);
+            let k = groups.len().min(SCATTER_THREADS);
             std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    runs.chunks(per).map(|c| s.spawn(move || c.iter().filter_map(write).collect::<Vec<_>>())).collect();
+                let hs: Vec<_> = (0..k)
+                    .map(|i| {
+                        let mine: Vec<&Run> = groups.iter().skip(i).step_by(k).flatten().copied().collect();
+                        s.spawn(move || mine.into_iter().filter_map(write).collect::<Vec<_>>())
+                    })
+                    .collect();
                 hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
             })
         };
         self.end(&runs, errors);
+        self.pool.recycle(runs.into_iter().flat_map(|r| r.data.chunks));
     }
 
     /// Flushes every buffered write of `oid` (all nodes) and waits for flushes of it under
@@ -285,6 +448,53 @@ impl Gas {
             true => g.errors.remove(&oid).map_or(Ok(()), Err),
             false => Ok(()),
         }
+    }
+
+    /// Before a read of `[off, end)` of `oid`: flushes the buffered writes overlapping it (all
+    /// nodes) and waits for the flushes under way that overlap it, so the read sees every
+    /// write answered before it; the file's other buffered writes stay gathered. Returns the
+    /// size the file has at least once its other gathered and flushing writes land (0 if
+    /// none): the read pads a short read up to it with zeros (a hole, not the end of the file).
+    pub fn settle_read(&self, b: &Backend, oid: u64, off: u64, end: u64) -> u64 {
+        let mut g = self.inner.lock().unwrap();
+        let mut runs = Vec::new();
+        let gi = &mut *g;
+        for (name, h) in gi.index.get(oid).to_vec() {
+            let Some(node) = gi.nodes.get_mut(&name) else { continue };
+            let Some(f) = node.files.get_mut(&(oid, h)) else { continue };
+            let hit: Vec<u64> =
+                f.extents.range(..end).rev().take_while(|(&o, d)| o + d.len as u64 > off).map(|(&o, _)| o).collect();
+            let layout = f.layout.clone();
+            for o in hit {
+                let data = f.extents.remove(&o).unwrap();
+                node.bytes -= data.len;
+                gi.total -= data.len;
+                runs.push(Run { layout: layout.clone(), handle: h, off: o, data });
+            }
+            if f.extents.is_empty() {
+                node.files.remove(&(oid, h));
+                gi.index.remove(oid, &name, h);
+                if node.files.is_empty() {
+                    node.since = None;
+                    node.last = None;
+                }
+            }
+        }
+        if !runs.is_empty() {
+            Self::begin(&mut g, &runs);
+            drop(g);
+            self.scatter(b, runs, Reason::Read);
+            g = self.inner.lock().unwrap();
+        }
+        while Self::in_flight(&g, oid, Some((off, end))) {
+            g = self.done.wait(g).unwrap();
+        }
+        let buffered = g.index.get(oid).iter().filter_map(|(n, h)| {
+            let f = g.nodes.get(n)?.files.get(&(oid, *h))?;
+            f.extents.iter().next_back().map(|(&o, d)| o + d.len as u64)
+        });
+        let flushing = g.inflight.get(&oid).into_iter().flatten().map(|&(_, e)| e);
+        buffered.chain(flushing).max().unwrap_or(0)
     }
 
     /// Flushes one node's buffer (or all, `None`).
@@ -310,12 +520,12 @@ impl Gas {
         }
         Self::begin(&mut g, &runs);
         drop(g);
-        let runs = match self.queue.get() {
-            Some(q) if background => match q.try_send((runs, why)) {
+        let runs = match background {
+            true => match self.queue.offer((runs, why)) {
                 Ok(()) => return,
-                Err(TrySendError::Full((runs, _)) | TrySendError::Disconnected((runs, _))) => runs,
+                Err((runs, _)) => runs,
             },
-            _ => runs,
+            false => runs,
         };
         self.scatter(b, runs, why);
     }
@@ -353,16 +563,17 @@ impl Gas {
     pub fn gather(&self, b: &Backend, node: &str, l: &Layout, h: OpenHandle, off: u64, data: &[u8]) -> Res<u32> {
         let end = off + data.len() as u64;
         log::trace!("gather {node} {:016x} {off}+{}", l.oid, data.len());
+        // The copy is made before taking the lock (the writes of other ranks go on meanwhile).
+        let copy = self.pool.copy(data);
         let mut g = self.inner.lock().unwrap();
         // A write overlapping one being flushed waits for it; one overlapping a buffered
         // write flushes the file first: either way it lands last.
         while Self::in_flight(&g, l.oid, Some((off, end))) {
             g = self.done.wait(g).unwrap();
         }
-        let overlaps = g.nodes.values().any(|n| {
-            n.files.iter().any(|(k, f)| {
-                k.0 == l.oid && f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len as u64 > off)
-            })
+        let overlaps = g.index.get(l.oid).iter().any(|(n, h)| {
+            let f = g.nodes.get(n).and_then(|n| n.files.get(&(l.oid, *h)));
+            f.is_some_and(|f| f.extents.range(..end).next_back().is_some_and(|(&o, d)| o + d.len as u64 > off))
         });
         if overlaps {
             drop(g);
@@ -374,14 +585,15 @@ impl Gas {
             self.flush(b, None, Reason::Size);
             g = self.inner.lock().unwrap();
         }
+        // Writes of every open of a classic layout merge (the handle only matters to the
+        // placement accounting of progressive components).
+        let key = (l.oid, if l.is_progressive() { h } else { OpenHandle { daemon: 0, id: 0 } });
+        g.index.add(l.oid, node, key.1);
         let nb = g.nodes.entry(node.to_string()).or_default();
         let now = Instant::now();
         nb.since.get_or_insert(now);
         nb.last = Some(now);
         nb.bytes += data.len();
-        // Writes of every open of a classic layout merge (the handle only matters to the
-        // placement accounting of progressive components).
-        let key = (l.oid, if l.is_progressive() { h } else { OpenHandle { daemon: 0, id: 0 } });
         let f = nb.files.entry(key).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
         // Arrange: append to the extent ending at `off`, then take in the one starting at `end`.
         let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len as u64 == off);
@@ -389,12 +601,12 @@ impl Gas {
         let start = match prev {
             Some((&o, d)) => {
                 d.len += data.len();
-                d.chunks.push(data.to_vec());
+                d.chunks.push(copy);
                 merged = true;
                 o
             }
             None => {
-                f.extents.insert(off, Extent { len: data.len(), chunks: vec![data.to_vec()] });
+                f.extents.insert(off, Extent { len: data.len(), chunks: vec![copy] });
                 off
             }
         };
@@ -408,6 +620,9 @@ impl Gas {
         g.total += data.len();
         let total = g.total;
         drop(g);
+        if total == data.len() {
+            self.queue.arm(); // the first bytes buffered: the flusher ticks again
+        }
         self.stats.gathered.fetch_add(1, Relaxed);
         if merged {
             self.stats.merged.fetch_add(1, Relaxed);
@@ -419,6 +634,22 @@ impl Gas {
         }
         Ok(data.len() as u32)
     }
+}
+
+/// The runs of a flush (sorted by object id and offset) in groups that one scatter thread
+/// writes in order: the runs of a file stored in one object share that object's inode lock,
+/// so writing them from several threads only makes the threads wait on (and spin for) each
+/// other; a striped or progressive file's runs reach several objects and stay one group each.
+fn object_groups(runs: &[Run]) -> Vec<Vec<&Run>> {
+    let mut groups: Vec<Vec<&Run>> = Vec::new();
+    for r in runs {
+        let one_object = !r.layout.is_progressive() && r.layout.targets.len() == 1;
+        match groups.last_mut() {
+            Some(g) if one_object && g[0].layout.oid == r.layout.oid => g.push(r),
+            _ => groups.push(vec![r]),
+        }
+    }
+    groups
 }
 
 /// Counters of GAS and of the write path (GET /status).
@@ -500,22 +731,28 @@ impl Backend {
         if self.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
             return;
         }
-        let (tx, rx) = bounded::<(Vec<Run>, Reason)>(QUEUED_FLUSHES);
-        let _ = self.gas.get().unwrap().queue.set(tx);
+        let q = self.gas.get().unwrap().queue.clone();
         let weak: Weak<Backend> = Arc::downgrade(self);
         let tick = (flush_after / 2).max(Duration::from_micros(500));
-        // Scatters the size flushes handed over, and every tick the idle and old buffers; ends
-        // when the backend (and so the queue's sender) is gone.
+        // Scatters the size flushes handed over, and every tick (while something is buffered)
+        // the idle and old buffers; ends when the backend is gone.
         std::thread::Builder::new()
             .name("fwd-gas-flush".into())
-            .spawn(move || loop {
-                let got = rx.recv_timeout(tick);
-                let Some(b) = weak.upgrade() else { return };
-                let Some(g) = b.gas.get() else { return };
-                match got {
-                    Ok((runs, why)) => g.scatter(&b, runs, why),
-                    Err(RecvTimeoutError::Timeout) => g.flush_due(&b),
-                    Err(RecvTimeoutError::Disconnected) => return,
+            .spawn(move || {
+                while let Ok(got) = q.next(tick) {
+                    let Some(b) = weak.upgrade() else { return };
+                    let Some(g) = b.gas.get() else { return };
+                    match got {
+                        Some((runs, why)) => g.scatter(&b, runs, why),
+                        None => {
+                            g.flush_due(&b);
+                            // Disarmed first, then checked: a gather after the check arms again.
+                            q.state.lock().unwrap().armed = false;
+                            if g.buffered() > 0 {
+                                q.arm();
+                            }
+                        }
+                    }
                 }
             })
             .expect("spawn gas flusher");
@@ -558,7 +795,16 @@ impl Backend {
         }
     }
 
-    /// Before a read, stat or truncate of `oid`: its gathered writes go to the targets.
+    /// Before a read of `[off, off + len)` of `oid` (see [`Gas::settle_read`]): the size the
+    /// file has at least counting its writes still gathered (0 without GAS).
+    pub(super) fn gas_settle_read(&self, oid: u64, off: u64, len: u64) -> u64 {
+        match self.gas.get() {
+            Some(g) => g.settle_read(self, oid, off, off.saturating_add(len)),
+            None => 0,
+        }
+    }
+
+    /// Before a stat or truncate of `oid`: its gathered writes go to the targets.
     pub(super) fn gas_settle(&self, oid: u64, why: Reason) {
         if let Some(g) = self.gas.get() {
             let _ = g.settle(self, oid, why, false);
@@ -630,11 +876,13 @@ mod tests {
         // Time: the flusher writes a small buffer within a few periods.
         b.write_from("a", &l, h, 0, b"t", &mut info).unwrap();
         let t0 = Instant::now();
-        while g.buffered() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        // (The counter moves just after the buffer is taken: wait for both.)
+        let timed = || g.stats.flushes[Reason::Time as usize].load(Relaxed);
+        while (g.buffered() > 0 || timed() == 0) && t0.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(g.buffered(), 0);
-        assert!(g.stats.flushes[Reason::Time as usize].load(Relaxed) >= 1);
+        assert!(timed() >= 1);
         // A deferred error (the objects are gone) comes back at the file's close.
         b.unlink("f", &Ctx::default()).unwrap();
         b.release(&l, h).unwrap();
@@ -645,6 +893,106 @@ mod tests {
         assert!(b.gas_close(&gone).is_err());
         assert!(b.gas_close(&gone).is_ok(), "reported once");
         b.release(&l2, h2).unwrap();
+    }
+
+    #[test]
+    fn oid_index_tracks_buffers_per_object() {
+        let h = |id| OpenHandle { daemon: 1, id };
+        let mut ix = OidIndex::default();
+        ix.add(7, "a", h(1));
+        ix.add(7, "a", h(1)); // once per pair
+        ix.add(7, "b", h(1));
+        ix.add(7, "a", h(2));
+        ix.add(9, "a", h(1));
+        assert_eq!(ix.get(7).len(), 3);
+        assert!(ix.get(8).is_empty());
+        ix.remove(7, "a", h(1));
+        assert_eq!(ix.get(7), &[("b".to_string(), h(1)), ("a".to_string(), h(2))]);
+        ix.remove(9, "a", h(1));
+        assert!(!ix.0.contains_key(&9), "an object without buffers leaves the index");
+        assert_eq!(ix.take(7).len(), 2);
+        assert!(ix.0.is_empty());
+    }
+
+    #[test]
+    fn index_follows_the_buffers_of_nodes_files_and_opens() {
+        let (_d, b) = gas_backend(2, 8 << 20, 60_000);
+        let (_, l1, h1) = b.create("f1", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let (_, l2, h2) = b.create("f2", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut info = IoInfo::default();
+        let g = b.gas.get().unwrap();
+        for (i, node) in ["a", "b", "c"].into_iter().enumerate() {
+            b.write_from(node, &l1, h1, i as u64 * 100, b"x", &mut info).unwrap();
+            b.write_from(node, &l2, h2, 8 + i as u64 * 100, b"y", &mut info).unwrap();
+        }
+        {
+            let inner = g.inner.lock().unwrap();
+            assert_eq!(inner.index.get(l1.oid).len(), 3, "a classic layout: one buffer per node");
+            assert_eq!(inner.index.get(l2.oid).len(), 3);
+        }
+        // A flush of one node drops its entries only; a settle of one file drops that file's.
+        g.flush(&b, Some("b"), Reason::Size);
+        g.settle(&b, l1.oid, Reason::Fsync, true).unwrap();
+        {
+            let inner = g.inner.lock().unwrap();
+            assert!(inner.index.get(l1.oid).is_empty());
+            let mut left: Vec<&str> = inner.index.get(l2.oid).iter().map(|(n, _)| n.as_str()).collect();
+            left.sort_unstable();
+            assert_eq!(left, ["a", "c"]);
+            assert_eq!(inner.total, 2);
+        }
+        // An overlapping write of f2 (buffered by "a" and "c") flushes f2 first, found through the index.
+        b.write_from("b", &l2, h2, 208, b"z", &mut info).unwrap();
+        assert_eq!(g.stats.flushes[Reason::Overlap as usize].load(Relaxed), 1);
+        assert_eq!(
+            b.read(&l2, 8, 201, &mut info).unwrap()[..],
+            [&b"y"[..], &[0; 99], b"y", &[0; 99], b"z"].concat()[..]
+        );
+        assert_eq!(g.buffered(), 0);
+        assert!(g.inner.lock().unwrap().index.0.is_empty());
+        // Flushed buffers are reused (bounded by buffer_max) and a reused one holds the new bytes only.
+        let pooled = g.pool.bufs.lock().unwrap().0.len();
+        assert!(pooled > 0);
+        assert!(g.pool.bufs.lock().unwrap().1 <= g.pool.max);
+        b.write_from("a", &l1, h1, 0, b"new", &mut info).unwrap();
+        assert_eq!(g.pool.bufs.lock().unwrap().0.len(), pooled - 1);
+        assert_eq!(b.read(&l1, 0, 3, &mut info).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_read_flushes_the_writes_it_overlaps_and_sees_the_size_of_the_others() {
+        for stripes in [1u32, 2] {
+            let (_d, b) = gas_backend(2, 8 << 20, 60_000);
+            b.placement.store(Arc::new(Placement {
+                stripe_count: Some(stripes),
+                stripe_size: Some(4096),
+                ..Default::default()
+            }));
+            let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+            let g = b.gas.get().unwrap();
+            let mut info = IoInfo::default();
+            b.write_from("a", &l, h, 0, b"abc", &mut info).unwrap();
+            b.fsync(&l, false, &mut info).unwrap();
+            b.write_from("a", &l, h, 10_000, b"xyz", &mut info).unwrap();
+            b.write_from("b", &l, h, 1, b"B", &mut info).unwrap();
+            // [0, 50): "B" lands, "xyz" stays gathered, and the bytes past the objects' end read as a hole.
+            let want = [&b"aBc"[..], &[0; 47]].concat();
+            assert_eq!(b.read(&l, 0, 50, &mut info).unwrap(), want, "stripes {stripes}");
+            assert_eq!(g.buffered(), 3, "the write elsewhere stays gathered");
+            let mut slot = [7u8; 60];
+            assert_eq!(b.read_into_slice(&l, 5, &mut info, &mut slot).unwrap(), 60);
+            assert_eq!(slot, [0; 60]);
+            if stripes == 1 {
+                assert!(b.read_span(&l, 0, 50, &mut info).unwrap().is_none(), "a hole sendfile cannot send");
+            }
+            // The range holding it flushes it; the end of the file is then its end.
+            assert_eq!(b.read(&l, 9_998, 100, &mut info).unwrap(), b"\0\0xyz");
+            assert_eq!(g.buffered(), 0);
+            assert_eq!(b.read(&l, 20_000, 10, &mut info).unwrap(), b"", "past the end");
+            let span = if stripes == 1 { b.read_span(&l, 0, 50, &mut info).unwrap().map(|s| s.len) } else { None };
+            assert!(stripes != 1 || span == Some(50));
+            assert_eq!(g.stats.flushes[Reason::Read as usize].load(Relaxed), 2);
+        }
     }
 
     #[test]
