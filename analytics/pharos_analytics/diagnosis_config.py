@@ -228,6 +228,13 @@ class DiagnosisConfig(PharosSettings):
         "this share of its length has passed (1/60: 4 h every 4 min, 96 h every 96 min), reusing the "
         "verdicts in between, so a cycle does not re-read days of rollups every period; 0 = every cycle.",
     )
+    failslow_windows_per_cycle: int = Field(
+        default=1,
+        ge=1,
+        description="Pharos. Long fail-slow windows (all but the shortest) the periodic detection judges per "
+        "cycle at most: after a start they are judged over the first cycles, so no cycle reads days of "
+        "rollups at once; until all are judged no node is called persistent.",
+    )
     failslow_bw_ratio: float = Field(
         default=0.5,
         gt=0,

@@ -409,9 +409,13 @@ class WindowCache:
 
     entries: dict[tuple[str, float], tuple[int, list[NodeVerdict], object]] = field(default_factory=dict)
 
-    def get(self, kind: str, w: float, now_ns: int, shortest: float, share: float):
+    def get(self, kind: str, w: float, now_ns: int, shortest: float, share: float, stale: bool = False):
+        """The cached (verdicts, ctx) of a long window, None when it must be judged again; with
+        ``stale`` any cached entry of a long window (when the cycle has no budget left to re-judge it)."""
         hit = self.entries.get((kind, w))
-        if hit is None or w == shortest or share <= 0 or not 0 <= now_ns - hit[0] < w * share * 1e9:
+        if hit is None or w == shortest:
+            return None
+        if not stale and (share <= 0 or not 0 <= now_ns - hit[0] < w * share * 1e9):
             return None
         return hit[1], hit[2]
 
@@ -426,7 +430,10 @@ def detect_failslow(
     """Judge every target and forwarding node in each window ``(now - w, now]`` of
     ``cfg.failslow_windows_s`` (s); ``now_ns`` defaults to the wall clock. With ``cache`` (the
     periodic detection's), a long window judged less than ``failslow_refresh_share`` of its
-    length ago keeps its verdicts.
+    length ago keeps its verdicts, and at most ``failslow_windows_per_cycle`` long windows are
+    judged per call, shortest first: one due beyond that keeps its previous verdicts, one never
+    judged has none yet (after a start the long windows are judged over the first cycles; a node
+    is persistent only once flagged in all of them).
 
     Returns the anomalies (one per flagged node: persistent when flagged in every window,
     active when flagged in the shortest) and every (node, window) verdict of both detectors.
@@ -436,16 +443,23 @@ def detect_failslow(
     windows = sorted(cfg.failslow_windows_s)
     verdicts: list[NodeVerdict] = []
     ctx: dict = {}
+    budget = cfg.failslow_windows_per_cycle
     for w in windows:
         since = now_ns - int(w * 1e9)
+        judged = False
         for kind in ("target", "forwarder"):
             if kind not in kinds:
                 continue
             hit = cache.get(kind, w, now_ns, windows[0], cfg.failslow_refresh_share) if cache else None
+            if hit is None and cache is not None and w != windows[0] and budget <= 0:
+                hit = cache.get(kind, w, now_ns, windows[0], cfg.failslow_refresh_share, stale=True)
+                if hit is None:
+                    continue  # not judged yet: a later cycle judges it
             if hit is not None:
                 verdicts += hit[0]
                 ctx[(kind, w)] = hit[1]
                 continue
+            judged = True
             if kind == "target":
                 feats, rel = _target_window(store, since, now_ns)
                 n_int = max((f["intervals"] for f in feats.values()), default=0.0)
@@ -459,6 +473,8 @@ def detect_failslow(
             verdicts += vs
             if cache is not None:
                 cache.entries[(kind, w)] = (now_ns, vs, ctx[(kind, w)])
+        if judged and cache is not None and w != windows[0]:
+            budget -= 1
     anomalies = []
     nodes = {(v.kind, v.node) for v in verdicts}
     for kind, node in sorted(nodes):
@@ -470,7 +486,7 @@ def detect_failslow(
         active = flagged[0] == windows[0]
         onset = None
         if active:  # the run of slow intervals may have begun before the longest flagged window
-            longest = windows[-1]
+            longest = max(w for w in windows if (kind, w) in ctx)
             since = now_ns - int(longest * 1e9)
             if kind == "target":
                 onset = _onset_target(store, node, since, now_ns, cfg, ctx[("target", longest)])

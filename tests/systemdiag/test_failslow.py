@@ -131,7 +131,8 @@ def test_long_windows_are_rejudged_only_after_their_refresh_share(store):
     from pharos_analytics.failslow import WindowCache
 
     t0, _ = _run(store, 41, 52, [sim.Fault("target", "ost3", 4.0)])
-    cfg = CFG.model_copy(update={"failslow_refresh_share": 0.25})  # 20 s window: 5 s; 60 s window: 15 s
+    # 20 s window: re-judged after 5 s; 60 s window: 15 s; both long windows may be judged in one call
+    cfg = CFG.model_copy(update={"failslow_refresh_share": 0.25, "failslow_windows_per_cycle": 2})
     now = t0 + DURATION * sim.NS
     calls = []
     real = store.query
@@ -157,3 +158,29 @@ def test_long_windows_are_rejudged_only_after_their_refresh_share(store):
     assert [v for v in again.verdicts if v.window_s == 60] == [v for v in first.verdicts if v.window_s == 60]
     assert n_again < n_later < n_first, (n_first, n_again, n_later)
     assert later.anomalies
+
+
+def test_long_windows_are_judged_over_the_first_cycles_one_per_cycle(store):
+    """After a start (an empty WindowCache) the periodic detection judges one long window per
+    cycle (failslow_windows_per_cycle 1), shortest first: a slow target is found at once, and
+    is not called persistent before every window is judged; a window due again while another
+    is judged keeps its previous verdicts."""
+    from pharos_analytics.failslow import WindowCache
+
+    t0, _ = _run(store, 42, 53, [sim.Fault("target", "ost3", 4.0)])
+    cfg = CFG.model_copy(update={"failslow_refresh_share": 0.25, "failslow_windows_per_cycle": 1})
+    now = t0 + DURATION * sim.NS
+    cache = WindowCache()
+    reps = [detect_failslow(store, cfg, now_ns=now + k * sim.NS, cache=cache) for k in range(3)]
+    windows = [sorted({v.window_s for v in r.verdicts}) for r in reps]
+    assert windows == [[5, 20], [5, 20, 60], [5, 20, 60]]
+    (a0,) = [a for a in reps[0].anomalies if a.node == "ost3"]
+    (a1,) = [a for a in reps[1].anomalies if a.node == "ost3"]
+    assert a0.persistence == "transient" and 60 not in a0.windows_flagged
+    assert 60 in a1.windows_flagged and set(a0.windows_flagged) <= set(a1.windows_flagged)
+    # at now + 20 s both long windows are due (20 s every 5 s, 60 s every 15 s): the 20 s one is
+    # judged, the 60 s one keeps the verdicts judged at now + 1 s
+    late = detect_failslow(store, cfg, now_ns=now + 20 * sim.NS, cache=cache)
+    assert cache.entries[("target", 20.0)][0] == now + 20 * sim.NS
+    assert cache.entries[("target", 60.0)][0] == now + 1 * sim.NS
+    assert [v for v in late.verdicts if v.window_s == 60] == [v for v in reps[1].verdicts if v.window_s == 60]
