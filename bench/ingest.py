@@ -23,7 +23,7 @@ of raw, >= 0.8 of the idle rate with queries running.
 
 With ``--stored N[,N...]`` it then times, on a chDB store holding N records (generated in the
 store by SQL: jobs of 64 ranks, client and forwarder layers, 8 targets behind 4 forwarding
-nodes, arriving at ``--stored-rate`` records/s until now), what users and the server wait for: one detection cycle
+nodes, arriving at ``--stored-rate`` records/s until now), what users and the server wait for: the first six detection cycles after a start
 (:class:`pharos_analytics.alerts.DetectionLoop`, fail-slow + interference + stragglers), the
 job summary behind ``pharos job`` and the phases + insights behind ``pharos diagnose`` of one
 job. Targets (issue 15): each <= 1 s at 100 M records.
@@ -230,13 +230,17 @@ def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dic
         print(f"background merges settled in {time.perf_counter() - t:.0f} s ({parts} active parts)", flush=True)
         loop = DetectionLoop(store, DiagnosisConfig)
         job = f"job{max(1, n // per_job) // 2}"
-        out = {
-            "detection cycle": timed(lambda: loop.run_once(now)),
+        # the cycles after a start: the long fail-slow windows and the straggler backlog of the
+        # jobs that ended in the look-back are spread over them (failslow_windows_per_cycle,
+        # straggler_jobs_per_cycle); the last one is a steady cycle
+        cycles = [timed(lambda: loop.run_once(time.time_ns())) for _ in range(6)]
+        print("detection cycles after the start: " + ", ".join(f"{c:.2f}" for c in cycles) + " s", flush=True)
+        return {
+            "detection cycle (slowest of the first 6)": max(cycles),
+            "detection cycle (6th, steady)": cycles[-1],
             "pharos job": timed(lambda: job_summary(store, job)),
             "pharos diagnose": timed(lambda: job_insights(store, job)),
         }
-        out["detection cycle (again)"] = timed(lambda: loop.run_once(time.time_ns()))
-        return out
     finally:
         store.close()
         shutil.rmtree(root / f"stored{n}", ignore_errors=True)

@@ -188,7 +188,7 @@ class DiagnosisConfig(PharosSettings):
         "be at most 1/this of its peers' median (effect size).",
     )
     straggler_jobs_per_cycle: int = Field(
-        default=16,
+        default=8,
         ge=1,
         description="Pharos. Ended jobs the periodic detection attributes per cycle, oldest end first; "
         "more wait for the next cycles (after a start, the jobs of the last interference_lookback_s), so a "
