@@ -9,6 +9,7 @@ a libfuse2 program, sends 4 KiB requests) over a directory of that file system, 
 FUSE client can reach (issue 12, item 1). Cases (each ≤ 1 GiB of data):
 
 * 1 MiB sequential write, 4 jobs × 256 MiB (psync), with and without end_fsync;
+* 64 KiB N-1 write: 8 jobs writing interleaved blocks of one shared file, 32 MiB each (psync);
 * 1 MiB sequential read of those files;
 * 4 KiB random read IOPS, 4 jobs, 5 s time-based;
 * file creates per second (open O_CREAT|O_EXCL + close, 2 000 files, one thread).
@@ -27,8 +28,11 @@ most when the cores are busy).
 
 Usage: uv run python bench/forwarder.py [--rounds 3] [--keep] [--bin DIR] [--cases PREFIX,...]
                                          [--baseline-bin DIR]
+                                         [--baseline-mount-args FLAGS]
 (--baseline-bin: a second stack from older binaries in the same rounds, extra columns:
-its ratio to the passthrough and the paired ratio mount / baseline with its range.)
+its ratio to the passthrough and the paired ratio mount / baseline with its range;
+--baseline-mount-args: that second stack's mount gets these flags, from --baseline-bin or this
+build, e.g. "--parallel-writes false" for the N-1 case's baseline.)
 (root, /dev/fuse, fio, bindfs)
 """
 
@@ -112,6 +116,23 @@ CASES = [
         ["--name=sw", "--rw=write", "--bs=1M", "--numjobs=4", "--size=256M", "--end_fsync=1"],
         "write_bw",
     ),
+    (
+        # N-1: 8 ranks write interleaved 64 KiB blocks of one shared file (the GAS bench's pattern),
+        # the case --parallel-writes is for (FUSE otherwise passes one write per file at a time).
+        "64KiB N-1 write",
+        "MB/s",
+        [
+            "--name=n1",
+            "--filename=shared",
+            "--rw=write:448k",
+            "--bs=64k",
+            "--numjobs=8",
+            "--offset_increment=64k",
+            "--size=256M",
+            "--io_size=32M",
+        ],
+        "write_bw",
+    ),
     ("1MiB seq read", "MB/s", ["--name=sw", "--rw=read", "--bs=1M", "--numjobs=4", "--size=256M"], "read_bw"),
     (
         "4KiB rand read",
@@ -176,8 +197,9 @@ def auth_args(bin_dir: Path, root: Path) -> list[str]:
     return ["--key-file", str(key), "--admin-token-file", str(token)]
 
 
-def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen]) -> Path:
-    """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir`; returns the mount."""
+def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen], mount_args: list[str] = ()) -> Path:
+    """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir` (extra flags
+    `mount_args`); returns the mount."""
     mnt = root / f"mnt{tag}"
     mnt.mkdir()
     auth = auth_args(bin_dir, root)
@@ -218,6 +240,7 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
             "--ready-file",
             str(root / f"mnt{tag}.ready"),
             *auth,
+            *mount_args,
         ],
         stdout=(root / f"mnt{tag}.log").open("w"),
         stderr=subprocess.STDOUT,
@@ -239,6 +262,11 @@ def main() -> int:
         default=None,
         help="also run a second stack from these binaries (e.g. a copy of an older build) in the same rounds",
     )
+    ap.add_argument(
+        "--baseline-mount-args",
+        default="",
+        help="flags of the second stack's mount (with this build unless --baseline-bin), e.g. '--parallel-writes false'",
+    )
     ap.add_argument("--cases", default="", help="comma list of case-name prefixes to run (default: all)")
     a = ap.parse_args()
     global BIN
@@ -256,8 +284,9 @@ def main() -> int:
         mounts.append(bases["mount"])
         # The processes whose CPU time a side costs (the direct side: none but fio's own).
         cpu_pids = {"mount": [p.pid for p in procs[-2:]]}
-        if a.baseline_bin is not None:
-            bases["baseline"] = start_stack(a.baseline_bin.resolve(), root, "-base", procs)
+        if a.baseline_bin is not None or a.baseline_mount_args:
+            base_bin = a.baseline_bin.resolve() if a.baseline_bin is not None else BIN
+            bases["baseline"] = start_stack(base_bin, root, "-base", procs, a.baseline_mount_args.split())
             mounts.append(bases["baseline"])
             cpu_pids["baseline"] = [p.pid for p in procs[-2:]]
         bases["passthrough"] = start_passthrough(root, mounts)

@@ -50,24 +50,8 @@ def counters(d: kit.Daemon) -> tuple[float, float]:
 
 def interleaved_fio(directory: Path, per_rank_mb: int = PER_RANK_MB) -> dict:
     """8 jobs, one shared file, interleaved 64 KiB blocks, then verify; fio's job summary."""
-    span = per_rank_mb * RANKS  # MiB of file each job's pattern spans
     out = kit.fio(
-        "--name=gas",
-        f"--directory={directory}",
-        "--filename=shared",
-        "--ioengine=psync",
-        f"--bs={BLOCK >> 10}k",
-        f"--numjobs={RANKS}",
-        f"--offset_increment={BLOCK >> 10}k",
-        f"--rw=write:{(RANKS - 1) * BLOCK >> 10}k",
-        f"--size={span}M",
-        f"--io_size={per_rank_mb}M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--group_reporting",
-        timeout=300,
+        "--name=gas", f"--directory={directory}", *kit.n1_interleaved_args(RANKS, BLOCK, per_rank_mb << 20), timeout=300
     )
     job = out["jobs"][0]
     if job["error"]:

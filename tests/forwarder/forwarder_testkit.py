@@ -285,6 +285,65 @@ def fio(*args: str, timeout: float = 300, env: dict | None = None, job: str | No
     return json.loads(out)
 
 
+def n1_interleaved_args(ranks: int, block: int, per_rank: int) -> list[str]:
+    """fio arguments of an N-1 job whose ``ranks`` jobs write interleaved ``block``-byte blocks
+    of one shared file ``shared`` (job j writes blocks j, j + ranks, ...), ``per_rank`` bytes
+    each, psync, then read every block back and check its crc32c (GAS, parallel writes)."""
+    return [
+        "--filename=shared",
+        "--ioengine=psync",
+        f"--bs={block >> 10}k",
+        f"--numjobs={ranks}",
+        f"--offset_increment={block >> 10}k",
+        f"--rw=write:{(ranks - 1) * block >> 10}k",
+        f"--size={ranks * per_rank >> 20}M",
+        f"--io_size={per_rank >> 20}M",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--group_reporting",
+    ]
+
+
+def wait_records_sent(d: Daemon, timeout: float = 60) -> int:
+    """Waits until the daemon's broker acknowledged every record it produced; their number."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = d.status()["records"]
+        if r["records_sent"] >= r["produced"] > 0:
+            break
+        time.sleep(0.2)
+    return d.status()["records"]["produced"]
+
+
+def consume(bootstrap: str, topic: str, decode, until, timeout: float = 60) -> list:
+    """(key, decode(value)) of the messages of ``topic`` from the start, until ``until(got)``
+    holds or ``timeout`` seconds pass (the real broker; a group of its own per topic)."""
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fwd-test-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not until(out):
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            out.append((msg.key(), decode(msg.value())))
+    finally:
+        c.close()
+    return out
+
+
 _UNITS = {"k": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

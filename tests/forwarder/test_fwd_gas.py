@@ -12,7 +12,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from forwarder_testkit import ADMIN_TOKEN, BIN, fio, http
+from forwarder_testkit import ADMIN_TOKEN, BIN, fio, http, n1_interleaved_args
 
 
 def metric(d, name: str) -> float:
@@ -28,23 +28,7 @@ def test_interleaved_ranks_verify_and_issue_fewer_backend_writes(cluster):
     # Flushes only at the buffer limit and at close (a long idle time): the merge is certain.
     d = cluster.start_daemon("fwd0", "--gas", "on", "--gas-buffer-kb", "65536", "--gas-flush-ms", "10000")
     m = cluster.start_mount([d])
-    out = fio(
-        "--name=gas",
-        f"--directory={m.path}",
-        "--filename=shared",
-        "--ioengine=psync",
-        "--bs=64k",
-        "--numjobs=8",
-        "--offset_increment=64k",
-        "--rw=write:448k",
-        "--size=32M",
-        "--io_size=4M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--group_reporting",
-    )
+    out = fio("--name=gas", f"--directory={m.path}", *n1_interleaved_args(8, 64 << 10, 4 << 20))
     job = out["jobs"][0]
     assert job["error"] == 0
     assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == 32 << 20

@@ -12,35 +12,11 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer
-from forwarder_testkit import fio
+from forwarder_testkit import consume, fio, wait_records_sent
 
 from pharos_pipeline.wire import IoBatch, TargetMetricsBatch, io_pb2
 
 JOB = "fj42"
-
-
-def consume(bootstrap: str, topic: str, decode, until, timeout: float = 60) -> list:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fwd-test-{topic}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    c.subscribe([topic])
-    out = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and not until(out):
-            msg = c.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            out.append((msg.key(), decode(msg.value())))
-    finally:
-        c.close()
-    return out
 
 
 @pytest.mark.timeout(300)
@@ -72,13 +48,7 @@ def test_forwarder_records_in_kafka_match_fio_bytes(cluster, kafka_settings):
     fio_bytes = out["jobs"][0]["write"]["io_bytes"]
     assert fio_bytes == 2 * (16 << 20)
     # Every produced record is eventually acknowledged by Kafka.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r = d.status()["records"]
-        if r["records_sent"] >= r["produced"] > 0:
-            break
-        time.sleep(0.2)
-    produced = d.status()["records"]["produced"]
+    produced = wait_records_sent(d)
 
     def fwd_write_bytes(batches) -> int:
         return sum(

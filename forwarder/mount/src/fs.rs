@@ -125,8 +125,17 @@ pub struct Shared {
     groups: crate::creds::GroupsCache,
     next_fh: AtomicU64,
     ttl: Duration,
+    /// `FOPEN_*` flags of every open and create reply: [`FOPEN_DIRECT_IO`], plus
+    /// [`FOPEN_PARALLEL_DIRECT_WRITES`] with `--parallel-writes`.
+    open_flags: u32,
     pub ops: AtomicU64,
 }
+
+/// `FOPEN_PARALLEL_DIRECT_WRITES` (FUSE protocol 7.36, Linux 6.2; not in fuser 0.15's
+/// constants): the kernel lets direct writes to one file inside its size reach the file system
+/// concurrently, instead of one at a time under the inode lock. Writes that extend the file,
+/// and O_APPEND writes, stay serialised by the kernel. Older kernels ignore the bit.
+pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 
 pub struct PharosFs {
     pub sh: Arc<Shared>,
@@ -240,7 +249,9 @@ impl Shared {
 }
 
 impl PharosFs {
-    pub fn new(rpc: Rpc, threads: usize, ttl: Duration) -> PharosFs {
+    /// A file system over `rpc`, `threads` I/O threads, attribute TTL `ttl`; with
+    /// `parallel_writes`, files are opened [`FOPEN_PARALLEL_DIRECT_WRITES`].
+    pub fn new(rpc: Rpc, threads: usize, ttl: Duration, parallel_writes: bool) -> PharosFs {
         let mut inodes = HashMap::new();
         inodes.insert(ROOT, Inode { path: String::new(), nlookup: u64::MAX / 2 });
         let sh = Arc::new(Shared {
@@ -252,6 +263,7 @@ impl PharosFs {
             groups: crate::creds::GroupsCache::default(),
             next_fh: AtomicU64::new(1),
             ttl,
+            open_flags: FOPEN_DIRECT_IO | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
             ops: AtomicU64::new(0),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
@@ -528,7 +540,7 @@ impl Filesystem for PharosFs {
                     let ino = sh.learn(attr.ino, &path);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
                     sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap)));
-                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, FOPEN_DIRECT_IO)
+                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
                 }
                 Ok(_) => reply.error(errno::EIO),
                 Err(e) => reply.error(e),
@@ -546,7 +558,7 @@ impl Filesystem for PharosFs {
             Ok(Body::Opened { attr, cap }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
                 sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap)));
-                reply.opened(fh, FOPEN_DIRECT_IO)
+                reply.opened(fh, sh.open_flags)
             }
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),

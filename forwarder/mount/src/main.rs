@@ -77,6 +77,12 @@ struct Cli {
     /// offered to every forwarding daemon on this host; 0 = data always on the socket.
     #[arg(long, env = "PHAROS_MOUNT_SHM_SLOTS", default_value_t = 32)]
     shm_slots: usize,
+    /// Let the kernel send concurrent writes to one file (FOPEN_PARALLEL_DIRECT_WRITES, Linux
+    /// ≥ 6.2; ignored before): without it, FUSE passes one write per file at a time, so the
+    /// ranks of an N-1 job wait for each other at the mount, not at the forwarding node.
+    /// Writes that extend the file stay serialised by the kernel.
+    #[arg(long, env = "PHAROS_MOUNT_PARALLEL_WRITES", default_value_t = true, action = clap::ArgAction::Set)]
+    parallel_writes: bool,
     /// Attribute and entry TTL, ms (0 = no attribute caching).
     #[arg(long, env = "PHAROS_MOUNT_ATTR_TTL_MS", default_value_t = 0)]
     attr_ttl_ms: u64,
@@ -241,7 +247,7 @@ fn run(cli: Cli) -> Result<(), String> {
     let admin_l = std::net::TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
     let admin_addr = admin_l.local_addr().map_err(|e| format!("--admin {}: {e}", cli.admin))?;
 
-    let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms));
+    let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
     let sh = fs.sh.clone();
     let opts = [
         MountOption::FSName("pharos".into()),
