@@ -5,8 +5,10 @@ Part ``masters`` (item 2, the LWFS master/slave paper): baseline ``--masters 1 -
 (one master thread decodes every connection's requests into one mutex-protected queue set)
 against each optimised variant (throughput, and the daemon's CPU time per request served, read
 from /proc: the steadier figure on a shared box), by default ``--masters 0 --queue lockfree`` (a decoder thread
-per connection, the daemon's default) and ``--masters 2 --queue lockfree`` (two epoll masters),
-both with crossbeam lock-free queues. 16 concurrent fio jobs (psync, so 16 connections busy at
+per connection that serves a request itself in a sleeping worker's place: the daemon's default), the same with
+``--serve-inline false`` (the paper's split alone: decoders only decode) and ``--masters 2 --queue lockfree``
+(two epoll masters),
+all with crossbeam lock-free queues. 16 concurrent fio jobs (psync, so 16 connections busy at
 once): 4 KiB random read and write (IOPS, 5 s time based) and 1 MiB sequential write and read
 (MB/s, 16 × 32 MiB).
 
@@ -129,7 +131,11 @@ def summary(name: str, unit: str, res: dict[str, list[float]], base: str, opt: s
 
 # Optimised variants of part masters: one decoder thread per connection (each connection its
 # own master, the daemon's default) and two epoll masters, both with the lock-free queues.
-DEFAULT_OPTIMISED = ["--masters 0 --queue lockfree", "--masters 2 --queue lockfree"]
+DEFAULT_OPTIMISED = [
+    "--masters 0 --queue lockfree",
+    "--masters 0 --queue lockfree --serve-inline false",
+    "--masters 2 --queue lockfree",
+]
 
 MASTERS_CASES = [
     # name, unit, fio args, figure, fresh dir per run

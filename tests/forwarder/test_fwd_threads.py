@@ -1,7 +1,9 @@
 """Issue 12, items 2 and 5 on the real daemon and mount: several epoll masters with lock-free
-queues and RAAS thread allocation (and the single-master, mutex-queue baseline) move data
-intact (fio crc32c verify through the FUSE mount), show their per-class queue delay and worker
-allocation on GET /metrics, and refuse bad settings with a clear error."""
+queues and RAAS thread allocation, the single-master, mutex-queue baseline, and the default (a
+decoder thread per connection that serves a request itself in a sleeping worker's place,
+lock-free queues) move data intact (fio crc32c verify through the FUSE mount), show their
+per-class queue delay and worker allocation on GET /metrics, and refuse bad settings with a
+clear error."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ OPTIMISED = (
     "50",
 )
 BASELINE = ("--masters", "1", "--queue", "mutex", "--scheduler", "weights", "--workers", "6")
+DEFAULT = ("--workers", "6")
+STACKS = {"optimised": OPTIMISED, "baseline": BASELINE, "default": DEFAULT}
 
 
 def metrics(d) -> str:
@@ -43,10 +47,10 @@ def value(text: str, name: str, labels: str) -> float:
     return float(m.group(1))
 
 
-@pytest.fixture(scope="module", params=["optimised", "baseline"])
+@pytest.fixture(scope="module", params=list(STACKS))
 def stack(request, binaries, tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp(f"threads-{request.param}"), n_targets=4)
-    d = c.start_daemon("fwd0", *(OPTIMISED if request.param == "optimised" else BASELINE))
+    d = c.start_daemon("fwd0", *STACKS[request.param])
     m = c.start_mount([d], node_index=0)
     yield request.param, c, d, m
     c.close()
@@ -72,12 +76,14 @@ def test_fio_verify_through_the_mount(stack, rw, bs, jobs, size):
         if sum(t["class_dequeued"]) == served or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    if kind == "optimised":
-        assert (t["masters"], t["queue"], t["scheduler"]) == (2, "lockfree", "raas")
-    else:
-        assert (t["masters"], t["queue"], t["scheduler"]) == (1, "mutex", "weights")
+    want = {"optimised": (2, "lockfree", "raas", False), "baseline": (1, "mutex", "weights", False)}
+    assert (t["masters"], t["queue"], t["scheduler"], t["serve_inline"]) == want.get(
+        kind, (0, "lockfree", "weights", True)
+    )
     assert s["counters"]["bytes_written"] > 0 and s["counters"]["worker_panics"] == 0
-    # every served request went through a class queue and was counted there
+    # Only decoder threads serve in a sleeping worker's place (fio's 4-8 jobs leave some asleep).
+    assert (s["counters"]["served_inline"] > 0) == (kind == "default"), s["counters"]["served_inline"]
+    # every served request went through a class queue, or a lent worker's place, and was counted
     assert sum(t["class_dequeued"]) == served
 
 
@@ -102,7 +108,11 @@ def test_metrics_show_class_delay_and_allocation(stack):
         assert 'pharos_fwd_threading{masters="2",queue="lockfree",scheduler="raas"} 1' in text
     else:
         assert workers["shared"] == 6, workers
-        assert 'pharos_fwd_threading{masters="1",queue="mutex",scheduler="weights"} 1' in text
+        masters, queue = ("1", "mutex") if kind == "baseline" else ("0", "lockfree")
+        assert f'pharos_fwd_threading{{masters="{masters}",queue="{queue}",scheduler="weights"}} 1' in text
+    served_inline = re.search(r"^pharos_fwd_served_inline_total (\S+)$", text, re.M)
+    assert served_inline, "pharos_fwd_served_inline_total not in /metrics"
+    assert (float(served_inline.group(1)) > 0) == (kind == "default")
 
 
 def test_masters_serve_many_raw_connections_and_survive_a_closed_one(stack):

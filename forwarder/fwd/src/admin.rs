@@ -209,6 +209,12 @@ impl Collector for FwdCollector {
             n(c.oversized_replies),
         )?;
         single(e, "pharos_fwd_worker_panics", "Requests whose execution panicked (answered EIO)", n(c.worker_panics))?;
+        single(
+            e,
+            "pharos_fwd_served_inline",
+            "Requests served by their connection's decoder in a sleeping worker's place (--serve-inline)",
+            n(c.served_inline),
+        )?;
         single(e, "pharos_fwd_bad_frames", "Frames that did not decode", n(c.bad_frames))?;
         single(e, "pharos_fwd_rejected_connections", "Connections refused over max_conns", n(c.rejected_conns))?;
         single(e, "pharos_fwd_connections_accepted", "Connections accepted", n(c.conns_total))?;

@@ -64,6 +64,27 @@ impl QueueKind {
 /// woken worker does not run into a held lock).
 type Sleepers = [usize; CLASSES + 1];
 
+/// Idle workers, by [`Sleepers`] slot: those asleep, and those of them lent to a decoder that
+/// serves a request itself ([`ClassQueues::lend`]): a push wakes only the others.
+#[derive(Default)]
+struct Idle {
+    asleep: Sleepers,
+    lent: Sleepers,
+}
+
+impl Idle {
+    /// Sleeping workers not lent, by slot.
+    fn free(&self) -> Sleepers {
+        std::array::from_fn(|i| self.asleep[i].saturating_sub(self.lent[i]))
+    }
+    /// Lends a sleeping worker able to take `class` (one of that class first, then one of any).
+    fn lend(&mut self, class: usize) -> Option<usize> {
+        let slot = [class, CLASSES].into_iter().find(|&s| self.asleep[s] > self.lent[s])?;
+        self.lent[slot] += 1;
+        Some(slot)
+    }
+}
+
 /// The condition variables matching [`Sleepers`].
 struct Bells {
     ready: [Condvar; CLASSES],
@@ -102,7 +123,7 @@ impl Bells {
 
 struct Locked<T> {
     q: [VecDeque<T>; CLASSES],
-    sleepers: Sleepers,
+    idle: Idle,
     /// Pushers waiting for room.
     full_waiters: usize,
     closed: bool,
@@ -114,7 +135,7 @@ enum Inner<T> {
         rxs: [Receiver<T>; CLASSES],
         /// The bell: a worker checks its classes are empty under it before it sleeps, a pusher
         /// takes it after its push, so no wakeup is lost. It guards only the sleeper counts.
-        bell: Mutex<Sleepers>,
+        bell: Mutex<Idle>,
         bells: Bells,
     },
     Mutex {
@@ -142,14 +163,14 @@ impl<T> ClassQueues<T> {
                 Inner::Lockfree {
                     txs: [t0, t1, t2],
                     rxs: [r0, r1, r2],
-                    bell: Mutex::new([0; CLASSES + 1]),
+                    bell: Mutex::new(Idle::default()),
                     bells: Bells::new(),
                 }
             }
             QueueKind::Mutex => Inner::Mutex {
                 m: Mutex::new(Locked {
                     q: std::array::from_fn(|c| VecDeque::with_capacity(cap[c])),
-                    sleepers: [0; CLASSES + 1],
+                    idle: Idle::default(),
                     full_waiters: 0,
                     closed: false,
                 }),
@@ -174,7 +195,7 @@ impl<T> ClassQueues<T> {
         match &self.inner {
             Inner::Lockfree { txs, bell, bells, .. } => {
                 txs[class].send(item).map_err(|e| e.into_inner())?;
-                let seen = *bell.lock().unwrap();
+                let seen = bell.lock().unwrap().free();
                 bells.ring(class, seen);
                 Ok(())
             }
@@ -189,7 +210,7 @@ impl<T> ClassQueues<T> {
                     return Err(item);
                 }
                 g.q[class].push_back(item);
-                let seen = g.sleepers;
+                let seen = g.idle.free();
                 drop(g);
                 bells.ring(class, seen);
                 Ok(())
@@ -230,9 +251,9 @@ impl<T> ClassQueues<T> {
                 let mut g = bell.lock().unwrap();
                 if order.iter().all(|&c| rxs[c].is_empty()) {
                     let (slot, cv) = bells.slot(order);
-                    g[slot] += 1;
+                    g.asleep[slot] += 1;
                     g = cv.wait_timeout(g, deadline - now).unwrap().0;
-                    g[slot] -= 1;
+                    g.asleep[slot] -= 1;
                 }
             },
             Inner::Mutex { m, not_full, bells, .. } => {
@@ -253,11 +274,61 @@ impl<T> ClassQueues<T> {
                         return None;
                     }
                     let (slot, cv) = bells.slot(order);
-                    g.sleepers[slot] += 1;
+                    g.idle.asleep[slot] += 1;
                     g = cv.wait_timeout(g, deadline - now).unwrap().0;
-                    g.sleepers[slot] -= 1;
+                    g.idle.asleep[slot] -= 1;
                 }
             }
+        }
+    }
+
+    /// When no request of any class waits and a worker able to take `class` sleeps, lends that
+    /// worker's place to the caller (a decoder that then serves its request itself, without a
+    /// wake-up and a thread switch): while the [`Lent`] lives, pushes do not wake that worker,
+    /// so as many requests are served at once as if it had been woken. `None`: queue instead.
+    pub fn lend(&self, class: usize) -> Option<Lent<'_, T>> {
+        let slot = match &self.inner {
+            Inner::Lockfree { rxs, bell, .. } => {
+                if !rxs.iter().all(|r| r.is_empty()) {
+                    return None;
+                }
+                bell.lock().unwrap().lend(class)?
+            }
+            Inner::Mutex { m, .. } => {
+                let mut g = m.lock().unwrap();
+                if g.q.iter().any(|q| !q.is_empty()) {
+                    return None;
+                }
+                g.idle.lend(class)?
+            }
+        };
+        Some(Lent { q: self, slot })
+    }
+
+    /// Gives a lent worker's place back; wakes it if requests it can take were queued meanwhile
+    /// (their pushes did not, seeing it lent).
+    fn give_back(&self, slot: usize) {
+        let classes: &[usize] = if slot == CLASSES { &[0, 1, 2] } else { std::slice::from_ref(&slot) };
+        let (bells, seen) = match &self.inner {
+            Inner::Lockfree { rxs, bell, bells, .. } => {
+                let mut g = bell.lock().unwrap();
+                g.lent[slot] -= 1;
+                if classes.iter().all(|&c| rxs[c].is_empty()) {
+                    return;
+                }
+                (bells, g.free())
+            }
+            Inner::Mutex { m, bells, .. } => {
+                let mut g = m.lock().unwrap();
+                g.idle.lent[slot] -= 1;
+                if classes.iter().all(|&c| g.q[c].is_empty()) {
+                    return;
+                }
+                (bells, g.idle.free())
+            }
+        };
+        for &c in classes {
+            bells.ring(c, seen);
         }
     }
 
@@ -271,6 +342,18 @@ impl<T> ClassQueues<T> {
             }
             Inner::Lockfree { bells, .. } => bells.ring_all(),
         }
+    }
+}
+
+/// A sleeping worker's place, lent by [`ClassQueues::lend`]; given back when dropped.
+pub struct Lent<'a, T> {
+    q: &'a ClassQueues<T>,
+    slot: usize,
+}
+
+impl<T> Drop for Lent<'_, T> {
+    fn drop(&mut self) {
+        self.q.give_back(self.slot);
     }
 }
 
@@ -399,6 +482,61 @@ mod tests {
             let mut want: Vec<u64> = (0..4u64).flat_map(|p| (0..2000).map(move |i| p * 1_000_000 + i)).collect();
             want.sort();
             assert_eq!(all, want, "{kind:?}");
+        }
+    }
+
+    /// Waits (bounded) until `n` workers sleep on `q`'s slot `slot`.
+    fn until_asleep<T>(q: &ClassQueues<T>, slot: usize, n: usize) {
+        let t0 = Instant::now();
+        loop {
+            let asleep = match &q.inner {
+                Inner::Lockfree { bell, .. } => bell.lock().unwrap().asleep[slot],
+                Inner::Mutex { m, .. } => m.lock().unwrap().idle.asleep[slot],
+            };
+            if asleep >= n {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no worker asleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_sleeping_worker_is_lent_once_and_woken_when_given_back_with_work() {
+        for kind in both() {
+            let q = Arc::new(ClassQueues::new(kind, [8, 8, 8]));
+            assert!(q.lend(1).is_none(), "{kind:?}: nobody sleeps");
+            let w = {
+                let q = q.clone();
+                std::thread::spawn(move || q.pop(&[1], Duration::from_secs(5)))
+            };
+            until_asleep(&q, 1, 1);
+            assert!(q.lend(0).is_none(), "{kind:?}: the sleeper serves class 1 only");
+            let lent = q.lend(1).expect("the class-1 sleeper");
+            assert!(q.lend(1).is_none(), "{kind:?}: one sleeper, lent once");
+            // A push while the sleeper is lent does not wake it ...
+            q.push(1, 7u32).unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(!w.is_finished(), "{kind:?}: a lent worker was woken");
+            assert!(q.lend(1).is_none(), "{kind:?}: something is queued");
+            // ... giving it back does, since a request waits.
+            drop(lent);
+            assert_eq!(w.join().unwrap(), Some((7, 1)), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_worker_of_any_class_is_lent_for_every_class() {
+        for kind in both() {
+            let q = Arc::new(ClassQueues::<u32>::new(kind, [8, 8, 8]));
+            let w = {
+                let q = q.clone();
+                std::thread::spawn(move || q.pop(&[2, 0, 1], Duration::from_millis(300)))
+            };
+            until_asleep(&q, CLASSES, 1);
+            let lent = q.lend(0).expect("the any-class sleeper");
+            drop(lent); // nothing queued: it sleeps on
+            assert_eq!(w.join().unwrap(), None, "{kind:?}");
         }
     }
 
