@@ -9,8 +9,11 @@ compute node): ``--gas on`` (defaults: 16 MiB buffer per compute node, 5 ms flus
 round runs both stacks (order alternating, after a sync) on fresh files. Printed: write MB/s of each and the
 ratio on/off (median and range of the per-round ratios), and from the daemons' GET /metrics the
 write requests issued to the targets per client write received (and their ratio on/off).
+``--socket``: the mounts send data over the socket (``--shm-slots 0``), as compute nodes on other
+hosts do (the deployed case; a gathered write then keeps its receive buffer, no copy).
 
-Usage: python bench/forwarder_gas.py [--rounds 3] [--mib-per-rank 8] [--target-latency-ms 0] [--bin DIR] [--keep]   (root, /dev/fuse, fio)
+Usage: python bench/forwarder_gas.py [--rounds 3] [--mib-per-rank 8] [--target-latency-ms 0] [--socket]
+       [--bin DIR] [--keep]   (root, /dev/fuse, fio)
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ def main() -> int:
     ap.add_argument("--bin", type=Path, default=None, help="pharos-fwd/pharos-mount from this dir (no build)")
     ap.add_argument("--workdir", default="/var/tmp")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--socket",
+        action="store_true",
+        help="data over the socket (mount --shm-slots 0), as from compute nodes on other hosts",
+    )
     ap.add_argument("--mib-per-rank", type=int, default=PER_RANK_MB, help="MiB each fio job writes (longer runs)")
     ap.add_argument(
         "--target-latency-ms",
@@ -93,10 +101,11 @@ def main() -> int:
             clusters.append(c)
             lat = [f"--latency-ms=ost{i}={a.target_latency_ms}" for i in range(c.n_targets) if a.target_latency_ms > 0]
             d = c.start_daemon("fwd0", "--gas", side, *lat, *(a.gas_args.split() if side == "on" else []))
-            stacks[side] = (d, c.start_mount([d]))
+            stacks[side] = (d, c.start_mount([d], 0, *(["--shm-slots", "0"] if a.socket else [])))
         print(
             f"# GAS on/off: {RANKS} ranks (fio jobs) x {a.mib_per_rank} MiB in interleaved {BLOCK >> 10} KiB blocks of "
             f"one file, then crc32c verify; {a.rounds} rounds, order alternating; target latency {a.target_latency_ms} ms; "
+            f"data {'over the socket' if a.socket else 'through shared memory'}; "
             f"tmp {root}"
         )
         bw = {s: [] for s in SIDES}

@@ -24,10 +24,11 @@ def metric(d, name: str) -> float:
 
 
 @pytest.mark.timeout(240)
-def test_interleaved_ranks_verify_and_issue_fewer_backend_writes(cluster):
+@pytest.mark.parametrize("data_path", ["shm", "socket"])
+def test_interleaved_ranks_verify_and_issue_fewer_backend_writes(cluster, data_path):
     # Flushes only at the buffer limit and at close (a long idle time): the merge is certain.
     d = cluster.start_daemon("fwd0", "--gas", "on", "--gas-buffer-kb", "65536", "--gas-flush-ms", "10000")
-    m = cluster.start_mount([d])
+    m = cluster.start_mount([d], 0, *(["--shm-slots", "0"] if data_path == "socket" else []))
     out = fio("--name=gas", f"--directory={m.path}", *n1_interleaved_args(8, 64 << 10, 4 << 20))
     job = out["jobs"][0]
     assert job["error"] == 0
@@ -39,6 +40,9 @@ def test_interleaved_ranks_verify_and_issue_fewer_backend_writes(cluster):
     assert metric(d, "pharos_fwd_gas_buffered_bytes") == 0
     g = http("GET", d.admin + "/status")["gas"]
     assert g["enabled"] and g["merged"] > 0 and g["bytes"] == 32 << 20
+    # Over the socket, a gathered write keeps the buffer it was received in (no copy).
+    assert (g["kept"] > 0) == (data_path == "socket"), g["kept"]
+    assert metric(d, "pharos_fwd_gas_kept_writes_total") == g["kept"]
 
 
 @pytest.mark.timeout(120)

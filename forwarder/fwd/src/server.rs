@@ -700,7 +700,7 @@ impl Server {
 
     /// Serves one request and replies: worker `idx`'s, or (`idx` = [`INLINE`]) the decoder's
     /// own in a lent worker's place ([`ClassQueues::lend`]).
-    fn serve(&self, idx: usize, work: Work, class: Class) {
+    fn serve(&self, idx: usize, mut work: Work, class: Class) {
         {
             let started = Instant::now();
             let queue_wait = started.duration_since(work.arrival);
@@ -712,22 +712,30 @@ impl Server {
             // Large single-target reads go page cache → socket with sendfile(2); small ones
             // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
             let mut span = None;
-            let region = work.shm.and_then(|(slot, n)| work.conn.shm.get().map(|r| (r, slot, n)));
-            let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &work.req.op {
-                _ if region.is_some() => self.execute(&work.req, &mut info, region),
-                Op::Read { cap, offset, size, .. }
-                    if *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
-                {
-                    match self.backend.read_span(&cap.layout, *offset, *size, &mut info) {
-                        Ok(Some(s)) => {
-                            span = Some(s);
-                            Ok(Body::Data { data: Vec::new() })
-                        }
-                        Ok(None) => self.execute(&work.req, &mut info, None),
-                        Err(e) => Err(e),
+            let conn = work.conn.clone();
+            let region = work.shm.and_then(|(slot, n)| conn.shm.get().map(|r| (r, slot, n)));
+            // Bytes the request asked to write (a gathered write's buffer may move to GAS).
+            let write_size = match &work.req.op {
+                Op::Write { data, .. } => write_len(data, work.shm),
+                _ => 0,
+            };
+            let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let spanned = match &work.req.op {
+                    Op::Read { cap, offset, size, .. }
+                        if region.is_none() && *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
+                    {
+                        Some(self.backend.read_span(&cap.layout, *offset, *size, &mut info))
                     }
+                    _ => None,
+                };
+                match spanned {
+                    Some(Ok(Some(s))) => {
+                        span = Some(s);
+                        Ok(Body::Data { data: Vec::new() })
+                    }
+                    Some(Err(e)) => Err(e),
+                    Some(Ok(None)) | None => self.execute(&mut work.req, &mut info, region),
                 }
-                _ => self.execute(&work.req, &mut info, None),
             }))
             .unwrap_or_else(|p| {
                 let what = p
@@ -746,12 +754,12 @@ impl Server {
                 }
                 (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
                 (Ok(Body::ShmData { len }), Op::Read { size, .. }) => (*len as i64, *size as u64),
-                (Ok(Body::Written(n)), Op::Write { data, .. }) => (*n as i64, write_len(data, work.shm)),
+                (Ok(Body::Written(n)), Op::Write { .. }) => (*n as i64, write_size),
                 (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
-                (Ok(_), Op::Write { data, .. }) => (0, write_len(data, work.shm)),
+                (Ok(_), Op::Write { .. }) => (0, write_size),
                 (Ok(_), _) => (0, 0),
                 (Err(e), Op::Read { size, .. }) => (-(e.errno as i64), *size as u64),
-                (Err(e), Op::Write { data, .. }) => (-(e.errno as i64), write_len(data, work.shm)),
+                (Err(e), Op::Write { .. }) => (-(e.errno as i64), write_size),
                 (Err(e), _) => (-(e.errno as i64), 0),
             };
             let reply = Reply { id: work.req.id, body };
@@ -869,15 +877,17 @@ impl Server {
 
     /// Executes `req`; `shm`: its data is in (write) or goes to (read) that region's slot
     /// (offset, length or size), checked by [`Server::unwrap_shm`].
+    /// Runs `req` against the backend; a socket write's buffer may be moved out of it (into the
+    /// GAS buffers, [`Backend::write_owned`]) and replaced by a pooled one.
     fn execute(
         &self,
-        req: &Request,
+        req: &mut Request,
         info: &mut IoInfo,
         shm: Option<(&Region, u64, u32)>,
     ) -> Result<Body, proto::WireError> {
         let b = &self.backend;
         let c = &req.ctx;
-        Ok(match &req.op {
+        Ok(match &mut req.op {
             Op::Ping => Body::Ok,
             Op::Lookup { path } if fault_panic_path() == Some(path.as_str()) => {
                 panic!("injected fault: lookup of {path}")
@@ -954,7 +964,7 @@ impl Server {
                     errno: errno::EPROTO,
                     msg: "shared-memory slot outside the region".into(),
                 })?;
-                Body::Written(b.write_from(&req.ctx.compute_node, &cap.layout, cap.handle, *offset, src, info)?)
+                Body::Written(b.write_from(&c.compute_node, &cap.layout, cap.handle, *offset, src, info)?)
             }
             Op::Read { cap, offset, size, .. } => {
                 if *size as usize > proto::MAX_IO {
@@ -970,7 +980,7 @@ impl Server {
                 }
             }
             Op::Write { cap, offset, data, .. } => {
-                Body::Written(b.write_from(&req.ctx.compute_node, &cap.layout, cap.handle, *offset, data, info)?)
+                Body::Written(b.write_owned(&c.compute_node, &cap.layout, cap.handle, *offset, data, info)?)
             }
             Op::Fsync { cap, datasync, .. } => {
                 b.fsync(&cap.layout, *datasync, info)?;
@@ -1084,13 +1094,13 @@ mod tests {
         // The bytes: written from the slot, read back into the other one.
         unsafe { region.slice_mut(head + (1 << 20), 5).unwrap().copy_from_slice(b"hello") };
         let r = s.conn_region(&conn);
-        let w = Request { id: 1, ctx: Default::default(), op };
+        let mut w = Request { id: 1, ctx: Default::default(), op };
         let mut info = IoInfo::default();
-        assert_eq!(s.execute(&w, &mut info, Some((r, head + (1 << 20), 5))).unwrap(), Body::Written(5));
+        assert_eq!(s.execute(&mut w, &mut info, Some((r, head + (1 << 20), 5))).unwrap(), Body::Written(5));
         let mut op = Op::ReadShm { path: "f".into(), cap: cap.clone(), offset: 1, size: 100, slot: head };
         assert_eq!(s.unwrap_shm(&conn, &mut op).unwrap(), Some((head, 100)));
-        let rd = Request { id: 2, ctx: Default::default(), op };
-        assert_eq!(s.execute(&rd, &mut info, Some((r, head, 100))).unwrap(), Body::ShmData { len: 4 });
+        let mut rd = Request { id: 2, ctx: Default::default(), op };
+        assert_eq!(s.execute(&mut rd, &mut info, Some((r, head, 100))).unwrap(), Body::ShmData { len: 4 });
         assert_eq!(unsafe { region.slice(head, 4).unwrap() }, b"ello");
         // A forged capability is still refused after the conversion.
         let mut forged = cap.clone();

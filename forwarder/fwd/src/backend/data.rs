@@ -404,17 +404,43 @@ impl Backend {
         data: &[u8],
         info: &mut IoInfo,
     ) -> Res<u32> {
+        self.begin_write(l, off, data.len(), info)?;
+        if let Some(g) = self.gas.get() {
+            info.target = self.first_target(l, off);
+            return g.gather(self, node, l, h, off, g.copy_of(data));
+        }
+        self.write_through(l, h, off, data, info)
+    }
+
+    /// [`Backend::write_from`] of a buffer the caller owns (a socket write's): gathered, it
+    /// moves into the node's buffer instead of being copied, and `data` gets a pooled empty
+    /// buffer in exchange ([`super::gas::Gas::keep`]).
+    pub fn write_owned(
+        &self,
+        node: &str,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &mut Vec<u8>,
+        info: &mut IoInfo,
+    ) -> Res<u32> {
+        self.begin_write(l, off, data.len(), info)?;
+        if let Some(g) = self.gas.get() {
+            info.target = self.first_target(l, off);
+            return g.gather(self, node, l, h, off, g.keep(data));
+        }
+        self.write_through(l, h, off, data, info)
+    }
+
+    /// The checks and count every client write starts with.
+    fn begin_write(&self, l: &Layout, off: u64, len: usize, info: &mut IoInfo) -> Res<()> {
         self.check_layout(l)?;
         info.oid = l.oid;
-        if off.checked_add(data.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
+        if off.checked_add(len as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
         }
         self.client_writes.fetch_add(1, Relaxed);
-        if let Some(g) = self.gas.get() {
-            info.target = self.first_target(l, off);
-            return g.gather(self, node, l, h, off, data);
-        }
-        self.write_through(l, h, off, data, info)
+        Ok(())
     }
 
     /// Writes to the targets now.

@@ -39,9 +39,11 @@
 //! FUSE round trip, ~200 us, dominates); with a per-request target latency (remote targets,
 //! `bench/forwarder_gas.py --target-latency-ms 0.1`) GAS on/off is 2.2-2.5. A write
 //! from a shared-memory slot (the mount's default) needs this copy (the slot is the client's
-//! again at the reply); TODO (issue 12, item 3): keep a socket write's own pooled buffer
-//! instead of copying it (server.rs hands the backend a borrowed slice today), and gather into
-//! preallocated slabs so that the first buffer after start is not faulted in write by write.
+//! again at the reply). A write that came over the socket (a compute node on another host,
+//! the deployed case) is not copied: the buffer its bytes were received into is kept
+//! ([`Gas::keep`]) and swapped for a pooled empty one, which returns to the daemon's receive
+//! pool. TODO (issue 12, item 3): gather into preallocated slabs so that the first buffer
+//! after start is not faulted in write by write.
 //!
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
@@ -91,6 +93,8 @@ pub const REASONS: [&str; 7] = ["size", "time", "fsync", "close", "read_or_stat"
 pub struct GasStats {
     /// Client writes gathered into a buffer.
     pub gathered: AtomicU64,
+    /// Gathered writes that kept the buffer their bytes arrived in from the socket (no copy).
+    pub kept: AtomicU64,
     /// Gathered writes merged into a preceding or following buffered extent.
     pub merged: AtomicU64,
     /// Runs written to the targets by flushes.
@@ -172,6 +176,16 @@ impl ChunkPool {
         let mut b = got.unwrap_or_else(|| Vec::with_capacity(data.len()));
         b.clear();
         b.extend_from_slice(data);
+        b
+    }
+    /// A pooled buffer, emptied (or a new, unallocated one).
+    fn take(&self) -> Vec<u8> {
+        let mut p = self.bufs.lock().unwrap();
+        let b = p.0.pop();
+        p.1 -= b.as_ref().map_or(0, |b| b.capacity());
+        drop(p);
+        let mut b = b.unwrap_or_default();
+        b.clear();
         b
     }
     /// Keeps written buffers for reuse (up to the pool's capacity; the rest are freed).
@@ -560,11 +574,10 @@ impl Gas {
 
     /// Gathers a client write of `data` at `off` of file `l` through open `h` from compute
     /// node `node` (the caller checked the layout and the range).
-    pub fn gather(&self, b: &Backend, node: &str, l: &Layout, h: OpenHandle, off: u64, data: &[u8]) -> Res<u32> {
-        let end = off + data.len() as u64;
-        log::trace!("gather {node} {:016x} {off}+{}", l.oid, data.len());
-        // The copy is made before taking the lock (the writes of other ranks go on meanwhile).
-        let copy = self.pool.copy(data);
+    pub fn gather(&self, b: &Backend, node: &str, l: &Layout, h: OpenHandle, off: u64, copy: Vec<u8>) -> Res<u32> {
+        let len = copy.len();
+        let end = off + len as u64;
+        log::trace!("gather {node} {:016x} {off}+{len}", l.oid);
         let mut g = self.inner.lock().unwrap();
         // A write overlapping one being flushed waits for it; one overlapping a buffered
         // write flushes the file first: either way it lands last.
@@ -593,20 +606,20 @@ impl Gas {
         let now = Instant::now();
         nb.since.get_or_insert(now);
         nb.last = Some(now);
-        nb.bytes += data.len();
+        nb.bytes += len;
         let f = nb.files.entry(key).or_insert_with(|| FileBuf { layout: l.clone(), extents: BTreeMap::new() });
         // Arrange: append to the extent ending at `off`, then take in the one starting at `end`.
         let prev = f.extents.range_mut(..off).next_back().filter(|(&o, d)| o + d.len as u64 == off);
         let mut merged = false;
         let start = match prev {
             Some((&o, d)) => {
-                d.len += data.len();
+                d.len += len;
                 d.chunks.push(copy);
                 merged = true;
                 o
             }
             None => {
-                f.extents.insert(off, Extent { len: data.len(), chunks: vec![copy] });
+                f.extents.insert(off, Extent { len, chunks: vec![copy] });
                 off
             }
         };
@@ -617,10 +630,10 @@ impl Gas {
             merged = true;
         }
         let node_bytes = nb.bytes;
-        g.total += data.len();
+        g.total += len;
         let total = g.total;
         drop(g);
-        if total == data.len() {
+        if total == len {
             self.queue.arm(); // the first bytes buffered: the flusher ticks again
         }
         self.stats.gathered.fetch_add(1, Relaxed);
@@ -632,7 +645,25 @@ impl Gas {
         } else if node_bytes >= self.buffer_max {
             self.flush_to(b, Some(node), Reason::Size, true);
         }
-        Ok(data.len() as u32)
+        Ok(len as u32)
+    }
+
+    /// The buffer a gathered write of `data` is kept in: a pooled copy made before the lock is
+    /// taken (the writes of other ranks go on meanwhile).
+    pub(super) fn copy_of(&self, data: &[u8]) -> Vec<u8> {
+        self.pool.copy(data)
+    }
+
+    /// The buffer a gathered socket write is kept in: the one its bytes arrived in, swapped
+    /// for a pooled empty one that goes back to the daemon's receive pool (no copy), unless
+    /// its capacity is over twice its length (a pooled receive buffer of a larger request:
+    /// then copied, so the buffer's bytes bound its memory).
+    pub(super) fn keep(&self, data: &mut Vec<u8>) -> Vec<u8> {
+        if data.capacity() > 2 * data.len().max(4096) {
+            return self.pool.copy(data);
+        }
+        self.stats.kept.fetch_add(1, Relaxed);
+        std::mem::replace(data, self.pool.take())
     }
 }
 
@@ -659,6 +690,7 @@ pub struct GasView {
     pub client_writes: u64,
     pub backend_write_requests: u64,
     pub gathered: u64,
+    pub kept: u64,
     pub merged: u64,
     pub runs: u64,
     pub bytes: u64,
@@ -702,6 +734,12 @@ impl prometheus_client::collector::Collector for GasCollector {
             "pharos_fwd_gas_gathered_writes",
             "Client writes gathered into a compute node's buffer",
             v.gathered,
+        )?;
+        one(
+            &mut e,
+            "pharos_fwd_gas_kept_writes",
+            "Gathered socket writes kept in the buffer they arrived in (no copy)",
+            v.kept,
         )?;
         one(&mut e, "pharos_fwd_gas_merged_writes", "Gathered writes merged with an adjacent buffered one", v.merged)?;
         one(&mut e, "pharos_fwd_gas_runs", "Contiguous runs written to the targets by flushes", v.runs)?;
@@ -769,6 +807,7 @@ impl Backend {
             let s = &g.stats;
             v.enabled = true;
             v.gathered = s.gathered.load(Relaxed);
+            v.kept = s.kept.load(Relaxed);
             v.merged = s.merged.load(Relaxed);
             v.runs = s.runs.load(Relaxed);
             v.bytes = s.bytes.load(Relaxed);
@@ -857,6 +896,39 @@ mod tests {
         assert_eq!(g.stats.runs.load(Relaxed), 1);
         assert_eq!(b.data_writes.load(Relaxed), 2);
         assert_eq!(b.client_writes.load(Relaxed), 32);
+    }
+
+    #[test]
+    fn a_socket_write_keeps_its_buffer_unless_it_is_much_larger() {
+        let (_d, b) = gas_backend(1, 8 << 20, 60_000);
+        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut info = IoInfo::default();
+        let g = b.gas.get().unwrap();
+        let mut data = vec![7u8; 64 << 10];
+        let at = data.as_ptr();
+        b.write_owned("cn0", &l, h, 0, &mut data, &mut info).unwrap();
+        assert!(data.is_empty(), "the caller got a pooled empty buffer back");
+        assert_eq!(g.stats.kept.load(Relaxed), 1);
+        {
+            let inner = g.inner.lock().unwrap();
+            let e = &inner.nodes["cn0"].files.values().next().unwrap().extents[&0];
+            assert_eq!(e.chunks[0].as_ptr(), at, "the same allocation, not a copy");
+        }
+        // A 4 KiB write received into a 1 MiB buffer is copied: the buffer stays the caller's.
+        let mut big = Vec::with_capacity(1 << 20);
+        big.extend_from_slice(&[9u8; 4096]);
+        b.write_owned("cn0", &l, h, 64 << 10, &mut big, &mut info).unwrap();
+        assert_eq!((big.len(), g.stats.kept.load(Relaxed)), (4096, 1));
+        let mut want = vec![7u8; 64 << 10];
+        want.extend_from_slice(&[9u8; 4096]);
+        assert_eq!(b.read(&l, 0, want.len() as u32, &mut info).unwrap(), want);
+        // Without GAS the bytes are written through and the buffer stays.
+        let (_d2, plain) = backend(1);
+        let (_, l2, h2) = plain.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+        let mut data = vec![5u8; 8192];
+        plain.write_owned("cn0", &l2, h2, 0, &mut data, &mut info).unwrap();
+        assert_eq!(data.len(), 8192);
+        assert_eq!(plain.read(&l2, 0, 8192, &mut info).unwrap(), vec![5u8; 8192]);
     }
 
     #[test]
