@@ -85,9 +85,11 @@ evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interfere
 bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
+	@$(RUN) python bench/forwarder.py --cases 64KiB --baseline-mount-args "--parallel-writes false"
 	@$(RUN) python bench/forwarder_threads.py
 	@$(RUN) python bench/fgf_lru.py
 	@$(RUN) python bench/forwarder_gas.py
+	@$(RUN) python bench/forwarder_gas.py --socket
 	@$(RUN) python bench/placement.py
 	@$(RUN) python bench/interference.py --rounds 2
 	@$(RUN) python bench/placement_hints.py --rounds 2
