@@ -701,107 +701,105 @@ impl Server {
     /// Serves one request and replies: worker `idx`'s, or (`idx` = [`INLINE`]) the decoder's
     /// own in a lent worker's place ([`ClassQueues::lend`]).
     fn serve(&self, idx: usize, mut work: Work, class: Class) {
-        {
-            let started = Instant::now();
-            let queue_wait = started.duration_since(work.arrival);
-            self.sched.waits.dequeued(class as usize, queue_wait);
-            if let Some(t) = work.target {
-                self.stats.queued(t, -1);
-            }
-            let mut info = IoInfo::default();
-            // Large single-target reads go page cache → socket with sendfile(2); small ones
-            // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
-            let mut span = None;
-            let conn = work.conn.clone();
-            let region = work.shm.and_then(|(slot, n)| conn.shm.get().map(|r| (r, slot, n)));
-            // Bytes the request asked to write (a gathered write's buffer may move to GAS).
-            let write_size = match &work.req.op {
-                Op::Write { data, .. } => write_len(data, work.shm),
-                _ => 0,
+        let started = Instant::now();
+        let queue_wait = started.duration_since(work.arrival);
+        self.sched.waits.dequeued(class as usize, queue_wait);
+        if let Some(t) = work.target {
+            self.stats.queued(t, -1);
+        }
+        let mut info = IoInfo::default();
+        // Large single-target reads go page cache → socket with sendfile(2); small ones
+        // (one pread + one writev, no fstat) are cheaper through a pooled buffer.
+        let mut span = None;
+        let conn = work.conn.clone();
+        let region = work.shm.and_then(|(slot, n)| conn.shm.get().map(|r| (r, slot, n)));
+        // Bytes the request asked to write (a gathered write's buffer may move to GAS).
+        let write_size = match &work.req.op {
+            Op::Write { data, .. } => write_len(data, work.shm),
+            _ => 0,
+        };
+        let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let spanned = match &work.req.op {
+                Op::Read { cap, offset, size, .. }
+                    if region.is_none() && *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
+                {
+                    Some(self.backend.read_span(&cap.layout, *offset, *size, &mut info))
+                }
+                _ => None,
             };
-            let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let spanned = match &work.req.op {
-                    Op::Read { cap, offset, size, .. }
-                        if region.is_none() && *size as usize <= proto::MAX_IO && *size as u64 > self.cfg.small_max =>
-                    {
-                        Some(self.backend.read_span(&cap.layout, *offset, *size, &mut info))
-                    }
-                    _ => None,
-                };
-                match spanned {
-                    Some(Ok(Some(s))) => {
-                        span = Some(s);
-                        Ok(Body::Data { data: Vec::new() })
-                    }
-                    Some(Err(e)) => Err(e),
-                    Some(Ok(None)) | None => self.execute(&mut work.req, &mut info, region),
+            match spanned {
+                Some(Ok(Some(s))) => {
+                    span = Some(s);
+                    Ok(Body::Data { data: Vec::new() })
                 }
-            }))
-            .unwrap_or_else(|p| {
-                let what = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                self.counters.worker_panics.fetch_add(1, Relaxed);
-                log::error!("worker {idx}: {} request {} panicked: {what}", work.req.op.name(), work.req.id);
-                Err(proto::WireError { errno: errno::EIO, msg: format!("daemon fault: {what}") })
-            });
-            let mut service = started.elapsed();
-            let (result, size) = match (&body, &work.req.op) {
-                (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {
-                    (span.as_ref().unwrap().len as i64, *size as u64)
-                }
-                (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
-                (Ok(Body::ShmData { len }), Op::Read { size, .. }) => (*len as i64, *size as u64),
-                (Ok(Body::Written(n)), Op::Write { .. }) => (*n as i64, write_size),
-                (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
-                (Ok(_), Op::Write { .. }) => (0, write_size),
-                (Ok(_), _) => (0, 0),
-                (Err(e), Op::Read { size, .. }) => (-(e.errno as i64), *size as u64),
-                (Err(e), Op::Write { .. }) => (-(e.errno as i64), write_size),
-                (Err(e), _) => (-(e.errno as i64), 0),
-            };
-            let reply = Reply { id: work.req.id, body };
-            if let Some(s) = &span {
-                let t0 = Instant::now();
-                if let Err(e) = work.conn.reply_file(work.req.id, s) {
-                    // Half a frame may be out: the stream is unusable, let the client see EOF.
-                    self.counters.reply_failures.fetch_add(1, Relaxed);
-                    log::warn!("read reply {} not sent: {e}; closing the connection", work.req.id);
-                    let _ = work.conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
-                }
-                self.backend.stretch(s.target, t0.elapsed());
-                service = started.elapsed();
-            } else {
-                work.conn.reply(&reply, &self.counters);
+                Some(Err(e)) => Err(e),
+                Some(Ok(None)) | None => self.execute(&mut work.req, &mut info, region),
             }
-            if let Ok(Body::Data { data }) = reply.body {
-                self.bufs.put(data);
+        }))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            self.counters.worker_panics.fetch_add(1, Relaxed);
+            log::error!("worker {idx}: {} request {} panicked: {what}", work.req.op.name(), work.req.id);
+            Err(proto::WireError { errno: errno::EIO, msg: format!("daemon fault: {what}") })
+        });
+        let mut service = started.elapsed();
+        let (result, size) = match (&body, &work.req.op) {
+            (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {
+                (span.as_ref().unwrap().len as i64, *size as u64)
             }
-            self.counters.served[class as usize].fetch_add(1, Relaxed);
-            if work.shm.is_some() {
-                self.counters.shm_requests.fetch_add(1, Relaxed);
+            (Ok(Body::Data { data }), Op::Read { size, .. }) => (data.len() as i64, *size as u64),
+            (Ok(Body::ShmData { len }), Op::Read { size, .. }) => (*len as i64, *size as u64),
+            (Ok(Body::Written(n)), Op::Write { .. }) => (*n as i64, write_size),
+            (Ok(_), Op::Read { size, .. }) => (0, *size as u64),
+            (Ok(_), Op::Write { .. }) => (0, write_size),
+            (Ok(_), _) => (0, 0),
+            (Err(e), Op::Read { size, .. }) => (-(e.errno as i64), *size as u64),
+            (Err(e), Op::Write { .. }) => (-(e.errno as i64), write_size),
+            (Err(e), _) => (-(e.errno as i64), 0),
+        };
+        let reply = Reply { id: work.req.id, body };
+        if let Some(s) = &span {
+            let t0 = Instant::now();
+            if let Err(e) = work.conn.reply_file(work.req.id, s) {
+                // Half a frame may be out: the stream is unusable, let the client see EOF.
+                self.counters.reply_failures.fetch_add(1, Relaxed);
+                log::warn!("read reply {} not sent: {e}; closing the connection", work.req.id);
+                let _ = work.conn.w.lock().unwrap().shutdown(std::net::Shutdown::Both);
             }
-            if result < 0 {
-                self.counters.errors.fetch_add(1, Relaxed);
+            self.backend.stretch(s.target, t0.elapsed());
+            service = started.elapsed();
+        } else {
+            work.conn.reply(&reply, &self.counters);
+        }
+        if let Ok(Body::Data { data }) = reply.body {
+            self.bufs.put(data);
+        }
+        self.counters.served[class as usize].fetch_add(1, Relaxed);
+        if work.shm.is_some() {
+            self.counters.shm_requests.fetch_add(1, Relaxed);
+        }
+        if result < 0 {
+            self.counters.errors.fetch_add(1, Relaxed);
+        }
+        match &work.req.op {
+            Op::Read { .. } if result > 0 => {
+                self.counters.bytes_read.fetch_add(result as u64, Relaxed);
             }
-            match &work.req.op {
-                Op::Read { .. } if result > 0 => {
-                    self.counters.bytes_read.fetch_add(result as u64, Relaxed);
-                }
-                Op::Write { .. } if result > 0 => {
-                    self.counters.bytes_written.fetch_add(result as u64, Relaxed);
-                }
-                _ => {}
+            Op::Write { .. } if result > 0 => {
+                self.counters.bytes_written.fetch_add(result as u64, Relaxed);
             }
-            if let Some(t) = info.target {
-                self.stats.record(t, &work.req.op, result, service, !info.throttled.is_zero());
-            }
-            self.sink.push(self.record(&work, &info, queue_wait, service, result, size));
-            if let Op::Write { data, .. } = work.req.op {
-                self.bufs.put(data);
-            }
+            _ => {}
+        }
+        if let Some(t) = info.target {
+            self.stats.record(t, &work.req.op, result, service, !info.throttled.is_zero());
+        }
+        self.sink.push(self.record(&work, &info, queue_wait, service, result, size));
+        if let Op::Write { data, .. } = work.req.op {
+            self.bufs.put(data);
         }
     }
 
