@@ -30,6 +30,7 @@ WORKDIR /app
 COPY pyproject.toml uv.lock README.md ./
 RUN uv sync --frozen --no-install-project
 COPY proto proto
+COPY core core
 COPY pipeline pipeline
 COPY analytics analytics
 COPY api api

@@ -2,7 +2,7 @@
 
 The process-wide families live in prometheus_client's default registry, next to its process
 and platform collectors: a store's insert latency (:data:`INSERT_SECONDS`, observed by
-:meth:`pharos_pipeline.store.Store.insert_rows`), the periodic loops' cycle time and failures
+:meth:`pharos_core.store.Store.insert_rows`), the periodic loops' cycle time and failures
 (:data:`CYCLE_SECONDS`, :data:`CYCLE_FAILURES`, :class:`pharos_analytics.periodic.PeriodicLoop`),
 the API's request latency (:data:`API_REQUEST_SECONDS`, pharos_api.metrics) and the build
 (:data:`BUILD_INFO`). The pipeline's counters are not duplicated here: :class:`PipelineCollector`

@@ -1,5 +1,5 @@
 -- kind: idempotent (every statement is IF NOT EXISTS)
--- Imported Darshan logs (pharos import darshan; pharos_agents.darshan_import).
+-- Imported Darshan logs (pharos import darshan; pharos_pipeline.darshan_import).
 -- DXT segments go to io_requests (one row per request, producer_id 'darshan:<sha256[:16]>',
 -- seq 0); the module counters go to darshan_counters; job metadata to job_events.
 

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from . import columnar
 from .settings import Settings
 from .telemetry import INSERT_SECONDS
 
@@ -41,6 +40,9 @@ class Store(ABC):
     its own handle (a chDB session on the same data directory, or its own HTTP client), so
     ingestion, API queries and detection run side by side (issue 15: a slow API query no longer
     stalls the pipeline). A call is one statement; nothing spans calls."""
+
+    #: Which back end: ``"chdb"`` (embedded) or ``"server"`` (clickhouse-connect).
+    backend: str
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -113,7 +115,12 @@ class Store(ABC):
             raise StoreError(str(exc)) from exc
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Run a SELECT; rows as dicts keyed by column name. Raises StoreError."""
+        """Run a SELECT; rows as dicts keyed by column name. Raises StoreError.
+
+        Both back ends give the same plain values (:func:`plain_value`: what chDB's JSONEachRow
+        parses to): numbers, strings, ``DateTime`` as text (``YYYY-MM-DD hh:mm:ss[.fraction]``,
+        UTC for UTC columns), arrays and tuples as lists, maps as dicts; callers never check
+        which back end answered."""
         try:
             return self._query(sql, params)
         except StoreError:
@@ -126,7 +133,7 @@ class Store(ABC):
 
         DateTime64 columns take the text of :func:`ns_to_datetime64`. Returns the row count.
         Raises StoreError; on error nothing of the call is stored. The statement's time goes to
-        the ``pharos_store_insert_seconds`` histogram (pharos_pipeline.telemetry).
+        the ``pharos_store_insert_seconds`` histogram (pharos_core.telemetry).
         """
         lines = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows]
         if not lines:
@@ -141,33 +148,45 @@ class Store(ABC):
             raise StoreError(str(exc)) from exc
         return len(lines)
 
-    def insert_io_batches(self, messages: Sequence[bytes], parse_threads: int = 2) -> None:
-        """Insert the records of serialized IoBatch messages into ``io_requests`` in one
-        statement, decoded by ClickHouse's Protobuf format (:mod:`pharos_pipeline.columnar`).
-
-        All or nothing. Raises StoreError; its text holds ``columnar.INVALID_RECORD`` when a
-        record is invalid (then nothing is stored: validate the batches one by one).
-        """
-        if not messages:
-            return
+    def command_with_body(self, sql: str, data: bytes, settings: dict[str, Any]) -> None:
+        """Run a statement that reads ``data`` as its request body (``INSERT ... FORMAT X``
+        from ``input()``), with per-query ``settings``. A ClickHouse server only: chDB has no
+        request body (read the data from ``file()`` with :meth:`command` instead) and raises
+        StoreError. Used by the pipeline's Protobuf ingest (:mod:`pharos_pipeline.columnar`)."""
         try:
-            with INSERT_SECONDS.labels("io_requests").time():
-                self._insert_io_batches(messages, max(1, parse_threads))
+            self._command_with_body(sql, data, settings)
         except StoreError:
             raise
         except Exception as exc:
             raise StoreError(str(exc)) from exc
 
-    @abstractmethod
-    def _insert_io_batches(self, messages: Sequence[bytes], parse_threads: int) -> None: ...
+    def _command_with_body(self, sql: str, data: bytes, settings: dict[str, Any]) -> None:
+        raise StoreError(f"the {self.backend} store takes no request body: read the data from file()")
 
 
-def _ch_literal(value: Any) -> str:
+def plain_value(value: Any) -> Any:
+    """A value of a ClickHouse server's result (clickhouse-connect's Python types) as chDB's
+    JSONEachRow gives it: tuples and arrays as lists, maps as dicts, ``datetime`` as text
+    (aware ones in UTC; microseconds at most), ``date`` as ``YYYY-MM-DD``; anything else as is."""
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain_value(v) for k, v in value.items()}
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat(sep=" ")
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def ch_literal(value: Any) -> str:
     """A Python value as ClickHouse literal text (strings quoted and escaped)."""
     if isinstance(value, str):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, (list, tuple)):
-        inner = ",".join(_ch_literal(v) for v in value)
+        inner = ",".join(ch_literal(v) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     if value is None:
         return "NULL"
@@ -189,13 +208,15 @@ def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
     if not params:
         return None
     return {
-        k: _ch_literal(v) if isinstance(v, (list, tuple)) else v.translate(_PARAM_ESCAPES) if isinstance(v, str) else v
+        k: ch_literal(v) if isinstance(v, (list, tuple)) else v.translate(_PARAM_ESCAPES) if isinstance(v, str) else v
         for k, v in params.items()
     }
 
 
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) on a data directory."""
+
+    backend = "chdb"
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -228,24 +249,11 @@ class ChdbStore(Store):
     def _insert_json(self, table, payload):
         self._h.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + payload.decode(), "Null")
 
-    def _insert_io_batches(self, messages, parse_threads):
-        # chDB has no request body: the stream goes through files, one per parse thread
-        # (file() reads several files in parallel), in memory when /dev/shm exists.
-        runs = columnar.split_even(messages, parse_threads)
-        shm = Path("/dev/shm")
-        with tempfile.TemporaryDirectory(prefix="pharos-ingest-", dir=shm if shm.is_dir() else None) as tmp:
-            for k, run in enumerate(runs):
-                with open(Path(tmp) / f"{k}.bin", "wb") as f:
-                    f.writelines(columnar.length_delimited_parts(run))
-            names = "{" + ",".join(str(k) for k in range(len(runs))) + "}"
-            source = f"file({_ch_literal(f'{tmp}/{names}.bin')}, 'Protobuf', {_ch_literal(columnar.STRUCTURE)})"
-            settings = {**columnar.format_settings(inline=False), **columnar.INSERT_SETTINGS, "max_threads": len(runs)}
-            clause = ", ".join(f"{k} = {_ch_literal(v)}" for k, v in settings.items())
-            self._h.query(f"{columnar.insert_sql('io_requests', source)}\nSETTINGS {clause}", "Null")
-
 
 class ServerStore(Store):
     """A ClickHouse server through clickhouse-connect (HTTP)."""
+
+    backend = "server"
 
     def __init__(self, url: str) -> None:
         super().__init__()
@@ -277,19 +285,14 @@ class ServerStore(Store):
         self._h.command(sql, parameters=params or None)
 
     def _query(self, sql, params):
-        return list(self._h.query(sql, parameters=params or None).named_results())
+        rows = self._h.query(sql, parameters=params or None).named_results()
+        return [{k: plain_value(v) for k, v in r.items()} for r in rows]
 
     def _insert_json(self, table, payload):
         self._h.raw_insert(table, insert_block=payload, fmt="JSONEachRow")
 
-    def _insert_io_batches(self, messages, parse_threads):
-        # The stream is the request body, read by input(); the server parses it.
-        source = f"input({_ch_literal(columnar.STRUCTURE)})"
-        self._h.command(
-            f"{columnar.insert_sql('io_requests', source)}\nFORMAT Protobuf",
-            data=columnar.length_delimited(messages),
-            settings={**columnar.format_settings(inline=True), **columnar.ONE_BLOCK},
-        )
+    def _command_with_body(self, sql, data, settings):
+        self._h.command(sql, data=data, settings=settings)
 
 
 def open_store(settings: Settings) -> Store:
@@ -307,9 +310,9 @@ ENGINE = ReplacingMergeTree ORDER BY version
 
 
 def migration_files() -> list[tuple[int, str, str]]:
-    """The numbered migrations shipped in ``pharos_pipeline/migrations``: (version, name, sql)."""
+    """The numbered migrations shipped in ``pharos_core/migrations``: (version, name, sql)."""
     out = []
-    for f in resources.files("pharos_pipeline.migrations").iterdir():
+    for f in resources.files("pharos_core.migrations").iterdir():
         if f.name.endswith(".sql") and f.name[:3].isdigit():
             out.append((int(f.name[:3]), f.name, f.read_text()))
     return sorted(out)
