@@ -32,27 +32,30 @@ from pharos_agents.cgroups import job_cgroup, join_cgroup, remove_cgroup
 from pharos_agents.runner import JobEventProducer
 from pharos_api import stack
 from pharos_api.demo import wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 from pharos_pipeline.wire import JobEvent, io_pb2
 
 CASES = [("4KiB sequential write", "4k"), ("1MiB sequential write", "1m")]
 
 
+def job_event(job_id: str, kind: int, name: str, **fields) -> JobEvent:
+    """A one-rank JobEvent of this host, now (``fields``: more JobEvent fields)."""
+    return JobEvent(
+        schema_version=1,
+        job_id=job_id,
+        kind=kind,
+        time_ns=time.time_ns(),
+        name=name,
+        ranks=1,
+        host=socket.gethostname(),
+        **fields,
+    )
+
+
 def timed_fio(settings: Settings, job_id: str, bs: str, size: str, data: Path, events: JobEventProducer) -> float:
     """Run one fio job in its job cgroup; returns the fio process's wall time in seconds."""
     cg = job_cgroup(job_id, settings.cgroup_parent)
-    events.send(
-        JobEvent(
-            schema_version=1,
-            job_id=job_id,
-            kind=io_pb2.JobEvent.KIND_START,
-            time_ns=time.time_ns(),
-            name=f"bench-{bs}",
-            command=["fio"],
-            ranks=1,
-            host=socket.gethostname(),
-        )
-    )
+    events.send(job_event(job_id, io_pb2.JobEvent.KIND_START, f"bench-{bs}", command=["fio"]))
     cmd = [
         "fio",
         "--name=bench",
@@ -68,17 +71,7 @@ def timed_fio(settings: Settings, job_id: str, bs: str, size: str, data: Path, e
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, preexec_fn=lambda: join_cgroup(cg))
     wall = time.perf_counter() - t0
-    events.send(
-        JobEvent(
-            schema_version=1,
-            job_id=job_id,
-            kind=io_pb2.JobEvent.KIND_END,
-            time_ns=time.time_ns(),
-            name=f"bench-{bs}",
-            ranks=1,
-            host=socket.gethostname(),
-        )
-    )
+    events.send(job_event(job_id, io_pb2.JobEvent.KIND_END, f"bench-{bs}"))
     data.unlink(missing_ok=True)
     settle()
     remove_cgroup(cg)

@@ -33,18 +33,10 @@ import bisect
 import mmap
 import os
 import random
-import shutil
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "forwarder"))
-
-import forwarder_testkit as kit  # noqa: E402
+from benchkit import daemon_metrics, kit, scratch_dir, use_binaries
 
 CACHE_MB = 8
 FILES = 4
@@ -59,14 +51,7 @@ CHUNK = 500
 
 def metrics(d: kit.Daemon) -> dict[str, float]:
     """The daemon's cache counters from GET /metrics, keyed by name and labels."""
-    req = urllib.request.Request(d.admin + "/metrics", headers={"Authorization": f"Bearer {kit.ADMIN_TOKEN}"})
-    text = urllib.request.urlopen(req, timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("pharos_fwd_cache_") and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
+    return daemon_metrics(d, "pharos_fwd_cache_")
 
 
 def ratio(m0: dict, m1: dict, pol: str, kind: str) -> float:
@@ -172,22 +157,18 @@ def main() -> int:
     ap.add_argument("--workdir", default="/var/tmp")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    if a.bin is not None:
-        kit.BIN = a.bin.resolve()
-    else:
-        kit.build_binaries()
-    root = Path(tempfile.mkdtemp(prefix="pharos-fgf-lru-", dir=a.workdir))
-    print(
-        f"# FGF-LRU vs LRU: {CACHE_MB} MiB page cache (4 KiB pages), {FILES} x {FILE_MB} MiB files, "
-        f"fine = {FINE} B Zipf reads, coarse = {COARSE >> 20} MiB sequential scan; "
-        f"{a.warmup} warm-up + {a.accesses} measured accesses per p; tmp {root}"
-    )
-    print(
-        f"{'p':>4} {'req fgf':>8} {'req lru':>8} {'gap':>7} {'fine fgf':>9} {'fine lru':>9} "
-        f"{'page fgf':>9} {'page lru':>9} {'time fgf/lru':>13}"
-    )
-    gaps = {}
-    try:
+    use_binaries(a.bin)
+    with scratch_dir("pharos-fgf-lru-", a.workdir, a.keep) as root:
+        print(
+            f"# FGF-LRU vs LRU: {CACHE_MB} MiB page cache (4 KiB pages), {FILES} x {FILE_MB} MiB files, "
+            f"fine = {FINE} B Zipf reads, coarse = {COARSE >> 20} MiB sequential scan; "
+            f"{a.warmup} warm-up + {a.accesses} measured accesses per p; tmp {root}"
+        )
+        print(
+            f"{'p':>4} {'req fgf':>8} {'req lru':>8} {'gap':>7} {'fine fgf':>9} {'fine lru':>9} "
+            f"{'page fgf':>9} {'page lru':>9} {'time fgf/lru':>13}"
+        )
+        gaps = {}
         for p in PS:
             r = run_p(root, p, a)
             q, f, pg, t = r["req"], r["fine"], r["page"], r["time"]
@@ -204,9 +185,6 @@ def main() -> int:
             f"largest gap at p = {largest} ({gaps[largest]:+.3f})"
         )
         return 0
-    finally:
-        if not a.keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

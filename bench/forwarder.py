@@ -39,34 +39,18 @@ build, e.g. "--parallel-writes false" for the N-1 case's baseline.)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchkit import REPO, auth_flags, fio, rounds, scratch_dir, start_ready, stop_all
+from forwarder_testkit import port_of
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
-
-from forwarder_testkit import ADMIN_TOKEN, port_of, wait_ready, write_secret
-
-REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / "target" / "release"
-
-
-def fio(directory: Path, *args: str) -> dict:
-    cmd = ["fio", "--output-format=json", f"--directory={directory}", "--ioengine=psync", "--group_reporting", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
 
 
 def drop_caches() -> None:
@@ -190,11 +174,7 @@ def auth_args(bin_dir: Path, root: Path) -> list[str]:
     help_text = subprocess.run([str(bin_dir / "pharos-fwd"), "--help"], capture_output=True, text=True).stdout
     if "--key-file" not in help_text:
         return []
-    key, token = root / "fwd.key", root / "admin.token"
-    if not key.exists():
-        write_secret(key, os.urandom(32).hex())
-        write_secret(token, ADMIN_TOKEN)
-    return ["--key-file", str(key), "--admin-token-file", str(token)]
+    return auth_flags(root)
 
 
 def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen], mount_args: list[str] = ()) -> Path:
@@ -203,50 +183,20 @@ def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Pope
     mnt = root / f"mnt{tag}"
     mnt.mkdir()
     auth = auth_args(bin_dir, root)
-    fwd = subprocess.Popen(
-        [
-            str(bin_dir / "pharos-fwd"),
-            "--node-name",
-            "fwd0",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--mdt",
-            str(root / f"be{tag}" / "mdt"),
-            "--targets-root",
-            str(root / f"be{tag}"),
-            "--target-count",
-            "8",
-            "--no-kafka",
-            "--ready-file",
-            str(root / f"fwd{tag}.ready"),
-            *auth,
-        ],
-        stdout=(root / f"fwd{tag}.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    procs.append(fwd)
-    port = port_of(wait_ready(root / f"fwd{tag}.ready", fwd)["listen"])
-    mount = subprocess.Popen(
-        [
-            str(bin_dir / "pharos-mount"),
-            "--mountpoint",
-            str(mnt),
-            "--fwd",
-            f"fwd0=127.0.0.1:{port}",
-            "--admin",
-            "127.0.0.1:0",
-            "--ready-file",
-            str(root / f"mnt{tag}.ready"),
-            *auth,
-            *mount_args,
-        ],
-        stdout=(root / f"mnt{tag}.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    procs.append(mount)
-    wait_ready(root / f"mnt{tag}.ready", mount)
+    fwd_argv = [
+        str(bin_dir / "pharos-fwd"),
+        *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
+        *("--mdt", str(root / f"be{tag}" / "mdt"), "--targets-root", str(root / f"be{tag}")),
+        *("--target-count", "8", "--no-kafka", *auth),
+    ]
+    port = port_of(start_ready(fwd_argv, root, f"fwd{tag}", procs)["listen"])
+    mount_argv = [
+        str(bin_dir / "pharos-mount"),
+        *("--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}", "--admin", "127.0.0.1:0"),
+        *auth,
+        *mount_args,
+    ]
+    start_ready(mount_argv, root, f"mnt{tag}", procs)
     return mnt
 
 
@@ -274,50 +224,46 @@ def main() -> int:
         BIN = a.bin.resolve()
     else:
         subprocess.run(["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"], cwd=REPO, check=True)
-    root = Path(tempfile.mkdtemp(prefix="pharos-fwd-bench-", dir=a.workdir))
-    procs: list[subprocess.Popen] = []
-    mounts: list[Path] = []
-    try:
-        direct = root / "direct"
-        direct.mkdir()
-        bases = {"mount": start_stack(BIN, root, "", procs)}
-        mounts.append(bases["mount"])
-        # The processes whose CPU time a side costs (the direct side: none but fio's own).
-        cpu_pids = {"mount": [p.pid for p in procs[-2:]]}
-        if a.baseline_bin is not None or a.baseline_mount_args:
-            base_bin = a.baseline_bin.resolve() if a.baseline_bin is not None else BIN
-            bases["baseline"] = start_stack(base_bin, root, "-base", procs, a.baseline_mount_args.split())
-            mounts.append(bases["baseline"])
-            cpu_pids["baseline"] = [p.pid for p in procs[-2:]]
-        bases["passthrough"] = start_passthrough(root, mounts)
-        pt_pid = bindfs_pid(bases["passthrough"])
-        if pt_pid is not None:
-            cpu_pids["passthrough"] = [pt_pid]
-        cpu_table: list[str] = []
-        bases["direct"] = direct
-        sides = list(bases)
-        print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
-        print("# m/pt: mount / passthrough (bindfs -o direct_io), paired = median of per-round ratios")
-        if "baseline" in bases:
-            print("# baseline: the --baseline-bin stack; m/base: mount / baseline, paired, and its range")
-        head = (
-            f"{'case':24} {'unit':6} {'mount':>10} {'passthru':>10} {'direct':>10} {'m/pt':>6} {'paired':>7} "
-            f"{'range':>11} {'m/direct':>8} {'paired':>7} {'range':>11}"
-        )
-        if "baseline" in bases:
-            head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7} {'m/base':>7} {'range':>11}"
-        print(head)
-        wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
-        for name, unit, args, how in CASES:
-            if wanted and not any(name.startswith(w) for w in wanted):
-                continue
-            res: dict[str, list[float]] = {s: [] for s in sides}
-            cpu: dict[str, list[float]] = {s: [] for s in cpu_pids}
-            for r in range(a.rounds):
-                order = sides[r % len(sides) :] + sides[: r % len(sides)]
-                if r % 2:
-                    order.reverse()
-                for side in order:
+    with scratch_dir("pharos-fwd-bench-", a.workdir, a.keep) as root:
+        procs: list[subprocess.Popen] = []
+        mounts: list[Path] = []
+        try:
+            direct = root / "direct"
+            direct.mkdir()
+            bases = {"mount": start_stack(BIN, root, "", procs)}
+            mounts.append(bases["mount"])
+            # The processes whose CPU time a side costs (the direct side: none but fio's own).
+            cpu_pids = {"mount": [p.pid for p in procs[-2:]]}
+            if a.baseline_bin is not None or a.baseline_mount_args:
+                base_bin = a.baseline_bin.resolve() if a.baseline_bin is not None else BIN
+                bases["baseline"] = start_stack(base_bin, root, "-base", procs, a.baseline_mount_args.split())
+                mounts.append(bases["baseline"])
+                cpu_pids["baseline"] = [p.pid for p in procs[-2:]]
+            bases["passthrough"] = start_passthrough(root, mounts)
+            pt_pid = bindfs_pid(bases["passthrough"])
+            if pt_pid is not None:
+                cpu_pids["passthrough"] = [pt_pid]
+            cpu_table: list[str] = []
+            bases["direct"] = direct
+            sides = list(bases)
+            print(f"# pharos forwarder bench: {a.rounds} rounds (order rotates), medians; tmp {root}")
+            print("# m/pt: mount / passthrough (bindfs -o direct_io), paired = median of per-round ratios")
+            if "baseline" in bases:
+                print("# baseline: the --baseline-bin stack; m/base: mount / baseline, paired, and its range")
+            head = (
+                f"{'case':24} {'unit':6} {'mount':>10} {'passthru':>10} {'direct':>10} {'m/pt':>6} {'paired':>7} "
+                f"{'range':>11} {'m/direct':>8} {'paired':>7} {'range':>11}"
+            )
+            if "baseline" in bases:
+                head += f" {'baseline':>10} {'b/pt':>6} {'paired':>7} {'m/base':>7} {'range':>11}"
+            print(head)
+            wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
+            for name, unit, args, how in CASES:
+                if wanted and not any(name.startswith(w) for w in wanted):
+                    continue
+                res: dict[str, list[float]] = {s: [] for s in sides}
+                cpu: dict[str, list[float]] = {s: [] for s in cpu_pids}
+                for r, side in rounds(a.rounds, sides):
                     base = bases[side]
                     drop_caches()
                     if args is None:
@@ -335,48 +281,39 @@ def main() -> int:
                     res[side].append(figure(job, how))
                     if how == "write_bw":
                         shutil.rmtree(d)
-            med = {s: statistics.median(v) for s, v in res.items()}
-            pt, dr = paired(res, "mount", "passthrough"), paired(res, "mount", "direct")
-            line = (
-                f"{name:24} {unit:6} {med['mount']:10.1f} {med['passthrough']:10.1f} {med['direct']:10.1f} "
-                f"{med['mount'] / med['passthrough']:6.2f} {statistics.median(pt):7.2f} {min(pt):5.2f}-{max(pt):<5.2f} "
-                f"{med['mount'] / med['direct']:8.2f} {statistics.median(dr):7.2f} {min(dr):5.2f}-{max(dr):<5.2f}"
-            )
-            if "baseline" in med:
-                bp, mb = paired(res, "baseline", "passthrough"), paired(res, "mount", "baseline")
-                line += (
-                    f" {med['baseline']:10.1f} {med['baseline'] / med['passthrough']:6.2f} {statistics.median(bp):7.2f}"
-                    f" {statistics.median(mb):7.2f} {min(mb):5.2f}-{max(mb):<5.2f}"
+                med = {s: statistics.median(v) for s, v in res.items()}
+                pt, dr = paired(res, "mount", "passthrough"), paired(res, "mount", "direct")
+                line = (
+                    f"{name:24} {unit:6} {med['mount']:10.1f} {med['passthrough']:10.1f} {med['direct']:10.1f} "
+                    f"{med['mount'] / med['passthrough']:6.2f} {statistics.median(pt):7.2f} {min(pt):5.2f}-{max(pt):<5.2f} "
+                    f"{med['mount'] / med['direct']:8.2f} {statistics.median(dr):7.2f} {min(dr):5.2f}-{max(dr):<5.2f}"
                 )
-            print(line, flush=True)
-            if all(cpu.get(k) for k in ("mount", "passthrough")):
-                cm = {k: statistics.median(v) for k, v in cpu.items() if v}
-                cp = paired(cpu, "mount", "passthrough")
-                row = f"{name:24} {cm['mount']:8.2f} {cm['passthrough']:8.2f} {statistics.median(cp):7.2f}"
-                row += f" {min(cp):5.2f}-{max(cp):<5.2f}"
-                if "baseline" in cm:
-                    row += f" {cm['baseline']:8.2f} {statistics.median(paired(cpu, 'mount', 'baseline')):7.2f}"
-                cpu_table.append(row)
-        if cpu_table:
-            print(
-                "# CPU seconds per GiB moved of the FUSE side's processes (pharos-fwd + pharos-mount; bindfs), medians"
-            )
-            print(f"{'case':24} {'mount':>8} {'passthru':>8} {'m/pt':>7} {'range':>11} {'baseline':>8} {'m/base':>7}")
-            print("\n".join(cpu_table))
-        return 0
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        for mnt in mounts:
-            if os.path.ismount(mnt):
-                subprocess.run(["umount", "-l", str(mnt)], check=False)
-        if not a.keep:
-            shutil.rmtree(root, ignore_errors=True)
+                if "baseline" in med:
+                    bp, mb = paired(res, "baseline", "passthrough"), paired(res, "mount", "baseline")
+                    line += (
+                        f" {med['baseline']:10.1f} {med['baseline'] / med['passthrough']:6.2f} {statistics.median(bp):7.2f}"
+                        f" {statistics.median(mb):7.2f} {min(mb):5.2f}-{max(mb):<5.2f}"
+                    )
+                print(line, flush=True)
+                if all(cpu.get(k) for k in ("mount", "passthrough")):
+                    cm = {k: statistics.median(v) for k, v in cpu.items() if v}
+                    cp = paired(cpu, "mount", "passthrough")
+                    row = f"{name:24} {cm['mount']:8.2f} {cm['passthrough']:8.2f} {statistics.median(cp):7.2f}"
+                    row += f" {min(cp):5.2f}-{max(cp):<5.2f}"
+                    if "baseline" in cm:
+                        row += f" {cm['baseline']:8.2f} {statistics.median(paired(cpu, 'mount', 'baseline')):7.2f}"
+                    cpu_table.append(row)
+            if cpu_table:
+                print(
+                    "# CPU seconds per GiB moved of the FUSE side's processes (pharos-fwd + pharos-mount; bindfs), medians"
+                )
+                print(
+                    f"{'case':24} {'mount':>8} {'passthru':>8} {'m/pt':>7} {'range':>11} {'baseline':>8} {'m/base':>7}"
+                )
+                print("\n".join(cpu_table))
+            return 0
+        finally:
+            stop_all(procs, mounts)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,9 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
-import tempfile
-import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "forwarder"))
-
-import forwarder_testkit as kit  # noqa: E402
+from benchkit import daemon_metrics, kit, scratch_dir, use_binaries
 
 RANKS = 8
 BLOCK = 64 << 10
@@ -41,13 +34,7 @@ SIDES = ("on", "off")
 
 def counters(d: kit.Daemon) -> tuple[float, float]:
     """(client writes received, write requests issued to the targets) from GET /metrics."""
-    req = urllib.request.Request(d.admin + "/metrics", headers={"Authorization": f"Bearer {kit.ADMIN_TOKEN}"})
-    text = urllib.request.urlopen(req, timeout=10).read().decode()
-    vals = {}
-    for line in text.splitlines():
-        if line.startswith(("pharos_fwd_client_writes_total ", "pharos_fwd_backend_write_requests_total ")):
-            k, v = line.split(" ", 1)
-            vals[k] = float(v)
+    vals = daemon_metrics(d, ("pharos_fwd_client_writes_total ", "pharos_fwd_backend_write_requests_total "))
     return vals["pharos_fwd_client_writes_total"], vals["pharos_fwd_backend_write_requests_total"]
 
 
@@ -87,62 +74,59 @@ def main() -> int:
         "--gas-args", default="", help="extra pharos-fwd flags of the gas-on stack, e.g. '--gas-flush-ms 20'"
     )
     a = ap.parse_args()
-    if a.bin is not None:
-        kit.BIN = a.bin.resolve()
-    else:
-        kit.build_binaries()
-    root = Path(tempfile.mkdtemp(prefix="pharos-gas-", dir=a.workdir))
-    clusters = []
-    try:
-        stacks = {}
-        for side in SIDES:
-            c = kit.Cluster(root / side)
-            c.root.mkdir()
-            clusters.append(c)
-            lat = [f"--latency-ms=ost{i}={a.target_latency_ms}" for i in range(c.n_targets) if a.target_latency_ms > 0]
-            d = c.start_daemon("fwd0", "--gas", side, *lat, *(a.gas_args.split() if side == "on" else []))
-            stacks[side] = (d, c.start_mount([d], 0, *(["--shm-slots", "0"] if a.socket else [])))
-        print(
-            f"# GAS on/off: {RANKS} ranks (fio jobs) x {a.mib_per_rank} MiB in interleaved {BLOCK >> 10} KiB blocks of "
-            f"one file, then crc32c verify; {a.rounds} rounds, order alternating; target latency {a.target_latency_ms} ms; "
-            f"data {'over the socket' if a.socket else 'through shared memory'}; "
-            f"tmp {root}"
-        )
-        bw = {s: [] for s in SIDES}
-        per = {s: [] for s in SIDES}
-        for r in range(a.rounds):
-            for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-                d, m = stacks[side]
-                os.sync()  # the other side's dirty pages are not this run's writeback
-                w0, b0 = counters(d)
-                (m.path / f"r{r}").mkdir()
-                job = interleaved_fio(m.path / f"r{r}", a.mib_per_rank)
-                w1, b1 = counters(d)
-                bw[side].append(job["write"]["bw_bytes"] / 1e6)
-                per[side].append((b1 - b0) / (w1 - w0))
-                print(
-                    f"round {r} gas {side:3}: {bw[side][-1]:8.1f} MB/s, {w1 - w0:.0f} client writes -> "
-                    f"{b1 - b0:.0f} backend write requests ({per[side][-1]:.3f} per write), verify ok",
-                    flush=True,
-                )
-                shutil.rmtree(m.path / f"r{r}")
-        ratios = [on / off for on, off in zip(bw["on"], bw["off"], strict=True)]
-        req = [on / off for on, off in zip(per["on"], per["off"], strict=True)]
-        print(f"{'':22} {'gas on':>10} {'gas off':>10} {'on/off':>8} {'range':>12}")
-        print(
-            f"{'write MB/s (median)':22} {statistics.median(bw['on']):10.1f} {statistics.median(bw['off']):10.1f} "
-            f"{statistics.median(ratios):8.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}"
-        )
-        print(
-            f"{'backend writes/write':22} {statistics.median(per['on']):10.3f} {statistics.median(per['off']):10.3f} "
-            f"{statistics.median(req):8.3f} {min(req):5.3f}-{max(req):<5.3f}"
-        )
-        return 0
-    finally:
-        for c in clusters:
-            c.close()
-        if not a.keep:
-            shutil.rmtree(root, ignore_errors=True)
+    use_binaries(a.bin)
+    with scratch_dir("pharos-gas-", a.workdir, a.keep) as root:
+        clusters = []
+        try:
+            stacks = {}
+            for side in SIDES:
+                c = kit.Cluster(root / side)
+                c.root.mkdir()
+                clusters.append(c)
+                lat = [
+                    f"--latency-ms=ost{i}={a.target_latency_ms}" for i in range(c.n_targets) if a.target_latency_ms > 0
+                ]
+                d = c.start_daemon("fwd0", "--gas", side, *lat, *(a.gas_args.split() if side == "on" else []))
+                stacks[side] = (d, c.start_mount([d], 0, *(["--shm-slots", "0"] if a.socket else [])))
+            print(
+                f"# GAS on/off: {RANKS} ranks (fio jobs) x {a.mib_per_rank} MiB in interleaved {BLOCK >> 10} KiB blocks of "
+                f"one file, then crc32c verify; {a.rounds} rounds, order alternating; target latency {a.target_latency_ms} ms; "
+                f"data {'over the socket' if a.socket else 'through shared memory'}; "
+                f"tmp {root}"
+            )
+            bw = {s: [] for s in SIDES}
+            per = {s: [] for s in SIDES}
+            for r in range(a.rounds):
+                for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                    d, m = stacks[side]
+                    os.sync()  # the other side's dirty pages are not this run's writeback
+                    w0, b0 = counters(d)
+                    (m.path / f"r{r}").mkdir()
+                    job = interleaved_fio(m.path / f"r{r}", a.mib_per_rank)
+                    w1, b1 = counters(d)
+                    bw[side].append(job["write"]["bw_bytes"] / 1e6)
+                    per[side].append((b1 - b0) / (w1 - w0))
+                    print(
+                        f"round {r} gas {side:3}: {bw[side][-1]:8.1f} MB/s, {w1 - w0:.0f} client writes -> "
+                        f"{b1 - b0:.0f} backend write requests ({per[side][-1]:.3f} per write), verify ok",
+                        flush=True,
+                    )
+                    shutil.rmtree(m.path / f"r{r}")
+            ratios = [on / off for on, off in zip(bw["on"], bw["off"], strict=True)]
+            req = [on / off for on, off in zip(per["on"], per["off"], strict=True)]
+            print(f"{'':22} {'gas on':>10} {'gas off':>10} {'on/off':>8} {'range':>12}")
+            print(
+                f"{'write MB/s (median)':22} {statistics.median(bw['on']):10.1f} {statistics.median(bw['off']):10.1f} "
+                f"{statistics.median(ratios):8.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}"
+            )
+            print(
+                f"{'backend writes/write':22} {statistics.median(per['on']):10.3f} {statistics.median(per['off']):10.3f} "
+                f"{statistics.median(req):8.3f} {min(req):5.3f}-{max(req):<5.3f}"
+            )
+            return 0
+        finally:
+            for c in clusters:
+                c.close()
 
 
 if __name__ == "__main__":

@@ -32,24 +32,14 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "forwarder"))
-
-from forwarder_testkit import ADMIN_TOKEN, port_of, wait_ready, write_secret
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from forwarder import fio  # noqa: E402 - one fio runner for the forwarder benches
+from benchkit import REPO, auth_flags, fio, rounds, scratch_dir, start_ready, stop_all
+from forwarder_testkit import port_of
 
 
 class Stack:
@@ -57,39 +47,26 @@ class Stack:
 
     def __init__(self, bin_dir: Path, root: Path, tag: str, fwd_args: list[str], mount_threads: int = 16):
         self.tag, self.procs = tag, []
-        key, token = root / "fwd.key", root / "admin.token"
-        if not key.exists():
-            write_secret(key, os.urandom(32).hex())
-            write_secret(token, ADMIN_TOKEN)
-        auth = ["--key-file", str(key), "--admin-token-file", str(token)]
+        auth = auth_flags(root)
         self.mnt = root / f"mnt-{tag}"
         self.mnt.mkdir()
         be = root / f"be-{tag}"
-        fwd = subprocess.Popen(
-            [
-                str(bin_dir / "pharos-fwd"),
-                *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
-                *("--mdt", str(be / "mdt"), "--targets-root", str(be), "--target-count", "8", "--no-kafka"),
-                *("--ready-file", str(root / f"fwd-{tag}.ready"), *auth, *fwd_args),
-            ],
-            stdout=(root / f"fwd-{tag}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(fwd)
-        bound = wait_ready(root / f"fwd-{tag}.ready", fwd)
+        fwd_argv = [
+            str(bin_dir / "pharos-fwd"),
+            *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
+            *("--mdt", str(be / "mdt"), "--targets-root", str(be), "--target-count", "8", "--no-kafka"),
+            *auth,
+            *fwd_args,
+        ]
+        bound = start_ready(fwd_argv, root, f"fwd-{tag}", self.procs)
         port, self.admin = port_of(bound["listen"]), f"http://{bound['admin']}"
-        mount = subprocess.Popen(
-            [
-                str(bin_dir / "pharos-mount"),
-                *("--mountpoint", str(self.mnt), "--fwd", f"fwd0=127.0.0.1:{port}"),
-                *("--admin", "127.0.0.1:0", "--threads", str(mount_threads)),
-                *("--ready-file", str(root / f"mnt-{tag}.ready"), *auth),
-            ],
-            stdout=(root / f"mnt-{tag}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(mount)
-        wait_ready(root / f"mnt-{tag}.ready", mount)
+        mount_argv = [
+            str(bin_dir / "pharos-mount"),
+            *("--mountpoint", str(self.mnt), "--fwd", f"fwd0=127.0.0.1:{port}"),
+            *("--admin", "127.0.0.1:0", "--threads", str(mount_threads)),
+            *auth,
+        ]
+        start_ready(mount_argv, root, f"mnt-{tag}", self.procs)
 
     def cpu_s(self) -> float:
         """CPU time the daemon used so far (user + system), seconds."""
@@ -107,15 +84,7 @@ class Stack:
             return json.loads(r.read())
 
     def close(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if os.path.ismount(self.mnt):
-            subprocess.run(["umount", "-l", str(self.mnt)], check=False)
+        stop_all(self.procs, [self.mnt])
 
 
 def summary(name: str, unit: str, res: dict[str, list[float]], base: str, opt: str, higher_better: bool = True) -> str:
@@ -185,21 +154,17 @@ def part_masters(a, root: Path) -> None:
                 continue
             res: dict[str, list[float]] = {k: [] for k in stacks}
             cpu: dict[str, list[float]] = {k: [] for k in stacks}
-            for r in range(a.rounds):
-                order = sides[r % len(sides) :] + sides[: r % len(sides)]
-                if r % 2:
-                    order.reverse()
-                for k in order:
-                    s = stacks[k]
-                    subprocess.run(["sync"], check=False)
-                    d = s.mnt / f"w{r}" if fresh else s.mnt / "files"
-                    d.mkdir(exist_ok=True)
-                    c0, n0 = s.cpu_s(), s.served()
-                    job = fio(d, "--name=j", "--numjobs=16", *args)
-                    res[k].append(job[side]["iops"] if what == "iops" else job[side]["bw_bytes"] / 1e6)
-                    cpu[k].append((s.cpu_s() - c0) / max(1, s.served() - n0) * 1e6)
-                    if fresh:
-                        shutil.rmtree(d)
+            for r, k in rounds(a.rounds, sides):
+                s = stacks[k]
+                subprocess.run(["sync"], check=False)
+                d = s.mnt / f"w{r}" if fresh else s.mnt / "files"
+                d.mkdir(exist_ok=True)
+                c0, n0 = s.cpu_s(), s.served()
+                job = fio(d, "--name=j", "--numjobs=16", *args)
+                res[k].append(job[side]["iops"] if what == "iops" else job[side]["bw_bytes"] / 1e6)
+                cpu[k].append((s.cpu_s() - c0) / max(1, s.served() - n0) * 1e6)
+                if fresh:
+                    shutil.rmtree(d)
             for v in variants:
                 print(summary(name, unit, res, "baseline", v) + f"  {v}", flush=True)
             # The daemon's own CPU per request: steadier than throughput on a shared box.
@@ -333,17 +298,13 @@ def main() -> int:
         subprocess.run(["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"], cwd=REPO, check=True)
         a.bin = REPO / "target" / "release"
     a.bin = a.bin.resolve()
-    root = Path(tempfile.mkdtemp(prefix="pharos-fwd-threads-", dir=a.workdir))
-    print(f"# pharos-fwd threading bench; tmp {root}")
-    try:
+    with scratch_dir("pharos-fwd-threads-", a.workdir, a.keep) as root:
+        print(f"# pharos-fwd threading bench; tmp {root}")
         if a.part in ("masters", "all"):
             part_masters(a, root)
         if a.part in ("raas", "all"):
             part_raas(a, root)
         return 0
-    finally:
-        if not a.keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -48,11 +48,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from pharos_testkit import free_port  # noqa: E402
 
+from pharos_core.settings import Settings  # noqa: E402
+from pharos_core.store import migrate, open_store  # noqa: E402
 from pharos_pipeline import columnar  # noqa: E402
 from pharos_pipeline.broker import KafkaBroker, ensure_topics  # noqa: E402
 from pharos_pipeline.ingest import Pipeline  # noqa: E402
-from pharos_pipeline.settings import Settings  # noqa: E402
-from pharos_pipeline.store import migrate, open_store  # noqa: E402
 from pharos_pipeline.wire import IoBatch  # noqa: E402
 from pharos_pipeline.wire.pharos.v1 import io_pb2  # noqa: E402
 

@@ -43,6 +43,7 @@ fn main() {
         .build_and_generate(out.join("iotrace.skel.rs"))
         .expect("building the BPF skeleton failed");
     println!("cargo:rerun-if-changed={SRC}");
-    println!("cargo:rerun-if-changed=src/bpf/iotrace.h");
+    // iotrace.bpf.c includes iotrace.h and its parts iotrace_*.bpf.h: the whole directory
+    println!("cargo:rerun-if-changed=src/bpf");
     println!("cargo:rerun-if-env-changed=PHAROS_VMLINUX_H");
 }

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 from confluent_kafka import KafkaException, Producer
 
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
 from .cgroups import cgroup2_mount, job_cgroup, join_cgroup, rank_cgroup, remove_cgroup, validate_job_id
@@ -220,21 +220,25 @@ def run_job(
     host = socket.gethostname()
     name = name or Path(command[0]).name
     decision = job_hint(settings, job_id, name, _user(), command, hint, quiet, report)
-    start_ns = time.time_ns()
-    events.send(
-        JobEvent(
+
+    def job_event(kind: int, time_ns: int, **fields) -> JobEvent:
+        """The job's start or end event: what both carry, plus ``fields`` (the end's exit code)."""
+        return JobEvent(
             schema_version=SCHEMA_VERSION,
             job_id=job_id,
-            kind=io_pb2.JobEvent.KIND_START,
-            time_ns=start_ns,
+            kind=kind,
+            time_ns=time_ns,
             name=name,
             command=command,
             user=_user(),
             ranks=ranks,
             host=host,
             cgroup="/" + str(cg.relative_to(mount)),
+            **fields,
         )
-    )
+
+    start_ns = time.time_ns()
+    events.send(job_event(io_pb2.JobEvent.KIND_START, start_ns))
 
     procs: list[subprocess.Popen] = []
     outputs: list[Path] = []
@@ -281,21 +285,7 @@ def run_job(
     for t in pumps:
         t.join()
     end_ns = time.time_ns()
-    events.send(
-        JobEvent(
-            schema_version=SCHEMA_VERSION,
-            job_id=job_id,
-            kind=io_pb2.JobEvent.KIND_END,
-            time_ns=end_ns,
-            name=name,
-            command=command,
-            user=_user(),
-            ranks=ranks,
-            host=host,
-            exit_code=first_failure,
-            cgroup="/" + str(cg.relative_to(mount)),
-        )
-    )
+    events.send(job_event(io_pb2.JobEvent.KIND_END, end_ns, exit_code=first_failure))
     # Leave the cgroup in place for a moment: records flushed at rank exit are still being
     # attributed by the agent through the cgroup's directory.
     threading.Thread(target=_remove_later, args=(cg,), daemon=False).start()

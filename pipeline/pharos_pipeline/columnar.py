@@ -5,12 +5,12 @@ contract (``proto/pharos/v1/io.proto``) and inserted columnar by one ``INSERT ..
 No Python object is made per record: Python joins the messages' bytes into the format's
 length-delimited stream (a varint length before each message), ClickHouse parses each
 IoBatch into one row with its records as ``Nested`` arrays, and ``ARRAY JOIN`` makes one
-``io_requests`` row per record with the same mapping as :func:`pharos_pipeline.ingest.record_rows`
+``io_requests`` row per record with the same mapping as :func:`pharos_pipeline.messages.record_rows`
 (enum numbers -> the store's names, ns -> DateTime64(9), ``bytes`` = max(result, 0) * count,
 a record without ``host`` takes the batch's, ``record_index`` = position in the batch).
 
 Validation of the records (``count`` >= 1, timestamps that fit DateTime64(9), ``bytes`` that
-fits UInt64; the rules of :func:`~pharos_pipeline.ingest.decode_batch`) runs inside the same
+fits UInt64; the rules of :func:`~pharos_pipeline.messages.decode_batch`) runs inside the same
 statement: ``throwIf`` aborts the whole insert, nothing of it is stored, and the caller falls
 back to validating each batch in Python to dead-letter the bad ones (a rare path).
 
@@ -27,10 +27,14 @@ installed on it; chDB reads the shipped file.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
+
+from pharos_core.store import Store, StoreError, ch_literal
+from pharos_core.telemetry import INSERT_SECONDS
 
 from .wire import FILE_TYPE_NAMES, LAYER_NAMES, OP_NAMES
 
@@ -68,7 +72,7 @@ STRUCTURE = "producer_id String, seq UInt64, host String, records Nested({})".fo
     ", ".join(f"{n} {t}" for n, t in RECORD_FIELDS)
 )
 
-#: Largest ns since the epoch a DateTime64(9) holds (as ingest.MAX_TIME_NS).
+#: Largest ns since the epoch a DateTime64(9) holds (as messages.MAX_TIME_NS).
 MAX_TIME_NS = (1 << 63) - 1
 INVALID_RECORD = "pharos: invalid record in the poll"
 
@@ -210,3 +214,53 @@ def split_even(messages: Sequence[bytes], parts: int) -> list[list[bytes]]:
         runs[-1].append(m)
         size += len(m)
     return [r for r in runs if r]
+
+
+def insert_io_batches(store: Store, messages: Sequence[bytes], parse_threads: int = 2) -> None:
+    """Insert the records of serialized IoBatch messages into ``io_requests`` in one
+    statement, decoded by ClickHouse's Protobuf format against the wire contract.
+
+    All or nothing. Raises StoreError; its text holds :data:`INVALID_RECORD` when a record is
+    invalid (then nothing is stored: validate the batches one by one). chDB reads the stream
+    from ``parse_threads`` files (``file()``, in ``/dev/shm`` when there is one), a ClickHouse
+    server from the request body (``input()``). The statement's time goes to
+    ``pharos_store_insert_seconds{table="io_requests"}``.
+    """
+    if not messages:
+        return
+    try:
+        with INSERT_SECONDS.labels("io_requests").time():
+            if store.backend == "chdb":
+                _insert_from_files(store, messages, max(1, parse_threads))
+            else:
+                _insert_from_body(store, messages)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise StoreError(str(exc)) from exc
+
+
+def _insert_from_files(store: Store, messages: Sequence[bytes], parse_threads: int) -> None:
+    # chDB has no request body: the stream goes through files, one per parse thread
+    # (file() reads several files in parallel), in memory when /dev/shm exists.
+    runs = split_even(messages, parse_threads)
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="pharos-ingest-", dir=shm if shm.is_dir() else None) as tmp:
+        for k, run in enumerate(runs):
+            with open(Path(tmp) / f"{k}.bin", "wb") as f:
+                f.writelines(length_delimited_parts(run))
+        names = "{" + ",".join(str(k) for k in range(len(runs))) + "}"
+        source = f"file({ch_literal(f'{tmp}/{names}.bin')}, 'Protobuf', {ch_literal(STRUCTURE)})"
+        settings = {**format_settings(inline=False), **INSERT_SETTINGS, "max_threads": len(runs)}
+        clause = ", ".join(f"{k} = {ch_literal(v)}" for k, v in settings.items())
+        store.command(f"{insert_sql('io_requests', source)}\nSETTINGS {clause}")
+
+
+def _insert_from_body(store: Store, messages: Sequence[bytes]) -> None:
+    # The stream is the request body, read by input(); the server parses it.
+    source = f"input({ch_literal(STRUCTURE)})"
+    store.command_with_body(
+        f"{insert_sql('io_requests', source)}\nFORMAT Protobuf",
+        length_delimited(messages),
+        {**format_settings(inline=True), **ONE_BLOCK},
+    )

@@ -35,6 +35,9 @@ in ``gaps`` and logs a warning. Producers start at seq 0.
 
 Run standalone: ``python -m pharos_pipeline.ingest`` (settings from PHAROS_* / pharos.toml;
 SIGTERM or SIGINT stops it after the current poll).
+
+Decoding the messages and their rows: :mod:`pharos_pipeline.messages`; what the checks of steps
+1-2 and the statistics ask the store: :mod:`pharos_pipeline.stored`.
 """
 
 from __future__ import annotations
@@ -46,339 +49,28 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from google.protobuf.message import DecodeError
+from pharos_core.settings import Settings
+from pharos_core.store import Store, StoreError
 
-from .settings import Settings
-from .store import Store, StoreError, ns_to_datetime64
-from .wire import (
-    FILE_TYPE_NAMES,
-    JOB_EVENT_KIND_NAMES,
-    LAYER_NAMES,
-    OP_NAMES,
-    SCHEMA_VERSION,
-    IoBatch,
-    IoBatchHeader,
-    JobEvent,
-    TargetMetricsBatch,
+from . import columnar
+from .messages import (
+    InvalidMessage,
+    batch_row,
+    decode_batch,
+    decode_batch_header,
+    decode_job_event,
+    decode_target_metrics,
+    drop_rows,
+    job_event_row,
+    target_metrics_rows,
 )
+from .stored import Q_LAST_SEQ, Q_STORED_BATCH_KEYS, Q_STORED_DEAD_LETTERS, stored_keys, unmarked_record_keys
+from .wire import IoBatchHeader, JobEvent, TargetMetricsBatch
 
 log = logging.getLogger("pharos_pipeline.ingest")
 
-#: Largest wall-clock ns a DateTime64(9) column holds (2262-04-11).
-MAX_TIME_NS = (1 << 63) - 1
-MAX_UINT64 = (1 << 64) - 1
 #: dead_letters.payload_head keeps this many leading bytes of the message, hex.
 PAYLOAD_HEAD_BYTES = 256
-
-
-class InvalidMessage(ValueError):
-    """A Kafka message that is not a valid v1 wire message; the text is the reason."""
-
-
-# -- decoding and validation --------------------------------------------------------------
-
-
-def _enum_name(names: dict[int, str], value: int) -> str:
-    # Open enums: a newer v1 producer may send a value this pipeline does not know yet.
-    return names.get(value, f"unknown_{value}")
-
-
-def decode_batch(value: bytes | None) -> IoBatch:
-    """Parse and validate one ``pharos.io.requests`` message, records included.
-
-    Raises InvalidMessage when the bytes are not an IoBatch, ``schema_version`` is not 1,
-    ``producer_id`` is empty, a record has ``count`` 0, a timestamp does not fit
-    DateTime64(9) (> 2262), or a record's bytes (max(result,0)*count) overflow UInt64.
-    (The pipeline checks the batch with :func:`decode_batch_header` and the records in the
-    store; this is its fallback when the store refuses a poll, and the reference.)
-    """
-    batch = _parse_batch(value, IoBatch)
-    for i, r in enumerate(batch.records):
-        if r.count == 0:
-            raise InvalidMessage(f"record {i}: count 0 (must be >= 1)")
-        if r.start_ns > MAX_TIME_NS or r.end_ns > MAX_TIME_NS:
-            raise InvalidMessage(f"record {i}: timestamp out of range")
-        if max(r.result, 0) * r.count > MAX_UINT64:
-            raise InvalidMessage(f"record {i}: bytes overflow")
-    return batch
-
-
-def decode_batch_header(value: bytes | None) -> IoBatchHeader:
-    """Parse one ``pharos.io.requests`` message without decoding its records
-    (:data:`~pharos_pipeline.wire.IoBatchHeader`: ``len(h.records)`` is their number) and
-    check what the fast path cannot check in the store: ``schema_version`` is 1,
-    ``producer_id`` is set, ``created_ns`` fits DateTime64(9). The records are decoded and
-    checked by the insert (:mod:`pharos_pipeline.columnar`); a record that does not parse
-    there makes the pipeline validate the poll's batches with :func:`decode_batch`.
-    Raises InvalidMessage.
-    """
-    return _parse_batch(value, IoBatchHeader)
-
-
-def _parse_batch(value: bytes | None, cls):
-    if value is None:
-        raise InvalidMessage("empty message (null value)")
-    batch = cls()
-    try:
-        batch.ParseFromString(value)
-    except DecodeError as exc:
-        raise InvalidMessage(f"not an IoBatch: {exc}") from None
-    if batch.schema_version != SCHEMA_VERSION:
-        raise InvalidMessage(f"unsupported schema_version {batch.schema_version} (want {SCHEMA_VERSION})")
-    if not batch.producer_id:
-        raise InvalidMessage("IoBatch without producer_id")
-    if batch.created_ns > MAX_TIME_NS:
-        raise InvalidMessage(f"created_ns {batch.created_ns} out of range")
-    return batch
-
-
-def decode_job_event(value: bytes | None) -> JobEvent:
-    """Parse and validate one ``pharos.jobs`` message.
-
-    Raises InvalidMessage when the bytes are not a JobEvent, ``schema_version`` is not 1,
-    ``job_id`` is empty, the kind is not START/END, or ``time_ns`` is out of range.
-    """
-    if value is None:
-        raise InvalidMessage("empty message (null value)")
-    ev = JobEvent()
-    try:
-        ev.ParseFromString(value)
-    except DecodeError as exc:
-        raise InvalidMessage(f"not a JobEvent: {exc}") from None
-    if ev.schema_version != SCHEMA_VERSION:
-        raise InvalidMessage(f"unsupported schema_version {ev.schema_version} (want {SCHEMA_VERSION})")
-    if not ev.job_id:
-        raise InvalidMessage("JobEvent without job_id")
-    if ev.kind not in (JobEvent.KIND_START, JobEvent.KIND_END):
-        raise InvalidMessage(f"JobEvent kind {ev.kind} is not START or END")
-    if ev.time_ns > MAX_TIME_NS:
-        raise InvalidMessage(f"time_ns {ev.time_ns} out of range")
-    return ev
-
-
-def decode_target_metrics(value: bytes | None) -> TargetMetricsBatch:
-    """Parse and validate one ``pharos.target.metrics`` message.
-
-    Raises InvalidMessage when the bytes are not a TargetMetricsBatch, ``schema_version``
-    is not 1, ``producer_id`` is empty, or an entry has no target or a time out of range.
-    """
-    if value is None:
-        raise InvalidMessage("empty message (null value)")
-    b = TargetMetricsBatch()
-    try:
-        b.ParseFromString(value)
-    except DecodeError as exc:
-        raise InvalidMessage(f"not a TargetMetricsBatch: {exc}") from None
-    if b.schema_version != SCHEMA_VERSION:
-        raise InvalidMessage(f"unsupported schema_version {b.schema_version} (want {SCHEMA_VERSION})")
-    if not b.producer_id:
-        raise InvalidMessage("TargetMetricsBatch without producer_id")
-    for i, m in enumerate(b.metrics):
-        if not m.target:
-            raise InvalidMessage(f"metrics {i}: no target")
-        if m.time_ns > MAX_TIME_NS:
-            raise InvalidMessage(f"metrics {i}: time_ns out of range")
-    return b
-
-
-# -- row mapping ----------------------------------------------------------------------------
-
-
-def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
-    """The ``io_requests`` rows of a batch, one per IoRecord, in record order: the reference
-    of the mapping the pipeline does in the store (:data:`pharos_pipeline.columnar.COLUMNS`,
-    tested equal).
-
-    Enums become the store's names (``OP_PWRITE`` -> ``"pwrite"``), ns timestamps the
-    DateTime64(9) text, ``bytes`` = max(result, 0) * count; a record without ``host``
-    takes the batch's host. ``record_index`` is the record's position in the batch.
-    """
-    pid, seq, bhost = batch.producer_id, batch.seq, batch.host
-    rows = []
-    for i, r in enumerate(batch.records):
-        rows.append(
-            {
-                "start": ns_to_datetime64(r.start_ns),
-                "end": ns_to_datetime64(r.end_ns),
-                "duration_ns": r.duration_ns,
-                "layer": _enum_name(LAYER_NAMES, r.layer),
-                "host": r.host or bhost,
-                "job_id": r.job_id,
-                "rank": r.rank,
-                "pid": r.pid,
-                "tid": r.tid,
-                "comm": r.comm,
-                "op": _enum_name(OP_NAMES, r.op),
-                "file_type": _enum_name(FILE_TYPE_NAMES, r.file_type),
-                "dev": r.dev,
-                "inode": r.inode,
-                "path": r.path,
-                "fd": r.fd,
-                "offset": r.offset,
-                "size": r.size,
-                "result": r.result,
-                "count": r.count,
-                "bytes": max(r.result, 0) * r.count,
-                "compute_node": r.compute_node,
-                "forwarding_node": r.forwarding_node,
-                "target": r.target,
-                "object_id": r.object_id,
-                "queue_wait_ns": r.queue_wait_ns,
-                "producer_id": pid,
-                "seq": seq,
-                "record_index": i,
-            }
-        )
-    return rows
-
-
-def batch_row(batch: IoBatch | IoBatchHeader) -> dict[str, Any]:
-    """The ``io_batches`` row of a batch (``ingested`` is the column default, now)."""
-    return {
-        "producer_id": batch.producer_id,
-        "seq": batch.seq,
-        "host": batch.host,
-        "records": len(batch.records),
-        "created": ns_to_datetime64(batch.created_ns),
-    }
-
-
-def drop_rows(batches: list[IoBatch] | list[IoBatchHeader]) -> list[dict[str, Any]]:
-    """``producer_drops`` rows: one per (producer, job), the maximum of each cumulative
-    counter over ``batches``, ``updated`` = the newest batch's created time."""
-    acc: dict[tuple[str, str], dict[str, Any]] = {}
-    for b in batches:
-        for d in b.drops:
-            key = (b.producer_id, d.job_id)
-            row = acc.get(key)
-            if row is None:
-                row = acc[key] = {
-                    "producer_id": b.producer_id,
-                    "job_id": d.job_id,
-                    "ringbuf_drops": 0,
-                    "delivery_failures": 0,
-                    "overflow_drops": 0,
-                    "unmerged_fallbacks": 0,
-                    "_updated": 0,
-                }
-            row["ringbuf_drops"] = max(row["ringbuf_drops"], d.ringbuf_drops)
-            row["delivery_failures"] = max(row["delivery_failures"], d.delivery_failures)
-            row["overflow_drops"] = max(row["overflow_drops"], d.overflow_drops)
-            row["unmerged_fallbacks"] = max(row["unmerged_fallbacks"], d.unmerged_fallbacks)
-            row["_updated"] = max(row["_updated"], b.created_ns)
-    out = []
-    for row in acc.values():
-        row["updated"] = ns_to_datetime64(row.pop("_updated"))
-        out.append(row)
-    return out
-
-
-def target_metrics_rows(b: TargetMetricsBatch) -> list[dict[str, Any]]:
-    """``target_metrics`` rows of a batch: one per (target, interval)."""
-    return [
-        {
-            "time": ns_to_datetime64(m.time_ns),
-            "target": m.target,
-            "forwarding_node": m.forwarding_node,
-            "interval_ms": m.interval_ms,
-            "bytes_read": m.bytes_read,
-            "bytes_written": m.bytes_written,
-            "read_ops": m.read_ops,
-            "write_ops": m.write_ops,
-            "metadata_ops": m.metadata_ops,
-            "latency_p50_ns": m.latency_p50_ns,
-            "latency_p95_ns": m.latency_p95_ns,
-            "latency_p99_ns": m.latency_p99_ns,
-            "latency_max_ns": m.latency_max_ns,
-            "queue_depth": m.queue_depth,
-            "throttled": int(m.throttled),
-            "max_perf_mb_s": m.max_perf_mb_s,
-            "slowdown": m.slowdown,
-            "added_latency_ns": m.added_latency_ns,
-            "service_ns_sum": m.service_ns_sum,
-            "producer_id": b.producer_id,
-            "seq": b.seq,
-            "host": b.host,
-        }
-        for m in b.metrics
-    ]
-
-
-def job_event_row(ev: JobEvent) -> dict[str, Any]:
-    """The ``job_events`` row of a JobEvent (kind ``"start"`` / ``"end"``)."""
-    return {
-        "job_id": ev.job_id,
-        "kind": _enum_name(JOB_EVENT_KIND_NAMES, ev.kind),
-        "time": ns_to_datetime64(ev.time_ns),
-        "name": ev.name,
-        "command": list(ev.command),
-        "user": ev.user,
-        "ranks": ev.ranks,
-        "host": ev.host,
-        "exit_code": ev.exit_code,
-        "cgroup": ev.cgroup,
-    }
-
-
-# -- queries (named constants, bound parameters) -----------------------------------------
-
-#: Batches whose records are stored but whose io_batches marker is not: a run that died between
-#: the two inserts. Only parts written (or merged) since shortly before the newest marker can
-#: hold them; their keys are checked against io_batches through its primary key.
-Q_UNMARKED_RECORD_KEYS = """
-WITH recent AS (
-    SELECT DISTINCT producer_id, seq FROM io_requests
-    WHERE _part IN (
-        SELECT name FROM system.parts
-        WHERE database = currentDatabase() AND table = 'io_requests' AND active
-          AND modification_time >= toDateTime({since:UInt32})
-    )
-)
-SELECT producer_id, seq FROM recent
-WHERE (producer_id, seq) NOT IN (
-    SELECT producer_id, seq FROM io_batches WHERE (producer_id, seq) IN (SELECT producer_id, seq FROM recent)
-)
-"""
-Q_NEWEST_MARKER = "SELECT toUnixTimestamp(max(ingested)) AS t, count() AS n FROM io_batches"
-#: How far before the newest marker (or now) the unmarked-records check looks, s.
-RECONCILE_MARGIN_S = 600
-Q_STORED_BATCH_KEYS = """
-SELECT DISTINCT producer_id, seq FROM io_batches
-WHERE has({producers:Array(String)}, producer_id) AND has({seqs:Array(UInt64)}, seq)
-"""
-Q_LAST_SEQ = """
-SELECT producer_id, max(seq) AS seq FROM io_batches
-WHERE has({producers:Array(String)}, producer_id) GROUP BY producer_id
-"""
-Q_STORED_DEAD_LETTERS = """
-SELECT topic, partition, offset FROM dead_letters
-WHERE has({topics:Array(String)}, topic) AND has({offsets:Array(Int64)}, offset)
-"""
-
-
-def unmarked_record_keys(store: Store) -> set[tuple[str, int]]:
-    """(producer_id, seq) of the batches whose records are in io_requests without their
-    io_batches marker: what a run that died between the two inserts left. Looks at the parts
-    written or merged since RECONCILE_MARGIN_S before the newest marker (or now, if sooner).
-    Raises StoreError."""
-    newest = store.query(Q_NEWEST_MARKER)[0]
-    t = min(int(newest["t"]), int(time.time())) if int(newest["n"]) else 0
-    rows = store.query(Q_UNMARKED_RECORD_KEYS, {"since": max(0, t - RECONCILE_MARGIN_S)})
-    return {(r["producer_id"], int(r["seq"])) for r in rows}
-
-
-def _stored_keys(store: Store, sql: str, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
-    if not keys:
-        return set()
-    rows = store.query(
-        sql,
-        {
-            "producers": sorted({p for p, _ in keys}),
-            "seqs": sorted({s for _, s in keys}),
-        },
-    )
-    # The query returns the cross product's hits; keep the exact keys.
-    return {(r["producer_id"], int(r["seq"])) for r in rows} & keys
 
 
 # -- the pipeline ----------------------------------------------------------------------------
@@ -443,7 +135,7 @@ class Pipeline:
 
     ``max_messages`` / ``max_wait`` (s) default to ``settings.pipeline_max_messages`` /
     ``pipeline_max_wait_ms``; ``consumer_config`` overrides librdkafka settings.
-    The store must be migrated (:func:`pharos_pipeline.store.migrate`).
+    The store must be migrated (:func:`pharos_core.store.migrate`).
     """
 
     def __init__(
@@ -655,7 +347,7 @@ class Pipeline:
         if self._reconcile:
             self._unmarked |= unmarked_record_keys(self.store)
             self._reconcile = False
-        have_marker = _stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
+        have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
         new = [b for k, b in unique.items() if k not in self._unmarked and k not in have_marker]
         # 3. all new records in ONE insert (one part: all or nothing), decoded by the store
         new = self._insert_records(new)
@@ -683,7 +375,7 @@ class Pipeline:
         the invalid ones go to the dead letters and the others are inserted. When every
         batch is valid the refusal was the store's own: StoreError is raised."""
         try:
-            self.store.insert_io_batches([b.value for b in new], self.settings.pipeline_parse_threads)
+            columnar.insert_io_batches(self.store, [b.value for b in new], self.settings.pipeline_parse_threads)
             return new
         except StoreError as exc:
             refused = exc
@@ -698,7 +390,7 @@ class Pipeline:
             raise refused
         log.warning("%d batch(es) with invalid records in the poll: dead letters", len(bad))
         self._dead_letter(bad)
-        self.store.insert_io_batches([b.value for b in good], self.settings.pipeline_parse_threads)
+        columnar.insert_io_batches(self.store, [b.value for b in good], self.settings.pipeline_parse_threads)
         return good
 
     def _detect_gaps(self, batches: list[IoBatchHeader]) -> None:
@@ -850,50 +542,6 @@ class Pipeline:
             return topics, dict(self._c.lag)
 
 
-# -- store-side statistics (for the API) --------------------------------------------------
-
-Q_PIPELINE_STATS = """
-SELECT
-    (SELECT count() FROM io_requests) AS records,
-    (SELECT sum(bytes) FROM io_requests) AS bytes,
-    (SELECT uniqExact(producer_id, seq) FROM io_batches) AS batches,
-    (SELECT uniqExact(producer_id) FROM io_batches) AS producers,
-    (SELECT max(ingested) FROM io_batches) AS last_ingested,
-    (SELECT count() FROM dead_letters) AS dead_letters,
-    (SELECT uniqExact(job_id) FROM job_events) AS jobs
-"""
-Q_MISSING_BATCHES = """
-SELECT sum(missing) AS missing FROM (
-    SELECT producer_id, max(seq) + 1 - uniqExact(seq) AS missing FROM io_batches GROUP BY producer_id
-)
-"""
-Q_DROPS = """
-SELECT sum(ringbuf_drops) AS ringbuf_drops, sum(delivery_failures) AS delivery_failures,
-       sum(overflow_drops) AS overflow_drops, sum(unmerged_fallbacks) AS unmerged_fallbacks
-FROM producer_drops FINAL
-"""
-
-
-def pipeline_stats(store: Store) -> dict[str, Any]:
-    """What the store holds, for the API and ``pharos status``.
-
-    Keys: records (io_requests rows), bytes (sum of bytes moved), batches (distinct
-    (producer, seq)), producers, last_ingested (DateTime text or None), dead_letters,
-    jobs (distinct job ids with events), missing_batches (seq gaps summed over producers,
-    counting from seq 0), and the producers' loss counters summed over (producer, job):
-    ringbuf_drops, delivery_failures, overflow_drops, unmerged_fallbacks. Raises StoreError.
-    """
-    out: dict[str, Any] = dict(store.query(Q_PIPELINE_STATS)[0])
-    out["missing_batches"] = int(store.query(Q_MISSING_BATCHES)[0]["missing"] or 0)
-    out.update(store.query(Q_DROPS)[0])
-    for k, v in out.items():
-        if k != "last_ingested":
-            out[k] = int(v or 0)
-    if out.get("last_ingested", "").startswith("1970-01-01"):
-        out["last_ingested"] = None
-    return out
-
-
 # -- standalone process -----------------------------------------------------------------------
 
 
@@ -904,9 +552,10 @@ def run_pipeline_process(settings: Settings | None = None) -> int:
 
     Note: a chDB data directory may be opened by one process only (DESIGN.md).
     """
+    from pharos_core.settings import get_settings
+    from pharos_core.store import migrate, open_store
+
     from .broker import ensure_topics
-    from .settings import get_settings
-    from .store import migrate, open_store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings or get_settings()

@@ -1,0 +1,118 @@
+"""What the forwarding-layer benches share: fio through a mount, the order of the sides in a
+round, starting a daemon or mount and waiting for its ready file, the site key and admin token,
+the daemons' /metrics, the binaries under test, and the scratch directory of a run.
+
+Imported by the scripts beside it (``uv run python bench/NAME.py``); puts tests/ and
+tests/forwarder on sys.path for ``forwarder_testkit``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "forwarder"))
+
+import forwarder_testkit as kit  # noqa: E402
+
+
+def fio(directory: Path, *args: str) -> dict:
+    cmd = ["fio", "--output-format=json", f"--directory={directory}", "--ioengine=psync", "--group_reporting", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
+
+
+def rounds(n: int, sides: list[str]) -> Iterator[tuple[int, str]]:
+    """(round, side) for ``n`` rounds of every side: the order rotates by one side each round and
+    is reversed every other round, so a noisy neighbour or the writeback of the run before does
+    not always fall on the same side."""
+    for r in range(n):
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]
+        if r % 2:
+            order.reverse()
+        for side in order:
+            yield r, side
+
+
+def auth_flags(root: Path) -> list[str]:
+    """The site key and admin token flags of pharos-fwd and pharos-mount; the files are made in
+    ``root`` the first time (the token is forwarder_testkit's ADMIN_TOKEN)."""
+    key, token = root / "fwd.key", root / "admin.token"
+    if not key.exists():
+        kit.write_secret(key, os.urandom(32).hex())
+        kit.write_secret(token, kit.ADMIN_TOKEN)
+    return ["--key-file", str(key), "--admin-token-file", str(token)]
+
+
+def start_ready(argv: list[str], root: Path, name: str, procs: list[subprocess.Popen]) -> dict:
+    """Start ``argv`` with ``--ready-file root/NAME.ready``, its output to ``root/NAME.log``, add
+    it to ``procs`` and wait until it is ready; returns the ready file's JSON (bound addresses)."""
+    ready = root / f"{name}.ready"
+    proc = subprocess.Popen(
+        [*argv, "--ready-file", str(ready)],
+        stdout=(root / f"{name}.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    procs.append(proc)
+    return kit.wait_ready(ready, proc)
+
+
+def stop_all(procs: list[subprocess.Popen], mounts: list[Path]) -> None:
+    """SIGTERM ``procs`` in reverse order (SIGKILL after 15 s each), then lazily unmount what of
+    ``mounts`` is still mounted."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for mnt in mounts:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def daemon_metrics(d: kit.Daemon, prefix: str | tuple[str, ...]) -> dict[str, float]:
+    """The samples of the daemon's GET /metrics whose line starts with ``prefix``, keyed by name
+    and labels."""
+    req = urllib.request.Request(d.admin + "/metrics", headers={"Authorization": f"Bearer {kit.ADMIN_TOKEN}"})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def use_binaries(bin_dir: Path | None) -> None:
+    """forwarder_testkit's pharos-fwd and pharos-mount: from ``bin_dir`` (``--bin``), else built
+    now (cargo build --release)."""
+    if bin_dir is not None:
+        kit.BIN = bin_dir.resolve()
+    else:
+        kit.build_binaries()
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, workdir: str | None, keep: bool) -> Iterator[Path]:
+    """A fresh directory under ``workdir`` (tempfile's default when None), removed at the end
+    unless ``keep`` (``--keep``)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=workdir))
+    try:
+        yield root
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
