@@ -1,12 +1,12 @@
 """The Pharos health dashboard: Pharos's own metrics (docs/dashboards.md "Self-monitoring"), as
 Prometheus scrapes them with deploy/prometheus/prometheus.yml (jobs pharos-server, pharos-agent,
-pharos-fwd, pharos-mount). Every query is PromQL on the families of pharos_pipeline.telemetry,
+pharos-fwd, pharos-mount). Every query is PromQL on the families of pharos_core.telemetry,
 agents/ebpf/src/metrics.rs, forwarder/fwd/src/admin.rs and forwarder/mount/src/main.rs;
 tests/e2e/test_self_monitoring.py runs each one on a real Prometheus scraping a real stack."""
 
 from __future__ import annotations
 
-from .boards import board
+from .boards.common import board
 from .grafana import PROMETHEUS, Board
 
 RATE = "$__rate_interval"
