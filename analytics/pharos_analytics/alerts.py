@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, WindowCache, detect_failslow

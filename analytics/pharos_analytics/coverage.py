@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from pharos_pipeline.store import Store
+from pharos_core.store import Store
 
-from .summary import JOB_EVENTS_SQL, ns_to_datetime
+from .summary_sql import JOB_EVENTS_SQL, ns_to_datetime
 
 #: Substring of every agent's producer id: ``<host>:agent:<pid>:<start ns>``.
 AGENT_MARK = ":agent:"
@@ -217,7 +217,7 @@ def _agents_on(sql: str, hosts: list[str]) -> tuple[str, dict[str, str]]:
 
 def default_silence_s() -> float:
     """``Settings.silence_s`` of this process's settings (heartbeat_missed x heartbeat_interval_s)."""
-    from pharos_pipeline.settings import get_settings
+    from pharos_core.settings import get_settings
 
     return get_settings().silence_s
 

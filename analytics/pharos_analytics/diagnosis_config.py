@@ -34,7 +34,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from pharos_pipeline.settings import PharosSettings
+from pharos_core.settings import PharosSettings
 
 MiB = 1 << 20
 

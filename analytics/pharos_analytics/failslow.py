@@ -50,7 +50,7 @@ from typing import Literal
 import numpy as np
 from sklearn.preprocessing import RobustScaler
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 

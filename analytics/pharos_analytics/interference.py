@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Literal
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 

@@ -6,7 +6,7 @@ A failing cycle is logged and the loop goes on; :meth:`PeriodicLoop.stop` ends i
 cycles (a cycle in progress finishes first, bounded by the join timeout). Completed cycles are
 timed once, by :meth:`PeriodicLoop.cycle_done` (their count, ``duration_s`` of the summary and the
 ``pharos_loop_cycle_seconds`` histogram), failed ones counted in ``pharos_loop_cycle_failures_total``
-(pharos_pipeline.telemetry).
+(pharos_core.telemetry).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import ClassVar, Self
 
-from pharos_pipeline.telemetry import CYCLE_FAILURES, CYCLE_SECONDS
+from pharos_core.telemetry import CYCLE_FAILURES, CYCLE_SECONDS
 
 
 class PeriodicLoop:

@@ -54,20 +54,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from pharos_pipeline.store import Store
+from pharos_core.store import Store
 
 from .diagnosis_config import DiagnosisConfig
-from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions, is_system_path
-from .summary import (
-    DATA_OPS,
-    META_OPS,
-    NON_FILE_TYPES,
-    READ_OPS,
-    _check_layer,
-    _darshan_figures,
-    ns_to_datetime,
-    sql_list,
+from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, is_system_path
+from .phases_sql import (
+    BUSY_SECONDS_SQL,
+    COUNTER_FILES_SQL,
+    GAPS_SQL,
+    JOB_LOGS_SQL,
+    JOB_PROFILE_SQL,
+    PHASE_PROFILES_SQL,
+    SMALL_BIN_COUNTERS,
+    STRIPES_SQL,
 )
+from .summary import _check_layer, _darshan_figures, fan_in_patterns
+from .summary_sql import ns_to_datetime
 
 Direction = Literal["read", "write", "mixed", "none"]
 Access = Literal["sequential", "random", "none"]
@@ -134,194 +136,6 @@ class JobPhases:
 
 
 # --------------------------------------------------------------------------------------
-# SQL
-
-_FILE_KEY = "if(path != '', path, concat('dev:', toString(dev), ':inode:', toString(inode)))"
-
-#: The job's data and metadata requests with their phase number and stream position.
-_PHASED = f"""
-WITH
-base AS (
-    SELECT
-        toUnixTimestamp64Nano(start)                        AS s,
-        toUnixTimestamp64Nano(end)                          AS e,
-        rank,
-        op,
-        {_FILE_KEY}                                         AS file,
-        op IN {sql_list(READ_OPS)}                         AS is_read,
-        op IN {sql_list(DATA_OPS)}                         AS is_data,
-        offset, size, count, bytes, duration_ns,
-        transform(path, {{stripe_paths:Array(String)}}, {{stripe_sizes:Array(UInt64)}}, toUInt64(0)) AS stripe
-    FROM io_requests
-    WHERE job_id = {{job_id:String}} AND layer = {{layer:String}}
-      AND NOT match(path, {{system_re:String}})
-      AND ((file_type = 'regular' AND op IN {sql_list(DATA_OPS)})
-           OR (op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}))
-),
-gapped AS (
-    SELECT *,
-        s - max(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS gap,
-        row_number() OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS rn
-    FROM base
-),
-phased AS (
-    SELECT *,
-        sum(rn > 1 AND gap >= {{gap_ns:Int64}}) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) + 1 AS phase,
-        lagInFrame(toInt64(offset + bytes), 1, toInt64(0)) OVER (
-            PARTITION BY rank, file, is_read, is_data ORDER BY s, e
-            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)                       AS prev_end
-    FROM gapped
-)
-"""
-
-#: The longest idle gaps (ns) between requests, longest first.
-GAPS_SQL = f"""
-WITH
-base AS (
-    SELECT toUnixTimestamp64Nano(start) AS s, toUnixTimestamp64Nano(end) AS e
-    FROM io_requests
-    WHERE job_id = {{job_id:String}} AND layer = {{layer:String}}
-      AND NOT match(path, {{system_re:String}})
-      AND ((file_type = 'regular' AND op IN {sql_list(DATA_OPS)})
-           OR (op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}))
-),
-gapped AS (
-    SELECT
-        s - max(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS gap,
-        row_number() OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS rn
-    FROM base
-)
-SELECT gap FROM gapped WHERE rn > 1 AND gap >= {{gap_ns:Int64}} ORDER BY gap DESC LIMIT {{limit:UInt32}}
-"""
-
-_PROFILE_TMPL = (
-    _PHASED
-    + """
-SELECT
-    __KEY__                                                 AS phase,
-    min(fs)                                                 AS start_ns,
-    max(fe)                                                 AS end_ns,
-    sum(reads)                                              AS reads,
-    sum(writes)                                             AS writes,
-    sum(bytes_read)                                         AS bytes_read,
-    sum(bytes_written)                                      AS bytes_written,
-    sum(data_requests)                                      AS data_requests,
-    sum(sequential)                                         AS sequential,
-    sum(consecutive)                                        AS consecutive,
-    sum(small)                                              AS small,
-    sum(misaligned)                                         AS misaligned,
-    sum(stripe_known)                                       AS stripe_known,
-    sum(stripe_misaligned)                                  AS stripe_misaligned,
-    sum(meta_ops)                                           AS meta_ops,
-    sum(meta_time_ns)                                       AS meta_time_ns,
-    sum(data_time_ns)                                       AS data_time_ns,
-    length(groupUniqArrayArray(franks))                     AS n_ranks,
-    countIf(notEmpty(franks))                               AS n_files,
-    max(length(franks))                                     AS max_fan_in,
-    length(groupUniqArrayArray(rranks))                     AS n_read_ranks,
-    countIf(notEmpty(rranks))                               AS n_read_files,
-    max(length(rranks))                                     AS max_read_fan_in,
-    length(groupUniqArrayArray(wranks))                     AS n_write_ranks,
-    countIf(notEmpty(wranks))                               AS n_write_files,
-    max(length(wranks))                                     AS max_write_fan_in
-FROM
-(
-    SELECT
-        __KEY__                                                             AS phase,
-        file,
-        min(s)                                                              AS fs,
-        max(e)                                                              AS fe,
-        sumIf(count, is_data AND is_read)                                   AS reads,
-        sumIf(count, is_data AND NOT is_read)                               AS writes,
-        sumIf(bytes, is_data AND is_read)                                   AS bytes_read,
-        sumIf(bytes, is_data AND NOT is_read)                               AS bytes_written,
-        sumIf(count, is_data)                                               AS data_requests,
-        sumIf(count - 1 + (toInt64(offset) >= prev_end), is_data)           AS sequential,
-        sumIf(count - 1 + (toInt64(offset) = prev_end), is_data)            AS consecutive,
-        sumIf(count, is_data AND size < {small:UInt64})                     AS small,
-        sumIf(if(offset % {align:UInt64} != 0, count,
-                 if(size % {align:UInt64} != 0, count - 1, 0)), is_data)    AS misaligned,
-        sumIf(count, is_data AND stripe > 0)                                AS stripe_known,
-        sumIf(if(offset % greatest(stripe, 1) != 0, count, if(size % greatest(stripe, 1) != 0, count - 1, 0)),
-              is_data AND stripe > 0)                                       AS stripe_misaligned,
-        sumIf(count, NOT is_data)                                           AS meta_ops,
-        sumIf(duration_ns, NOT is_data)                                     AS meta_time_ns,
-        sumIf(duration_ns, is_data)                                         AS data_time_ns,
-        groupUniqArrayIf(rank, is_data)                                     AS franks,
-        groupUniqArrayIf(rank, is_data AND is_read)                         AS rranks,
-        groupUniqArrayIf(rank, is_data AND NOT is_read)                     AS wranks
-    FROM phased
-    GROUP BY phase, file
-)
-GROUP BY phase
-ORDER BY phase
-"""
-)
-#: Profile of each phase (one row per phase).
-PHASE_PROFILES_SQL = _PROFILE_TMPL.replace("__KEY__", "phase")
-#: Profile of the whole job (one row, phase 0).
-JOB_PROFILE_SQL = _PROFILE_TMPL.replace("__KEY__", "toUInt64(0)")
-
-#: Whole seconds in which the job issued more than {rate} metadata ops, per phase.
-BUSY_SECONDS_SQL = (
-    _PHASED
-    + """
-SELECT phase, intDiv(s, 1000000000) AS sec, sum(count) AS ops
-FROM phased WHERE NOT is_data
-GROUP BY phase, sec
-HAVING ops > {rate:Float64}
-ORDER BY phase, sec
-"""
-)
-
-#: Stripe size per file of a job, from imported Darshan LUSTRE records.
-STRIPES_SQL = """
-SELECT path, max(value) AS stripe
-FROM darshan_counters
-WHERE job_id = {job_id:String} AND module = 'LUSTRE' AND counter = 'LUSTRE_STRIPE_SIZE' AND path != ''
-GROUP BY path
-"""
-
-HAS_COUNTERS_SQL = "SELECT count() AS n FROM darshan_counters WHERE job_id = {job_id:String}"
-
-#: Sums of the POSIX counters of a job over its data files, plus fan-in input.
-COUNTER_FILES_SQL = """
-SELECT
-    c.record_id                                              AS record_id,
-    any(c.path)                                              AS path,
-    c.rank                                                   AS rank,
-    c.log_id                                                 AS log_id,
-    sumIf(c.value, c.counter = 'POSIX_READS')                AS reads,
-    sumIf(c.value, c.counter = 'POSIX_WRITES')               AS writes,
-    sumIf(c.value, c.counter = 'POSIX_BYTES_READ')           AS bytes_read,
-    sumIf(c.value, c.counter = 'POSIX_BYTES_WRITTEN')        AS bytes_written,
-    sumIf(c.value, c.counter IN ('POSIX_SEQ_READS', 'POSIX_SEQ_WRITES'))       AS sequential,
-    sumIf(c.value, c.counter IN ('POSIX_CONSEC_READS', 'POSIX_CONSEC_WRITES')) AS consecutive,
-    sumIf(c.value, c.counter IN {small_bins:Array(String)})  AS small,
-    sumIf(c.value, c.counter = 'POSIX_FILE_NOT_ALIGNED')     AS misaligned,
-    maxIf(c.value, c.counter = 'POSIX_FILE_ALIGNMENT')       AS file_alignment,
-    sumIf(c.value, c.counter IN ('POSIX_OPENS', 'POSIX_STATS', 'POSIX_FSYNCS', 'POSIX_FDSYNCS',
-                                 'POSIX_RENAME_SOURCES'))                      AS meta_ops,
-    sumIf(c.value, c.counter = 'POSIX_F_META_TIME')          AS meta_time_s,
-    sumIf(c.value, c.counter IN ('POSIX_F_READ_TIME', 'POSIX_F_WRITE_TIME'))   AS data_time_s
-FROM darshan_counters AS c
-WHERE c.job_id = {job_id:String} AND c.module = 'POSIX'
-GROUP BY c.record_id, c.rank, c.log_id
-"""
-
-#: Imported logs of a job: rank range of each (for shared records) and time span.
-JOB_LOGS_SQL = """
-SELECT log_id, nprocs, rank_offset, toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns
-FROM darshan_logs FINAL WHERE job_id = {job_id:String}
-"""
-
-#: Darshan's POSIX access-size bins below 1 MiB (the "small" requests of Drishti).
-SMALL_BIN_COUNTERS: tuple[str, ...] = tuple(
-    f"POSIX_SIZE_{d}_{b}" for d in ("READ", "WRITE") for b in ("0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M")
-)
-
-
-# --------------------------------------------------------------------------------------
 # Helpers
 
 
@@ -365,20 +179,16 @@ def _profile(r: dict, busy: list[tuple[int, int]], cfg: DiagnosisConfig) -> IoPr
     if not peak and meta_ops:
         peak = meta_ops / max(duration, 1.0)  # none above the rate: report the average instead
     misaligned = max(x for x in (mis, smis, 0.0) if x is not None)
-    fan_in = classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in"))
-    patterns: dict[str, Pattern] = {
-        "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
-        "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
-    }
+    io_ranks, n_files, pattern, patterns, fan_in = fan_in_patterns(r, g("bytes_read"), g("bytes_written"))
     return IoProfile(
         start=ns_to_datetime(start_ns),
         end=ns_to_datetime(end_ns),
         duration_s=duration,
-        pattern=decide_directions(patterns, g("bytes_read"), g("bytes_written"), fan_in),
+        pattern=pattern,
         patterns=patterns,
         fan_in_pattern=fan_in,
-        io_ranks=g("n_ranks"),
-        n_files=g("n_files"),
+        io_ranks=io_ranks,
+        n_files=n_files,
         max_fan_in=g("max_fan_in"),
         reads=reads,
         writes=writes,
@@ -625,7 +435,6 @@ def job_phases(store: Store, job_id: str, layer: str = "client", cfg: DiagnosisC
 
 
 __all__ = [
-    "SMALL_BIN_COUNTERS",
     "IoProfile",
     "JobPhases",
     "Phase",

@@ -18,10 +18,11 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 from .pattern import SYSTEM_PATH_REGEX
-from .summary import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, fan_in_patterns, sql_list
+from .summary import fan_in_patterns
+from .summary_sql import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, sql_list
 
 _META = f"op IN {sql_list(META_OPS)}"
 

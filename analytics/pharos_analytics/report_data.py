@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pharos_pipeline.store import Store
+from pharos_core.store import Store
 
 from .pattern import SYSTEM_PATH_REGEX
-from .summary import DATA_OPS, READ_OPS, sql_list
+from .summary_sql import DATA_OPS, READ_OPS, sql_list
 
 #: Time range of a job's data requests on one layer (ns since the epoch) and its ranks.
 EXTENT_SQL = f"""

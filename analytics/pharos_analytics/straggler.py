@@ -45,7 +45,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 from .pattern import SYSTEM_PATH_REGEX, is_system_path
@@ -457,7 +457,7 @@ def job_stragglers(
     Returns:
         A :class:`StragglerReport`; ``findings`` is empty when no resource explains the slow
         files (``verdicts`` still lists every resource judged). Raises
-        pharos_pipeline.store.StoreError when the store fails.
+        pharos_core.store.StoreError when the store fails.
     """
     cfg = cfg or DiagnosisConfig()
     obs, start, end = _trace_obs(store, job_id) if trace is None else trace

@@ -28,17 +28,16 @@ Sources of the defaults:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from pharos_pipeline.settings import PharosSettings
+from pharos_core.settings import PharosSettings
+
+from ..pattern import Pattern
 
 GB = 1_000_000_000
 MiB = 1 << 20
-
-Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
 
 
 class ControlConfig(PharosSettings):

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pharos_pipeline.store import Store
+from pharos_core.store import Store
 
 from ..diagnosis_config import DiagnosisConfig
 from ..profiles import job_metrics

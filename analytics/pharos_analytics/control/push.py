@@ -1,0 +1,216 @@
+"""The control loop's pushes to the forwarding layer's admin interfaces (HTTP, admin token,
+back-off), and what it reads there: the mounts' job tables and nodes, the daemons' placement.
+
+A push that fails (unreachable, timeout, HTTP error) changes nothing on that side: the mount and
+the daemons swap their tables atomically only on success, so the previous mapping or placement
+keeps serving; the loop re-pushes later, back-off doubling up to ``retry_max_backoff_s`` (see
+:mod:`pharos_analytics.control.loop`). Every call carries the admin token (``[control]
+admin_token_file``, else ``fwd_admin_token_file``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import httpx
+
+from pharos_core.settings import Settings, admin_headers
+
+from .config import ControlConfig
+
+
+@dataclass
+class Endpoints:
+    """Admin base URLs: the FUSE clients (``mounts``) and the forwarding daemons (node -> URL)."""
+
+    mounts: list[str]
+    daemons: dict[str, str]
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cfg: ControlConfig) -> Endpoints:
+        """``cfg``'s URLs, else those of the processes ``pharos up`` starts: the ``admin`` address in
+        their ready files (``<state>/run/fwd<i>.ready``, ``mount.ready``), else the Settings ports."""
+
+        def ready_admin(name: str) -> str | None:
+            f = settings.state_dir / "run" / f"{name}.ready"
+            try:
+                return "http://" + json.loads(f.read_text())["admin"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+
+        daemons = dict(cfg.fwd_admin_urls)
+        if not daemons:
+            for i in range(settings.fwd_nodes):
+                port = settings.fwd_port_base + 10 * i + 1
+                daemons[f"fwd{i}"] = ready_admin(f"fwd{i}") or f"http://127.0.0.1:{port}"
+        mounts = list(cfg.mount_admin_urls)
+        if not mounts and settings.fwd_nodes:
+            mounts = [ready_admin("mount") or f"http://127.0.0.1:{settings.mount_admin_port}"]
+        return cls([u.rstrip("/") for u in mounts], {k: v.rstrip("/") for k, v in daemons.items()})
+
+
+@dataclass
+class PushResult:
+    url: str
+    ok: bool
+    error: str = ""
+    changed: bool = True
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    next_ns: int = 0
+
+
+@dataclass
+class View:
+    """What one cycle knows about the forwarding layer."""
+
+    node_names: list[str]
+    default_node: str | None
+    mount_maps: dict[str, dict[str, list[str]] | None]  # url -> jobs table (None: unreachable)
+    mount_errors: dict[str, str] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set)  # nodes whose daemon's admin interface does not answer
+
+
+def _canon(x):
+    """A JSON value without null members (the daemons print absent options as null)."""
+    if isinstance(x, dict):
+        return {k: _canon(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_canon(v) for v in x]
+    return x
+
+
+class AdminPush:
+    """The admin-interface half of :class:`~pharos_analytics.control.loop.ControlLoop`: HTTP
+    calls with the admin token, back-off after a failed push, the mounts' view, the pushes of
+    mappings and placement. Uses the loop's ``settings``, ``cfg``, ``client``, ``_endpoints``,
+    ``_backoff`` and ``period_s``."""
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return self._endpoints or Endpoints.from_settings(self.settings, self.cfg)
+
+    def _admin_headers(self) -> dict[str, str]:
+        """The admin token of the mounts' and daemons' admin interfaces (``[control]
+        admin_token_file``, else the settings' ``fwd_admin_token_file``), read per call: a token
+        rotated on disk is used at once."""
+        if self.cfg.admin_token_file is not None:
+            return admin_headers(self.cfg.admin_token_file)
+        return self.settings.fwd_admin_headers()
+
+    def _http(self, method: str, url: str, body=None) -> tuple[dict | list | None, str]:
+        """(JSON reply, '') or (None, one-line error)."""
+        try:
+            r = self.client.request(
+                method, url, json=body, timeout=self.cfg.http_timeout_s, headers=self._admin_headers()
+            )
+        except httpx.HTTPError as exc:
+            return None, f"{method} {url}: {type(exc).__name__}: {str(exc)[:200]}"
+        if r.status_code >= 400:
+            return None, f"{method} {url}: HTTP {r.status_code} {r.text[:200]}"
+        try:
+            return r.json(), ""
+        except ValueError:
+            return None, f"{method} {url}: reply is not JSON"
+
+    def _view(self) -> View:
+        eps = self.endpoints
+        maps: dict[str, dict | None] = {}
+        names: list[str] = []
+        default = None
+        errors = {}
+        for url in eps.mounts:
+            got, err = self._http("GET", url + "/mapping")
+            if got is None or not isinstance(got, dict):
+                maps[url], errors[url] = None, err or "bad reply"
+                continue
+            maps[url] = {k: list(v) for k, v in (got.get("jobs") or {}).items()}
+            if not names:
+                names = [n["name"] for n in got.get("nodes") or []]
+                default = got.get("default")
+        if not names:
+            names = sorted(eps.daemons)
+        down = {n for n, url in eps.daemons.items() if self._http("GET", url + "/status")[0] is None}
+        return View(names, default, maps, errors, down)
+
+    # -- pushing ----------------------------------------------------------------------------------
+    def _backoff_ok(self, key: str, now_ns: int) -> bool:
+        b = self._backoff.get(key)
+        return b is None or now_ns >= b.next_ns
+
+    def _note_push(self, key: str, ok: bool, now_ns: int) -> None:
+        if ok:
+            self._backoff.pop(key, None)
+            return
+        b = self._backoff.setdefault(key, _Backoff())
+        b.failures += 1
+        delay_s = min(self.cfg.retry_max_backoff_s, max(self.period_s, 1.0) * 2 ** (b.failures - 1))
+        b.next_ns = now_ns + int(delay_s * 1e9)
+
+    def _push_mapping(
+        self, view: View, desired: dict[str, list[str] | None], drop: set[str], now_ns: int, force: bool
+    ) -> list[PushResult]:
+        """Make each mount's job table hold ``desired`` (and not ``drop``); PUT only on a change."""
+        out = []
+        for url, cur in view.mount_maps.items():
+            if cur is None:  # a new decision fails there; otherwise it is re-pushed once the mount answers
+                out.append(PushResult(url, False, view.mount_errors.get(url, "unreachable"), changed=force))
+                continue
+            new = {k: v for k, v in cur.items() if k not in drop}
+            for job, nodes in desired.items():
+                if nodes is None:
+                    new.pop(job, None)
+                else:
+                    new[job] = nodes
+            if new == cur:
+                out.append(PushResult(url, True, changed=False))
+                continue
+            if not force and not self._backoff_ok("mount:" + url, now_ns):
+                out.append(PushResult(url, False, "in back-off after a failed push"))
+                continue
+            _, err = self._http("PUT", url + "/mapping", {"jobs": new})
+            self._note_push("mount:" + url, not err, now_ns)
+            out.append(PushResult(url, not err, err))
+        return out
+
+    def _daemon_placements(self, eps: Endpoints) -> tuple[dict[str, dict | None], dict[str, str], list[str]]:
+        """(node -> its placement document, None when it did not answer; node -> error; the
+        targets the first daemon that answers knows)."""
+        docs: dict[str, dict | None] = {}
+        errors: dict[str, str] = {}
+        targets: list[str] = []
+        for node, url in sorted(eps.daemons.items()):
+            got, err = self._http("GET", url + "/placement")
+            docs[node] = got if isinstance(got, dict) else None
+            if err:
+                errors[node] = err
+            if not targets and got is not None:
+                t, _ = self._http("GET", url + "/targets")
+                targets = [x["name"] for x in t] if isinstance(t, list) else []
+        return docs, errors, targets
+
+    def _push_placement(
+        self,
+        eps: Endpoints,
+        nodes: list[str],
+        docs: dict[str, dict | None],
+        errors: dict[str, str],
+        doc: dict,
+        now_ns: int,
+    ) -> list[PushResult]:
+        """PUT ``doc`` to the daemons of ``nodes``; one that did not answer the GET fails with its
+        error (no PUT). Back-off noted per node."""
+        results = []
+        for node in nodes:
+            url = eps.daemons[node]
+            if docs[node] is None:
+                err = errors.get(node, "unreachable")
+            else:
+                _, err = self._http("PUT", url + "/placement", doc)
+            self._note_push("fwd:" + node, not err, now_ns)
+            results.append(PushResult(url, not err, err))
+        return results

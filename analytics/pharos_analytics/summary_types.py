@@ -1,0 +1,140 @@
+"""The result types of the job summary and job list (:mod:`pharos_analytics.summary`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from .coverage import Coverage, Gap
+from .pattern import Pattern
+
+JobState = Literal["running", "finished", "failed", "unknown"]
+#: Where a summary's figures come from: ``io_requests`` rows, or Darshan module counters.
+SummarySource = Literal["traces", "darshan-counters"]
+
+
+# --------------------------------------------------------------------------------------
+# Result types
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """One data file of a job: bytes moved, requests (sum of ``count``), distinct ranks."""
+
+    path: str
+    bytes_read: int
+    bytes_written: int
+    reads: int
+    writes: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class NonFileOps:
+    """Requests and bytes on pipes, sockets and terminals; ``by_type`` maps file type -> requests."""
+
+    requests: int = 0
+    bytes: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Drops:
+    """Records lost before the store, summed over producers (latest counters of each).
+
+    ``unmerged_fallbacks`` are requests shipped unmerged (not a loss) and are not in ``total``.
+    """
+
+    total: int = 0
+    ringbuf_drops: int = 0
+    delivery_failures: int = 0
+    overflow_drops: int = 0
+    unmerged_fallbacks: int = 0
+    producers: int = 0
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """What one job did on one layer. Bytes in bytes, times UTC, rates in MiB/s (2**20 B/s).
+
+    ``size_histogram`` is ``{"read": {bin: requests}, "write": {bin: requests}}`` with
+    Darshan's bins (:data:`SIZE_BINS`, all present, in order), weighted by ``count``.
+    ``pattern`` is the job's Beacon pattern decided by volume dominance over its reads and
+    writes (:func:`pharos_analytics.pattern.decide_pattern`, NSDI'19 §4); ``patterns`` is the
+    pattern of reads alone and of writes alone (the modes), ``fan_in_pattern`` the pattern of
+    all data I/O together (the answer when no mode dominates).
+    ``io_time_s`` is the cumulative time inside data ops (Darshan's ``POSIX_F_*_TIME``,
+    summed over ranks and threads); ``io_span_s`` is ``last_io - first_io``;
+    ``bandwidth_mib_s`` is ``(bytes_read + bytes_written) / 2**20 / io_span_s``, ``None``
+    without data I/O or with a zero span.
+    ``source`` is ``"traces"`` (``io_requests``) or ``"darshan-counters"`` (the Darshan
+    fallback, see :mod:`pharos_analytics.summary` for the counters behind each field).
+    ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
+    off from Kafka) during the job: ``gaps`` says where and when, the figures are a lower
+    bound; ``coverage`` how it was checked (:mod:`pharos_analytics.coverage`). Both are about
+    the agents (client layer), whatever ``layer``.
+    """
+
+    job_id: str
+    layer: str
+    name: str | None
+    user: str | None
+    command: list[str]
+    host: str | None
+    ranks: int | None
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    state: JobState
+    io_ranks: int
+    pattern: Pattern
+    patterns: dict[str, Pattern]
+    bytes_read: int
+    bytes_written: int
+    ops: dict[str, int]
+    other_ops: dict[str, int]
+    non_file_ops: NonFileOps
+    failed_requests: int
+    records: int
+    requests: int
+    data_records: int
+    data_requests: int
+    size_histogram: dict[str, dict[str, int]]
+    files: list[FileSummary]
+    n_files: int
+    first_io: datetime | None
+    last_io: datetime | None
+    io_time_s: float
+    io_span_s: float | None
+    bandwidth_mib_s: float | None
+    dropped_records: int
+    drops: Drops
+    source: SummarySource = "traces"
+    fan_in_pattern: Pattern = "none"
+    complete: bool = True
+    gaps: list[Gap] = field(default_factory=list)
+    coverage: Coverage | None = None
+
+
+@dataclass(frozen=True)
+class JobListItem:
+    """One line of the job list (client layer unless asked otherwise)."""
+
+    job_id: str
+    name: str | None
+    user: str | None
+    host: str | None
+    ranks: int | None
+    state: JobState
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    pattern: Pattern
+    io_ranks: int
+    n_files: int
+    bytes_read: int
+    bytes_written: int
+    patterns: dict[str, Pattern] = field(default_factory=dict)
+    fan_in_pattern: Pattern = "none"
+    source: SummarySource = "traces"
