@@ -10,13 +10,13 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import Store, StoreError
-from pharos_pipeline.telemetry import service_registry
+from pharos_core.settings import Settings
+from pharos_core.store import Store, StoreError
+from pharos_core.telemetry import service_registry
 
 from .auth import get_principal
 from .routers import control, diagnosis, jobs, metrics, producers, report, system, system_diag, tokens
-from .schemas import API_VERSION, ErrorOut
+from .schemas.common import API_VERSION, ErrorOut
 from .telemetry import RequestMetrics
 
 #: Answers every authenticated route may give (documented in the OpenAPI schema).

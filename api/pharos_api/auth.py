@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal, get_args
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 Role = Literal["admin", "operator", "user", "scheduler"]
 ROLES: tuple[str, ...] = get_args(Role)

@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pharos_pipeline.settings import get_settings
+from pharos_core.settings import get_settings
 
 from .cli_control import register as register_control_commands
 from .cli_diagnose import register as register_diagnose_commands
@@ -253,7 +253,7 @@ def schema(
     `T_local` on each node plus a Distributed `T` over them (sharded by job for the traced
     requests), to run once with clickhouse-client before pointing Pharos at the cluster
     (docs/operations.md, "Scale out")."""
-    from pharos_pipeline.cluster_schema import cluster_schema
+    from pharos_core.cluster_schema import cluster_schema
 
     try:
         migrations = cluster_schema(cluster)

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, api_request, show
+from .cli_jobs import ApiError, ApiOption, JsonOption, _api_url, _fail, api_request, show
 
 _CLASS = {"default": "", "more_nodes": "bold cyan", "dedicated": "bold magenta"}
 _STATUS = {"applied": "green", "failed": "bold red", "recorded": "yellow"}
@@ -34,6 +34,14 @@ _STATUS = {"applied": "green", "failed": "bold red", "recorded": "yellow"}
 def api_call(api_url: str, method: str, path: str, body: Any = None) -> httpx.Response:
     """PUT/DELETE ``api_url + path`` with the API token; a 2xx response, else :class:`ApiError` (one line)."""
     return api_request(api_url, method, path, json=body)
+
+
+def _pin_call(api: str | None, method: str, scope: str, name: str, body: Any = None) -> None:
+    """PUT/DELETE ``/v1/control/pins/{scope}/{name}``; an API error is one line on stderr and exit code 1."""
+    try:
+        api_call(_api_url(api), method, f"/v1/control/pins/{scope}/{quote(name, safe='')}", body)
+    except ApiError as exc:
+        _fail(str(exc))
 
 
 def render_hint(console: Console, h: dict) -> None:
@@ -125,7 +133,7 @@ def register(app: typer.Typer) -> None:
         command: Annotated[str | None, typer.Option(help="Command line (with --name), e.g. 'fio job.fio'.")] = None,
         apply: Annotated[bool, typer.Option("--apply", help="Push the mapping to the mount now (JOB only).")] = False,
         api: ApiOption = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """DFRA decision for a job: which forwarding nodes (default, more, dedicated) and why."""
         if job is None and not name:
@@ -137,19 +145,11 @@ def register(app: typer.Typer) -> None:
             params["user"] = user
         if command:
             params["command"] = shlex.split(command)
-        try:
-            if job is not None:
-                r = api_get(
-                    _api_url(api), f"/v1/hints/jobs/{quote(job, safe='')}", params | {"apply": str(apply).lower()}
-                )
-            else:
-                r = api_get(_api_url(api), "/v1/hints", params)
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        render_hint(Console(), r.json())
+        if job is not None:
+            path, params = f"/v1/hints/jobs/{quote(job, safe='')}", params | {"apply": str(apply).lower()}
+        else:
+            path = "/v1/hints"
+        show(_api_url(api), path, params, as_json=as_json, render_to=render_hint)
 
     @control.command("actions")
     def actions_cmd(
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
         since: Annotated[float, typer.Option(help="Recorded in the last SECONDS.", min=1)] = 86400.0,
         limit: Annotated[int, typer.Option(help="At most this many rows.", min=1, max=10000)] = 100,
         api: ApiOption = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """Every decision and push of the control loop, applied, failed (and why) or recorded."""
         params: dict[str, Any] = {"since_s": since, "limit": limit}
@@ -171,9 +171,7 @@ def register(app: typer.Typer) -> None:
         show(_api_url(api), "/v1/control/actions", params, as_json=as_json, render=actions_table)
 
     @control.command("pins")
-    def pins_cmd(
-        api: ApiOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False
-    ) -> None:
+    def pins_cmd(api: ApiOption = None, as_json: JsonOption = False) -> None:
         """Admins' pins of jobs and pools."""
         show(_api_url(api), "/v1/control/pins", as_json=as_json, render=pins_table)
 
@@ -185,12 +183,7 @@ def register(app: typer.Typer) -> None:
         api: ApiOption = None,
     ) -> None:
         """Pin JOB to forwarding NODES: the loop neither allocates nor remaps it."""
-        try:
-            api_call(
-                _api_url(api), "PUT", f"/v1/control/pins/jobs/{quote(job, safe='')}", {"nodes": nodes, "reason": reason}
-            )
-        except ApiError as exc:
-            _fail(str(exc))
+        _pin_call(api, "PUT", "jobs", job, {"nodes": nodes, "reason": reason})
         typer.echo(f"job {job} pinned to {', '.join(nodes)}")
 
     @pin.command("pool")
@@ -205,26 +198,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Pin placement POOL to TARGETS (and their max_perf) as given."""
         body = {"targets": targets, "max_perf": _max_perf(max_perf or []), "reason": reason}
-        try:
-            api_call(_api_url(api), "PUT", f"/v1/control/pins/pools/{quote(pool, safe='')}", body)
-        except ApiError as exc:
-            _fail(str(exc))
+        _pin_call(api, "PUT", "pools", pool, body)
         typer.echo(f"pool {pool} pinned to {', '.join(targets)}")
 
     @unpin.command("job")
     def unpin_job(job: Annotated[str, typer.Argument(help="Job id.")], api: ApiOption = None) -> None:
         """Remove JOB's pin: the loop manages it again."""
-        try:
-            api_call(_api_url(api), "DELETE", f"/v1/control/pins/jobs/{quote(job, safe='')}")
-        except ApiError as exc:
-            _fail(str(exc))
+        _pin_call(api, "DELETE", "jobs", job)
         typer.echo(f"job {job} unpinned")
 
     @unpin.command("pool")
     def unpin_pool(pool: Annotated[str, typer.Argument(help="Pool name.")], api: ApiOption = None) -> None:
         """Remove POOL's pin: the loop manages it again."""
-        try:
-            api_call(_api_url(api), "DELETE", f"/v1/control/pins/pools/{quote(pool, safe='')}")
-        except ApiError as exc:
-            _fail(str(exc))
+        _pin_call(api, "DELETE", "pools", pool)
         typer.echo(f"pool {pool} unpinned")

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, api_request, human_bytes
+from .cli_jobs import ApiError, ApiOption, JsonOption, _api_url, _fail, api_get, api_request, human_bytes
 
 _SEV_STYLE = {"high": "bold red", "warn": "yellow", "info": "dim"}
 IMPORT_TIMEOUT_S = 600.0
@@ -114,7 +114,7 @@ def _import_via_api(url: str, paths: list[Path], job_id: str | None, name: str |
                     timeout=IMPORT_TIMEOUT_S,
                 )
         except OSError as exc:
-            from pharos_agents.darshan_import import LogImport
+            from pharos_pipeline.darshan_import import LogImport
 
             out.append(asdict(LogImport(path=str(p), status="failed", error=f"{p}: {exc.strerror or exc}")))
             continue
@@ -123,7 +123,7 @@ def _import_via_api(url: str, paths: list[Path], job_id: str | None, name: str |
 
 
 def _import_direct(paths: list[Path], job_id: str | None, name: str | None, console: Console) -> list[dict]:
-    from pharos_agents.darshan_import import import_log
+    from pharos_pipeline.darshan_import import import_log
 
     from .cli_tokens import with_store
 
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
     def diagnose_cmd(
         job_id: Annotated[str, typer.Argument(help="Job id.")],
         api: ApiOption = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """Why was the job's I/O slow: pattern, phases and insights with recommendations."""
         url = _api_url(api)
@@ -194,7 +194,7 @@ def register(app: typer.Typer) -> None:
         url = _api_url(api)
         try:
             results: list[dict[str, Any]] | None = None
-            from pharos_pipeline.settings import get_settings
+            from pharos_core.settings import get_settings
 
             if not direct and not get_settings().clickhouse_url:
                 results = _import_via_api(url, logs, job_id, name)

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pharos_analytics.summary import LAYERS
+from pharos_analytics.summary_sql import LAYERS
 
 Layer = Enum("Layer", {name: name for name in LAYERS}, type=str)
 
@@ -42,6 +42,9 @@ ApiOption = Annotated[
         show_default=False,
     ),
 ]
+
+#: ``--json``: print the API's JSON instead of the table.
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 
 
 class ApiError(Exception):
@@ -61,7 +64,7 @@ def api_token() -> str:
     env = os.environ.get("PHAROS_API_TOKEN", "").strip()
     if env:
         return env
-    from pharos_pipeline.settings import get_settings
+    from pharos_core.settings import get_settings
 
     try:
         return get_settings().api_token_value()
@@ -94,7 +97,7 @@ def api_request(api_url: str, method: str, path: str, *, timeout: float | None =
     PHAROS_API_TIMEOUT_S); a 2xx response, else :class:`ApiError` with a one-line message."""
     headers = api_headers() | kwargs.pop("headers", {})
     if timeout is None:
-        from pharos_pipeline.settings import get_settings
+        from pharos_core.settings import get_settings
 
         timeout = get_settings().api_timeout_s
     try:
@@ -114,7 +117,7 @@ def api_request(api_url: str, method: str, path: str, *, timeout: float | None =
 def _api_url(api: str | None) -> str:
     if api:
         return api.rstrip("/")
-    from pharos_pipeline.settings import get_settings
+    from pharos_core.settings import get_settings
 
     return get_settings().api_url
 
@@ -128,10 +131,17 @@ def api_get(
 
 
 def show(
-    api_url: str, path: str, params: dict[str, Any] | None = None, *, as_json: bool, render: Callable[[Any], Any]
+    api_url: str,
+    path: str,
+    params: dict[str, Any] | None = None,
+    *,
+    as_json: bool,
+    render: Callable[[Any], Any] | None = None,
+    render_to: Callable[[Console, Any], None] | None = None,
 ) -> None:
     """GET ``path`` from the API and print it: the API's JSON with ``as_json``, else the rich
-    renderable ``render(json)``; an API error is one line on stderr and exit code 1."""
+    renderable ``render(json)``, or what ``render_to(console, json)`` prints; an API error is one
+    line on stderr and exit code 1."""
     try:
         r = api_get(api_url, path, params)
     except ApiError as exc:
@@ -139,7 +149,10 @@ def show(
     if as_json:
         typer.echo(r.text)
         return
-    Console().print(render(r.json()))
+    if render_to is not None:
+        render_to(Console(), r.json())
+    else:
+        Console().print(render(r.json()))
 
 
 def _fail(msg: str) -> None:
@@ -320,7 +333,7 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs per page.")] = 50,
         offset: Annotated[int, typer.Option(min=0, help="Jobs to skip.")] = 0,
         layer: Annotated[Layer, typer.Option(help="Layer whose I/O gives bytes and pattern.")] = Layer.client,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """List jobs, newest first: state, ranks, I/O pattern, bytes."""
         url = _api_url(api)
@@ -350,15 +363,8 @@ def register(app: typer.Typer) -> None:
         job_id: Annotated[str, typer.Argument(help="Job id.")],
         api: ApiOption = None,
         layer: Annotated[Layer, typer.Option(help="Layer to summarise.")] = Layer.client,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """A job's I/O report: pattern, bytes, operations, request sizes, files, drops."""
-        url = _api_url(api)
-        try:
-            r = api_get(url, f"/v1/jobs/{quote(job_id, safe='')}", {"layer": layer.value})
-        except ApiError as exc:
-            _fail(str(exc))
-        if as_json:
-            typer.echo(r.text)
-            return
-        render_job(Console(), r.json())
+        path = f"/v1/jobs/{quote(job_id, safe='')}"
+        show(_api_url(api), path, {"layer": layer.value}, as_json=as_json, render_to=render_job)

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_get, show
+from .cli_jobs import ApiError, ApiOption, JsonOption, _api_url, _fail, api_get, show
 
 #: Where the plugin keeps its counters and ``pharos slurm classes`` its table, by default.
 STATE_DIR = Path("/var/lib/pharos/slurm")
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--out", help="Write the table job_submit.lua reads (tab-separated) to this file."),
         ] = None,
         since_s: Annotated[float, typer.Option(min=1, help="History of the last seconds.")] = 30 * 86400.0,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """Predicted I/O class (DFRA: default, more_nodes, dedicated) of each user's job names."""
         url = _api_url(api)
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
     @slurm.command("config")
     def config(api: ApiOption = None, statedir: Annotated[Path, typer.Option()] = STATE_DIR) -> None:
         """Print the plugstack.conf and slurm.conf lines that install Pharos on a Slurm cluster."""
-        from pharos_pipeline.settings import get_settings
+        from pharos_core.settings import get_settings
 
         s = get_settings()
         typer.echo(f"# plugstack.conf (every compute node; the plugin is built by `make build`: {PLUGIN})")

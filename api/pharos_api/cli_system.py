@@ -6,6 +6,7 @@ Like ``pharos jobs``, these ask the API (``--api URL``, ``PHAROS_API_URL``, else
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -16,7 +17,7 @@ from rich.text import Text
 
 from pharos_analytics.straggler import ANOMALY_KIND as STRAGGLER_KIND
 
-from .cli_jobs import ApiOption, _api_url, human_bytes, show
+from .cli_jobs import ApiOption, JsonOption, _api_url, human_bytes, show
 
 _SEV = {"critical": "bold red", "warning": "yellow"}
 
@@ -66,15 +67,23 @@ def anomalies_table(data: dict) -> Table:
     return t
 
 
-def targets_table(data: dict) -> Table:
+def _window_table(what: str, data: dict, columns: tuple[str, ...], left: tuple[str, ...], wrap: str = "") -> Table:
+    """The table of ``GET /v1/targets`` or ``/v1/forwarders``: title with the window and the state
+    source; ``columns`` right-justified but those in ``left``, none wrapped but ``wrap``."""
     t = Table(
-        title=f"storage targets (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
+        title=f"{what} (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for c in ("target", "bandwidth", "limit MB/s", "p50 ms", "p99 ms", "queue", "fault", "state"):
-        t.add_column(c, justify="right" if c not in ("target", "state", "fault") else "left", no_wrap=True)
+    for c in columns:
+        t.add_column(c, justify="right" if c not in left else "left", no_wrap=c != wrap)
+    return t
+
+
+def targets_table(data: dict) -> Table:
+    cols = ("target", "bandwidth", "limit MB/s", "p50 ms", "p99 ms", "queue", "fault", "state")
+    t = _window_table("storage targets", data, cols, left=("target", "state", "fault"))
     for x in data["items"]:
         f = x["faults"]
         fault = (
@@ -103,14 +112,8 @@ def targets_table(data: dict) -> Table:
 
 
 def forwarders_table(data: dict) -> Table:
-    t = Table(
-        title=f"forwarding nodes (last {data['window_s']:g} s to {data['until'] or '-'}, state: {data['state_source']})",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for c in ("node", "bandwidth", "requests", "wait ms", "service ms", "jobs", "state"):
-        t.add_column(c, justify="right" if c not in ("node", "jobs", "state") else "left", no_wrap=c != "jobs")
+    cols = ("node", "bandwidth", "requests", "wait ms", "service ms", "jobs", "state")
+    t = _window_table("forwarding nodes", data, cols, left=("node", "jobs", "state"), wrap="jobs")
     for x in data["items"]:
         jobs = ", ".join(j["job_id"] for j in x["jobs"][:3]) + (f" +{len(x['jobs']) - 3}" if len(x["jobs"]) > 3 else "")
         t.add_row(
@@ -171,7 +174,7 @@ def register(app: typer.Typer) -> None:
         live: Annotated[
             bool, typer.Option("--live", help="Detect now instead of reading the server's detector.")
         ] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+        as_json: JsonOption = False,
     ) -> None:
         """Fail-slow targets and forwarding nodes, interfering jobs: current and recent."""
         params = {"since_s": since, "live": str(live).lower()}
@@ -180,36 +183,30 @@ def register(app: typer.Typer) -> None:
             params["active"] = str(active).lower()
         show(_api_url(api), "/v1/anomalies", params, as_json=as_json, render=anomalies_table)
 
-    @app.command("targets")
-    def targets_cmd(
-        api: ApiOption = None,
-        window: Annotated[
-            float | None, typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")
-        ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
-    ) -> None:
-        """Storage targets: recent bandwidth, latency, limits, injected faults, fail-slow state."""
-        show(
-            _api_url(api),
-            "/v1/targets",
-            {"window_s": window} if window else None,
-            as_json=as_json,
-            render=targets_table,
-        )
+    def status_command(name: str, path: str, render: Callable[[dict], Table], doc: str) -> None:
+        """``pharos NAME [--window S] [--json]``: GET ``path`` over the window and print it."""
 
-    @app.command("forwarders")
-    def forwarders_cmd(
-        api: ApiOption = None,
-        window: Annotated[
-            float | None, typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")
-        ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
-    ) -> None:
-        """Forwarding nodes: recent load, queue wait, service time, jobs, fail-slow state."""
-        show(
-            _api_url(api),
-            "/v1/forwarders",
-            {"window_s": window} if window else None,
-            as_json=as_json,
-            render=forwarders_table,
-        )
+        def cmd(
+            api: ApiOption = None,
+            window: Annotated[
+                float | None, typer.Option(help="Look-back in seconds (default: [diagnosis] status_window_s).")
+            ] = None,
+            as_json: JsonOption = False,
+        ) -> None:
+            show(_api_url(api), path, {"window_s": window} if window else None, as_json=as_json, render=render)
+
+        cmd.__doc__ = doc
+        app.command(name)(cmd)
+
+    status_command(
+        "targets",
+        "/v1/targets",
+        targets_table,
+        "Storage targets: recent bandwidth, latency, limits, injected faults, fail-slow state.",
+    )
+    status_command(
+        "forwarders",
+        "/v1/forwarders",
+        forwarders_table,
+        "Forwarding nodes: recent load, queue wait, service time, jobs, fail-slow state.",
+    )

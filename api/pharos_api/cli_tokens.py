@@ -38,15 +38,15 @@ def api_answers(url: str) -> bool:
 
 def use_api(url: str, direct: bool) -> bool:
     """Whether a store command goes through the API at ``url`` (see the module docstring)."""
-    from pharos_pipeline.settings import get_settings
+    from pharos_core.settings import get_settings
 
     return not direct and not get_settings().clickhouse_url and api_answers(url)
 
 
 def with_store(fn: Callable[[Any], Any]) -> Any:
     """``fn(store)`` on the store opened (and migrated) by this process; ApiError when it is held."""
-    from pharos_pipeline.settings import get_settings
-    from pharos_pipeline.store import StoreError, migrate, open_store
+    from pharos_core.settings import get_settings
+    from pharos_core.store import StoreError, migrate, open_store
 
     settings = get_settings()
     try:

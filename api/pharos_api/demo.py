@@ -22,7 +22,7 @@ import httpx
 from rich.console import Console
 
 from pharos_agents.runner import run_job
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 from . import stack
 from .cli_jobs import api_headers

@@ -29,8 +29,10 @@ from matplotlib.figure import Figure  # not pyplot: no global state, safe in the
 from pharos_analytics.coverage import gap_lines
 from pharos_analytics.insights import job_insights
 from pharos_analytics.report_data import RankTime, rank_time_bytes, resource_bytes
-from pharos_analytics.summary import SIZE_BINS, JobSummary, job_summary
-from pharos_pipeline.store import Store
+from pharos_analytics.summary import job_summary
+from pharos_analytics.summary_sql import SIZE_BINS
+from pharos_analytics.summary_types import JobSummary
+from pharos_core.store import Store
 
 _SEV_COLOR = {"high": "#b3261e", "warn": "#a15c00", "info": "#1a5fb4"}
 _CSS = """

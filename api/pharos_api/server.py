@@ -14,9 +14,9 @@ import uvicorn
 
 from pharos_analytics.alerts import DetectionLoop
 from pharos_analytics.control.loop import ControlLoop
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, open_store
 from pharos_pipeline.ingest import Pipeline
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
 
 from .app import create_app
 

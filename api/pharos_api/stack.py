@@ -20,7 +20,7 @@ never signalled (:func:`identify`). Pid files of older versions (a bare pid) are
 command line only.
 The forwarding layer's site key and admin token (``<state_dir>/fwd.key``, ``fwd-admin.token``,
 mode 0600) are made by ``pharos fwd`` / ``pharos mount`` when missing
-(:meth:`~pharos_pipeline.settings.Settings.ensure_fwd_secrets`); the control loop in ``pharos
+(:meth:`~pharos_core.settings.Settings.ensure_fwd_secrets`); the control loop in ``pharos
 serve`` reads the token.
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 
 class StackError(RuntimeError):

@@ -1,4 +1,4 @@
-"""The API's request latency (``pharos_api_request_duration_seconds``, pharos_pipeline.telemetry),
+"""The API's request latency (``pharos_api_request_duration_seconds``, pharos_core.telemetry),
 measured by a plain ASGI middleware: from the request's arrival to the end of its response, by
 method, route template (``/v1/jobs/{job_id}``, never the concrete path: bounded labels; a path no
 route matches is ``(unmatched)``) and status."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from pharos_pipeline.telemetry import API_REQUEST_SECONDS
+from pharos_core.telemetry import API_REQUEST_SECONDS
 
 UNMATCHED = "(unmatched)"
 

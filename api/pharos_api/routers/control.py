@@ -22,94 +22,18 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from pharos_analytics.control.loop import ControlError, ControlLoop
 from pharos_analytics.profiles import job_profiles
 
 from ..auth import Admin, HintReader, SchedulerCall, Staff
-from ..deps import SettingsDep, StoreDep
-from ..schemas import MAX_WINDOW_S, NAME_MAX, ErrorOut, JobIdPath
+from ..deps import SettingsDep, StoreDep, require_found
+from ..schemas.common import MAX_WINDOW_S, NAME_MAX, NOT_FOUND, ErrorOut, JobIdPath
+from ..schemas.control import KINDS, ActionsOut, HintOut, IoClassesOut, JobPinIn, PinOut, PinsOut, PoolName, PoolPinIn
+from . import V1
 
-router = APIRouter(prefix="/v1", tags=["control"])
-
-PoolName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")]
-KINDS = ("dfra_default", "dfra_more_nodes", "dfra_dedicated", "remap", "release", "placement", "sync", "pin", "unpin")
-
-
-class HintOut(BaseModel):
-    """A DFRA decision (Ji et al., FAST'19; Beacon NSDI'19 classifier)."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    job_id: str = Field(description="The job ('' for a preview by name/user/command).")
-    klass: Literal["default", "more_nodes", "dedicated"] = Field(
-        alias="class", description="default mapping | more forwarding nodes | dedicated (reserved) forwarding nodes."
-    )
-    nodes: list[str] = Field(description="Forwarding nodes, primary first (the mount's mapping entry).")
-    reserved: list[str] = Field(description="Those of nodes held by this job alone until it ends.")
-    reason: str
-    evidence: dict[str, Any] = Field(description="History criteria and values, node states, sizing.")
-    decided: bool = Field(description="A decision of this job (recorded), not a preview.")
-    new: bool = Field(description="Taken by this request.")
-    current_nodes: list[str] | None = Field(None, description="Nodes now, after any live remap.")
-    pinned: list[str] | None = Field(None, description="An admin's pin, which wins over the decision.")
-    status: str | None = Field(None, description="Push status of a new decision: applied | failed | recorded.")
-    error: str | None = None
-    dry_run: bool
-
-
-class ActionOut(BaseModel):
-    time: datetime
-    action_id: str
-    job_id: str
-    kind: str = Field(
-        description="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release | placement | sync | pin | unpin"
-    )
-    resource: str = Field(description="mapping | pool:<name> | node:<name>")
-    from_state: str = Field(description="Nodes (comma-separated, primary first) or the pool as JSON.")
-    to_state: str
-    reason: str
-    evidence: dict[str, Any]
-    dry_run: bool
-    status: Literal["applied", "failed", "recorded"]
-    error: str
-    endpoints: list[str] = Field(description="Admin URLs pushed to.")
-
-
-class ActionsOut(BaseModel):
-    items: list[ActionOut]
-    loop: dict[str, Any] | None = Field(description="The running loop's status (None: not running here).")
-
-
-class JobPinIn(BaseModel):
-    nodes: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
-        min_length=1, max_length=64, description="Forwarding nodes, primary first."
-    )
-    reason: str = Field("", max_length=1000)
-
-
-class PoolPinIn(BaseModel):
-    targets: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
-        min_length=1, max_length=4096, description="Targets of the pool (never empty)."
-    )
-    max_perf: dict[str, Annotated[float, Field(gt=0, le=1e9)]] = Field(
-        default_factory=dict, description="Target -> MB/s (10^6 B/s) the pool places by."
-    )
-    reason: str = Field("", max_length=1000)
-
-
-class PinOut(BaseModel):
-    scope: Literal["job", "pool"]
-    name: str
-    value: Any
-    reason: str
-    updated: datetime | None = None
-
-
-class PinsOut(BaseModel):
-    items: list[PinOut]
+router = APIRouter(prefix=V1, tags=["control"])
 
 
 def _iso(ns: int) -> datetime:
@@ -132,7 +56,7 @@ def get_loop(request: Request, store, settings) -> ControlLoop:
     operation_id="get_job_hint",
     response_model=HintOut,
     response_model_by_alias=True,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="DFRA decision for a job: its forwarding nodes, before its first I/O",
 )
 def get_job_hint(
@@ -178,20 +102,6 @@ def get_hint(
             raise HTTPException(403, "a user token previews the hints of its own user only")
         user = principal.user
     return get_loop(request, store, settings).preview(name, user, command)
-
-
-class IoClassOut(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-
-    user: str
-    name: str
-    klass: Literal["default", "more_nodes", "dedicated"] = Field(alias="class")
-    pattern: str = Field(description="The job pattern most frequent in the history (Beacon's volume dominance).")
-    runs: int
-
-
-class IoClassesOut(BaseModel):
-    items: list[IoClassOut]
 
 
 @router.get(
@@ -262,39 +172,52 @@ def list_pins(request: Request, store: StoreDep, settings: SettingsDep, _: Staff
     }
 
 
+#: The pin routes' 400: a pin the loop refuses (ControlError).
+REFUSED = {400: {"model": ErrorOut}}
+
+
+def _set_pin(request: Request, store, settings, scope: str, name: str, value: Any, reason: str) -> dict:
+    """Pin ``scope`` ``name`` to ``value``; 400 when the loop refuses it."""
+    try:
+        return get_loop(request, store, settings).set_pin(scope, name, value, reason)
+    except ControlError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _delete_pin(request: Request, store, settings, scope: str, name: str) -> None:
+    """Remove the pin of ``scope`` ``name``; 404 when there is none."""
+    require_found(get_loop(request, store, settings).delete_pin(scope, name), f"{scope} {name} is not pinned")
+
+
 @router.put(
     "/control/pins/jobs/{job_id}",
     operation_id="put_job_pin",
     response_model=PinOut,
-    responses={400: {"model": ErrorOut}},
+    responses=REFUSED,
     summary="Pin a job's forwarding nodes (the loop never remaps it)",
 )
 def put_job_pin(
     job_id: JobIdPath, body: JobPinIn, request: Request, store: StoreDep, settings: SettingsDep, _: Admin
 ) -> dict:
-    try:
-        return get_loop(request, store, settings).set_pin("job", job_id, body.nodes, body.reason)
-    except ControlError as exc:
-        raise HTTPException(400, str(exc)) from None
+    return _set_pin(request, store, settings, "job", job_id, body.nodes, body.reason)
 
 
 @router.delete(
     "/control/pins/jobs/{job_id}",
     operation_id="delete_job_pin",
     status_code=204,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="Remove a job's pin",
 )
 def delete_job_pin(job_id: JobIdPath, request: Request, store: StoreDep, settings: SettingsDep, _: Admin) -> None:
-    if not get_loop(request, store, settings).delete_pin("job", job_id):
-        raise HTTPException(404, f"job {job_id} is not pinned")
+    _delete_pin(request, store, settings, "job", job_id)
 
 
 @router.put(
     "/control/pins/pools/{pool}",
     operation_id="put_pool_pin",
     response_model=PinOut,
-    responses={400: {"model": ErrorOut}},
+    responses=REFUSED,
     summary="Pin a placement pool (targets and max_perf) as given",
 )
 def put_pool_pin(
@@ -303,21 +226,16 @@ def put_pool_pin(
     unknown = sorted(set(body.max_perf) - set(body.targets))
     if unknown:
         raise HTTPException(400, f"max_perf names targets outside the pool: {', '.join(unknown)}")
-    try:
-        return get_loop(request, store, settings).set_pin(
-            "pool", pool, {"targets": body.targets, "max_perf": body.max_perf}, body.reason
-        )
-    except ControlError as exc:
-        raise HTTPException(400, str(exc)) from None
+    value = {"targets": body.targets, "max_perf": body.max_perf}
+    return _set_pin(request, store, settings, "pool", pool, value, body.reason)
 
 
 @router.delete(
     "/control/pins/pools/{pool}",
     operation_id="delete_pool_pin",
     status_code=204,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="Remove a pool's pin",
 )
 def delete_pool_pin(pool: PoolName, request: Request, store: StoreDep, settings: SettingsDep, _: Admin) -> None:
-    if not get_loop(request, store, settings).delete_pin("pool", pool):
-        raise HTTPException(404, f"pool {pool} is not pinned")
+    _delete_pin(request, store, settings, "pool", pool)

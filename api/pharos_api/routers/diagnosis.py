@@ -14,7 +14,7 @@ an API answers (``pharos serve`` holds the chDB directory, or a remote server):
   that leads out of it. Nothing outside the directory is opened.
 
 Either way a log is read only if it is a regular file within the size and time bounds
-(:func:`pharos_agents.darshan_import.import_log`); a failed log says why and carries no hash.
+(:func:`pharos_pipeline.darshan_import.import_log`); a failed log says why and carries no hash.
 
 Thresholds: ``DiagnosisConfig()`` (the ``[diagnosis]`` table of the settings file and
 ``PHAROS_DIAGNOSIS_*``), read per request so edits apply without a restart.
@@ -25,179 +25,48 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path as FsPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
 from pharos_analytics.phases import job_phases
-from pharos_analytics.summary import JOB_EVENTS_SQL
 
-from ..auth import Admin, Principal, Reader, check_job
-from ..deps import SettingsDep, StoreDep
-from ..schemas import NAME_MAX, ErrorOut, JobIdPath
+from ..auth import Admin, Reader
+from ..deps import SettingsDep, StoreDep, require_job
+from ..schemas.common import NAME_MAX, NOT_FOUND, ErrorOut, JobIdPath
+from ..schemas.diagnosis import DarshanImportIn, DarshanImportOut, JobInsightsOut, JobPhasesOut, LogImportOut
+from . import V1
 
-router = APIRouter(tags=["diagnosis"])
-
-Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-
-class IoProfileOut(_Out):
-    """Access profile of a span of I/O; shares 0-1, bytes, seconds, ops per second."""
-
-    start: datetime | None
-    end: datetime | None
-    duration_s: float
-    pattern: Pattern = Field(
-        description="Beacon I/O pattern (NSDI'19 §4) by volume dominance over reads and writes; for the "
-        "whole job the same as GET /v1/jobs/{id} (pharos_analytics.pattern.decide_pattern)."
-    )
-    patterns: dict[str, Pattern] = Field(default_factory=dict, description="Pattern of reads alone, writes alone.")
-    fan_in_pattern: Pattern = Field("none", description="Pattern of all data I/O together (file fan-in).")
-    io_ranks: int
-    n_files: int
-    max_fan_in: int = Field(description="Most ranks on one file.")
-    reads: int
-    writes: int
-    bytes_read: int
-    bytes_written: int
-    direction: Literal["read", "write", "mixed", "none"]
-    sequential_share: float | None = Field(description="Requests at or after the previous end (same rank, file).")
-    consecutive_share: float | None = Field(description="Requests exactly at the previous end.")
-    access: Literal["sequential", "random", "none"]
-    small_share: float | None = Field(description="Data requests under small_request_bytes.")
-    size_class: Literal["small", "large", "none"]
-    misaligned_share: float | None
-    alignment: Literal["aligned", "misaligned", "none"]
-    alignment_bytes: int
-    stripe_misaligned_share: float | None = Field(description="Against the file's stripe size, when known.")
-    metadata_ops: int
-    metadata_time_s: float
-    data_time_s: float
-    metadata_peak_ops_s: float
-    metadata_busy_s: int = Field(description="Longest run of seconds above the metadata rate threshold.")
-    metadata_heavy: bool
-
-
-class PhaseOut(_Out):
-    index: int
-    profile: IoProfileOut
-
-
-class JobPhasesOut(_Out):
-    job_id: str
-    layer: str
-    source: Literal["trace", "counters", "none"] = Field(
-        description="trace: io_requests (agent or DXT); counters: Darshan counters only (no phases)."
-    )
-    gap_s: float = Field(description="Idle time that separated phases.")
-    job: IoProfileOut | None
-    phases: list[PhaseOut]
-
-
-class InsightOut(_Out):
-    id: str
-    title: str
-    severity: Literal["high", "warn", "info"]
-    source: Literal["trace", "counters"]
-    message: str
-    evidence: dict[str, Any]
-    recommendations: list[str]
-    rule_source: str = Field(description="Paper, Drishti trigger or 'Pharos'.")
-
-
-class JobInsightsOut(_Out):
-    job_id: str
-    insights: list[InsightOut]
-    phases: JobPhasesOut
-    notes: list[str]
-
-
-class DarshanImportIn(BaseModel):
-    paths: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        min_length=1,
-        max_length=1000,
-        description="Log paths relative to the server's import directory (Settings.import_dir); no absolute "
-        "path, no '..', nothing that resolves outside it.",
-    )
-    job_id: str | None = Field(
-        default=None, min_length=1, max_length=NAME_MAX, description="Import every log into this job."
-    )
-    name: str | None = Field(default=None, max_length=NAME_MAX, description="Job name (default: the exe's base name).")
-
-
-class LogImportOut(_Out):
-    path: str
-    status: Literal["imported", "skipped", "failed"]
-    job_id: str | None
-    log_id: str | None
-    dxt_segments: int
-    dxt_skipped: int
-    counter_rows: int
-    ranks: int
-    rank_offset: int
-    modules: list[str]
-    partial_modules: list[str]
-    warnings: list[str]
-    error: str | None
-
-
-class DarshanImportOut(BaseModel):
-    results: list[LogImportOut]
-
-
-def _known(store, job_id: str, principal: Principal | None = None) -> bool:
-    """The job has an event, a record or a Darshan counter (and, for a ``user`` token, is theirs:
-    404 otherwise, raised here)."""
-    if principal is not None:
-        check_job(principal, store, job_id)
-    if store.query(JOB_EVENTS_SQL, {"job_id": job_id}):
-        return True
-    rows = store.query("SELECT count() AS n FROM io_requests WHERE job_id = {job_id:String}", {"job_id": job_id})
-    if int(rows[0]["n"]):
-        return True
-    rows = store.query("SELECT count() AS n FROM darshan_counters WHERE job_id = {job_id:String}", {"job_id": job_id})
-    return bool(int(rows[0]["n"]))
-
-
-def _not_found(job_id: str) -> HTTPException:
-    return HTTPException(status_code=404, detail=f"job {job_id!r} not found: no event, record or Darshan counter")
+router = APIRouter(prefix=V1, tags=["diagnosis"])
 
 
 @router.get(
-    "/v1/jobs/{job_id}/phases",
+    "/jobs/{job_id}/phases",
     operation_id="get_job_phases",
     response_model=JobPhasesOut,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="A job's I/O phases and access profile",
 )
 def get_phases(
     job_id: JobIdPath, store: StoreDep, principal: Reader, layer: Literal["client", "forwarder", "storage"] = "client"
 ) -> JobPhasesOut:
-    if not _known(store, job_id, principal):
-        raise _not_found(job_id)
+    require_job(store, job_id, principal)
     return JobPhasesOut.model_validate(job_phases(store, job_id, layer, DiagnosisConfig()))
 
 
 @router.get(
-    "/v1/jobs/{job_id}/insights",
+    "/jobs/{job_id}/insights",
     operation_id="get_job_insights",
     response_model=JobInsightsOut,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="What slowed a job's I/O: insights (with evidence and recommendations) and phases",
 )
 def get_insights(job_id: JobIdPath, store: StoreDep, principal: Reader) -> JobInsightsOut:
-    if not _known(store, job_id, principal):
-        raise _not_found(job_id)
+    require_job(store, job_id, principal)
     return JobInsightsOut.model_validate(job_insights(store, job_id, DiagnosisConfig()))
 
 
@@ -222,7 +91,7 @@ def import_path(import_dir: FsPath | None, rel: str) -> FsPath:
 
 
 @router.post(
-    "/v1/import/darshan",
+    "/import/darshan",
     operation_id="import_darshan",
     response_model=DarshanImportOut,
     responses={403: {"model": ErrorOut, "description": "No import directory, or a path outside it."}},
@@ -231,7 +100,7 @@ def import_path(import_dir: FsPath | None, rel: str) -> FsPath:
 def post_import(body: DarshanImportIn, store: StoreDep, settings: SettingsDep, _: Admin) -> DarshanImportOut:
     """Results in the order of ``paths`` (``path`` as given). 403: no import directory, or a
     path outside it (every path is checked before any is read)."""
-    from pharos_agents.darshan_import import import_logs
+    from pharos_pipeline.darshan_import import import_logs
 
     full = [import_path(settings.import_dir, p) for p in body.paths]
     results = import_logs(
@@ -273,7 +142,7 @@ async def _receive(request: Request, dest, max_bytes: int, timeout_s: float) -> 
 
 
 @router.post(
-    "/v1/import/darshan/upload",
+    "/import/darshan/upload",
     operation_id="upload_darshan",
     response_model=DarshanImportOut,
     responses={408: {"model": ErrorOut}, 413: {"model": ErrorOut}},
@@ -295,7 +164,7 @@ async def post_upload(
 ) -> DarshanImportOut:
     """One result (``path`` = ``filename``'s base name). 413: over ``import_max_bytes``; 408:
     slower than ``import_timeout_s``; an unreadable log is a ``failed`` result (200)."""
-    from pharos_agents.darshan_import import import_log
+    from pharos_pipeline.darshan_import import import_log
 
     label = os.path.basename(filename.replace("\0", "")) or "upload.darshan"
     with tempfile.NamedTemporaryFile(prefix="pharos-upload-", suffix=".darshan") as tmp:

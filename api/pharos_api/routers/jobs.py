@@ -14,15 +14,17 @@ from pharos_analytics.summary import count_jobs, job_summary, list_jobs
 from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
 from ..auth import Reader, SchedulerCall, check_job
-from ..deps import SettingsDep, StoreDep
-from ..schemas import ErrorOut, JobEventIn, JobEventOut, JobIdPath, JobListItemOut, JobListOut, JobSummaryOut
+from ..deps import SettingsDep, StoreDep, require_found
+from ..schemas.common import ErrorOut, JobIdPath
+from ..schemas.jobs import JobEventIn, JobEventOut, JobListItemOut, JobListOut, JobSummaryOut
+from . import V1
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix=V1, tags=["jobs"])
 
 Layer = Literal["client", "forwarder", "storage"]
 
 
-@router.get("", operation_id="list_jobs", response_model=JobListOut, summary="List jobs, newest first")
+@router.get("/jobs", operation_id="list_jobs", response_model=JobListOut, summary="List jobs, newest first")
 def get_jobs(
     store: StoreDep,
     principal: Reader,
@@ -42,7 +44,7 @@ def get_jobs(
 
 
 @router.get(
-    "/{job_id}",
+    "/jobs/{job_id}",
     operation_id="get_job",
     response_model=JobSummaryOut,
     responses={404: {"model": ErrorOut, "description": "No event and no record of the job."}},
@@ -62,11 +64,7 @@ def get_job(
 ) -> JobSummaryOut:
     check_job(principal, store, job_id)
     summary = job_summary(store, job_id, layer=layer, files_limit=files_limit, silence_s=settings.silence_s)
-    if summary is None:
-        raise HTTPException(
-            status_code=404,
-            detail=f"job {job_id!r} not found: no job event and no {layer}-layer I/O record",
-        )
+    require_found(summary is not None, f"job {job_id!r} not found: no job event and no {layer}-layer I/O record")
     return JobSummaryOut.model_validate(summary)
 
 
@@ -84,7 +82,7 @@ def _job_events(request: Request, settings) -> JobEventProducer:
 
 
 @router.post(
-    "/{job_id}/events",
+    "/jobs/{job_id}/events",
     operation_id="post_job_event",
     status_code=202,
     response_model=JobEventOut,

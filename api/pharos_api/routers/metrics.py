@@ -1,7 +1,7 @@
 """``GET /metrics``: the Prometheus exposition of ``pharos serve`` (self-monitoring,
 docs/dashboards.md).
 
-It serves the process-wide families of :mod:`pharos_pipeline.telemetry` (store inserts, the
+It serves the process-wide families of :mod:`pharos_core.telemetry` (store inserts, the
 detection and control loops' cycles, API latency, build, process) and the counters of the
 pipeline this process runs (``app.state.pipeline``). With ``api_auth = "token"`` it needs an
 ``operator`` or ``admin`` token, like every read of the system views: Prometheus sends it with
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from pharos_pipeline.telemetry import exposition
+from pharos_core.telemetry import exposition
 
 from ..auth import Staff
 
-router = APIRouter(tags=["system"])
+#: Outside the versioned API (the Prometheus convention): the one router without the ``/v1`` prefix.
+router = APIRouter(prefix="", tags=["system"])
 
 
 @router.get(

@@ -8,13 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from pharos_analytics.coverage import producers
-from pharos_analytics.summary import ns_to_datetime
+from pharos_analytics.summary_sql import ns_to_datetime
 
 from ..auth import Reader
 from ..deps import SettingsDep, StoreDep
-from ..schemas import MAX_WINDOW_S, ProducerOut, ProducersOut
+from ..schemas.common import MAX_WINDOW_S
+from ..schemas.system import ProducerOut, ProducersOut
+from . import V1
 
-router = APIRouter(prefix="/v1", tags=["system"])
+router = APIRouter(prefix=V1, tags=["system"])
 
 
 @router.get("/producers", operation_id="list_producers", response_model=ProducersOut, summary="Producers' liveness")

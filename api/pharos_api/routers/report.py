@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 from ..auth import Reader, check_job
-from ..deps import SettingsDep, StoreDep
+from ..deps import SettingsDep, StoreDep, require_found
 from ..report import render_report
-from ..schemas import ErrorOut, JobIdPath
+from ..schemas.common import ErrorOut, JobIdPath
+from . import V1
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(prefix=V1, tags=["jobs"])
 
 
 @router.get(
-    "/v1/jobs/{job_id}/report",
+    "/jobs/{job_id}/report",
     operation_id="get_job_report",
     response_model=None,
     # HTMLResponse returned as is; errors stay JSON (404 here, 401/403/503 from the app)
@@ -29,6 +30,5 @@ def get_job_report(job_id: JobIdPath, store: StoreDep, settings: SettingsDep, pr
     """The page (text/html); 404 for an unknown job (or another user's, for a ``user`` token)."""
     check_job(principal, store, job_id)
     page = render_report(store, job_id, silence_s=settings.silence_s)
-    if page is None:
-        raise HTTPException(404, f"job {job_id!r} not found: no job event and no I/O record")
+    require_found(page is not None, f"job {job_id!r} not found: no job event and no I/O record")
     return HTMLResponse(page)

@@ -7,16 +7,19 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from pharos_pipeline.ingest import pipeline_stats
-from pharos_pipeline.store import StoreError
+from pharos_core.store import StoreError
+from pharos_pipeline.stored import pipeline_stats
 
 from ..auth import Reader
 from ..deps import StoreDep
-from ..schemas import API_VERSION, DropsOut, HealthOut, PipelineOut
+from ..schemas.common import API_VERSION
+from ..schemas.jobs import DropsOut
+from ..schemas.system import HealthOut, PipelineOut
+from . import V1
 
-router = APIRouter(prefix="/v1", tags=["system"])
+router = APIRouter(prefix=V1, tags=["system"])
 #: Open without a token (load balancers, `pharos up`'s readiness check).
-health_router = APIRouter(prefix="/v1", tags=["system"])
+health_router = APIRouter(prefix=V1, tags=["system"])
 
 
 @health_router.get(
@@ -36,10 +39,11 @@ def health(store: StoreDep):
 
 
 def _utc(value) -> datetime | None:
-    """The store's DateTime (text from chDB, datetime from a server) as an aware UTC datetime."""
+    """The store's DateTime text (both back ends: :meth:`pharos_core.store.Store.query`) as an aware
+    UTC datetime."""
     if value in (None, ""):
         return None
-    dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    dt = datetime.fromisoformat(str(value))
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
 
 

@@ -12,38 +12,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
-from pydantic import BaseModel, Field
 
-from ..auth import USER_RE, Admin, Role, TokenError, create_token, list_tokens, revoke_token, token_cache
-from ..deps import StoreDep
-from ..schemas import ErrorOut
+from ..auth import Admin, TokenError, create_token, list_tokens, revoke_token, token_cache
+from ..deps import StoreDep, require_found
+from ..schemas.common import NOT_FOUND, ErrorOut
+from ..schemas.tokens import NewTokenOut, TokenIn, TokensOut
+from . import V1
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
-
-
-class TokenIn(BaseModel):
-    role: Role = Field(description="admin | operator | user | scheduler (docs/security.md).")
-    user: str = Field(
-        "", max_length=64, pattern=USER_RE.pattern + "|^$", description="The user a 'user' token sees the jobs of."
-    )
-    description: str = Field("", max_length=200)
-
-
-class TokenOut(BaseModel):
-    token_id: str
-    role: Role
-    user: str
-    description: str
-    created: datetime
-    revoked: bool = False
-
-
-class NewTokenOut(TokenOut):
-    token: str = Field(description="The secret token (pht_<id>_<secret>): shown once, stored only hashed.")
-
-
-class TokensOut(BaseModel):
-    items: list[TokenOut]
+router = APIRouter(prefix=V1, tags=["tokens"])
 
 
 def _out(t: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +29,7 @@ def _out(t: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.post(
-    "",
+    "/tokens",
     operation_id="create_token",
     status_code=201,
     response_model=NewTokenOut,
@@ -67,7 +43,7 @@ def post_token(body: TokenIn, store: StoreDep, _: Admin) -> dict[str, Any]:
         raise HTTPException(400, str(exc)) from None
 
 
-@router.get("", operation_id="list_tokens", response_model=TokensOut, summary="API tokens (never their secrets)")
+@router.get("/tokens", operation_id="list_tokens", response_model=TokensOut, summary="API tokens (never their secrets)")
 def get_tokens(
     store: StoreDep,
     _: Admin,
@@ -77,10 +53,10 @@ def get_tokens(
 
 
 @router.delete(
-    "/{token_id}",
+    "/tokens/{token_id}",
     operation_id="revoke_token",
     status_code=204,
-    responses={404: {"model": ErrorOut}},
+    responses=NOT_FOUND,
     summary="Revoke an API token",
 )
 def delete_token(
@@ -89,6 +65,5 @@ def delete_token(
     store: StoreDep,
     _: Admin,
 ) -> None:
-    if not revoke_token(store, token_id):
-        raise HTTPException(404, f"no active token {token_id}")
+    require_found(revoke_token(store, token_id), f"no active token {token_id}")
     token_cache(request).forget()

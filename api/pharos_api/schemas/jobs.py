@@ -1,4 +1,4 @@
-"""Response models of the API: the public JSON shapes, separate from the analytics types.
+"""Jobs: the job list, a job's I/O summary (pharos_analytics.summary), job events.
 
 Units: bytes in bytes, times ISO 8601 UTC, durations in seconds, rates in MiB/s (2**20 B/s).
 """
@@ -8,27 +8,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-#: Version of the API's JSON shapes (OpenAPI ``info.version``, /v1/health).
-API_VERSION = "1.0.0"
+from pharos_analytics.pattern import Pattern
+from pharos_analytics.summary_types import JobListItem, JobState
 
-Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
-#: A job id in a URL path: 1 to 256 characters (422 otherwise).
-JobIdPath = Annotated[str, Path(min_length=1, max_length=256, description="Job id (1-256 characters).")]
-#: Longest string a query parameter naming a job, node, user or name may have.
-NAME_MAX = 256
-#: Most seconds any look-back window may span (100 years: "everything"; in ns it still fits an Int64).
-MAX_WINDOW_S = 100 * 365 * 86400.0
-JobState = Literal["running", "finished", "failed", "unknown"]
+from .common import OutModel, model_of
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-
-class FileOut(_Out):
+class FileOut(OutModel):
     path: str = Field(description="Path, or dev:<dev>:inode:<inode> when the path is unknown.")
     bytes_read: int
     bytes_written: int
@@ -37,13 +25,13 @@ class FileOut(_Out):
     ranks: int = Field(description="Distinct ranks that read or wrote the file.")
 
 
-class NonFileOpsOut(_Out):
+class NonFileOpsOut(OutModel):
     requests: int = Field(description="Requests on pipes, sockets and terminals.")
     bytes: int
     by_type: dict[str, int] = Field(description="File type -> requests.")
 
 
-class DropsOut(_Out):
+class DropsOut(OutModel):
     total: int = Field(description="ringbuf_drops + delivery_failures + overflow_drops.")
     ringbuf_drops: int
     delivery_failures: int
@@ -52,7 +40,7 @@ class DropsOut(_Out):
     producers: int = Field(description="Producers that reported counters for the job.")
 
 
-class GapOut(_Out):
+class GapOut(OutModel):
     """A stretch of the job's time on ``host`` with no batch from any eBPF agent there."""
 
     host: str
@@ -63,7 +51,7 @@ class GapOut(_Out):
     duration_s: float
 
 
-class CoverageOut(_Out):
+class CoverageOut(OutModel):
     """How the agents' coverage of the job was checked (pharos_analytics.coverage)."""
 
     checked: Literal["agents", "no-agent", "darshan", "no-time"] = Field(
@@ -75,7 +63,7 @@ class CoverageOut(_Out):
     silence_s: float = Field(description="Longest silence of a live agent (heartbeat_missed x heartbeat_interval_s).")
 
 
-class JobSummaryOut(_Out):
+class JobSummaryOut(OutModel):
     """A job's I/O on one layer (Darshan counters, Beacon pattern); see pharos_analytics.summary."""
 
     job_id: str
@@ -136,26 +124,15 @@ class JobSummaryOut(_Out):
     coverage: CoverageOut | None = None
 
 
-class JobListItemOut(_Out):
-    job_id: str
-    name: str | None
-    user: str | None
-    host: str | None
-    ranks: int | None
-    state: JobState
-    exit_code: int | None
-    start: datetime | None
-    end: datetime | None
-    pattern: Pattern = Field(description="As JobSummaryOut.pattern (volume dominance).")
-    io_ranks: int
-    n_files: int
-    bytes_read: int
-    bytes_written: int
-    patterns: dict[str, Pattern] = Field(default_factory=dict, description="Pattern of reads and of writes.")
-    fan_in_pattern: Pattern = "none"
-    source: Literal["traces", "darshan-counters"] = Field(
-        "traces", description="darshan-counters: bytes and pattern from a log imported without DXT."
-    )
+#: One line of the job list: the fields of :class:`pharos_analytics.summary.JobListItem`, in its
+#: order and with its types and defaults (one definition of the line), described for the API.
+JobListItemOut = model_of(
+    JobListItem,
+    "JobListItemOut",
+    pattern=Field(description="As JobSummaryOut.pattern (volume dominance)."),
+    patterns=Field(default_factory=dict, description="Pattern of reads and of writes."),
+    source=Field("traces", description="darshan-counters: bytes and pattern from a log imported without DXT."),
+)
 
 
 class JobListOut(BaseModel):
@@ -163,60 +140,6 @@ class JobListOut(BaseModel):
     total: int = Field(description="Jobs with at least one event.")
     limit: int
     offset: int
-
-
-class HealthOut(BaseModel):
-    status: Literal["ok", "degraded"]
-    store: str = Field(description='"ok", or the store error.')
-    version: str
-
-
-class PipelineOut(BaseModel):
-    """What the pipeline has stored (all jobs, all layers), and this process's live counters."""
-
-    records: int = Field(description="Rows of io_requests.")
-    bytes: int = Field(description="Bytes moved by those records.")
-    batches: int = Field(description="Distinct (producer, seq) batches stored.")
-    producers: int = Field(description="Producers that delivered at least one batch.")
-    gaps: int = Field(description="Missing batches: seqs below each producer's highest that are not stored.")
-    dead_letters: int = Field(description="Messages that did not decode.")
-    jobs: int = Field(description="Jobs with at least one event.")
-    dropped_records: int = Field(description="Records lost before the store (drops.total), all producers and jobs.")
-    drops: DropsOut
-    last_ingested: datetime | None = Field(description="When the newest batch was stored.")
-    live: dict[str, int | float | None] | None = Field(
-        default=None,
-        description="Counters of the pipeline running in this process since it started "
-        "(Pipeline.stats()); null when the API runs without a pipeline.",
-    )
-
-
-class ProducerOut(_Out):
-    """One producer (eBPF agent, forwarding daemon) and its liveness, from its batches (io_batches)."""
-
-    producer_id: str
-    kind: Literal["agent", "fwd", "other"]
-    host: str
-    pid: int | None = Field(description="Its process id (from the producer id), if it carries one.")
-    first_batch: datetime | None
-    last_batch: datetime | None = Field(description="When its newest stored batch left it (its clock).")
-    last_ingested: datetime | None
-    age_s: float = Field(description="Seconds since last_batch.")
-    batches: int
-    heartbeats: int = Field(description="Batches without records: sent when it had nothing else to send.")
-    records: int
-    state: Literal["alive", "silent"] = Field(description="silent: no batch for more than silence_s.")
-
-
-class ProducersOut(BaseModel):
-    items: list[ProducerOut]
-    silence_s: float = Field(description="heartbeat_missed x heartbeat_interval_s of the server's settings.")
-    since_s: float
-    now: datetime
-
-
-class ErrorOut(BaseModel):
-    detail: str
 
 
 class JobEventIn(BaseModel):
