@@ -10,10 +10,11 @@ APT_PACKAGES := clang llvm libelf-dev zlib1g-dev pkg-config bpftool libbpf-dev f
 UV := uv
 RUN := $(UV) run --frozen
 
-.PHONY: help setup deps python proto build kafka dashboards demo test lint evaluate bench down clean
+.PHONY: help setup deps python proto build kafka dashboards demo test test-unit test-forwarder test-agent test-pipeline \
+	test-analytics test-api test-dashboards lint evaluate bench down clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 17
 
 setup: deps python proto build kafka ## Install and build everything (idempotent)
 
@@ -71,6 +72,49 @@ test: setup lint ## All tests: linters, Rust (incl. root eBPF tests), Python (un
 	@cargo test --release --quiet --workspace
 	@cargo test --release --quiet -p pharos-agent -- --ignored
 	@$(RUN) pytest -q -rsfE -m "not evaluation"
+
+# The fast inner loop: no Debian packages, Kafka, root, FUSE or external server; `uv` and `cargo`
+# only. Rust: the unit tests (--lib --bins) of the crates that build without Debian packages
+# (pharos-attribution, pharos-fwd-proto, pharos-mount: fuser without libfuse), and of pharos-wire
+# and pharos-fwd when protoc and cmake are there (their build.rs runs protoc; rdkafka builds
+# librdkafka with cmake); not pharos-agent (clang, bpftool, libbpf). Python: the tests marked
+# `unit` (tests/conftest.py marks every test by what it needs).
+RUST_UNIT_CRATES := -p pharos-attribution -p pharos-fwd-proto -p pharos-mount
+WIRE_PY := pipeline/pharos_pipeline/wire/pharos/v1/io_pb2.py
+
+test-unit: $(WIRE_PY) ## Fast loop (< 3 min warm): Rust unit tests + pure-Python tests (-m unit); no apt, Kafka, root, FUSE
+	@if command -v protoc >/dev/null && command -v cmake >/dev/null; then crates="$(RUST_UNIT_CRATES) -p pharos-wire -p pharos-fwd"; \
+	  else crates="$(RUST_UNIT_CRATES)"; echo "test-unit: protoc or cmake missing: not testing pharos-wire, pharos-fwd (make setup)"; fi; \
+	  cargo test --release --quiet --lib --bins $$crates
+	@$(RUN) pytest -q -rsfE -m unit
+
+# the wire contract's Python code for test-unit, without `make proto`'s Debian packages
+$(WIRE_PY): proto/pharos/v1/io.proto
+	@command -v $(UV) >/dev/null || python3 -m pip install --quiet uv
+	@sh pipeline/gen-wire.sh "$(RUN) python"
+
+# One component: its Rust crates (every test, as in make test) and its Python test folders.
+test-forwarder: setup ## Forwarding layer: pharos-fwd, pharos-fwd-proto, pharos-mount, tests/forwarder
+	@cargo test --release --quiet -p pharos-fwd-proto -p pharos-fwd -p pharos-mount
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/forwarder
+
+test-agent: setup ## eBPF agent: pharos-agent (incl. its root tests), pharos-attribution, tests/agents
+	@cargo test --release --quiet -p pharos-agent -p pharos-attribution
+	@cargo test --release --quiet -p pharos-agent -- --ignored
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/agents
+
+test-pipeline: setup ## Ingestion: pharos-wire (Rust sink), tests/pipeline, tests/darshan (Kafka, chDB, Darshan import)
+	@cargo test --release --quiet -p pharos-wire
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/pipeline tests/darshan
+
+test-analytics: setup ## Analytics: tests/analytics, diagnosis, systemdiag, control
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/analytics tests/diagnosis tests/systemdiag tests/control
+
+test-api: setup ## API and CLI: tests/api
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/api
+
+test-dashboards: setup ## Grafana dashboards: tests/dashboards
+	@$(RUN) pytest -q -rsfE -m "not evaluation" tests/dashboards
 
 lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@$(RUN) ruff check --quiet .

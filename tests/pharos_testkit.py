@@ -95,8 +95,8 @@ def topic_settings(kafka_broker, state_dir: Path, **overrides):
     """Settings on the session broker (``kafka_broker`` fixture) with fresh topics and consumer
     group of their own (created, 3 request partitions) and ``state_dir``; ``overrides`` are
     further Settings fields."""
+    from pharos_core.settings import Settings
     from pharos_pipeline.broker import ensure_topics
-    from pharos_pipeline.settings import Settings
 
     tag = uuid.uuid4().hex[:8]
     settings = Settings(
@@ -113,6 +113,16 @@ def topic_settings(kafka_broker, state_dir: Path, **overrides):
     )
     ensure_topics(settings)
     return settings
+
+
+def open_migrated_store(settings):
+    """A real chDB store in ``settings.state_dir``, migrated to the newest schema (the caller
+    closes it: chDB allows one open data directory per process at a time)."""
+    from pharos_core.store import migrate, open_store
+
+    store = open_store(settings)
+    migrate(store)
+    return store
 
 
 @contextlib.contextmanager
@@ -142,7 +152,7 @@ def stack_settings(state_dir: Path, cgroup_parent: str, **overrides):
     """Settings of a whole embedded stack (``pharos_api.stack``) of a test or benchmark: its own
     state dir and job cgroup parent, free loopback ports for the broker (with its controller
     port), API, agent metrics, daemons and mount; ``overrides`` are further Settings fields."""
-    from pharos_pipeline.settings import Settings
+    from pharos_core.settings import Settings
 
     fields = {
         "state_dir": state_dir,

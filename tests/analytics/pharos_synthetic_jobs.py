@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import Store, migrate, ns_to_datetime64, open_store
+from pharos_core.settings import Settings
+from pharos_core.store import Store, migrate, ns_to_datetime64, open_store
 
 S = 1_000_000_000
 T0 = (int(time.time()) - 3600) * S  # an hour ago, whole second

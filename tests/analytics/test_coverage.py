@@ -17,8 +17,8 @@ from pharos_analytics.summary import job_summary
 from pharos_api.app import create_app
 from pharos_api.cli import app as cli_app
 from pharos_api.report import render_report
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, ns_to_datetime64, open_store
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, ns_to_datetime64, open_store
 
 S = 1_000_000_000
 #: Synthetic time zero, far enough in the past that every job has ended "now".

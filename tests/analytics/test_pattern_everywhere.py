@@ -15,12 +15,12 @@ from pharos_synthetic_jobs import MiB, event, rec
 from pharos_testkit import DARSHAN_LOGS, assert_one_pattern, cli_json, need_darshan, served
 from typer.testing import CliRunner
 
-from pharos_agents.darshan_import import import_log
 from pharos_analytics.pattern import decide_pattern
 from pharos_api.app import create_app
 from pharos_api.cli import app as cli_app
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, open_store
+from pharos_pipeline.darshan_import import import_log
 
 runner = CliRunner()
 N = 8

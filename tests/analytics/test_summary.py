@@ -4,7 +4,8 @@ import pytest
 from pharos_synthetic_jobs import MIX_CLIENT, T0, MiB, S
 
 from pharos_analytics.pattern import classify_pattern, is_system_path
-from pharos_analytics.summary import SIZE_BINS, count_jobs, job_summary, list_jobs, ns_to_datetime
+from pharos_analytics.summary import count_jobs, job_summary, list_jobs
+from pharos_analytics.summary_sql import SIZE_BINS, ns_to_datetime
 
 DATA = {"read", "pread", "readv", "write", "pwrite", "writev"}
 

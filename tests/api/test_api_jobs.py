@@ -3,7 +3,7 @@ from __future__ import annotations
 from pharos_synthetic_jobs import MiB
 
 from pharos_analytics.summary import job_summary
-from pharos_api.schemas import JobSummaryOut
+from pharos_api.schemas.jobs import JobSummaryOut
 
 REQUIRED = {
     "job_id",

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from pharos_api.app import create_app
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import Store, StoreError
+from pharos_core.settings import Settings
+from pharos_core.store import Store, StoreError
 
 
 def test_health(client):
@@ -31,6 +31,8 @@ def test_docs_and_openapi(client):
 
 
 class _BrokenStore(Store):
+    backend = "broken"
+
     def _open_handle(self):
         return object()
 
@@ -43,9 +45,6 @@ class _BrokenStore(Store):
     _query = _command
 
     def _insert_json(self, table, payload):
-        raise RuntimeError("boom")
-
-    def _insert_io_batches(self, messages, parse_threads):
         raise RuntimeError("boom")
 
 

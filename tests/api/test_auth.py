@@ -21,8 +21,8 @@ from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
 from pharos_api.app import ExposureError, create_app
 from pharos_api.auth import OTHER_JOB, create_token, revoke_token
-from pharos_pipeline.settings import Settings, is_loopback
-from pharos_pipeline.store import ns_to_datetime64
+from pharos_core.settings import Settings, is_loopback
+from pharos_core.store import ns_to_datetime64
 
 ALL = {"admin", "operator", "user", "scheduler"}
 READ = {"admin", "operator", "user"}
@@ -131,12 +131,6 @@ def tokens(store):
         "alice": create_token(store, "user", "alice")["token"],
         "scheduler": create_token(store, "scheduler", "slurm")["token"],
     }
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    with TestClient(app) as c:
-        yield c
 
 
 def call(client, method: str, url: str, token: str | None, kwargs: dict):

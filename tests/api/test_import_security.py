@@ -18,10 +18,10 @@ from pharos_synthetic_jobs import build_store
 from pharos_testkit import DARSHAN_LOGS, need_darshan, served
 from typer.testing import CliRunner
 
-from pharos_agents.darshan_import import import_log
 from pharos_api.app import create_app
 from pharos_api.auth import create_token
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
+from pharos_pipeline.darshan_import import import_log
 
 LOG = "imbalanced_io/imbalanced-io.darshan"
 OPENED: list[str] = []

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pharos_testkit import free_port, topic_settings
 
 from pharos_api.app import create_app
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 from pharos_pipeline.wire import JobEvent, io_pb2
 
 

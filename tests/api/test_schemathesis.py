@@ -23,7 +23,7 @@ from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
 from pharos_api.app import create_app
 from pharos_api.auth import create_token
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 MAX_EXAMPLES = 40
 #: positive_data_acceptance wants every schema-valid request to succeed; a pin naming a node that

@@ -12,7 +12,7 @@ import sys
 from pydantic import SecretStr
 
 from pharos_api.stack import settings_env
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 
 def test_settings_round_trip_through_the_environment(tmp_path):
@@ -21,7 +21,7 @@ def test_settings_round_trip_through_the_environment(tmp_path):
     assert "PHAROS_API_TOKEN_FILE" not in env and "PHAROS_IMPORT_DIR" not in env
     assert env["PHAROS_API_TOKEN"] == "pht_x_secret"
     code = (
-        "from pharos_pipeline.settings import Settings; s = Settings(); "
+        "from pharos_core.settings import Settings; s = Settings(); "
         "print(s.api_token_file, s.import_dir, s.api_token.get_secret_value(), s.fwd_target_limits_mb_s, s.state_dir)"
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PHAROS_")}

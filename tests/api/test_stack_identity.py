@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pharos_api import stack
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 
 @pytest.fixture

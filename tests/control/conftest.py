@@ -1,30 +1,13 @@
-"""Fixtures of the control-loop tests: a real chDB store per module (migrated), row builders for
-job history, and the real forwarding daemons / FUSE mount of tests/forwarder (forwarder_testkit)."""
+"""Fixtures of the control-loop tests: the real forwarding daemons / FUSE mount of tests/forwarder
+(forwarder_testkit). ``store`` (a real migrated chDB store per module) is tests/conftest.py's; row
+builders for job history live in control_rows."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
-
-HERE = Path(__file__).resolve().parent
-for d in (HERE, HERE.parent / "forwarder", HERE.parent / "systemdiag"):
-    if str(d) not in sys.path:
-        sys.path.insert(0, str(d))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(Settings(state_dir=tmp_path_factory.mktemp("control")))
-    migrate(s)
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="session")

@@ -9,13 +9,12 @@ import time
 import control_rows as cr
 import pytest
 import typer
-from fastapi.testclient import TestClient
 from pharos_testkit import free_port, served
 from typer.testing import CliRunner
 
 from pharos_api.app import create_app
 from pharos_api.cli_control import register
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 T = time.time_ns() - 3600 * cr.NS
 
@@ -30,19 +29,6 @@ def app(store, tmp_path_factory, monkeypatch_module):
     # fwd_nodes=2 on closed ports: nodes fwd0/fwd1 exist by name, their daemons do not answer
     s = Settings(state_dir=tmp_path_factory.mktemp("api"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9)
     return create_app(store, s)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    with TestClient(app) as c:
-        yield c
 
 
 def test_hints(client):

@@ -1,5 +1,5 @@
 """One set-up of the configuration sources for Settings, DiagnosisConfig and ControlConfig
-(pharos_pipeline.settings.PharosSettings), the metadata-heavy rate shared by the diagnosis and DFRA,
+(pharos_core.settings.PharosSettings), the metadata-heavy rate shared by the diagnosis and DFRA,
 the mount's node order that keeps reserved forwarding nodes out of its default mapping, the
 forwarding layer's site key and admin token (made by `pharos up`, sent by the control loop), and
 the PeriodicLoop of the detection and control loops. Pure logic."""
@@ -21,7 +21,7 @@ from pharos_analytics.control.loop import ControlLoop
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.periodic import PeriodicLoop
 from pharos_api.cli import fwd_auth_args, mount_node_index, mount_node_order, mount_reserved
-from pharos_pipeline.settings import PharosSettings, Settings
+from pharos_core.settings import PharosSettings, Settings
 
 
 def test_one_source_setup_reads_each_table_and_env_wins(tmp_path, monkeypatch):

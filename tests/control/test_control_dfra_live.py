@@ -35,7 +35,7 @@ from pharos_testkit import dfra_live_env, forwarder_nodes, stack_settings
 from pharos_agents.runner import _user
 from pharos_api import stack
 from pharos_api.demo import fio_totals, wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [
     pytest.mark.e2e,

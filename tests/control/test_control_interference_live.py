@@ -55,7 +55,7 @@ from pharos_testkit import StackAdmin, running_stack
 
 from pharos_api import stack
 from pharos_api.demo import wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [
     pytest.mark.e2e,

@@ -16,7 +16,7 @@ from pharos_testkit import free_port, in_job
 
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 S = cr.NS
 CAP = 100e6

@@ -43,7 +43,7 @@ import pytest
 from pharos_testkit import StackAdmin, running_stack
 
 from pharos_api import stack
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [
     pytest.mark.e2e,

@@ -16,7 +16,7 @@ from pharos_testkit import free_port, served
 
 from pharos_agents.runner import hint_line, job_hint
 from pharos_api.app import create_app
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 T = time.time_ns() - 3600 * cr.NS
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pharos_darshan_corpus import log
 
-from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
 from pharos_analytics.phases import job_phases
+from pharos_pipeline.darshan_import import import_log
 
 
 def test_imbalanced_io_points_at_single_target_striping(store):

@@ -6,8 +6,8 @@ import shutil
 
 from pharos_darshan_corpus import count, log, logs
 
-from pharos_agents.darshan_import import import_log, import_logs
 from pharos_analytics.summary import job_summary
+from pharos_pipeline.darshan_import import import_log, import_logs
 
 TABLES = ("io_requests", "darshan_counters", "job_events FINAL", "darshan_logs FINAL")
 

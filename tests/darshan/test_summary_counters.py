@@ -7,9 +7,10 @@ from __future__ import annotations
 import darshan
 from pharos_darshan_corpus import count, log
 
-from pharos_agents.darshan_import import import_log
-from pharos_analytics.summary import DARSHAN_STREAMS, job_summary
-from pharos_api.schemas import JobSummaryOut
+from pharos_analytics.summary import job_summary
+from pharos_analytics.summary_sql import DARSHAN_STREAMS
+from pharos_api.schemas.jobs import JobSummaryOut
+from pharos_pipeline.darshan_import import import_log
 
 NO_DXT = "release_logs/mpi-io-test-x86_64-3.4.7.darshan"  # POSIX, MPI-IO, STDIO; no DXT
 STDIO_ONLY = "stdio_no_posix/laytonjb_test1_id28730_6-7-43012-2131301613401632697_1.darshan"

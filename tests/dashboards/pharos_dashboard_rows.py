@@ -12,7 +12,7 @@ import time
 
 from pharos_synthetic_jobs import T0, MiB, S, rec
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pharos_core.store import Store, ns_to_datetime64
 
 _now = [int(time.time()) * S]
 

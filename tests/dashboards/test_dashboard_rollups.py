@@ -1,7 +1,7 @@
 """The system-wide panels read the rollups (issue 15, item 2): a range within the last 7 days
 reads io_rollup_1s, an older one io_rollup_1m. Both give the same per-minute rows on the
 synthetic jobs (an hour old), and the rates add up to the raw records' bytes, requests and
-metadata operations (boards.py's IS_DATA and META)."""
+metadata operations (boards/common.py's IS_DATA and META)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dashboard_check import dashboards, run
 from grafana_expand import ALL, Context, expand
-from pharos_dashboards.boards import IS_DATA, META, READ, ROLLUP_1S_DAYS, WRITE
+from pharos_dashboards.boards.common import IS_DATA, META, READ, ROLLUP_1S_DAYS, WRITE
 from pharos_synthetic_jobs import T0, S
 
-from pharos_analytics.summary import META_OPS, READ_OPS, WRITE_OPS, sql_list
+from pharos_analytics.summary_sql import META_OPS, READ_OPS, WRITE_OPS, sql_list
 
 #: (dashboard, panel title, series column or None, value column) of panels that read the rollups
 #: and whose values are rates (per second over the panel interval).
@@ -103,7 +103,7 @@ def test_other_panels_same_from_both_rollups(store, uid, title):
 
 def test_metadata_ops_are_the_dashboards_meta_set():
     """011's SQL names the same operation sets as the dashboards (READ, META)."""
-    from pharos_pipeline.store import migration_files
+    from pharos_core.store import migration_files
 
     (sql,) = [q for _, n, q in migration_files() if n.startswith("011_")]
     assert sql_list(META_OPS) == META and sql_list(READ_OPS) == READ and sql_list(WRITE_OPS) == WRITE

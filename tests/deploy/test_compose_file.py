@@ -187,7 +187,7 @@ def test_pharos_settings_from_the_compose_environment(compose, monkeypatch, tmp_
     site lists its hosts."""
     from pharos_analytics.control.config import ControlConfig
     from pharos_analytics.diagnosis_config import DiagnosisConfig
-    from pharos_pipeline.settings import Settings
+    from pharos_core.settings import Settings
 
     services = compose["services"]
     for name in ("pharos-server", "pharos-topics", "pipeline"):

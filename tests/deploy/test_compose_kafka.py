@@ -18,8 +18,8 @@ import pytest
 from deploy_testkit import REPO, render_compose
 from pharos_testkit import free_port
 
+from pharos_core.settings import Settings
 from pharos_pipeline.broker import KafkaBroker
-from pharos_pipeline.settings import Settings
 
 pytestmark = pytest.mark.e2e
 

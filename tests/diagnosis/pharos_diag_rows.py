@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from pharos_pipeline.store import ns_to_datetime64
+from pharos_core.store import ns_to_datetime64
 
 S = 1_000_000_000
 T0 = (int(time.time()) - 3600) * S

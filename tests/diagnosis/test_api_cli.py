@@ -9,13 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from fastapi.testclient import TestClient
 from pharos_testkit import DARSHAN_LOGS as LOGS
-from pharos_testkit import need_darshan, served
+from pharos_testkit import need_darshan
 
 from pharos_api.app import create_app
 from pharos_api.routers import diagnosis
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 IMB = LOGS / "imbalanced_io/imbalanced-io.darshan"
 H5 = LOGS / "hdf5_diagonal_write_only/hdf5_diagonal_write_1_byte_dxt.darshan"
@@ -29,19 +28,6 @@ def app(store, tmp_path_factory):
     if not any(getattr(r, "path", "") == "/v1/jobs/{job_id}/insights" for r in a.routes):
         a.include_router(diagnosis.router)
     return a
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    with TestClient(app) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def api_url(app):
-    """The app served by uvicorn on a free loopback port, in a thread."""
-    with served(app) as url:
-        yield url
 
 
 def cli(*args, env=None, timeout=300):
@@ -93,8 +79,8 @@ def test_import_direct_without_the_stack(tmp_path):
     assert r3.returncode == 1 and "failed" in r3.stdout
     # The store holds the two logs exactly once.
     check = (
-        "from pathlib import Path; from pharos_pipeline.settings import Settings; "
-        "from pharos_pipeline.store import open_store; "
+        "from pathlib import Path; from pharos_core.settings import Settings; "
+        "from pharos_core.store import open_store; "
         f"s = open_store(Settings(state_dir=Path({str(tmp_path / 'state')!r}))); "
         "print(s.query('SELECT count() AS n FROM darshan_logs FINAL')[0]['n'], "
         "s.query('SELECT count() AS n FROM io_requests')[0]['n']); s.close()"

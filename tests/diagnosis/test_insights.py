@@ -6,7 +6,8 @@ import pytest
 from pharos_diag_rows import KiB, MiB, req, start_event
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
-from pharos_analytics.insights import _add_interval, _overlap, job_insights
+from pharos_analytics.insights import job_insights
+from pharos_analytics.insights.files import _add_interval, _overlap
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_insights_are_sorted_and_documented(jobs):
     ins = job_insights(jobs, "straggle").insights
     order = {"high": 0, "warn": 1, "info": 2}
     assert [order[i.severity] for i in ins] == sorted(order[i.severity] for i in ins)
-    from pharos_analytics.insights import RULES
+    from pharos_analytics.insights.run import RULES
 
     for r in RULES:
         assert "Source:" in r.__doc__, r.__name__

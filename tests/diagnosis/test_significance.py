@@ -8,9 +8,9 @@ from __future__ import annotations
 from pharos_diag_rows import MiB, req, start_event
 from pharos_testkit import DARSHAN_LOGS, need_darshan
 
-from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
+from pharos_pipeline.darshan_import import import_log
 
 
 def test_six_small_misaligned_requests_of_a_metadata_benchmark_are_not_high(store):

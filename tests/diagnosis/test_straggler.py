@@ -16,7 +16,6 @@ from pharos_diag_rows import T0, MiB, S, req, start_event
 from pharos_testkit import DARSHAN_LOGS, need_darshan
 from rich.console import Console
 
-from pharos_agents.darshan_import import import_log
 from pharos_analytics.diagnosis_config import DiagnosisConfig
 from pharos_analytics.insights import job_insights
 from pharos_analytics.straggler import (
@@ -28,8 +27,9 @@ from pharos_analytics.straggler import (
     record_straggler_anomalies,
 )
 from pharos_api.app import create_app
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import ns_to_datetime64
+from pharos_core.settings import Settings
+from pharos_core.store import ns_to_datetime64
+from pharos_pipeline.darshan_import import import_log
 
 CFG = DiagnosisConfig()
 

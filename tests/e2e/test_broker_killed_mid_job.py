@@ -22,9 +22,9 @@ from confluent_kafka.admin import AdminClient
 from pharos_testkit import LIVE_STACK_MARKS, kafka_bootstrap, kafka_jars, pharos_run, running_stack
 
 from pharos_api.demo import FioJob, fio_command, fio_totals, wait_for_summary
+from pharos_core.store import open_store
 from pharos_pipeline.broker import KafkaCluster
-from pharos_pipeline.ingest import pipeline_stats
-from pharos_pipeline.store import open_store
+from pharos_pipeline.stored import pipeline_stats
 
 pytestmark = LIVE_STACK_MARKS
 

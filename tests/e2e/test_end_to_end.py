@@ -18,7 +18,7 @@ from pharos_testkit import assert_one_pattern, stack_settings
 from pharos_agents.runner import run_job
 from pharos_api import stack
 from pharos_api.demo import DEMO_JOBS, fio_command, fio_totals, wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

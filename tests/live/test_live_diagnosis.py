@@ -43,7 +43,7 @@ from pharos_testkit import StackAdmin, assert_one_pattern, pharos_run, running_a
 from pharos_agents.runner import run_job
 from pharos_api import stack
 from pharos_api.demo import fio_totals, wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [
     pytest.mark.e2e,
@@ -524,7 +524,7 @@ def test_dashboards_on_this_run(live: Live):
     run."""
     from dashboard_check import check_dashboard, dashboards, time_range
 
-    from pharos_pipeline.store import open_store
+    from pharos_core.store import open_store
 
     stack.stop(live.settings)
     store = open_store(live.settings)

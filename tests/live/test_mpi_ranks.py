@@ -34,7 +34,7 @@ from mpi_testkit import MPIEXEC, build_mpi_writer
 from pharos_testkit import LIVE_STACK_MARKS, assert_one_pattern, pharos_run, running_stack
 
 from pharos_api.demo import wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 from pharos_pipeline.wire import IoBatch, io_pb2
 
 pytestmark = LIVE_STACK_MARKS

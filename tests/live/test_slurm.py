@@ -41,7 +41,7 @@ from pharos_testkit import assert_one_pattern, dfra_live_env, forwarder_nodes, f
 from slurm_testkit import SlurmCluster, running_slurm
 
 from pharos_api.demo import wait_for_summary
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 pytestmark = [
     pytest.mark.e2e,

@@ -8,10 +8,9 @@ share the broker without seeing each other's messages.
 from __future__ import annotations
 
 import pytest
-from pharos_testkit import topic_settings
+from pharos_testkit import open_migrated_store, topic_settings
 
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
+from pharos_core.settings import Settings
 
 
 @pytest.fixture
@@ -22,8 +21,8 @@ def pipeline_settings(kafka_broker, tmp_path) -> Settings:
 
 @pytest.fixture
 def store(pipeline_settings):
-    """A migrated chDB store in the test's state dir (one chDB dir per process at a time)."""
-    s = open_store(pipeline_settings)
-    migrate(s)
+    """A migrated chDB store in the test's state dir (one chDB dir per process at a time): per
+    test, unlike tests/conftest.py's per-module ``store``, since the test's pipeline works on it."""
+    s = open_migrated_store(pipeline_settings)
     yield s
     s.close()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 from pharos_pipeline.wire import io_pb2
 
 # ns since the epoch, an hour ago: io_requests has a 90-day TTL, so older rows would be

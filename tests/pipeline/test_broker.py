@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics, new_cluster_id
+from pharos_pipeline.broker import BrokerError, KafkaBroker, ensure_topics
+from pharos_pipeline.kafka_config import new_cluster_id
 
 
 def test_running_broker_is_seen_through_its_pid_file(kafka_broker):

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pharos_api.cli import app
-from pharos_pipeline.cluster_schema import cluster_schema, cluster_statements
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
+from pharos_core.cluster_schema import cluster_schema, cluster_statements
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, open_store
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from pipeline_testkit import make_batch, make_record
 
+from pharos_core.store import StoreError, migrate, open_store
 from pharos_pipeline import columnar
-from pharos_pipeline.ingest import InvalidMessage, decode_batch, record_rows
-from pharos_pipeline.store import StoreError, migrate, open_store
+from pharos_pipeline.columnar import insert_io_batches
+from pharos_pipeline.messages import InvalidMessage, decode_batch, record_rows
 from pharos_pipeline.wire.pharos.v1 import io_pb2
 
 MAX_NS = (1 << 63) - 1
@@ -18,7 +19,7 @@ MAX_NS = (1 << 63) - 1
 
 @pytest.fixture
 def store(tmp_path):
-    from pharos_pipeline.settings import Settings
+    from pharos_core.settings import Settings
 
     s = open_store(Settings(state_dir=tmp_path / "state"))
     migrate(s)
@@ -54,7 +55,7 @@ def test_store_decodes_exactly_as_the_reference(store, threads):
     ]
     for b in batches:
         decode_batch(b.SerializeToString())  # all valid by the reference's rules
-    store.insert_io_batches([b.SerializeToString() for b in batches], threads)
+    insert_io_batches(store, [b.SerializeToString() for b in batches], threads)
     store.insert_rows("reference", [r for b in batches for r in record_rows(b)])
     got, want = rows(store, "io_requests"), rows(store, "reference")
     assert len(got) == len(edge_records()) + 300 + 3
@@ -70,7 +71,7 @@ def test_store_decodes_exactly_as_the_reference(store, threads):
         "cn009",
     )
     # every field at its default (the reference's JSON text cannot carry time 0: checked apart)
-    store.insert_io_batches([make_batch("p9", 0, [io_pb2.IoRecord(count=1)]).SerializeToString()])
+    insert_io_batches(store, [make_batch("p9", 0, [io_pb2.IoRecord(count=1)]).SerializeToString()])
     (zero,) = store.query("SELECT * FROM io_requests WHERE producer_id = 'p9'")
     assert zero["start"].startswith("1970-01-01 00:00:00") and zero["op"] == "" and zero["host"] == "cn001"
     assert (zero["bytes"], zero["count"], zero["rank"], zero["record_index"]) == (0, 1, 0, 0)
@@ -97,7 +98,7 @@ def test_an_invalid_record_stores_nothing_of_the_poll(store, bad):
     with pytest.raises(InvalidMessage):
         decode_batch(wrong.SerializeToString())
     with pytest.raises(StoreError, match=columnar.INVALID_RECORD):
-        store.insert_io_batches([good.SerializeToString(), wrong.SerializeToString()], 2)
+        insert_io_batches(store, [good.SerializeToString(), wrong.SerializeToString()], 2)
     assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 0
 
 

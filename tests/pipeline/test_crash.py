@@ -19,8 +19,8 @@ import time
 
 from pipeline_testkit import committed_total, lag, make_batch, make_record, producer, wait_for
 
-from pharos_pipeline.settings import REPO_ROOT
-from pharos_pipeline.store import open_store
+from pharos_core.settings import REPO_ROOT
+from pharos_core.store import open_store
 
 PRODUCERS = 4
 BATCHES_PER_PRODUCER = 50  # 200 batches
@@ -32,14 +32,14 @@ MARK = "PHAROS-TEST records inserted"
 #: offset commit).
 WINDOW = f"""
 import sys, time
-from pharos_pipeline import store
-insert_io_batches = store.Store.insert_io_batches
-def marked(self, messages, *args):
-    insert_io_batches(self, messages, *args)
+from pharos_pipeline import columnar
+insert_io_batches = columnar.insert_io_batches
+def marked(store, messages, *args):
+    insert_io_batches(store, messages, *args)
     if messages:
         print({MARK!r}, len(messages), flush=True)
         time.sleep(0.3)
-store.Store.insert_io_batches = marked
+columnar.insert_io_batches = marked
 from pharos_pipeline.ingest import run_pipeline_process
 sys.exit(run_pipeline_process())
 """

@@ -17,13 +17,9 @@ from pipeline_testkit import (
     wait_for,
 )
 
-from pharos_pipeline.ingest import (
-    InvalidMessage,
-    Pipeline,
-    decode_job_event,
-    pipeline_stats,
-    record_rows,
-)
+from pharos_pipeline.ingest import Pipeline
+from pharos_pipeline.messages import InvalidMessage, decode_job_event, record_rows
+from pharos_pipeline.stored import pipeline_stats
 from pharos_pipeline.wire import IoBatchHeader, io_pb2
 
 

@@ -17,18 +17,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from pharos_testkit import kafka_bootstrap, kafka_jars
 from pipeline_testkit import make_batch, make_record, producer, wait_for
 
-from pharos_pipeline.broker import (
-    BrokerError,
-    KafkaBroker,
-    KafkaCluster,
-    embedded_kafka,
-    ensure_topics,
-    node_addresses,
-    topic_replication,
-)
-from pharos_pipeline.ingest import Pipeline, pipeline_stats
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, open_store
+from pharos_pipeline.broker import BrokerError, KafkaBroker, KafkaCluster, embedded_kafka, ensure_topics
+from pharos_pipeline.ingest import Pipeline
+from pharos_pipeline.kafka_config import node_addresses, topic_replication
+from pharos_pipeline.stored import pipeline_stats
 
 
 def test_one_bootstrap_address_stands_for_every_node():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from pharos_pipeline.store import migrate, migration_files, open_store
+from pharos_core.store import migrate, migration_files, open_store
+from pharos_pipeline.columnar import insert_io_batches
 
 # What each migration must leave behind, written out by hand: the tables it creates and the
 # columns it adds (table, column). A new migration that is not listed here fails the first test.
@@ -74,7 +75,7 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
 
 def test_old_requests_survive_the_ttl(pipeline_settings):
     """Imported history (requests years old) is kept: the TTL counts from ingest time."""
-    from pharos_pipeline.store import ns_to_datetime64
+    from pharos_core.store import ns_to_datetime64
 
     store = open_store(pipeline_settings)
     try:
@@ -98,8 +99,8 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
     operation sets of pharos_analytics.summary and the dashboards' IS_DATA)."""
     from pipeline_testkit import make_batch, make_record
 
-    from pharos_analytics.summary import META_OPS, READ_OPS, WRITE_OPS, sql_list
-    from pharos_pipeline.ingest import record_rows
+    from pharos_analytics.summary_sql import META_OPS, READ_OPS, WRITE_OPS, sql_list
+    from pharos_pipeline.messages import record_rows
     from pharos_pipeline.wire import io_pb2
 
     store = open_store(pipeline_settings)
@@ -115,7 +116,7 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
                 for k in range(50)
             ],
         )
-        store.insert_io_batches([b.SerializeToString()])
+        insert_io_batches(store, [b.SerializeToString()])
         store.insert_rows("io_requests", record_rows(make_batch("p", 1, [make_record(k) for k in range(7)])))
         sums = (
             "SELECT sum(records) AS r, sum(ops) AS o, sum(bytes) AS b, sum(service_ns) AS s, "
@@ -148,8 +149,8 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
         assert migrate(store) == ["011_rollup_data_ops.sql"]
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         # the re-created views keep following the inserts
-        store.insert_io_batches(
-            [make_batch("p", 2, [make_record(k, op=ops[k % 5]) for k in range(9)]).SerializeToString()]
+        insert_io_batches(
+            store, [make_batch("p", 2, [make_record(k, op=ops[k % 5]) for k in range(9)]).SerializeToString()]
         )
         raw = store.query(raw_sql)
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))

@@ -1,4 +1,4 @@
-"""The pipeline's Prometheus families (pharos_pipeline.telemetry.PipelineCollector) against the
+"""The pipeline's Prometheus families (pharos_core.telemetry.PipelineCollector) against the
 real Kafka broker and chDB: per topic, they count what :meth:`Pipeline.stats` counts (one counting
 path), and the consumer lag per partition is the broker's high watermark minus the group's
 committed offset, as an independent consumer reads them."""
@@ -9,8 +9,8 @@ from pipeline_testkit import T0, lag, make_batch, make_record, produce, wait_for
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pharos_core.telemetry import service_registry
 from pharos_pipeline.ingest import Pipeline
-from pharos_pipeline.telemetry import service_registry
 from pharos_pipeline.wire import io_pb2
 
 

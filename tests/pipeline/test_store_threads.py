@@ -9,8 +9,9 @@ import threading
 import pytest
 from pipeline_testkit import make_batch, make_record
 
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import StoreError, migrate, open_store
+from pharos_core.settings import Settings
+from pharos_core.store import StoreError, migrate, open_store
+from pharos_pipeline.columnar import insert_io_batches
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_a_slow_query_does_not_hold_up_another_thread(store):
     t.start()
     started.wait(5)
     store.mark_ingest_thread()
-    store.insert_io_batches([make_batch("p1", 0, [make_record(k) for k in range(100)]).SerializeToString()])
+    insert_io_batches(store, [make_batch("p1", 0, [make_record(k) for k in range(100)]).SerializeToString()])
     n = int(store.query("SELECT count() AS n FROM io_requests")[0]["n"])
     assert not slow_done.is_set(), "the slow query finished first: the insert waited for it"
     assert n == 100

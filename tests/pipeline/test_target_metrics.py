@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipeline_testkit import produce, wait_for
 
+from pharos_core.settings import REPO_ROOT
 from pharos_pipeline.ingest import Pipeline
-from pharos_pipeline.settings import REPO_ROOT
 from pharos_pipeline.wire import TargetMetricsBatch
 
 VECTOR = REPO_ROOT / "proto" / "vectors" / "metrics_basic.binpb"

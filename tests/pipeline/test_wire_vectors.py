@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from pharos_pipeline.ingest import decode_batch, decode_job_event, decode_target_metrics
-from pharos_pipeline.settings import REPO_ROOT
+from pharos_core.settings import REPO_ROOT
+from pharos_pipeline.messages import decode_batch, decode_job_event, decode_target_metrics
 from pharos_pipeline.wire import IoBatch, JobEvent, TargetMetricsBatch
 
 VECTORS = REPO_ROOT / "proto" / "vectors"

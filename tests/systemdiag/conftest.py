@@ -1,26 +1,11 @@
-"""Real chDB stores for the system-side diagnosis tests; the simulator lives in pharos_sysdiag_sim."""
+"""The real Alertmanager and a webhook receiver for the system-side diagnosis tests; ``store`` (a
+real migrated chDB store per module) is tests/conftest.py's; the simulator lives in
+pharos_sysdiag_sim."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from pharos_testkit import free_port, running_alertmanager  # noqa: F401 - free_port is re-exported to tests
-
-from pharos_pipeline.settings import Settings
-from pharos_pipeline.store import migrate, open_store
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = open_store(Settings(state_dir=tmp_path_factory.mktemp("sysdiag")))
-    migrate(s)
-    yield s
-    s.close()
-
+from pharos_testkit import running_alertmanager
 
 AM_CONFIG = """\
 route:

@@ -9,7 +9,6 @@ from datetime import datetime
 import pharos_sysdiag_sim as sim
 import pytest
 import typer
-from fastapi.testclient import TestClient
 from pharos_testkit import free_port, served
 from typer.testing import CliRunner
 
@@ -19,7 +18,7 @@ from pharos_api.app import create_app
 from pharos_api.cli_diagnose import register as register_diagnose
 from pharos_api.cli_system import register
 from pharos_api.routers import system_diag
-from pharos_pipeline.settings import Settings
+from pharos_core.settings import Settings
 
 T0 = 1_730_000_000 * sim.NS
 END = T0 + 90 * sim.NS
@@ -40,19 +39,6 @@ def app(store, tmp_path_factory, monkeypatch_module):
     a = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api")))
     a.include_router(system_diag.router)  # what app.py gets
     return a
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    with TestClient(app) as c:
-        yield c
 
 
 def test_targets_and_forwarders(client):
