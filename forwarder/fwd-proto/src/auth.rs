@@ -30,7 +30,9 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Length of nonces and MACs, bytes.
 pub const TAG_LEN: usize = 32;
+/// A handshake nonce: random bytes, one per side and connection.
 pub type Nonce = [u8; TAG_LEN];
+/// An HMAC-SHA256 tag (handshake proofs, capability MACs).
 pub type Tag = [u8; TAG_LEN];
 
 /// Shortest secret accepted from a key or token file, bytes (after trimming whitespace).
@@ -176,6 +178,7 @@ impl SiteKey {
 pub struct AdminToken(Vec<u8>);
 
 impl AdminToken {
+    /// The token `token` (its bytes as given: no trimming, no length check).
     pub fn new(token: &[u8]) -> AdminToken {
         AdminToken(token.to_vec())
     }

@@ -133,6 +133,7 @@ impl Region {
         self.len
     }
 
+    /// True for a region of 0 bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -142,6 +143,7 @@ impl Region {
         self.fd.as_raw_fd()
     }
 
+    /// The nonce in the region's first 32 bytes (proof that it is the region a client means).
     pub fn nonce(&self) -> [u8; 32] {
         self.nonce
     }

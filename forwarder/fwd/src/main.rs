@@ -1,7 +1,7 @@
 //! `pharos-fwd`: the Pharos forwarding daemon. See forwarder/README.md.
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use pharos_fwd::metrics::MetricsShipper;
 use pharos_fwd::records::RecordSink;
 use pharos_fwd::server::{Config, Server};
 use pharos_fwd_proto::auth::{AdminToken, SiteKey};
+use pharos_fwd_proto::daemon;
 use pharos_wire::sink::{Sink, SinkConfig};
 
 #[derive(Parser, Debug)]
@@ -269,21 +270,9 @@ fn run(cli: Cli) -> Result<(), String> {
         }),
     );
 
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
-    }
+    let term = daemon::term_flag()?;
     if let Some(f) = &cli.ready_file {
-        std::fs::write(
-            f,
-            format!(
-                "{{\"listen\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n",
-                listen_addr,
-                admin_addr,
-                std::process::id()
-            ),
-        )
-        .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+        daemon::write_ready_file(f, &[("listen", &listen_addr), ("admin", &admin_addr)])?;
     }
     log::info!("pharos-fwd {} serving on {} (admin {})", cli.node_name, listen_addr, admin_addr);
     let interval = Duration::from_millis(cli.metrics_interval_ms as u64);
@@ -308,9 +297,5 @@ fn run(cli: Cli) -> Result<(), String> {
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("pharos-fwd: error: {e}");
-        std::process::exit(2);
-    }
+    daemon::exit_on_error("pharos-fwd", run(Cli::parse()));
 }

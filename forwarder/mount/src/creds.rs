@@ -9,11 +9,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// How long a cached group list is used.
 pub const GROUPS_TTL: Duration = Duration::from_secs(1);
 const GROUPS_MAX: usize = 8192;
 
 type Key = (u32, u32, u32);
 
+/// Supplementary groups by (pid, uid, gid), cached for [`GROUPS_TTL`] (bounded).
 #[derive(Default)]
 pub struct GroupsCache {
     m: Mutex<HashMap<Key, (Instant, Vec<u32>)>>,
@@ -29,6 +31,8 @@ pub fn parse_groups(status: &str) -> Vec<u32> {
 }
 
 impl GroupsCache {
+    /// The supplementary groups of process `pid` running as `uid`/`gid` (empty for pid 0 or
+    /// a process gone).
     pub fn get(&self, pid: u32, uid: u32, gid: u32) -> Vec<u32> {
         if pid == 0 {
             return Vec::new();

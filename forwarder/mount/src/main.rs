@@ -4,7 +4,7 @@ mod fs;
 mod rpc;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use clap::Parser;
 use fuser::MountOption;
 use pharos_fwd_proto::auth::{admin_guard, AdminToken, SiteKey};
+use pharos_fwd_proto::daemon;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -288,21 +289,9 @@ fn run(cli: Cli) -> Result<(), String> {
         })
     });
 
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, term.clone()).map_err(|e| format!("signal handler: {e}"))?;
-    }
+    let term = daemon::term_flag()?;
     if let Some(f) = &cli.ready_file {
-        std::fs::write(
-            f,
-            format!(
-                "{{\"mountpoint\": \"{}\", \"admin\": \"{}\", \"pid\": {}}}\n",
-                cli.mountpoint.display(),
-                admin_addr,
-                std::process::id()
-            ),
-        )
-        .map_err(|e| format!("--ready-file {}: {e}", f.display()))?;
+        daemon::write_ready_file(f, &[("mountpoint", &cli.mountpoint.display()), ("admin", &admin_addr)])?;
     }
     log::info!("pharos-mount: {} mounted (admin {})", cli.mountpoint.display(), admin_addr);
     while !term.load(Ordering::Relaxed) {
@@ -319,9 +308,5 @@ fn run(cli: Cli) -> Result<(), String> {
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("pharos-mount: error: {e}");
-        std::process::exit(2);
-    }
+    daemon::exit_on_error("pharos-mount", run(Cli::parse()));
 }

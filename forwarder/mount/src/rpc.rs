@@ -40,54 +40,37 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use pharos_fwd_proto::auth::{self, SiteKey};
 use pharos_fwd_proto::region::{self, Region};
-use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Frame, Op, Reply, Request};
+use pharos_fwd_proto::{self as proto, errno, Body, BufPool, Ctx, Frame, Op, Reply, Request};
 use serde::{Deserialize, Serialize};
 
 const DOWN_FOR: Duration = Duration::from_secs(2);
 
+/// A forwarding node this mount sends to, with its counters and failure state.
 pub struct Node {
+    /// Its name (`--fwd NAME=HOST:PORT`), as the job mapping names it.
     pub name: String,
+    /// Its request address, host:port.
     pub addr: String,
     /// Reserved for dedicated allocation: never a default node (`--reserved`).
     pub reserved: bool,
     down_until_ms: AtomicU64,
+    /// Requests sent to it (each try of a failover counts).
     pub requests: AtomicU64,
+    /// Requests it did not answer (connect, send or reply failed).
     pub failures: AtomicU64,
 }
 
 /// The live job → forwarding-node mapping (node names, first = primary).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Mapping {
+    /// Job id → the names of its forwarding nodes.
     #[serde(default)]
     pub jobs: BTreeMap<String, Vec<String>>,
 }
 
-/// Reusable data buffers (write payloads, read replies).
-pub struct BufPool {
-    bufs: Mutex<Vec<Vec<u8>>>,
-    max: usize,
-}
-
-impl BufPool {
-    pub fn new(max: usize) -> BufPool {
-        BufPool { bufs: Mutex::new(Vec::new()), max }
-    }
-    pub fn get(&self) -> Vec<u8> {
-        self.bufs.lock().unwrap().pop().unwrap_or_default()
-    }
-    pub fn put(&self, b: Vec<u8>) {
-        if b.capacity() < 4096 || b.capacity() > proto::MAX_FRAME {
-            return;
-        }
-        let mut m = self.bufs.lock().unwrap();
-        if m.len() < self.max {
-            m.push(b);
-        }
-    }
-}
-
 /// The mount's shared-memory data region, cut into fixed-size slots, and their free list.
 pub struct Slots {
+    /// The sealed memfd region the slots are cut from.
     pub region: Region,
     /// Bytes per slot (the largest request a slot takes: FUSE's max_write, 1 MiB).
     pub slot_size: usize,
@@ -155,12 +138,16 @@ impl Slots {
         self.region.slice_mut(self.offset(slot), len).expect("slot inside the region")
     }
 
+    /// Slots free now.
     pub fn free_count(&self) -> usize {
         self.free.lock().unwrap().len()
     }
 }
 
+/// The client side of the protocol: the forwarding nodes, the job mapping, routing and
+/// failover, data buffers and the shared-memory region (see the module docs).
 pub struct Rpc {
+    /// Data buffers of writes sent and read replies received on the socket.
     pub bufs: BufPool,
     /// The shared-memory data region (None: `--shm-slots 0`, or no memfd here).
     pub shm: Option<Slots>,
@@ -168,13 +155,20 @@ pub struct Rpc {
     pub shm_requests: AtomicU64,
     /// Requests with a slot sent on a connection the daemon did not attach (data on the socket).
     pub shm_fallbacks: AtomicU64,
+    /// The forwarding nodes, in ring order.
     pub nodes: Vec<Node>,
+    /// Index in `nodes` of this mount's default node (jobs without a mapping entry).
     pub default_idx: usize,
+    /// The live job mapping (replaced whole by `PUT /mapping`).
     pub mapping: ArcSwap<Mapping>,
+    /// Time a node may take to answer a request.
     pub timeout: Duration,
+    /// This compute node's name (in every request's context).
     pub compute_node: String,
     next_id: AtomicU64,
+    /// Requests tried on another node than their first.
     pub failovers: AtomicU64,
+    /// Idempotent requests replayed after a node failed during them.
     pub replays: AtomicU64,
     epoch: Instant,
     /// The site key (handshake).
@@ -244,10 +238,12 @@ impl Rpc {
         })
     }
 
+    /// Index in `nodes` of the node called `name`.
     pub fn node_index(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)
     }
 
+    /// Checks a job mapping before it is used. Errors: a job with no nodes, or an unknown node.
     pub fn validate(&self, m: &Mapping) -> Result<(), String> {
         for (job, ns) in &m.jobs {
             if ns.is_empty() {
@@ -461,7 +457,7 @@ impl Rpc {
         };
         sent.map_err(|e| Fail::Sent(format!("send: {e}")))?;
         if frame.data.capacity() == 0 {
-            frame.data = self.bufs.get();
+            frame.data = self.bufs.take();
         }
         proto::read_frame_into(r, frame).map_err(|e| Fail::Sent(format!("reply: {e}")))?;
         let rep: Reply = proto::decode(frame).map_err(|e| Fail::Sent(format!("reply: {e}")))?;
@@ -471,6 +467,9 @@ impl Rpc {
         Ok(rep)
     }
 
+    /// The counters and nodes as JSON (`GET /status`, and the Prometheus families of
+    /// `/metrics`): per node its address, role, state, requests and failures; failovers,
+    /// replays and the shared-memory region's use.
     pub fn status(&self) -> serde_json::Value {
         let nodes: Vec<_> = self
             .nodes

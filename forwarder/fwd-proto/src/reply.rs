@@ -1,0 +1,70 @@
+//! Replies: the daemon's answer to one request ([`Reply`], with the request's `id`), a
+//! [`Body`] or a [`WireError`]. A read's data is the frame's raw data segment ([`Payload`]),
+//! not part of the header.
+use serde::{Deserialize, Serialize};
+
+use crate::abi::{Attr, Cap, DirEntry, StatFs, WireError};
+use crate::frame::Payload;
+
+/// What a successful operation answers (which body answers which [`crate::Op`] is the
+/// daemon's contract; a client treats any other body as `EIO`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Body {
+    /// Done, nothing to return.
+    Ok,
+    /// The file's attributes (lookup, getattr, setattr, and the operations that make a name).
+    Attr(Attr),
+    /// A page of a directory: `eof` = no entry after the last one.
+    Entries { entries: Vec<DirEntry>, eof: bool },
+    /// An open or create: the file's attributes and the capability of this open.
+    Opened { attr: Attr, cap: Cap },
+    /// Read data: travels as the frame's raw data segment, not in the bincode header.
+    Data {
+        #[serde(skip)]
+        data: Vec<u8>,
+    },
+    /// Bytes written by a write.
+    Written(u32),
+    /// The file system's statistics.
+    Statfs(StatFs),
+    /// A symbolic link's target (v4).
+    Link(String),
+    /// v5: the daemon's first frame on a connection (reply id 0): its handshake nonce.
+    Challenge { nonce: [u8; 32] },
+    /// v5: the answer to [`crate::Op::Auth`]: `HMAC(k_conn, "server" | daemon's nonce | client's nonce)`.
+    Authed { proof: [u8; 32] },
+    /// The answer to [`crate::Op::ReadShm`]: `len` bytes were read into the request's slot.
+    ShmData { len: u32 },
+}
+
+/// The daemon's answer to one request.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// The request's id; 0 answers a frame the daemon could not decode (and the handshake's
+    /// [`Body::Challenge`]).
+    pub id: u64,
+    /// The operation's result.
+    pub body: Result<Body, WireError>,
+}
+
+impl Reply {
+    /// An error reply to request `id`: errno `errno` ([`crate::errno`]) and message `msg`.
+    pub fn err(id: u64, errno: i32, msg: impl Into<String>) -> Reply {
+        Reply { id, body: Err(WireError { errno, msg: msg.into() }) }
+    }
+}
+
+impl Payload for Reply {
+    fn data(&self) -> &[u8] {
+        match &self.body {
+            Ok(Body::Data { data }) => data,
+            _ => &[],
+        }
+    }
+    fn data_slot(&mut self) -> Option<&mut Vec<u8>> {
+        match &mut self.body {
+            Ok(Body::Data { data }) => Some(data),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The FUSE operations ([`Filesystem`] for [`PharosFs`]): each becomes one request to the
+//! forwarding layer, sent from the I/O pool, and answers the kernel from there. Namespace and
+//! attribute operations are here; read and write are the data path (`data.rs`).
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use pharos_fwd_proto::{errno, Body, Ctx, Op, SetAttr};
+
+use super::attr::{fattr, ftype, join, tott};
+use super::{DirPage, Open, PharosFs, ROOT, STALE, SUIDGID};
+
+impl Filesystem for PharosFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_DIO | fuser::consts::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Lookup { path: path.clone() }) {
+            Ok(Body::Attr(a)) => {
+                let ino = sh.learn(a.ino, &path);
+                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let mut m = self.sh.inodes.lock().unwrap();
+        if let Some(i) = m.get_mut(&ino) {
+            i.nlookup = i.nlookup.saturating_sub(nlookup);
+            if i.nlookup == 0 {
+                m.remove(&ino);
+            }
+        }
+    }
+
+    fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => {
+                // fstat of an open file whose last name went: its attributes at open, no link.
+                let open = self.sh.files.lock().unwrap().values().find(|f| f.ino == ino).cloned();
+                if let Some(f) = open {
+                    let mut a = f.attr.clone();
+                    a.nlink = 0;
+                    return reply.attr(&self.sh.ttl, &fattr(&a, ino));
+                }
+                return reply.error(e);
+            }
+        };
+        let kino = ino;
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Getattr { path }) {
+            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, kino)),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn setattr(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
+        // Through an open file (ftruncate): its capability (the open already checked the access).
+        let fd = fh.and_then(|fh| self.sh.files.lock().unwrap().get(&fh).map(|f| f.cap.clone()));
+        if mode.is_some_and(|m| m & SUIDGID != 0) {
+            // chmod u+s/g+s through this mount: open files' next flagged write clears them again.
+            for f in self.sh.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+                f.suidgid.store(true, Relaxed);
+            }
+        }
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, fd }) {
+            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let mode = mode & !umask;
+        self.entry_op(ctx, path.clone(), Op::Mkdir { path, mode }, reply);
+    }
+
+    fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(req, parent, name, reply, false)
+    }
+
+    fn rmdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(req, parent, name, reply, true)
+    }
+
+    fn rename(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let (from, to) = match (
+            self.sh.path(parent).and_then(|p| join(&p, name)),
+            self.sh.path(newparent).and_then(|p| join(&p, newname)),
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        if flags & !(libc::RENAME_NOREPLACE) != 0 {
+            return reply.error(errno::EINVAL);
+        }
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
+                Ok(_) => {
+                    let mut m = sh.inodes.lock().unwrap();
+                    let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
+                    // The entry replaced at `to` (if any) is gone.
+                    for (ino, i) in m.iter_mut() {
+                        if i.path == to && !moved.contains(ino) && *ino != ROOT {
+                            i.path = STALE.to_string();
+                        }
+                    }
+                    let pre = format!("{from}/");
+                    for i in m.values_mut() {
+                        if i.path == from {
+                            i.path = to.clone();
+                        } else if let Some(rest) = i.path.strip_prefix(&pre) {
+                            i.path = format!("{to}/{rest}");
+                        }
+                    }
+                    drop(m);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn create(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let token = crate::random_token();
+        self.spawn(move |sh, c| {
+            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
+                Ok(Body::Opened { attr, cap }) => {
+                    let ino = sh.learn(attr.ino, &path);
+                    let fh = sh.next_fh.fetch_add(1, Relaxed);
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap)));
+                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
+            Ok(Body::Opened { attr, cap }) => {
+                let fh = sh.next_fh.fetch_add(1, Relaxed);
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap)));
+                reply.opened(fh, sh.open_flags)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn read(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock: Option<u64>,
+        reply: ReplyData,
+    ) {
+        match self.data_args(req, ino, fh, offset) {
+            Ok(a) => self.read_data(a, size, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        wflags: u32,
+        _flags: i32,
+        _lock: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        match self.data_args(req, ino, fh, offset) {
+            Ok(a) => self.write_data(a, data, wflags, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
+        // No client-side data cache: nothing to write back.
+        if self.sh.files.lock().unwrap().contains_key(&fh) {
+            reply.ok()
+        } else {
+            reply.error(errno::EBADF)
+        }
+    }
+
+    fn release(
+        &mut self,
+        req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().remove(&fh) else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        self.spawn(move |sh, c| {
+            // close(2) does not report release errors; the daemon counts failures.
+            let _ = sh.rpc.call(c, &ctx, Op::Release { path, cap: f.cap.clone() });
+            reply.ok()
+        });
+    }
+
+    fn fsync(&mut self, req: &Request<'_>, ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty) {
+        let ctx = self.sh.ctx(req);
+        let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
+        let path = self.sh.path(ino).unwrap_or_default();
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Fsync { path, cap: f.cap.clone(), datasync }) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        if let Err(e) = self.sh.path(ino) {
+            return reply.error(e);
+        }
+        let fh = self.sh.next_fh.fetch_add(1, Relaxed);
+        self.sh.dirs.lock().unwrap().insert(fh, None);
+        reply.opened(fh, 0)
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _flags: i32, reply: ReplyEmpty) {
+        self.sh.dirs.lock().unwrap().remove(&fh);
+        reply.ok()
+    }
+
+    fn readdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let cached = match self.sh.dirs.lock().unwrap().get(&fh) {
+            None => return reply.error(errno::EBADF),
+            Some(c) => c.clone(),
+        };
+        self.spawn(move |sh, c| {
+            // The daemon lists a page at a time from a cookie (the namespace's directory
+            // offset), which is also the offset handed to the kernel: the kernel continues
+            // from any entry, served from the handle's last page while it covers it. Offset 0
+            // (opendir, rewinddir) always fetches anew.
+            let mut pos = offset.max(0) as u64;
+            let mut page = cached.filter(|_| pos != 0);
+            loop {
+                let from = page.as_ref().and_then(|p| {
+                    if p.start == pos {
+                        Some(0)
+                    } else {
+                        p.entries.iter().position(|e| e.next == pos).map(|i| i + 1)
+                    }
+                });
+                let (p, from) = match (page.take(), from) {
+                    (Some(p), Some(i)) => (p, i),
+                    _ => match sh.rpc.call(c, &ctx, Op::Readdir { path: path.clone(), cookie: pos }) {
+                        Ok(Body::Entries { entries, eof }) => {
+                            let p = Arc::new(DirPage { start: pos, entries, eof });
+                            if let Some(slot) = sh.dirs.lock().unwrap().get_mut(&fh) {
+                                *slot = Some(p.clone());
+                            }
+                            (p, 0)
+                        }
+                        Ok(_) => return reply.error(errno::EIO),
+                        Err(e) => return reply.error(e),
+                    },
+                };
+                for e in &p.entries[from..] {
+                    let (eino, k) = match e.name.as_str() {
+                        "." => (ino, FileType::Directory),
+                        ".." => (ROOT, FileType::Directory),
+                        _ => (e.ino, ftype(e.kind)),
+                    };
+                    if reply.add(eino, e.next as i64, k, &e.name) {
+                        return reply.ok();
+                    }
+                    pos = e.next;
+                }
+                if p.eof || p.entries.is_empty() {
+                    return reply.ok();
+                }
+                // This page is used up: the next one starts after its last entry.
+            }
+        });
+    }
+
+    fn readlink(&mut self, req: &Request<'_>, ino: u64, reply: ReplyData) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Readlink { path }) {
+            Ok(Body::Link(t)) => reply.data(t.as_bytes()),
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn symlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        let Some(target) = target.to_str().map(String::from) else { return reply.error(errno::EINVAL) };
+        match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(path) => self.entry_op(ctx, path.clone(), Op::Symlink { path, target }, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(&mut self, req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
+        let ctx = self.sh.ctx(req);
+        match (self.sh.path(ino), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
+            (Ok(from), Ok(to)) => self.entry_op(ctx, to.clone(), Op::Link { from, to }, reply),
+            (Err(e), _) | (_, Err(e)) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let ctx = self.sh.ctx(req);
+        let mode = mode & !(umask & 0o7777);
+        match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(path) => self.entry_op(ctx, path.clone(), Op::Mknod { path, mode, rdev: rdev as u64 }, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&mut self, req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        let ctx = self.sh.ctx(req);
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Statfs) {
+            Ok(Body::Statfs(s)) => {
+                reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+}
+
+impl PharosFs {
+    /// Sends `op`, which makes the name `path` and answers its attributes (mkdir, symlink,
+    /// link, mknod), and replies with the new entry.
+    fn entry_op(&self, ctx: Ctx, path: String, op: Op, reply: ReplyEntry) {
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, op) {
+            Ok(Body::Attr(a)) => {
+                let ino = sh.learn(a.ino, &path);
+                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+            }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
+        });
+    }
+
+    fn remove(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty, dir: bool) {
+        let ctx = self.sh.ctx(req);
+        let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, c| {
+            let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };
+            match sh.rpc.call(c, &ctx, op) {
+                Ok(_) => {
+                    sh.mark_stale(&path, None);
+                    reply.ok()
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
