@@ -18,7 +18,9 @@ objects by, with each target's ``max_perf`` measured, fail-slow targets out.
 Output: the daemons' whole ``PUT /placement`` document (forwarder/fwd/src/admin.rs):
 ``{"pools": {"pharos": {"targets": [...], "max_perf": {"ost0": 48.9}, "component_size": 2097152}},
 "default_pool": "pharos", "job_pools": {...}, "stripe_size": ...}``; other pools, job pools
-and stripe settings of the current document are kept.
+and stripe settings of the current document are kept. Its schema, shared with the daemons
+(which refuse unknown fields), is ``proto/placement/placement.schema.json``: :class:`PlacementDoc`
+and :class:`PoolDoc` are its Python form (tests/control/test_placement_schema.py checks both).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import copy
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from pharos_pipeline.store import Store, ns_to_datetime64
+from pydantic import BaseModel, ConfigDict, Field
+
+from pharos_core.store import Store, ns_to_datetime64
 
 from .config import ControlConfig
 
@@ -50,6 +54,29 @@ FROM
 GROUP BY target
 ORDER BY target
 """
+
+
+class PoolDoc(BaseModel):
+    """A pool of the placement document (``$defs/pool`` of the shared schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: list[str] = Field(min_length=1)
+    max_perf: dict[str, float] = Field(default_factory=dict)
+    stripe_count: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    component_size: int | None = Field(default=None, ge=4096, multiple_of=4096)
+
+
+class PlacementDoc(BaseModel):
+    """The daemons' ``PUT /placement`` document (``proto/placement/placement.schema.json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pools: dict[str, PoolDoc] = Field(default_factory=dict)
+    default_pool: str | None = None
+    job_pools: dict[str, str] = Field(default_factory=dict)
+    stripe_size: int | None = Field(default=None, ge=1)
+    stripe_count: int | None = Field(default=None, ge=1, le=2**32 - 1)
 
 
 @dataclass

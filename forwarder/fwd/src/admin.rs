@@ -13,13 +13,15 @@
 //!   (each optional; `max_perf_mb_s: 0` removes the limit, `slowdown: 1` the slowdown).
 //! * `GET /placement`, `PUT /placement`: the whole placement document
 //!   (`{"pools": {"fast": {"targets": ["ost0"], "max_perf": {"ost0": 50}}},
-//!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`).
+//!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`; schema:
+//!   `proto/placement/placement.schema.json`). An unknown field is a 400 naming it.
 //! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
 //!   `/status` read at each scrape, the targets' queue wait and the service-time histograms, the
 //!   request classes' queuing delay and worker allocation ([`crate::raas`]).
 use std::fmt;
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -144,7 +146,14 @@ async fn get_placement(State(a): St) -> Json<Value> {
     Json(json!(*a.server.backend.placement.load_full()))
 }
 
-async fn put_placement(State(a): St, Json(p): Json<Placement>) -> Resp {
+/// `PUT /placement`: a document that does not parse as a [`Placement`] (a misspelled or unknown
+/// field, a wrong type; `proto/placement/placement.schema.json`) is a 400 with serde's message,
+/// like one that names an unknown target or pool.
+async fn put_placement(State(a): St, body: Result<Json<Placement>, JsonRejection>) -> Resp {
+    let Json(p) = body.map_err(|r| match r {
+        JsonRejection::JsonDataError(e) => bad(e.body_text()),
+        r => (r.status(), Json(json!({"error": r.body_text()}))),
+    })?;
     a.server.backend.validate_placement(&p).map_err(bad)?;
     a.server.backend.placement.store(Arc::new(p.clone()));
     Ok(Json(json!(p)))
@@ -362,4 +371,79 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<AdminState>) {
             })
         })
         .expect("spawn admin thread");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+    use crate::backend::Backend;
+    use crate::records::RecordSink;
+    use crate::server::Config;
+
+    /// `(status, body)` of an HTTP/1.1 request to `addr` with the admin token.
+    fn request(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            c,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let status = out.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    }
+
+    /// A misspelled field of the placement document is a 400 naming it, and the placement
+    /// in force stays; a good document still applies.
+    #[test]
+    fn put_placement_refuses_unknown_fields_with_a_400() {
+        let d = tempfile::tempdir().unwrap();
+        let ts: Vec<(String, std::path::PathBuf)> =
+            (0..2).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
+        let backend = Arc::new(Backend::new(&d.path().join("mdt"), &ts).unwrap());
+        let cfg = Config {
+            node_name: "fwd0".into(),
+            workers: 1,
+            weights: [4, 2, 1],
+            queue_depth: [4, 4, 2],
+            small_max: 65536,
+            max_conns: 4,
+            key: pharos_fwd_proto::auth::SiteKey::new(&[7; 32]),
+            threads: Default::default(),
+            shm_data: false,
+        };
+        let server = crate::server::Server::new(cfg, backend, Arc::new(RecordSink::new(None)));
+        let state = Arc::new(AdminState {
+            server: server.clone(),
+            metrics_stats: Box::new(|| ShipStats {
+                batches_produced: 0,
+                batches_sent: 0,
+                delivery_failures: 0,
+                not_shipped: 0,
+            }),
+            token: Some(AdminToken::new(b"tok")),
+        });
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        spawn(l, state);
+        let (status, body) =
+            request(addr, "PUT", "/placement", r#"{"pools": {"p": {"targets": ["ost0"]}}, "defualt_pool": "p"}"#);
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("unknown field `defualt_pool`"), "{body}");
+        let (status, body) = request(addr, "PUT", "/placement", r#"{"pools": {"p": {"targetz": ["ost0"]}}}"#);
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("unknown field `targetz`"), "{body}");
+        assert_eq!(*server.backend.placement.load_full(), Placement::default(), "nothing applied");
+        let (status, body) =
+            request(addr, "PUT", "/placement", r#"{"pools": {"p": {"targets": ["ost1"]}}, "default_pool": "p"}"#);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(server.backend.placement.load().default_pool.as_deref(), Some("p"));
+        // Not JSON at all: still a 400.
+        assert_eq!(request(addr, "PUT", "/placement", "{").0, 400);
+    }
 }

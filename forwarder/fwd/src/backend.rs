@@ -26,35 +26,37 @@
 //! * Open counts, token buckets and faults live in each target's shared state
 //!   ([`crate::shm`]), so every daemon on the machine sees the same values.
 //!
-//! One concern per file, each adding its methods to [`Backend`]:
+//! One type per concern, each owning its state, composed by [`Backend`] (whose methods are
+//! the interface of the request path and the admin interface, delegating to them):
+//! * [`Target`] (`backend/target.rs`): one target's directory and shared state, and the token
+//!   bucket, injected latency and slowdown applied around each piece of I/O on it;
 //! * `backend/layout.rs`: layout arithmetic (stripes, components) and the sidecar format,
 //!   pure functions;
-//! * `backend/placement.rs`: the placement document and policy, component placement and the
-//!   open counts it reads;
-//! * `backend/namespace.rs`: name operations on the MDT with the caller's credentials
-//!   (lookup, readdir, create/open/release, setattr, links, special files);
-//! * `backend/opens.rs`: open markers, orphans, daemon liveness and start-time GC;
-//! * `backend/data.rs`: the data path on the targets (objects, read/write/fsync/truncate,
-//!   token buckets, injected latency and slowdown);
-//! * `backend/cache.rs`: the forwarding node's page cache (FGF-LRU / LRU), hooked into the
-//!   data path's reads, writes, truncates and removals;
-//! * `backend/gas.rs`: Gather-Arrange-Scatter of client writes per compute node, flushed
-//!   before the data path's reads, stats, truncates and fsyncs of the file and at close.
-use std::collections::HashMap;
+//! * [`Placer`] (`backend/placement.rs`): the placement document and policy, component
+//!   placement and records, and the per-handle open counts that rule reads;
+//! * [`Opens`] (`backend/opens.rs`): open markers, orphans, daemon liveness and start-time GC;
+//! * `Namespace` (`backend/namespace.rs`, `namespace/files.rs`): name operations on the MDT
+//!   with the caller's credentials (lookup, readdir, create/open/release, setattr, links,
+//!   special files);
+//! * [`DataPath`] (`backend/data.rs`): the data path on the targets (object files,
+//!   read/write/fsync/truncate);
+//! * [`cache::PageCache`] (`backend/cache.rs`): the forwarding node's page cache (FGF-LRU /
+//!   LRU), hooked into the data path's reads, writes, truncates and removals;
+//! * [`gas::Gas`] (`backend/gas.rs`): Gather-Arrange-Scatter of client writes per compute
+//!   node, flushed before the data path's reads, stats, truncates and fsyncs of the file and
+//!   at close.
+//!
+//! Imports go one way: `layout` and `target` use nothing of the others; `opens` uses them;
+//! `placement` uses `opens`; the data path, cache, GAS and namespace take the [`Backend`]
+//! they are part of as a parameter (`&Backend`), for the parts below them.
 use std::ffi::CString;
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use pharos_fwd_proto::{errno, Layout, OpenHandle, StatFs, Time, WireError};
-
-use crate::nsfs;
-use crate::shm::TargetShm;
+use pharos_fwd_proto::{errno, Attr, Ctx, DirEntry, Layout, OpenHandle, SetAttr, StatFs, Time, WireError};
 
 pub mod cache;
 mod data;
@@ -63,21 +65,16 @@ mod layout;
 mod namespace;
 mod opens;
 mod placement;
+mod target;
 #[cfg(test)]
 mod testutil;
 
-pub use data::{FileSpan, IoInfo, STRETCH_MIN_SLEEP};
+pub use data::{DataPath, FileSpan, IoInfo};
 pub use layout::{layout_text, logical_from_component, logical_from_obj, obj_size, parse_layout, pieces, Piece};
-use opens::flock_nb;
-pub use opens::GcStats;
-pub use placement::{Placement, Pool, COMPONENT_ALIGN};
-
-/// One storage target (OST).
-pub struct Target {
-    pub name: String,
-    pub dir: PathBuf,
-    pub shm: TargetShm,
-}
+use namespace::Namespace;
+pub use opens::{GcStats, Opens};
+pub use placement::{Placement, Placer, Pool, COMPONENT_ALIGN};
+pub use target::{Target, STRETCH_MIN_SLEEP};
 
 pub type Res<T> = Result<T, WireError>;
 
@@ -87,39 +84,6 @@ pub fn werr(e: io::Error) -> WireError {
 
 fn eno(n: i32, m: impl Into<String>) -> WireError {
     WireError { errno: n, msg: m.into() }
-}
-
-pub struct Backend {
-    ns: PathBuf,
-    /// `O_PATH` fd of the namespace root: every name is resolved from it.
-    ns_fd: OwnedFd,
-    tmp: PathBuf,
-    open_dir: PathBuf,
-    orphan_dir: PathBuf,
-    comp_dir: PathBuf,
-    pub targets: Vec<Target>,
-    pub placement: ArcSwap<Placement>,
-    rr: AtomicU64,
-    /// Open object files by (target, oid, stripe or component).
-    fds: Mutex<HashMap<(u32, u64, u64), Arc<File>>>,
-    /// Resolved components (immutable records): (oid, component) -> target.
-    comps: Mutex<HashMap<(u64, u64), u32>>,
-    /// Component each open handle of a progressive file wrote last through this daemon (a
-    /// fast path: the handle's marker holds the counted target, see [`Backend::enter`]).
-    writing: Mutex<HashMap<OpenHandle, (u64, u64)>>,
-    /// This daemon instance's id (open handles, liveness lock).
-    pub daemon_id: u64,
-    open_seq: AtomicU64,
-    /// Holds the exclusive flock on `<mdt>/daemons/<daemon_id>` while the daemon lives.
-    _alive: File,
-    /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
-    pub cache: OnceLock<cache::PageCache>,
-    /// Gather-Arrange-Scatter buffers of client writes, when enabled (`backend/gas.rs`).
-    pub gas: OnceLock<gas::Gas>,
-    /// Client writes received ([`Backend::write_from`] calls).
-    pub client_writes: AtomicU64,
-    /// Write requests issued to the targets (one `pwrite` of an object per piece).
-    pub data_writes: AtomicU64,
 }
 
 fn random_u64() -> u64 {
@@ -137,6 +101,46 @@ fn t(sec: i64, nsec: i64) -> Time {
     Time { sec, nsec: nsec as u32 }
 }
 
+/// The index of the target named `name`.
+fn target_index(targets: &[Target], name: &str) -> Option<u32> {
+    targets.iter().position(|t| t.name == name).map(|i| i as u32)
+}
+
+/// Checks a layout a client sent against the targets.
+fn check_layout(targets: &[Target], l: &Layout) -> Res<()> {
+    if l.stripe_size == 0 || l.targets.is_empty() || l.targets.len() > targets.len() {
+        return Err(eno(errno::EINVAL, "invalid layout"));
+    }
+    if l.targets.iter().any(|&t| t as usize >= targets.len()) {
+        return Err(eno(errno::EINVAL, "layout names an unknown target"));
+    }
+    if !(l.perf.is_empty() || l.perf.len() == l.targets.len()) {
+        return Err(eno(errno::EINVAL, "layout perf does not match its targets"));
+    }
+    Ok(())
+}
+
+/// The storage backend of a daemon: its parts, one per concern (see the module doc); its
+/// methods are the interface the request path and the admin interface use.
+pub struct Backend {
+    /// The storage targets (OSTs).
+    pub targets: Vec<Target>,
+    /// The placement document and policy, and the component records.
+    pub placement: Placer,
+    /// Open markers, orphans, this daemon's liveness lock, start-time GC.
+    pub opens: Opens,
+    /// The namespace tree (`<mdt>/ns`).
+    ns: Namespace,
+    /// The data path: object files, reads and writes, write counters.
+    pub data: DataPath,
+    /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
+    pub cache: OnceLock<cache::PageCache>,
+    /// Gather-Arrange-Scatter buffers of client writes, when enabled (`backend/gas.rs`).
+    pub gas: OnceLock<gas::Gas>,
+    /// This daemon instance's id (open handles, liveness lock): [`Opens::daemon_id`].
+    pub daemon_id: u64,
+}
+
 impl Backend {
     /// Opens (creating directories if needed) a backend with namespace `<mdt>/ns` and the
     /// given `(name, dir)` targets.
@@ -144,62 +148,171 @@ impl Backend {
         if targets.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no storage targets"));
         }
-        let ns = mdt.join("ns");
-        let tmp = mdt.join("tmp");
-        let open_dir = mdt.join("open");
-        let orphan_dir = mdt.join("orphans");
-        let daemons = mdt.join("daemons");
-        let comp_dir = mdt.join("components");
-        for d in [&ns, &tmp, &open_dir, &orphan_dir, &daemons, &comp_dir] {
+        let (ns, tmp, comp_dir) = (mdt.join("ns"), mdt.join("tmp"), mdt.join("components"));
+        for d in [&ns, &tmp, &comp_dir] {
             fs::create_dir_all(d)?;
         }
         let mut ts = Vec::new();
         for (name, dir) in targets {
             fs::create_dir_all(dir)?;
-            ts.push(Target { name: name.clone(), dir: dir.clone(), shm: TargetShm::open(dir)? });
+            ts.push(Target { name: name.clone(), dir: dir.clone(), shm: crate::shm::TargetShm::open(dir)? });
         }
-        // Liveness: lock a fresh file, then link it into daemons/ (never visible unlocked).
-        let daemon_id = random_u64() | 1;
-        let staged = tmp.join(format!("daemon-{daemon_id:016x}"));
-        let alive = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&staged)?;
-        flock_nb(&alive)?;
-        let linked = fs::hard_link(&staged, daemons.join(format!("{daemon_id:016x}")));
-        let _ = fs::remove_file(&staged);
-        linked?;
+        let opens = Opens::new(mdt, &tmp)?;
         Ok(Backend {
-            ns_fd: nsfs::open_dir(&ns)?,
-            ns,
-            tmp,
-            open_dir,
-            orphan_dir,
-            comp_dir,
+            ns: Namespace::new(ns)?,
             targets: ts,
-            placement: ArcSwap::from_pointee(Placement::default()),
-            rr: AtomicU64::new(random_u64() % 1024),
-            fds: Mutex::new(HashMap::new()),
-            comps: Mutex::new(HashMap::new()),
-            writing: Mutex::new(HashMap::new()),
-            daemon_id,
-            open_seq: AtomicU64::new(1),
-            _alive: alive,
+            placement: Placer::new(comp_dir, tmp),
+            daemon_id: opens.daemon_id,
+            opens,
+            data: DataPath::default(),
             cache: OnceLock::new(),
             gas: OnceLock::new(),
-            client_writes: AtomicU64::new(0),
-            data_writes: AtomicU64::new(0),
         })
     }
 
+    /// Checks a layout a client sent against the targets.
     fn check_layout(&self, l: &Layout) -> Res<()> {
-        if l.stripe_size == 0 || l.targets.is_empty() || l.targets.len() > self.targets.len() {
-            return Err(eno(errno::EINVAL, "invalid layout"));
+        check_layout(&self.targets, l)
+    }
+
+    pub fn target_index(&self, name: &str) -> Option<u32> {
+        target_index(&self.targets, name)
+    }
+
+    /// Checks a placement document against the targets (unknown names are errors).
+    pub fn validate_placement(&self, p: &Placement) -> Result<(), String> {
+        Placer::validate(&self.targets, p)
+    }
+
+    /// The target of component `k` of progressive layout `l` ([`Placer::component`]).
+    pub fn component(&self, l: &Layout, k: u64, place: bool) -> Res<Option<u32>> {
+        self.placement.component(&self.targets, l, k, place)
+    }
+
+    /// Target of the first byte of `l`, as far as known without I/O (records, metrics).
+    #[inline]
+    pub fn first_target(&self, l: &Layout, off: u64) -> Option<u32> {
+        self.placement.first_target(&self.targets, l, off)
+    }
+
+    // -- opens and GC (backend/opens.rs) -------------------------------------------------
+
+    /// Deletes the objects of an orphan's recorded layout; false when it is not valid here.
+    fn remove_orphan(&self, l: &Layout) -> bool {
+        let ok = self.check_layout(l).is_ok();
+        if ok {
+            self.data.remove_objects(self, l);
         }
-        if l.targets.iter().any(|&t| t as usize >= self.targets.len()) {
-            return Err(eno(errno::EINVAL, "layout names an unknown target"));
-        }
-        if !(l.perf.is_empty() || l.perf.len() == l.targets.len()) {
-            return Err(eno(errno::EINVAL, "layout perf does not match its targets"));
-        }
-        Ok(())
+        ok
+    }
+
+    /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
+    /// an orphan until the last open is released.
+    fn drop_file(&self, l: &Layout) {
+        self.opens.drop_file(l, &|l| self.remove_orphan(l))
+    }
+
+    /// Drops open `h` of `l` and deletes the objects when that was the last open of an
+    /// unlinked file.
+    fn unmark(&self, l: &Layout, h: OpenHandle) {
+        self.opens.unmark(l, h, &|l| self.remove_orphan(l))
+    }
+
+    /// Start-time garbage collection: markers of dead daemons, then orphans nobody holds.
+    pub fn gc(&self) -> GcStats {
+        self.opens.gc(&self.targets, &|l| self.remove_orphan(l))
+    }
+
+    /// Number of recorded opens of `oid` (all daemons).
+    pub fn open_markers(&self, oid: u64) -> usize {
+        self.opens.open_markers(oid)
+    }
+
+    /// True when the objects of `oid` wait for their last close.
+    pub fn is_orphan(&self, oid: u64) -> bool {
+        self.opens.is_orphan(oid)
+    }
+
+    // -- the namespace (backend/namespace.rs) ----------------------------------------------
+
+    /// Resolves a request path inside the namespace.
+    pub fn ns_path(&self, path: &str) -> Res<PathBuf> {
+        self.ns.path(path)
+    }
+
+    /// Reads the layout sidecar of a namespace file (request path).
+    pub fn read_layout(&self, path: &str) -> Res<(Layout, u64)> {
+        self.ns.read_layout(path)
+    }
+
+    /// Attributes of `path` (lookup and getattr), with the caller's search permissions.
+    pub fn getattr(&self, path: &str, ctx: &Ctx) -> Res<Attr> {
+        self.ns.getattr(self, path, ctx)
+    }
+
+    /// One page of the directory `path` from `cookie` ([`Namespace::readdir`]).
+    pub fn readdir(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<DirEntry>, bool)> {
+        self.ns.readdir(path, cookie, ctx)
+    }
+
+    pub fn mkdir(&self, path: &str, mode: u32, ctx: &Ctx) -> Res<Attr> {
+        self.ns.mkdir(self, path, mode, ctx)
+    }
+
+    pub fn rmdir(&self, path: &str, ctx: &Ctx) -> Res<()> {
+        self.ns.rmdir(path, ctx)
+    }
+
+    /// A symbolic link `path` → `target`.
+    pub fn symlink(&self, path: &str, target: &str, ctx: &Ctx) -> Res<Attr> {
+        self.ns.symlink(self, path, target, ctx)
+    }
+
+    pub fn readlink(&self, path: &str, ctx: &Ctx) -> Res<String> {
+        self.ns.readlink(path, ctx)
+    }
+
+    /// A hard link `to` of `from`: both names share the sidecar, hence the layout and data.
+    pub fn link(&self, from: &str, to: &str, ctx: &Ctx) -> Res<Attr> {
+        self.ns.link(self, from, to, ctx)
+    }
+
+    /// A FIFO, socket or device node, or a regular file ([`Namespace::mknod`]).
+    pub fn mknod(&self, path: &str, mode: u32, rdev: u64, ctx: &Ctx) -> Res<Attr> {
+        self.ns.mknod(self, path, mode, rdev, ctx)
+    }
+
+    pub fn unlink(&self, path: &str, ctx: &Ctx) -> Res<()> {
+        self.ns.unlink(self, path, ctx)
+    }
+
+    pub fn rename(&self, from: &str, to: &str, noreplace: bool, ctx: &Ctx) -> Res<()> {
+        self.ns.rename(self, from, to, noreplace, ctx)
+    }
+
+    /// Creates (or opens) a regular file: its attr, layout and open handle ([`Namespace::create`]).
+    pub fn create(&self, path: &str, mode: u32, flags: i32, token: u64, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        self.ns.create(self, path, mode, flags, token, ctx)
+    }
+
+    /// Opens an existing regular file: attr, layout and open handle ([`Namespace::open`]).
+    pub fn open(&self, path: &str, flags: i32, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        self.ns.open(self, path, flags, ctx)
+    }
+
+    /// Releases open `h` (served by any daemon) of the file with layout `l`.
+    pub fn release(&self, l: &Layout, h: OpenHandle) -> Res<()> {
+        self.ns.release(self, l, h)
+    }
+
+    /// Changes attributes of `path` with the caller's credentials ([`Namespace::setattr`]).
+    pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: Option<u64>, ctx: &Ctx) -> Res<Attr> {
+        self.ns.setattr(self, path, set, by_fd, ctx)
+    }
+
+    /// Clears setuid/setgid after a write by `ctx` ([`Namespace::kill_suidgid`]).
+    pub fn kill_suidgid(&self, path: &str, l: &Layout, h: OpenHandle, ctx: &Ctx) -> Res<()> {
+        self.ns.kill_suidgid(self, path, l, h, ctx)
     }
 
     pub fn statfs(&self) -> Res<StatFs> {
@@ -225,9 +338,105 @@ impl Backend {
             out.bfree += s.f_bfree * k.max(1);
             out.bavail += s.f_bavail * k.max(1);
         }
-        let m = sv(&self.ns)?;
+        let m = sv(self.ns.root())?;
         out.files = m.f_files;
         out.ffree = m.f_ffree;
         Ok(out)
+    }
+
+    // -- the data path (backend/data.rs) ------------------------------------------------
+
+    /// Injected slowdown of target `ti` after a piece of I/O that took `took` ([`Target::stretch`]).
+    #[inline]
+    pub fn stretch(&self, ti: u32, took: Duration) {
+        self.targets[ti as usize].stretch(took)
+    }
+
+    /// A read of a single-target file served straight from its object ([`DataPath::read_span`]).
+    #[inline]
+    pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
+        self.data.read_span(self, l, off, size, info)
+    }
+
+    pub fn read(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Vec<u8>> {
+        self.data.read(self, l, off, size, info)
+    }
+
+    /// Reads into `buf`, resized to the bytes read ([`DataPath::read_into`]).
+    #[inline]
+    pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+        self.data.read_into(self, l, off, size, info, buf)
+    }
+
+    /// Reads up to `buf.len()` bytes at `off` into `buf` ([`DataPath::read_into_slice`]).
+    #[inline]
+    pub fn read_into_slice(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
+        self.data.read_into_slice(self, l, off, info, buf)
+    }
+
+    /// Writes `data` at `off` through open `h` ([`DataPath::write`]).
+    pub fn write(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+        self.data.write(self, l, h, off, data, info)
+    }
+
+    /// A client write from compute node `node` ([`DataPath::write_from`]).
+    #[inline]
+    pub fn write_from(
+        &self,
+        node: &str,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
+        self.data.write_from(self, node, l, h, off, data, info)
+    }
+
+    /// A client write of a buffer the caller owns ([`DataPath::write_owned`]).
+    #[inline]
+    pub fn write_owned(
+        &self,
+        node: &str,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &mut Vec<u8>,
+        info: &mut IoInfo,
+    ) -> Res<u32> {
+        self.data.write_owned(self, node, l, h, off, data, info)
+    }
+
+    /// Flushes every object of the file ([`DataPath::fsync`]).
+    pub fn fsync(&self, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
+        self.data.fsync(self, l, datasync, info)
+    }
+
+    // -- Gather-Arrange-Scatter (backend/gas.rs) ----------------------------------------
+
+    /// Enables Gather-Arrange-Scatter and starts its flusher ([`gas::Gas::enable`]).
+    pub fn enable_gas(self: &Arc<Self>, buffer_max: usize, flush_after: Duration) {
+        gas::Gas::enable(self, buffer_max, flush_after)
+    }
+
+    /// The write path's counters and GAS's.
+    pub fn gas_view(&self) -> gas::GasView {
+        gas::GasView::of(self)
+    }
+
+    /// Writes every gathered write to the targets (shutdown); a no-op without GAS.
+    pub fn gas_flush_all(&self) {
+        if let Some(g) = self.gas.get() {
+            g.drain(self);
+        }
+    }
+
+    /// Before a close of `l` (release): flushes its gathered writes and returns a deferred
+    /// write error of the file, if any; a no-op without GAS.
+    pub fn gas_close(&self, l: &Layout) -> Res<()> {
+        match self.gas.get() {
+            Some(g) => g.settle(self, l.oid, gas::Reason::Close, true),
+            None => Ok(()),
+        }
     }
 }

@@ -8,22 +8,42 @@
 //! listener accepts (and admits) every pending connection; a short-lived thread runs each
 //! new connection's handshake (so a slow client cannot hold a master for the handshake's
 //! timeout) and then registers it. The master that gets a connection decodes its requests
-//! ([`Server::decode_one`]) into the class queues while frames are buffered, then re-arms it.
+//! ([`Frontend::decode_one`]) into the class queues while frames are buffered, then re-arms it.
 //! `--masters 1` is the paper's baseline: one master decodes every connection's requests.
 //!
 //! `--masters 0` (default) keeps one decoder thread per connection (`Server::serve_conn`).
+//!
+//! The masters know the server only through [`Frontend`] (admission, handshake, decoding),
+//! which `crate::server` implements: this module imports nothing of the server.
 //!
 //! A master reads a frame whose first bytes arrived to its end: a client that stops in the
 //! middle of a frame holds that master for at most [`FRAME_TIMEOUT`], then loses the
 //! connection.
 use std::collections::HashMap;
+use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::server::{ConnIn, Server};
+/// What the masters need of the server that owns the connections.
+pub trait Frontend: Send + Sync + 'static {
+    /// A connection's decoding state.
+    type Conn: Send + 'static;
+    /// The server is stopping: the masters end.
+    fn stopped(&self) -> bool;
+    /// A new connection: counted and returned, or refused (`None`).
+    fn admit(&self, stream: TcpStream) -> Option<TcpStream>;
+    /// Runs the handshake on an admitted connection; its decoding state, or `None` (refused).
+    fn open_conn(&self, stream: TcpStream) -> Option<Self::Conn>;
+    /// Reads, checks and queues one request; `false` when the connection is done.
+    fn decode_one(&self, c: &mut Self::Conn) -> bool;
+    /// The buffered reader of a connection (its socket and the bytes buffered).
+    fn reader(c: &Self::Conn) -> &BufReader<TcpStream>;
+    /// An admitted connection is closed.
+    fn conn_closed(&self);
+}
 
 /// Longest a master waits for the rest of a frame once its first bytes arrived.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,13 +51,13 @@ pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 const LISTENER: u64 = u64::MAX;
 
 /// The masters' shared state: the epoll set and the connections registered in it.
-struct Masters {
+struct Masters<C> {
     ep: RawFd,
-    conns: Mutex<HashMap<u64, Arc<Mutex<ConnIn>>>>,
+    conns: Mutex<HashMap<u64, Arc<Mutex<C>>>>,
     next: std::sync::atomic::AtomicU64,
 }
 
-impl Masters {
+impl<C> Masters<C> {
     fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> std::io::Result<()> {
         let mut ev =
             libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32, u64: token };
@@ -49,8 +69,7 @@ impl Masters {
         Ok(())
     }
 
-    fn register(&self, c: ConnIn) -> std::io::Result<()> {
-        let fd = c.r.get_ref().as_raw_fd();
+    fn register(&self, c: C, fd: RawFd) -> std::io::Result<()> {
         let token = self.next.fetch_add(1, Relaxed);
         self.conns.lock().unwrap().insert(token, Arc::new(Mutex::new(c)));
         self.ctl(libc::EPOLL_CTL_ADD, fd, token).inspect_err(|_| {
@@ -59,15 +78,15 @@ impl Masters {
     }
 }
 
-impl Drop for Masters {
+impl<C> Drop for Masters<C> {
     fn drop(&mut self) {
         // SAFETY: closes the epoll fd this struct owns, once.
         unsafe { libc::close(self.ep) };
     }
 }
 
-/// Starts `server.cfg.threads.masters` master threads serving `listener`.
-pub fn start(server: &Arc<Server>, listener: TcpListener) {
+/// Starts `masters` master threads serving `listener`.
+pub fn start<S: Frontend>(server: &Arc<S>, masters: usize, listener: TcpListener) {
     // SAFETY: plain syscall; the result is checked.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     assert!(ep >= 0, "epoll_create1: {}", std::io::Error::last_os_error());
@@ -75,7 +94,7 @@ pub fn start(server: &Arc<Server>, listener: TcpListener) {
     listener.set_nonblocking(true).expect("non-blocking listener");
     m.ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), LISTENER).expect("register the listener");
     let listener = Arc::new(listener);
-    for i in 0..server.cfg.threads.masters {
+    for i in 0..masters {
         let (s, m, l) = (server.clone(), m.clone(), listener.clone());
         std::thread::Builder::new()
             .name(format!("fwd-master-{i}"))
@@ -84,9 +103,9 @@ pub fn start(server: &Arc<Server>, listener: TcpListener) {
     }
 }
 
-fn master(s: &Arc<Server>, m: &Arc<Masters>, listener: &TcpListener) {
+fn master<S: Frontend>(s: &Arc<S>, m: &Arc<Masters<S::Conn>>, listener: &TcpListener) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-    while !s.stop.load(Relaxed) {
+    while !s.stopped() {
         // SAFETY: `events` outlives the call and holds `len` entries.
         let n = unsafe { libc::epoll_wait(m.ep, events.as_mut_ptr(), events.len() as i32, 200) };
         if n < 0 {
@@ -113,23 +132,23 @@ fn master(s: &Arc<Server>, m: &Arc<Masters>, listener: &TcpListener) {
                 if !s.decode_one(&mut c) {
                     break false;
                 }
-                if c.r.buffer().is_empty() {
+                if S::reader(&c).buffer().is_empty() {
                     break true;
                 }
             };
-            let fd = c.r.get_ref().as_raw_fd();
+            let fd = S::reader(&c).get_ref().as_raw_fd();
             if open && m.ctl(libc::EPOLL_CTL_MOD, fd, token).is_ok() {
                 continue;
             }
             let _ = m.ctl(libc::EPOLL_CTL_DEL, fd, token);
             drop(c);
             m.conns.lock().unwrap().remove(&token);
-            s.counters.conns.fetch_sub(1, Relaxed);
+            s.conn_closed();
         }
     }
 }
 
-fn accept_all(s: &Arc<Server>, m: &Arc<Masters>, listener: &TcpListener) {
+fn accept_all<S: Frontend>(s: &Arc<S>, m: &Arc<Masters<S::Conn>>, listener: &TcpListener) {
     loop {
         let stream = match listener.accept() {
             Ok((st, _)) => st,
@@ -139,7 +158,7 @@ fn accept_all(s: &Arc<Server>, m: &Arc<Masters>, listener: &TcpListener) {
                 return;
             }
         };
-        if s.stop.load(Relaxed) {
+        if s.stopped() {
             return;
         }
         let Some(stream) = s.admit(stream) else { continue };
@@ -147,27 +166,28 @@ fn accept_all(s: &Arc<Server>, m: &Arc<Masters>, listener: &TcpListener) {
         let r = std::thread::Builder::new().name("fwd-handshake".into()).spawn(move || handshake(&s2, &m2, stream));
         if let Err(e) = r {
             log::warn!("spawn handshake thread: {e}");
-            s.counters.conns.fetch_sub(1, Relaxed);
+            s.conn_closed();
         }
     }
 }
 
-fn handshake(s: &Arc<Server>, m: &Arc<Masters>, stream: TcpStream) {
+fn handshake<S: Frontend>(s: &Arc<S>, m: &Arc<Masters<S::Conn>>, stream: TcpStream) {
     let _ = stream.set_nonblocking(false);
     let Some(mut c) = s.open_conn(stream) else {
-        s.counters.conns.fetch_sub(1, Relaxed);
+        s.conn_closed();
         return;
     };
-    let _ = c.r.get_ref().set_read_timeout(Some(FRAME_TIMEOUT));
+    let _ = S::reader(&c).get_ref().set_read_timeout(Some(FRAME_TIMEOUT));
     // Requests that came with the handshake's bytes are buffered: epoll will not report them.
-    while !c.r.buffer().is_empty() {
+    while !S::reader(&c).buffer().is_empty() {
         if !s.decode_one(&mut c) {
-            s.counters.conns.fetch_sub(1, Relaxed);
+            s.conn_closed();
             return;
         }
     }
-    if let Err(e) = m.register(c) {
+    let fd = S::reader(&c).get_ref().as_raw_fd();
+    if let Err(e) = m.register(c, fd) {
         log::warn!("register a connection with the masters: {e}");
-        s.counters.conns.fetch_sub(1, Relaxed);
+        s.conn_closed();
     }
 }

@@ -1,20 +1,25 @@
-//! The data path: the objects of a file on the targets (open object files cached per
-//! daemon), read, write, fsync and truncate through the file's layout, and before each
-//! piece of I/O the target's token bucket, added latency and slowdown (shared state,
-//! [`crate::shm`]).
+//! The data path ([`DataPath`]): the objects of a file on the targets (open object files
+//! cached per daemon), read, write, fsync and truncate through the file's layout, and before
+//! each piece of I/O the target's token bucket, added latency and slowdown (shared state,
+//! [`crate::shm`], applied by [`Target`]). Reads go through the page cache ([`super::cache`])
+//! and writes through Gather-Arrange-Scatter ([`super::gas`]) when those are on.
+//!
+//! The data path owns the open object files and the write counters; its methods take the
+//! [`Backend`] it is part of for the targets, the component placement ([`super::Placer`]),
+//! the open markers a progressive write counts in ([`super::Opens`]), the cache and GAS.
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{errno, Layout, OpenHandle, Time};
 
 use super::gas::Reason;
 use super::layout::{logical_from_component, logical_from_obj, obj_size, pieces};
-use super::{eno, t, werr, Backend, Res};
+use super::{eno, t, werr, Backend, Res, Target};
 
 /// How long one piece of a data request spent where (for records and metrics).
 #[derive(Default, Debug, Clone)]
@@ -27,14 +32,6 @@ pub struct IoInfo {
 
 const FD_CACHE_MAX: usize = 4096;
 
-/// Shortest sleep of the injected slowdown; smaller stretches accumulate per thread.
-pub const STRETCH_MIN_SLEEP: Duration = Duration::from_millis(1);
-
-thread_local! {
-    /// Slowdown owed by this worker thread, ns (negative: an overshoot credited).
-    static STRETCH_DEBT_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
-}
-
 /// Bytes `[off, off+len)` of one object file (see [`Backend::read_span`]).
 pub struct FileSpan {
     pub file: Arc<File>,
@@ -43,20 +40,47 @@ pub struct FileSpan {
     pub target: u32,
 }
 
-impl Backend {
-    /// Object `idx` (stripe or component) of `oid` on target `ti`.
-    pub(super) fn obj_path(&self, ti: u32, oid: u64, idx: u64) -> PathBuf {
-        self.targets[ti as usize].dir.join(format!("{oid:016x}.{idx}"))
-    }
+/// The data path of a backend: its open object files and write counters.
+#[derive(Default)]
+pub struct DataPath {
+    /// Open object files by (target, oid, stripe or component).
+    fds: Mutex<HashMap<(u32, u64, u64), Arc<File>>>,
+    /// Client writes received ([`DataPath::write_from`] calls).
+    pub client_writes: AtomicU64,
+    /// Write requests issued to the targets (one `pwrite` of an object per piece).
+    pub data_writes: AtomicU64,
+}
 
+/// Before a read of `[off, off + len)` of `oid` (see [`super::gas::Gas::settle_read`]): the
+/// size the file has at least counting its writes still gathered (0 without GAS).
+fn settle_read(b: &Backend, oid: u64, off: u64, len: u64) -> u64 {
+    match b.gas.get() {
+        Some(g) => g.settle_read(b, oid, off, off.saturating_add(len)),
+        None => 0,
+    }
+}
+
+/// Before a stat or truncate of `oid`: its gathered writes go to the targets.
+fn settle(b: &Backend, oid: u64, why: Reason) {
+    if let Some(g) = b.gas.get() {
+        let _ = g.settle(b, oid, why, false);
+    }
+}
+
+impl DataPath {
     /// The open object file `idx` of `oid` on target `ti`; `create` makes it when missing
     /// (components are made by their first write), else a missing object is ENOENT.
-    fn obj_fd(&self, ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
+    fn obj_fd(&self, targets: &[Target], ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
         let key = (ti, oid, idx);
         if let Some(f) = self.fds.lock().unwrap().get(&key) {
             return Ok(f.clone());
         }
-        let f = OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(self.obj_path(ti, oid, idx));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .mode(0o600)
+            .open(targets[ti as usize].obj_path(oid, idx));
         let f = Arc::new(f.map_err(werr)?);
         let mut m = self.fds.lock().unwrap();
         if m.len() >= FD_CACHE_MAX {
@@ -66,65 +90,27 @@ impl Backend {
         Ok(f)
     }
 
-    /// Like [`Backend::obj_fd`] without create, but a missing object is `None`.
-    fn existing_obj(&self, ti: u32, oid: u64, idx: u64) -> Res<Option<Arc<File>>> {
-        match self.obj_fd(ti, oid, idx, false) {
+    /// Like [`DataPath::obj_fd`] without create, but a missing object is `None`.
+    fn existing_obj(&self, targets: &[Target], ti: u32, oid: u64, idx: u64) -> Res<Option<Arc<File>>> {
+        match self.obj_fd(targets, ti, oid, idx, false) {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.errno == errno::ENOENT => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    pub(super) fn comp_dir(&self, oid: u64) -> PathBuf {
-        self.comp_dir.join(format!("{oid:016x}"))
-    }
-
-    /// The data objects a layout may have, as (object index, target): every stripe of a
-    /// classic layout; the recorded components of a progressive one (whose objects may
-    /// still be missing).
-    pub(super) fn objects(&self, l: &Layout) -> Res<Vec<(u64, u32)>> {
-        if !l.is_progressive() {
-            return Ok(l.targets.iter().enumerate().map(|(s, &t)| (s as u64, t)).collect());
-        }
-        let it = match fs::read_dir(self.comp_dir(l.oid)) {
-            Ok(it) => it,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(werr(e)),
-        };
-        let mut out = Vec::new();
-        for e in it {
-            let Some(k) = e.map_err(werr)?.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
-            if let Some(t) = self.component(l, k, false)? {
-                out.push((k, t));
-            }
-        }
-        out.sort_unstable();
-        Ok(out)
-    }
-
-    /// Target of the first byte of `l`, as far as known without I/O (records, metrics).
-    pub fn first_target(&self, l: &Layout, off: u64) -> Option<u32> {
-        self.check_layout(l).ok()?;
-        let pc = pieces(l, off, 1).pop()?;
-        if l.is_progressive() {
-            self.comps.lock().unwrap().get(&(l.oid, pc.obj)).copied()
-        } else {
-            l.targets.get(pc.obj as usize).copied()
-        }
-    }
-
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
-    pub(super) fn data_stat(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
-        self.check_layout(l)?;
-        self.gas_settle(l.oid, Reason::Read);
-        self.data_stat_now(l)
+    pub(super) fn data_stat(&self, b: &Backend, l: &Layout) -> Res<(u64, u64, Time, Time)> {
+        b.check_layout(l)?;
+        settle(b, l.oid, Reason::Read);
+        self.data_stat_now(b, l)
     }
 
-    /// Like [`Backend::data_stat`] of the objects as they are (gathered writes not flushed).
-    fn data_stat_now(&self, l: &Layout) -> Res<(u64, u64, Time, Time)> {
+    /// Like [`DataPath::data_stat`] of the objects as they are (gathered writes not flushed).
+    fn data_stat_now(&self, b: &Backend, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
-        for (idx, ti) in self.objects(l)? {
-            let Some(f) = self.existing_obj(ti, l.oid, idx)? else { continue };
+        for (idx, ti) in b.placement.objects(&b.targets, l)? {
+            let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? else { continue };
             let md = f.metadata().map_err(werr)?;
             let end = if l.is_progressive() {
                 logical_from_component(l.component_size, idx, md.size())
@@ -140,12 +126,12 @@ impl Backend {
     }
 
     /// Deletes the objects of `l` (and the component records of a progressive layout).
-    pub(super) fn remove_objects(&self, l: &Layout) {
-        let objs = self.objects(l).unwrap_or_else(|e| {
+    pub(super) fn remove_objects(&self, b: &Backend, l: &Layout) {
+        let objs = b.placement.objects(&b.targets, l).unwrap_or_else(|e| {
             log::warn!("objects of {:016x}: {}", l.oid, e.msg);
             Vec::new()
         });
-        if let Some(c) = self.cache.get() {
+        if let Some(c) = b.cache.get() {
             c.invalidate_file(l.oid);
         }
         let mut fds = self.fds.lock().unwrap();
@@ -154,27 +140,26 @@ impl Backend {
         }
         drop(fds);
         for (idx, ti) in objs {
-            let _ = fs::remove_file(self.obj_path(ti, l.oid, idx));
+            let _ = fs::remove_file(b.targets[ti as usize].obj_path(l.oid, idx));
         }
         if l.is_progressive() {
-            let _ = fs::remove_dir_all(self.comp_dir(l.oid));
-            self.comps.lock().unwrap().retain(|&(oid, _), _| oid != l.oid);
+            b.placement.forget(l.oid);
         }
     }
 
-    pub(super) fn truncate(&self, l: &Layout, size: u64) -> Res<()> {
-        self.gas_settle(l.oid, Reason::Read);
-        let r = self.truncate_objects(l, size);
-        if let Some(c) = self.cache.get() {
+    pub(super) fn truncate(&self, b: &Backend, l: &Layout, size: u64) -> Res<()> {
+        settle(b, l.oid, Reason::Read);
+        let r = self.truncate_objects(b, l, size);
+        if let Some(c) = b.cache.get() {
             c.invalidate_file(l.oid);
         }
         r
     }
 
-    fn truncate_objects(&self, l: &Layout, size: u64) -> Res<()> {
+    fn truncate_objects(&self, b: &Backend, l: &Layout, size: u64) -> Res<()> {
         if !l.is_progressive() {
-            for (s, ti) in self.objects(l)? {
-                self.obj_fd(ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
+            for (s, ti) in b.placement.objects(&b.targets, l)? {
+                self.obj_fd(&b.targets, ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
             }
             return Ok(());
         }
@@ -183,11 +168,13 @@ impl Backend {
         // records stay: components keep their targets while the file exists.
         let last = size.checked_sub(1).map(|b| b / l.component_size);
         if let Some(k) = last {
-            self.obj_fd(self.placed(l, k)?, l.oid, k, true)?.set_len(size - k * l.component_size).map_err(werr)?;
+            self.obj_fd(&b.targets, b.placement.placed(&b.targets, l, k)?, l.oid, k, true)?
+                .set_len(size - k * l.component_size)
+                .map_err(werr)?;
         }
-        for (k, ti) in self.objects(l)? {
+        for (k, ti) in b.placement.objects(&b.targets, l)? {
             if last.is_none_or(|last| k > last) {
-                if let Some(f) = self.existing_obj(ti, l.oid, k)? {
+                if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, k)? {
                     f.set_len(0).map_err(werr)?;
                 }
             }
@@ -195,89 +182,61 @@ impl Backend {
         Ok(())
     }
 
-    /// Applies the target's token bucket and injected latency before a piece of I/O.
-    fn gate(&self, ti: u32, bytes: u64, info: &mut IoInfo) {
-        let t = &self.targets[ti as usize];
-        let wait = t.shm.reserve(bytes);
-        if !wait.is_zero() {
-            info.throttled += wait;
-            std::thread::sleep(wait);
-        }
-        let lat = t.shm.added_latency_ns();
-        if lat > 0 {
-            std::thread::sleep(Duration::from_nanos(lat));
-        }
-    }
-
-    /// Injected slowdown of a piece's backing I/O: its service time `took` becomes `f x took`
-    /// (the token bucket applies the same factor to the rate, see `TargetShm::reserve`).
-    /// The extra `(f - 1) x took` is owed per worker thread and slept once it reaches
-    /// [`STRETCH_MIN_SLEEP`], minus what the sleeps overshot: sub-millisecond page-cache
-    /// writes get the factor on average instead of the timer's granularity.
-    pub fn stretch(&self, ti: u32, took: Duration) {
-        let f = self.targets[ti as usize].shm.slowdown();
-        if f > 1.0 {
-            STRETCH_DEBT_NS.with(|debt| {
-                let owed = debt.get() + took.as_nanos() as f64 * (f - 1.0);
-                if owed >= STRETCH_MIN_SLEEP.as_nanos() as f64 {
-                    let t0 = Instant::now();
-                    std::thread::sleep(Duration::from_nanos(owed as u64));
-                    // an overshoot is credited, bounded so that one long stall is not repaid by many fast requests
-                    debt.set((owed - t0.elapsed().as_nanos() as f64).max(-(STRETCH_MIN_SLEEP.as_nanos() as f64)));
-                } else {
-                    debt.set(owed);
-                }
-            });
-        }
-    }
-
     /// A read of a single-target file served straight from its object (the caller sends
     /// the bytes with `sendfile(2)`, no copy through user space): the object's fd, offset
     /// and the byte count, clamped to the object's size now. Token bucket and injected
-    /// latency are applied here; the caller applies [`Backend::stretch`] after sending.
+    /// latency are applied here; the caller applies [`Target::stretch`] after sending.
     /// `None` for striped and progressive layouts (holes and pieces: use
-    /// [`Backend::read_into`]).
-    pub fn read_span(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
-        self.check_layout(l)?;
-        if l.targets.len() != 1 || l.is_progressive() || self.cache.get().is_some() {
+    /// [`DataPath::read_into`]).
+    pub fn read_span(&self, b: &Backend, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
+        b.check_layout(l)?;
+        if l.targets.len() != 1 || l.is_progressive() || b.cache.get().is_some() {
             return Ok(None);
         }
-        let floor = self.gas_settle_read(l.oid, off, size as u64);
+        let floor = settle_read(b, l.oid, off, size as u64);
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
-        let file = self.obj_fd(ti, l.oid, 0, false)?;
+        let file = self.obj_fd(&b.targets, ti, l.oid, 0, false)?;
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
         if len < size as u64 && floor > osize {
             return Ok(None); // gathered writes past the object's end: a hole, read_into pads it
         }
         if len > 0 {
-            self.gate(ti, len, info);
+            info.throttled += b.targets[ti as usize].gate(len);
         }
         Ok(Some(FileSpan { file, off, len: len as usize, target: ti }))
     }
 
-    pub fn read(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Vec<u8>> {
+    pub fn read(&self, b: &Backend, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Vec<u8>> {
         let mut buf = Vec::new();
-        self.read_into(l, off, size, info, &mut buf)?;
+        self.read_into(b, l, off, size, info, &mut buf)?;
         Ok(buf)
     }
 
     /// Reads into `buf` (resized to the bytes read; a reused buffer is not zeroed again),
     /// through the page cache when one is enabled.
-    pub fn read_into(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
-        match self.cache.get() {
+    pub fn read_into(
+        &self,
+        b: &Backend,
+        l: &Layout,
+        off: u64,
+        size: u32,
+        info: &mut IoInfo,
+        buf: &mut Vec<u8>,
+    ) -> Res<()> {
+        match b.cache.get() {
             Some(c) if size > 0 => {
-                self.gas_settle(l.oid, Reason::Read);
-                self.read_cached(c, l, off, size, info, buf)
+                settle(b, l.oid, Reason::Read);
+                c.read_through(b, l, off, size, info, buf)
             }
             _ => {
-                let floor = self.gas_settle_read(l.oid, off, size as u64);
+                let floor = settle_read(b, l.oid, off, size as u64);
                 if buf.len() < size as usize {
                     buf.resize(size as usize, 0);
                 }
-                let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize], floor)?;
+                let n = self.read_slice_direct(b, l, off, info, &mut buf[..size as usize], floor)?;
                 buf.truncate(n);
                 Ok(())
             }
@@ -285,11 +244,19 @@ impl Backend {
     }
 
     /// Reads from the targets (no cache) into `buf`, resized to the bytes read.
-    pub(super) fn read_direct(&self, l: &Layout, off: u64, size: u32, info: &mut IoInfo, buf: &mut Vec<u8>) -> Res<()> {
+    pub(super) fn read_direct(
+        &self,
+        b: &Backend,
+        l: &Layout,
+        off: u64,
+        size: u32,
+        info: &mut IoInfo,
+        buf: &mut Vec<u8>,
+    ) -> Res<()> {
         if buf.len() < size as usize {
             buf.resize(size as usize, 0);
         }
-        let n = self.read_slice_direct(l, off, info, &mut buf[..size as usize], 0)?;
+        let n = self.read_slice_direct(b, l, off, info, &mut buf[..size as usize], 0)?;
         buf.truncate(n);
         Ok(())
     }
@@ -297,19 +264,19 @@ impl Backend {
     /// Reads up to `buf.len()` bytes at `off` into `buf` (e.g. a shared-memory slot, issue 12
     /// item 1), after the file's gathered writes and through the page cache when one is enabled;
     /// returns how many bytes the file has there (fewer at its end).
-    pub fn read_into_slice(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
-        match self.cache.get() {
+    pub fn read_into_slice(&self, b: &Backend, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8]) -> Res<usize> {
+        match b.cache.get() {
             Some(c) if !buf.is_empty() => {
-                self.gas_settle(l.oid, Reason::Read);
+                settle(b, l.oid, Reason::Read);
                 let mut v = Vec::new();
-                self.read_cached(c, l, off, buf.len() as u32, info, &mut v)?;
+                c.read_through(b, l, off, buf.len() as u32, info, &mut v)?;
                 let n = v.len().min(buf.len());
                 buf[..n].copy_from_slice(&v[..n]);
                 Ok(n)
             }
             _ => {
-                let floor = self.gas_settle_read(l.oid, off, buf.len() as u64);
-                self.read_slice_direct(l, off, info, buf, floor)
+                let floor = settle_read(b, l.oid, off, buf.len() as u64);
+                self.read_slice_direct(b, l, off, info, buf, floor)
             }
         }
     }
@@ -318,13 +285,21 @@ impl Backend {
     /// overlapping the range were flushed by the caller). `floor`: the size the file has at
     /// least (its gathered writes elsewhere, [`super::gas::Gas::settle_read`]; 0 without):
     /// the bytes between the objects' end and it read as zeros.
-    fn read_slice_direct(&self, l: &Layout, off: u64, info: &mut IoInfo, buf: &mut [u8], floor: u64) -> Res<usize> {
-        self.check_layout(l)?;
+    fn read_slice_direct(
+        &self,
+        b: &Backend,
+        l: &Layout,
+        off: u64,
+        info: &mut IoInfo,
+        buf: &mut [u8],
+        floor: u64,
+    ) -> Res<usize> {
+        b.check_layout(l)?;
         info.oid = l.oid;
         let single = l.targets.len() == 1 && !l.is_progressive();
         let mut len = buf.len() as u64;
         if l.targets.len() > 1 && !l.is_progressive() {
-            let (fsize, ..) = self.data_stat_now(l)?;
+            let (fsize, ..) = self.data_stat_now(b, l)?;
             len = len.min(fsize.max(floor).saturating_sub(off));
         }
         if !single {
@@ -337,8 +312,8 @@ impl Backend {
         let mut short = false;
         for pc in pieces(l, off, len) {
             let (ti, f) = if l.is_progressive() {
-                let found = match self.component(l, pc.obj, false)? {
-                    Some(ti) => self.existing_obj(ti, l.oid, pc.obj)?.map(|f| (ti, f)),
+                let found = match b.placement.component(&b.targets, l, pc.obj, false)? {
+                    Some(ti) => self.existing_obj(&b.targets, ti, l.oid, pc.obj)?.map(|f| (ti, f)),
                     None => None,
                 };
                 let Some(found) = found else {
@@ -348,10 +323,10 @@ impl Backend {
                 found
             } else {
                 let ti = l.targets[pc.obj as usize];
-                (ti, self.obj_fd(ti, l.oid, pc.obj, false)?)
+                (ti, self.obj_fd(&b.targets, ti, l.oid, pc.obj, false)?)
             };
             info.target.get_or_insert(ti);
-            self.gate(ti, pc.len, info);
+            info.throttled += b.targets[ti as usize].gate(pc.len);
             let t0 = Instant::now();
             let dst = &mut buf[pc.buf_off as usize..(pc.buf_off + pc.len) as usize];
             let mut n = 0usize;
@@ -363,7 +338,7 @@ impl Backend {
                     Err(e) => return Err(werr(e)),
                 }
             }
-            self.stretch(ti, t0.elapsed());
+            b.targets[ti as usize].stretch(t0.elapsed());
             if single {
                 // Single object: a short read is the end of the file.
                 got_end = pc.buf_off + n as u64;
@@ -376,7 +351,7 @@ impl Backend {
             }
         }
         if l.is_progressive() {
-            got_end = if short { len.min(self.data_stat_now(l)?.0.max(floor).saturating_sub(off)) } else { len };
+            got_end = if short { len.min(self.data_stat_now(b, l)?.0.max(floor).saturating_sub(off)) } else { len };
         }
         // A single object ending before `floor`: the rest up to it is a hole.
         let pad_end = len.min(floor.saturating_sub(off));
@@ -389,14 +364,16 @@ impl Backend {
 
     /// Writes `data` at `off` through open `h` (the default handle = none: progressive
     /// components are then placed but the write is not counted on their targets).
-    pub fn write(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
-        self.write_from("", l, h, off, data, info)
+    pub fn write(&self, b: &Backend, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+        self.write_from(b, "", l, h, off, data, info)
     }
 
     /// A client write from compute node `node`: gathered into the node's buffer when
     /// Gather-Arrange-Scatter is on ([`super::gas`]), else written through.
+    #[allow(clippy::too_many_arguments)] // the backend and a write's own arguments
     pub fn write_from(
         &self,
+        b: &Backend,
         node: &str,
         l: &Layout,
         h: OpenHandle,
@@ -404,19 +381,21 @@ impl Backend {
         data: &[u8],
         info: &mut IoInfo,
     ) -> Res<u32> {
-        self.begin_write(l, off, data.len(), info)?;
-        if let Some(g) = self.gas.get() {
-            info.target = self.first_target(l, off);
-            return g.gather(self, node, l, h, off, g.copy_of(data));
+        self.begin_write(b, l, off, data.len(), info)?;
+        if let Some(g) = b.gas.get() {
+            info.target = b.placement.first_target(&b.targets, l, off);
+            return g.gather(b, node, l, h, off, g.copy_of(data));
         }
-        self.write_through(l, h, off, data, info)
+        self.write_through(b, l, h, off, data, info)
     }
 
-    /// [`Backend::write_from`] of a buffer the caller owns (a socket write's): gathered, it
+    /// [`DataPath::write_from`] of a buffer the caller owns (a socket write's): gathered, it
     /// moves into the node's buffer instead of being copied, and `data` gets a pooled empty
     /// buffer in exchange ([`super::gas::Gas::keep`]).
+    #[allow(clippy::too_many_arguments)] // the backend and a write's own arguments
     pub fn write_owned(
         &self,
+        b: &Backend,
         node: &str,
         l: &Layout,
         h: OpenHandle,
@@ -424,17 +403,17 @@ impl Backend {
         data: &mut Vec<u8>,
         info: &mut IoInfo,
     ) -> Res<u32> {
-        self.begin_write(l, off, data.len(), info)?;
-        if let Some(g) = self.gas.get() {
-            info.target = self.first_target(l, off);
-            return g.gather(self, node, l, h, off, g.keep(data));
+        self.begin_write(b, l, off, data.len(), info)?;
+        if let Some(g) = b.gas.get() {
+            info.target = b.placement.first_target(&b.targets, l, off);
+            return g.gather(b, node, l, h, off, g.keep(data));
         }
-        self.write_through(l, h, off, data, info)
+        self.write_through(b, l, h, off, data, info)
     }
 
     /// The checks and count every client write starts with.
-    fn begin_write(&self, l: &Layout, off: u64, len: usize, info: &mut IoInfo) -> Res<()> {
-        self.check_layout(l)?;
+    fn begin_write(&self, b: &Backend, l: &Layout, off: u64, len: usize, info: &mut IoInfo) -> Res<()> {
+        b.check_layout(l)?;
         info.oid = l.oid;
         if off.checked_add(len as u64).is_none_or(|e| e > i64::MAX as u64) {
             return Err(eno(errno::EFBIG, "offset too large"));
@@ -446,25 +425,27 @@ impl Backend {
     /// Writes to the targets now.
     pub(super) fn write_through(
         &self,
+        b: &Backend,
         l: &Layout,
         h: OpenHandle,
         off: u64,
         data: &[u8],
         info: &mut IoInfo,
     ) -> Res<u32> {
-        let r = self.write_pieces(l, h, off, data, info);
+        let r = self.write_pieces(b, l, h, off, data, info);
         // After the bytes are on the targets (or some of them, on an error): a read that
         // fetched the old bytes meanwhile sees the generation change and does not cache them.
-        if let Some(c) = self.cache.get() {
+        if let Some(c) = b.cache.get() {
             c.invalidate_range(l.oid, off, data.len() as u64);
         }
         r
     }
 
-    /// Like [`Backend::write_through`] for bytes given as consecutive chunks (a gathered
+    /// Like [`DataPath::write_through`] for bytes given as consecutive chunks (a gathered
     /// run, [`super::gas`]): one `pwritev(2)` per object piece, no copy to join them.
     pub(super) fn write_through_chunks(
         &self,
+        b: &Backend,
         l: &Layout,
         h: OpenHandle,
         off: u64,
@@ -472,15 +453,17 @@ impl Backend {
         info: &mut IoInfo,
     ) -> Res<u32> {
         let len: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        let r = self.write_chunk_pieces(l, h, off, len, chunks, info);
-        if let Some(c) = self.cache.get() {
+        let r = self.write_chunk_pieces(b, l, h, off, len, chunks, info);
+        if let Some(c) = b.cache.get() {
             c.invalidate_range(l.oid, off, len);
         }
         r.map(|()| len as u32)
     }
 
+    #[allow(clippy::too_many_arguments)] // the backend and a write's own arguments
     fn write_chunk_pieces(
         &self,
+        b: &Backend,
         l: &Layout,
         h: OpenHandle,
         off: u64,
@@ -492,10 +475,14 @@ impl Backend {
         // (chunk index, offset in it) of the run's byte `pos`, advanced piece by piece.
         let (mut ci, mut co) = (0usize, 0usize);
         for pc in pieces(l, off, len) {
-            let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
+            let ti = if l.is_progressive() {
+                b.placement.enter(&b.targets, &b.opens, l, h, pc.obj)?
+            } else {
+                l.targets[pc.obj as usize]
+            };
             info.target.get_or_insert(ti);
-            self.gate(ti, pc.len, info);
-            let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
+            info.throttled += b.targets[ti as usize].gate(pc.len);
+            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
             let mut iov: Vec<libc::iovec> = Vec::new();
             let mut need = pc.len as usize;
             while need > 0 {
@@ -540,40 +527,52 @@ impl Backend {
                     }
                 }
             }
-            self.stretch(ti, t0.elapsed());
+            b.targets[ti as usize].stretch(t0.elapsed());
         }
         Ok(())
     }
 
-    fn write_pieces(&self, l: &Layout, h: OpenHandle, off: u64, data: &[u8], info: &mut IoInfo) -> Res<u32> {
+    fn write_pieces(
+        &self,
+        b: &Backend,
+        l: &Layout,
+        h: OpenHandle,
+        off: u64,
+        data: &[u8],
+        info: &mut IoInfo,
+    ) -> Res<u32> {
         for pc in pieces(l, off, data.len() as u64) {
-            let ti = if l.is_progressive() { self.enter(l, h, pc.obj)? } else { l.targets[pc.obj as usize] };
+            let ti = if l.is_progressive() {
+                b.placement.enter(&b.targets, &b.opens, l, h, pc.obj)?
+            } else {
+                l.targets[pc.obj as usize]
+            };
             info.target.get_or_insert(ti);
-            self.gate(ti, pc.len, info);
-            let f = self.obj_fd(ti, l.oid, pc.obj, l.is_progressive())?;
+            info.throttled += b.targets[ti as usize].gate(pc.len);
+            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
             let t0 = Instant::now();
             self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
-            self.stretch(ti, t0.elapsed());
+            b.targets[ti as usize].stretch(t0.elapsed());
         }
         Ok(data.len() as u32)
     }
 
     /// Flushes every object of the file (all stripes, or all written components).
-    pub fn fsync(&self, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
-        self.check_layout(l)?;
+    pub fn fsync(&self, b: &Backend, l: &Layout, datasync: bool, info: &mut IoInfo) -> Res<()> {
+        b.check_layout(l)?;
         info.oid = l.oid;
-        if let Some(g) = self.gas.get() {
-            g.settle(self, l.oid, Reason::Fsync, true)?;
+        if let Some(g) = b.gas.get() {
+            g.settle(b, l.oid, Reason::Fsync, true)?;
         }
-        for (idx, ti) in self.objects(l)? {
+        for (idx, ti) in b.placement.objects(&b.targets, l)? {
             let f = if l.is_progressive() {
-                match self.existing_obj(ti, l.oid, idx)? {
+                match self.existing_obj(&b.targets, ti, l.oid, idx)? {
                     Some(f) => f,
                     None => continue,
                 }
             } else {
-                self.obj_fd(ti, l.oid, idx, false)?
+                self.obj_fd(&b.targets, ti, l.oid, idx, false)?
             };
             info.target.get_or_insert(ti);
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(werr)?;
@@ -583,81 +582,4 @@ impl Backend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::testutil::*;
-    use crate::backend::Placement;
-    use pharos_fwd_proto::{Ctx, SetAttr};
-    use std::sync::Arc;
-
-    #[test]
-    fn striped_file_roundtrip_and_truncate() {
-        let (_d, b) = backend(4);
-        b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
-        let (_, l, _) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        assert_eq!(l.targets.len(), 3);
-        let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
-        let mut info = IoInfo::default();
-        assert_eq!(b.write(&l, NOH, 1000, &data, &mut info).unwrap(), 50_000);
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 51_000);
-        let back = b.read(&l, 1000, 60_000, &mut info).unwrap();
-        assert_eq!(back, data);
-        let head = b.read(&l, 0, 1000, &mut info).unwrap();
-        assert!(head.iter().all(|&x| x == 0));
-        b.setattr("f", &SetAttr { size: Some(5000), ..Default::default() }, None, &Ctx::default()).unwrap();
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 5000);
-        b.setattr("f", &SetAttr { size: Some(20_000), ..Default::default() }, None, &Ctx::default()).unwrap();
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 20_000);
-        let r = b.read(&l, 0, 30_000, &mut info).unwrap();
-        assert_eq!(r.len(), 20_000);
-        assert_eq!(&r[1000..5000], &data[..4000]);
-        assert!(r[5000..].iter().all(|&x| x == 0));
-    }
-
-    #[test]
-    fn progressive_file_roundtrip_holes_truncate_and_unlink() {
-        let (d, b) = backend(3);
-        progressive(&b, &[10.0, 30.0, 20.0], 8192);
-        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        assert!(l.is_progressive() && l.targets == vec![0, 1, 2]);
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 0);
-        assert_eq!(obj_count(&d), 0, "components are placed by their first write");
-        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
-        let mut info = IoInfo::default();
-        // Component 2 and 3 (bytes 16384..36384), component 0 and 1 are holes.
-        assert_eq!(b.write(&l, h, 16_384, &data, &mut info).unwrap(), 20_000);
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 36_384);
-        assert_eq!(b.read(&l, 16_384, 30_000, &mut info).unwrap(), data);
-        let all = b.read(&l, 0, 1 << 20, &mut info).unwrap();
-        assert_eq!(all.len(), 36_384);
-        assert!(all[..16_384].iter().all(|&x| x == 0));
-        // The open counts on the target of the component it wrote last only.
-        let t3 = b.component(&l, 3, false).unwrap().unwrap();
-        assert_eq!(counts(&b).iter().sum::<i64>(), 1);
-        assert_eq!(counts(&b)[t3 as usize], 1);
-        // Shrink into a hole: the hole's component is placed so the size holds.
-        b.setattr("f", &SetAttr { size: Some(10_000), ..Default::default() }, None, &Ctx::default()).unwrap();
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 10_000);
-        assert_eq!(b.read(&l, 0, 1 << 20, &mut info).unwrap(), vec![0; 10_000]);
-        // Extend: zeros up to the new size; a write after it shows through.
-        b.setattr("f", &SetAttr { size: Some(50_000), ..Default::default() }, None, &Ctx::default()).unwrap();
-        assert_eq!(b.getattr("f", &Ctx::default()).unwrap().size, 50_000);
-        b.write(&l, h, 8000, b"abcdefghij", &mut info).unwrap();
-        let r = b.read(&l, 0, 60_000, &mut info).unwrap();
-        assert_eq!(r.len(), 50_000);
-        assert_eq!(&r[8000..8010], b"abcdefghij");
-        assert!(r[8010..].iter().all(|&x| x == 0) && r[..8000].iter().all(|&x| x == 0));
-        b.fsync(&l, false, &mut info).unwrap();
-        // Unlink while open: data stays until release, then objects and records go.
-        b.unlink("f", &Ctx::default()).unwrap();
-        assert_eq!(b.read(&l, 8000, 10, &mut info).unwrap(), b"abcdefghij");
-        assert!(obj_count(&d) > 0);
-        b.release(&l, h).unwrap();
-        assert_eq!(counts(&b), vec![0, 0, 0]);
-        assert_eq!(obj_count(&d), 0);
-        assert_eq!(fs::read_dir(d.path().join("mdt/components")).unwrap().count(), 0);
-        // A write after the objects are gone does not resurrect them.
-        assert_eq!(b.write(&l, NOH, 1 << 20, b"x", &mut info).unwrap_err().errno, errno::ENOENT);
-        assert_eq!(obj_count(&d), 0);
-    }
-}
+mod tests;

@@ -52,13 +52,23 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use pharos_fwd_proto::{Layout, OpenHandle, WireError};
 
 use super::{Backend, IoInfo, Res};
+
+mod index;
+mod pool;
+mod queue;
+#[cfg(test)]
+mod tests;
+mod view;
+
+use index::OidIndex;
+use pool::ChunkPool;
+use queue::FlushQueue;
+pub use view::{GasCollector, GasView};
 
 /// Most threads one flush scatters its runs with.
 pub const SCATTER_THREADS: usize = 8;
@@ -123,84 +133,6 @@ struct NodeBuf {
     files: HashMap<(u64, OpenHandle), FileBuf>,
 }
 
-/// Which buffers hold writes of an object: `(compute node, open)` keys of [`NodeBuf::files`]
-/// by object id, so that a write's overlap check and a flush of one file look at that file's
-/// buffers only instead of every file of every node.
-#[derive(Default)]
-struct OidIndex(HashMap<u64, Vec<(String, OpenHandle)>>);
-
-impl OidIndex {
-    /// Notes that `node` buffers writes of `oid` through open `h` (once per pair).
-    fn add(&mut self, oid: u64, node: &str, h: OpenHandle) {
-        let v = self.0.entry(oid).or_default();
-        if !v.iter().any(|(n, x)| n == node && *x == h) {
-            v.push((node.to_string(), h));
-        }
-    }
-    /// Forgets one pair (its buffer was taken).
-    fn remove(&mut self, oid: u64, node: &str, h: OpenHandle) {
-        if let Some(v) = self.0.get_mut(&oid) {
-            v.retain(|(n, x)| !(n == node && *x == h));
-            if v.is_empty() {
-                self.0.remove(&oid);
-            }
-        }
-    }
-    /// The buffers of `oid`.
-    fn get(&self, oid: u64) -> &[(String, OpenHandle)] {
-        self.0.get(&oid).map_or(&[], |v| v.as_slice())
-    }
-    /// Takes every buffer of `oid` out of the index.
-    fn take(&mut self, oid: u64) -> Vec<(String, OpenHandle)> {
-        self.0.remove(&oid).unwrap_or_default()
-    }
-}
-
-/// Reusable copies of gathered writes: a flushed write's buffer (its pages already faulted
-/// in) takes the next gathered write, so a gather is one `memcpy` without an allocation or
-/// page faults. Holds at most `max` bytes of capacity.
-struct ChunkPool {
-    bufs: Mutex<(Vec<Vec<u8>>, usize)>,
-    max: usize,
-}
-
-impl ChunkPool {
-    /// A copy of `data`, in a pooled buffer when there is one (grown if too small).
-    fn copy(&self, data: &[u8]) -> Vec<u8> {
-        let got = {
-            let mut p = self.bufs.lock().unwrap();
-            let b = p.0.pop();
-            p.1 -= b.as_ref().map_or(0, |b| b.capacity());
-            b
-        };
-        let mut b = got.unwrap_or_else(|| Vec::with_capacity(data.len()));
-        b.clear();
-        b.extend_from_slice(data);
-        b
-    }
-    /// A pooled buffer, emptied (or a new, unallocated one).
-    fn take(&self) -> Vec<u8> {
-        let mut p = self.bufs.lock().unwrap();
-        let b = p.0.pop();
-        p.1 -= b.as_ref().map_or(0, |b| b.capacity());
-        drop(p);
-        let mut b = b.unwrap_or_default();
-        b.clear();
-        b
-    }
-    /// Keeps written buffers for reuse (up to the pool's capacity; the rest are freed).
-    fn recycle(&self, chunks: impl IntoIterator<Item = Vec<u8>>) {
-        let mut p = self.bufs.lock().unwrap();
-        for b in chunks {
-            if p.1 + b.capacity() > self.max {
-                break;
-            }
-            p.1 += b.capacity();
-            p.0.push(b);
-        }
-    }
-}
-
 #[derive(Default)]
 struct Inner {
     nodes: HashMap<String, NodeBuf>,
@@ -247,68 +179,6 @@ pub struct Gas {
     queue: Arc<FlushQueue>,
 }
 
-/// The flusher thread's work: size flushes handed over, and whether buffers wait for a time
-/// flush. A mutex and a condition variable, not a channel: crossbeam's blocking receive spins
-/// and yields before it parks, at every tick, CPU a 2-core box serving the writers lacks.
-#[derive(Default)]
-struct FlushQueue {
-    state: Mutex<FlushState>,
-    bell: Condvar,
-}
-
-#[derive(Default)]
-struct FlushState {
-    jobs: VecDeque<(Vec<Run>, Reason)>,
-    /// Something is buffered: the flusher ticks (else it sleeps until a job or a gather).
-    armed: bool,
-    /// The backend is gone: the flusher ends.
-    closed: bool,
-}
-
-impl FlushQueue {
-    /// Queues a flush unless [`QUEUED_FLUSHES`] wait already (then gives it back).
-    fn offer(&self, job: (Vec<Run>, Reason)) -> Result<(), (Vec<Run>, Reason)> {
-        let mut s = self.state.lock().unwrap();
-        if s.jobs.len() >= QUEUED_FLUSHES || s.closed {
-            return Err(job);
-        }
-        s.jobs.push_back(job);
-        drop(s);
-        self.bell.notify_one();
-        Ok(())
-    }
-    /// Wakes the flusher to tick (buffers became non-empty).
-    fn arm(&self) {
-        let mut s = self.state.lock().unwrap();
-        if !s.armed {
-            s.armed = true;
-            drop(s);
-            self.bell.notify_one();
-        }
-    }
-    /// The next job, `Ok(None)` after a tick (or at once when armed and none came), `Err` when closed.
-    fn next(&self, tick: Duration) -> Result<Option<(Vec<Run>, Reason)>, ()> {
-        let mut s = self.state.lock().unwrap();
-        loop {
-            if s.closed {
-                return Err(());
-            }
-            if let Some(j) = s.jobs.pop_front() {
-                return Ok(Some(j));
-            }
-            if s.armed {
-                let (s2, t) = self.bell.wait_timeout(s, tick).unwrap();
-                s = s2;
-                if t.timed_out() && s.jobs.is_empty() && !s.closed {
-                    return Ok(None);
-                }
-            } else {
-                s = self.bell.wait(s).unwrap();
-            }
-        }
-    }
-}
-
 impl Drop for Gas {
     fn drop(&mut self) {
         self.queue.state.lock().unwrap().closed = true;
@@ -317,13 +187,46 @@ impl Drop for Gas {
 }
 
 impl Gas {
+    /// Enables Gather-Arrange-Scatter on `b` (see the module doc) and starts its time-based
+    /// flusher, which ends with the backend.
+    pub fn enable(b: &Arc<Backend>, buffer_max: usize, flush_after: Duration) {
+        if b.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
+            return;
+        }
+        let q = b.gas.get().unwrap().queue.clone();
+        let weak: Weak<Backend> = Arc::downgrade(b);
+        let tick = (flush_after / 2).max(Duration::from_micros(500));
+        // Scatters the size flushes handed over, and every tick (while something is buffered)
+        // the idle and old buffers; ends when the backend is gone.
+        std::thread::Builder::new()
+            .name("fwd-gas-flush".into())
+            .spawn(move || {
+                while let Ok(got) = q.next(tick) {
+                    let Some(b) = weak.upgrade() else { return };
+                    let Some(g) = b.gas.get() else { return };
+                    match got {
+                        Some((runs, why)) => g.scatter(&b, runs, why),
+                        None => {
+                            g.flush_due(&b);
+                            // Disarmed first, then checked: a gather after the check arms again.
+                            q.state.lock().unwrap().armed = false;
+                            if g.buffered() > 0 {
+                                q.arm();
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("spawn gas flusher");
+    }
+
     pub fn new(buffer_max: usize, flush_after: Duration) -> Gas {
         Gas {
             buffer_max: buffer_max.max(4096),
             flush_after,
             inner: Mutex::new(Inner::default()),
             done: Condvar::new(),
-            pool: ChunkPool { bufs: Mutex::new((Vec::new(), 0)), max: 2 * buffer_max.max(4096) },
+            pool: ChunkPool::new(2 * buffer_max.max(4096)),
             stats: GasStats::default(),
             queue: Arc::default(),
         }
@@ -415,7 +318,7 @@ impl Gas {
             self.stats.runs.fetch_add(1, Relaxed);
             self.stats.bytes.fetch_add(r.data.len as u64, Relaxed);
             let chunks: Vec<&[u8]> = r.data.chunks.iter().map(|c| c.as_slice()).collect();
-            match b.write_through_chunks(&r.layout, r.handle, r.off, &chunks, &mut info) {
+            match b.data.write_through_chunks(b, &r.layout, r.handle, r.off, &chunks, &mut info) {
                 Ok(_) => None,
                 Err(e) => {
                     self.stats.deferred_errors.fetch_add(1, Relaxed);
@@ -681,404 +584,4 @@ fn object_groups(runs: &[Run]) -> Vec<Vec<&Run>> {
         }
     }
     groups
-}
-
-/// Counters of GAS and of the write path (GET /status).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct GasView {
-    pub enabled: bool,
-    pub client_writes: u64,
-    pub backend_write_requests: u64,
-    pub gathered: u64,
-    pub kept: u64,
-    pub merged: u64,
-    pub runs: u64,
-    pub bytes: u64,
-    pub buffered_bytes: u64,
-    pub deferred_errors: u64,
-    pub flushes: BTreeMap<&'static str, u64>,
-}
-
-/// Client writes received and write requests issued to the targets (always), and the GAS
-/// counters (when on), in `GET /metrics`.
-pub struct GasCollector(pub Arc<Backend>);
-
-impl std::fmt::Debug for GasCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GasCollector")
-    }
-}
-
-impl prometheus_client::collector::Collector for GasCollector {
-    fn encode(&self, mut e: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
-        use prometheus_client::metrics::gauge::ConstGauge;
-        let v = self.0.gas_view();
-        let one = |e: &mut prometheus_client::encoding::DescriptorEncoder, name: &str, help: &str, x: u64| {
-            let c = ConstCounter::new(x);
-            c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
-        };
-        one(&mut e, "pharos_fwd_client_writes", "Write requests received from clients", v.client_writes)?;
-        one(
-            &mut e,
-            "pharos_fwd_backend_write_requests",
-            "Write requests issued to the targets (one pwrite of an object each)",
-            v.backend_write_requests,
-        )?;
-        if !v.enabled {
-            return Ok(());
-        }
-        one(
-            &mut e,
-            "pharos_fwd_gas_gathered_writes",
-            "Client writes gathered into a compute node's buffer",
-            v.gathered,
-        )?;
-        one(
-            &mut e,
-            "pharos_fwd_gas_kept_writes",
-            "Gathered socket writes kept in the buffer they arrived in (no copy)",
-            v.kept,
-        )?;
-        one(&mut e, "pharos_fwd_gas_merged_writes", "Gathered writes merged with an adjacent buffered one", v.merged)?;
-        one(&mut e, "pharos_fwd_gas_runs", "Contiguous runs written to the targets by flushes", v.runs)?;
-        one(&mut e, "pharos_fwd_gas_bytes", "Bytes written to the targets by flushes", v.bytes)?;
-        one(&mut e, "pharos_fwd_gas_deferred_errors", "Flushed runs whose write failed", v.deferred_errors)?;
-        let g = ConstGauge::new(v.buffered_bytes as i64);
-        g.encode(e.encode_descriptor(
-            "pharos_fwd_gas_buffered_bytes",
-            "Bytes gathered, not written yet",
-            None,
-            g.metric_type(),
-        )?)?;
-        let c0 = ConstCounter::new(0u64);
-        let mut f =
-            e.encode_descriptor("pharos_fwd_gas_flushes", "Buffer flushes, by reason", None, c0.metric_type())?;
-        for r in REASONS {
-            ConstCounter::new(v.flushes.get(r).copied().unwrap_or(0)).encode(f.encode_family(&[("reason", r)])?)?;
-        }
-        Ok(())
-    }
-}
-
-impl Backend {
-    /// Enables Gather-Arrange-Scatter (see the module doc) and starts its time-based flusher,
-    /// which ends with the backend.
-    pub fn enable_gas(self: &Arc<Self>, buffer_max: usize, flush_after: Duration) {
-        if self.gas.set(Gas::new(buffer_max, flush_after)).is_err() {
-            return;
-        }
-        let q = self.gas.get().unwrap().queue.clone();
-        let weak: Weak<Backend> = Arc::downgrade(self);
-        let tick = (flush_after / 2).max(Duration::from_micros(500));
-        // Scatters the size flushes handed over, and every tick (while something is buffered)
-        // the idle and old buffers; ends when the backend is gone.
-        std::thread::Builder::new()
-            .name("fwd-gas-flush".into())
-            .spawn(move || {
-                while let Ok(got) = q.next(tick) {
-                    let Some(b) = weak.upgrade() else { return };
-                    let Some(g) = b.gas.get() else { return };
-                    match got {
-                        Some((runs, why)) => g.scatter(&b, runs, why),
-                        None => {
-                            g.flush_due(&b);
-                            // Disarmed first, then checked: a gather after the check arms again.
-                            q.state.lock().unwrap().armed = false;
-                            if g.buffered() > 0 {
-                                q.arm();
-                            }
-                        }
-                    }
-                }
-            })
-            .expect("spawn gas flusher");
-    }
-
-    /// The write path's counters and GAS's.
-    pub fn gas_view(&self) -> GasView {
-        let mut v = GasView {
-            client_writes: self.client_writes.load(Relaxed),
-            backend_write_requests: self.data_writes.load(Relaxed),
-            ..Default::default()
-        };
-        if let Some(g) = self.gas.get() {
-            let s = &g.stats;
-            v.enabled = true;
-            v.gathered = s.gathered.load(Relaxed);
-            v.kept = s.kept.load(Relaxed);
-            v.merged = s.merged.load(Relaxed);
-            v.runs = s.runs.load(Relaxed);
-            v.bytes = s.bytes.load(Relaxed);
-            v.deferred_errors = s.deferred_errors.load(Relaxed);
-            v.buffered_bytes = g.buffered() as u64;
-            v.flushes = REASONS.iter().zip(&s.flushes).map(|(r, c)| (*r, c.load(Relaxed))).collect();
-        }
-        v
-    }
-
-    /// Writes every gathered write to the targets (shutdown); a no-op without GAS.
-    pub fn gas_flush_all(&self) {
-        if let Some(g) = self.gas.get() {
-            g.drain(self);
-        }
-    }
-
-    /// Before a close of `l` (release): flushes its gathered writes and returns a deferred
-    /// write error of the file, if any; a no-op without GAS.
-    pub fn gas_close(&self, l: &Layout) -> Res<()> {
-        match self.gas.get() {
-            Some(g) => g.settle(self, l.oid, Reason::Close, true),
-            None => Ok(()),
-        }
-    }
-
-    /// Before a read of `[off, off + len)` of `oid` (see [`Gas::settle_read`]): the size the
-    /// file has at least counting its writes still gathered (0 without GAS).
-    pub(super) fn gas_settle_read(&self, oid: u64, off: u64, len: u64) -> u64 {
-        match self.gas.get() {
-            Some(g) => g.settle_read(self, oid, off, off.saturating_add(len)),
-            None => 0,
-        }
-    }
-
-    /// Before a stat or truncate of `oid`: its gathered writes go to the targets.
-    pub(super) fn gas_settle(&self, oid: u64, why: Reason) {
-        if let Some(g) = self.gas.get() {
-            let _ = g.settle(self, oid, why, false);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::testutil::*;
-    use crate::backend::{pieces, Placement};
-    use pharos_fwd_proto::Ctx;
-    use std::sync::atomic::Ordering::Relaxed;
-
-    fn gas_backend(targets: usize, buffer: usize, ms: u64) -> (tempfile::TempDir, Arc<Backend>) {
-        let (d, b) = backend(targets);
-        let b = Arc::new(b);
-        b.enable_gas(buffer, Duration::from_millis(ms));
-        (d, b)
-    }
-
-    #[test]
-    fn interleaved_writes_of_a_node_merge_and_read_back() {
-        let (_d, b) = gas_backend(2, 8 << 20, 60_000);
-        b.placement.store(Arc::new(Placement {
-            stripe_count: Some(2),
-            stripe_size: Some(1 << 20),
-            ..Default::default()
-        }));
-        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut info = IoInfo::default();
-        let blk = 64 << 10;
-        // 8 "ranks" write their blocks round-robin, rank-major order shuffled.
-        let mut want = vec![0u8; 8 * 4 * blk];
-        for round in 0..4 {
-            for rank in [3usize, 0, 7, 1, 5, 2, 6, 4] {
-                let off = (round * 8 + rank) * blk;
-                let data = vec![(round * 8 + rank) as u8 + 1; blk];
-                want[off..off + blk].copy_from_slice(&data);
-                b.write_from("cn0", &l, h, off as u64, &data, &mut info).unwrap();
-            }
-        }
-        let g = b.gas.get().unwrap();
-        assert_eq!(g.buffered(), want.len());
-        assert_eq!(b.data_writes.load(Relaxed), 0, "nothing reached the targets yet");
-        assert_eq!(b.read(&l, 0, want.len() as u32, &mut info).unwrap(), want);
-        assert_eq!(g.buffered(), 0);
-        // One run, split at the stripe boundary: 2 pwrites for 32 client writes.
-        assert_eq!(g.stats.runs.load(Relaxed), 1);
-        assert_eq!(b.data_writes.load(Relaxed), 2);
-        assert_eq!(b.client_writes.load(Relaxed), 32);
-    }
-
-    #[test]
-    fn a_socket_write_keeps_its_buffer_unless_it_is_much_larger() {
-        let (_d, b) = gas_backend(1, 8 << 20, 60_000);
-        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut info = IoInfo::default();
-        let g = b.gas.get().unwrap();
-        let mut data = vec![7u8; 64 << 10];
-        let at = data.as_ptr();
-        b.write_owned("cn0", &l, h, 0, &mut data, &mut info).unwrap();
-        assert!(data.is_empty(), "the caller got a pooled empty buffer back");
-        assert_eq!(g.stats.kept.load(Relaxed), 1);
-        {
-            let inner = g.inner.lock().unwrap();
-            let e = &inner.nodes["cn0"].files.values().next().unwrap().extents[&0];
-            assert_eq!(e.chunks[0].as_ptr(), at, "the same allocation, not a copy");
-        }
-        // A 4 KiB write received into a 1 MiB buffer is copied: the buffer stays the caller's.
-        let mut big = Vec::with_capacity(1 << 20);
-        big.extend_from_slice(&[9u8; 4096]);
-        b.write_owned("cn0", &l, h, 64 << 10, &mut big, &mut info).unwrap();
-        assert_eq!((big.len(), g.stats.kept.load(Relaxed)), (4096, 1));
-        let mut want = vec![7u8; 64 << 10];
-        want.extend_from_slice(&[9u8; 4096]);
-        assert_eq!(b.read(&l, 0, want.len() as u32, &mut info).unwrap(), want);
-        // Without GAS the bytes are written through and the buffer stays.
-        let (_d2, plain) = backend(1);
-        let (_, l2, h2) = plain.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut data = vec![5u8; 8192];
-        plain.write_owned("cn0", &l2, h2, 0, &mut data, &mut info).unwrap();
-        assert_eq!(data.len(), 8192);
-        assert_eq!(plain.read(&l2, 0, 8192, &mut info).unwrap(), vec![5u8; 8192]);
-    }
-
-    #[test]
-    fn overlap_size_time_fsync_and_deferred_errors() {
-        let (_d, b) = gas_backend(1, 64 << 10, 20);
-        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut info = IoInfo::default();
-        b.write_from("a", &l, h, 0, b"aaaa", &mut info).unwrap();
-        b.write_from("b", &l, h, 2, b"BB", &mut info).unwrap(); // overlaps: "aaaa" lands first
-        b.fsync(&l, false, &mut info).unwrap();
-        assert_eq!(b.read(&l, 0, 10, &mut info).unwrap(), b"aaBB");
-        let g = b.gas.get().unwrap();
-        assert_eq!(g.stats.flushes[Reason::Overlap as usize].load(Relaxed), 1);
-        // Size: a node past its buffer flushes.
-        b.write_from("a", &l, h, 0, &vec![1u8; 70 << 10], &mut info).unwrap();
-        assert_eq!(g.buffered(), 0);
-        // Time: the flusher writes a small buffer within a few periods.
-        b.write_from("a", &l, h, 0, b"t", &mut info).unwrap();
-        let t0 = Instant::now();
-        // (The counter moves just after the buffer is taken: wait for both.)
-        let timed = || g.stats.flushes[Reason::Time as usize].load(Relaxed);
-        while (g.buffered() > 0 || timed() == 0) && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(g.buffered(), 0);
-        assert!(timed() >= 1);
-        // A deferred error (the objects are gone) comes back at the file's close.
-        b.unlink("f", &Ctx::default()).unwrap();
-        b.release(&l, h).unwrap();
-        let (_, l2, h2) = b.create("g", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut gone = l.clone();
-        gone.oid = l2.oid ^ 1;
-        b.write_from("a", &gone, h2, 0, b"x", &mut info).unwrap();
-        assert!(b.gas_close(&gone).is_err());
-        assert!(b.gas_close(&gone).is_ok(), "reported once");
-        b.release(&l2, h2).unwrap();
-    }
-
-    #[test]
-    fn oid_index_tracks_buffers_per_object() {
-        let h = |id| OpenHandle { daemon: 1, id };
-        let mut ix = OidIndex::default();
-        ix.add(7, "a", h(1));
-        ix.add(7, "a", h(1)); // once per pair
-        ix.add(7, "b", h(1));
-        ix.add(7, "a", h(2));
-        ix.add(9, "a", h(1));
-        assert_eq!(ix.get(7).len(), 3);
-        assert!(ix.get(8).is_empty());
-        ix.remove(7, "a", h(1));
-        assert_eq!(ix.get(7), &[("b".to_string(), h(1)), ("a".to_string(), h(2))]);
-        ix.remove(9, "a", h(1));
-        assert!(!ix.0.contains_key(&9), "an object without buffers leaves the index");
-        assert_eq!(ix.take(7).len(), 2);
-        assert!(ix.0.is_empty());
-    }
-
-    #[test]
-    fn index_follows_the_buffers_of_nodes_files_and_opens() {
-        let (_d, b) = gas_backend(2, 8 << 20, 60_000);
-        let (_, l1, h1) = b.create("f1", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let (_, l2, h2) = b.create("f2", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let mut info = IoInfo::default();
-        let g = b.gas.get().unwrap();
-        for (i, node) in ["a", "b", "c"].into_iter().enumerate() {
-            b.write_from(node, &l1, h1, i as u64 * 100, b"x", &mut info).unwrap();
-            b.write_from(node, &l2, h2, 8 + i as u64 * 100, b"y", &mut info).unwrap();
-        }
-        {
-            let inner = g.inner.lock().unwrap();
-            assert_eq!(inner.index.get(l1.oid).len(), 3, "a classic layout: one buffer per node");
-            assert_eq!(inner.index.get(l2.oid).len(), 3);
-        }
-        // A flush of one node drops its entries only; a settle of one file drops that file's.
-        g.flush(&b, Some("b"), Reason::Size);
-        g.settle(&b, l1.oid, Reason::Fsync, true).unwrap();
-        {
-            let inner = g.inner.lock().unwrap();
-            assert!(inner.index.get(l1.oid).is_empty());
-            let mut left: Vec<&str> = inner.index.get(l2.oid).iter().map(|(n, _)| n.as_str()).collect();
-            left.sort_unstable();
-            assert_eq!(left, ["a", "c"]);
-            assert_eq!(inner.total, 2);
-        }
-        // An overlapping write of f2 (buffered by "a" and "c") flushes f2 first, found through the index.
-        b.write_from("b", &l2, h2, 208, b"z", &mut info).unwrap();
-        assert_eq!(g.stats.flushes[Reason::Overlap as usize].load(Relaxed), 1);
-        assert_eq!(
-            b.read(&l2, 8, 201, &mut info).unwrap()[..],
-            [&b"y"[..], &[0; 99], b"y", &[0; 99], b"z"].concat()[..]
-        );
-        assert_eq!(g.buffered(), 0);
-        assert!(g.inner.lock().unwrap().index.0.is_empty());
-        // Flushed buffers are reused (bounded by buffer_max) and a reused one holds the new bytes only.
-        let pooled = g.pool.bufs.lock().unwrap().0.len();
-        assert!(pooled > 0);
-        assert!(g.pool.bufs.lock().unwrap().1 <= g.pool.max);
-        b.write_from("a", &l1, h1, 0, b"new", &mut info).unwrap();
-        assert_eq!(g.pool.bufs.lock().unwrap().0.len(), pooled - 1);
-        assert_eq!(b.read(&l1, 0, 3, &mut info).unwrap(), b"new");
-    }
-
-    #[test]
-    fn a_read_flushes_the_writes_it_overlaps_and_sees_the_size_of_the_others() {
-        for stripes in [1u32, 2] {
-            let (_d, b) = gas_backend(2, 8 << 20, 60_000);
-            b.placement.store(Arc::new(Placement {
-                stripe_count: Some(stripes),
-                stripe_size: Some(4096),
-                ..Default::default()
-            }));
-            let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-            let g = b.gas.get().unwrap();
-            let mut info = IoInfo::default();
-            b.write_from("a", &l, h, 0, b"abc", &mut info).unwrap();
-            b.fsync(&l, false, &mut info).unwrap();
-            b.write_from("a", &l, h, 10_000, b"xyz", &mut info).unwrap();
-            b.write_from("b", &l, h, 1, b"B", &mut info).unwrap();
-            // [0, 50): "B" lands, "xyz" stays gathered, and the bytes past the objects' end read as a hole.
-            let want = [&b"aBc"[..], &[0; 47]].concat();
-            assert_eq!(b.read(&l, 0, 50, &mut info).unwrap(), want, "stripes {stripes}");
-            assert_eq!(g.buffered(), 3, "the write elsewhere stays gathered");
-            let mut slot = [7u8; 60];
-            assert_eq!(b.read_into_slice(&l, 5, &mut info, &mut slot).unwrap(), 60);
-            assert_eq!(slot, [0; 60]);
-            if stripes == 1 {
-                assert!(b.read_span(&l, 0, 50, &mut info).unwrap().is_none(), "a hole sendfile cannot send");
-            }
-            // The range holding it flushes it; the end of the file is then its end.
-            assert_eq!(b.read(&l, 9_998, 100, &mut info).unwrap(), b"\0\0xyz");
-            assert_eq!(g.buffered(), 0);
-            assert_eq!(b.read(&l, 20_000, 10, &mut info).unwrap(), b"", "past the end");
-            let span = if stripes == 1 { b.read_span(&l, 0, 50, &mut info).unwrap().map(|s| s.len) } else { None };
-            assert!(stripes != 1 || span == Some(50));
-            assert_eq!(g.stats.flushes[Reason::Read as usize].load(Relaxed), 2);
-        }
-    }
-
-    #[test]
-    fn chunked_runs_write_across_stripes() {
-        let (_d, b) = gas_backend(3, 1 << 20, 60_000);
-        b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
-        let (_, l, h) = b.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let parts: Vec<Vec<u8>> =
-            [3usize, 5000, 70_000, 1, 4093].iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
-        let chunks: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-        let mut info = IoInfo::default();
-        assert_eq!(b.write_through_chunks(&l, h, 777, &chunks, &mut info).unwrap(), 79_097);
-        let want: Vec<u8> = parts.concat();
-        assert_eq!(b.read(&l, 777, 100_000, &mut info).unwrap(), want);
-        assert_eq!(b.data_writes.load(Relaxed), pieces(&l, 777, 79_097).len() as u64);
-    }
 }

@@ -12,17 +12,20 @@
 //! * **Daemon liveness**: each daemon holds an exclusive `flock` on
 //!   `<mdt>/daemons/<daemon:016x>` for its lifetime. At start, a daemon garbage-collects:
 //!   markers of daemons whose lock can be taken (dead), then orphans left without markers.
+//!
+//! [`Opens`] owns this state. Deleting objects is the data path's: the methods that may
+//! reap an orphan take the deletion as `remove` (false: the recorded layout is not valid here).
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
 use pharos_fwd_proto::{errno, Layout, OpenHandle};
 use serde::Serialize;
 
 use super::layout::{layout_text, parse_layout};
-use super::{eno, werr, Backend, Res};
+use super::{eno, random_u64, werr, Res, Target};
 
 /// What a garbage collection found (daemon start).
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -42,7 +45,7 @@ fn marker_target(p: &Path) -> Option<u32> {
     fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-pub(super) fn flock_nb(f: &File) -> io::Result<()> {
+fn flock_nb(f: &File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(io::Error::last_os_error());
@@ -50,9 +53,35 @@ pub(super) fn flock_nb(f: &File) -> io::Result<()> {
     Ok(())
 }
 
-impl Backend {
-    fn daemons_dir(&self) -> PathBuf {
-        self.open_dir.with_file_name("daemons")
+/// The open markers, orphan records and liveness lock of this daemon (`<mdt>/open`,
+/// `<mdt>/orphans`, `<mdt>/daemons`).
+pub struct Opens {
+    open_dir: PathBuf,
+    orphan_dir: PathBuf,
+    daemons_dir: PathBuf,
+    /// This daemon instance's id (open handles, liveness lock).
+    pub daemon_id: u64,
+    open_seq: AtomicU64,
+    /// Holds the exclusive flock on `<mdt>/daemons/<daemon_id>` while the daemon lives.
+    _alive: File,
+}
+
+impl Opens {
+    /// Registers a live daemon: a fresh id whose lock file, locked first in `tmp`, is then
+    /// linked into `<mdt>/daemons` (never visible unlocked).
+    pub(super) fn new(mdt: &Path, tmp: &Path) -> io::Result<Opens> {
+        let (open_dir, orphan_dir, daemons_dir) = (mdt.join("open"), mdt.join("orphans"), mdt.join("daemons"));
+        for d in [&open_dir, &orphan_dir, &daemons_dir] {
+            fs::create_dir_all(d)?;
+        }
+        let daemon_id = random_u64() | 1;
+        let staged = tmp.join(format!("daemon-{daemon_id:016x}"));
+        let alive = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&staged)?;
+        flock_nb(&alive)?;
+        let linked = fs::hard_link(&staged, daemons_dir.join(format!("{daemon_id:016x}")));
+        let _ = fs::remove_file(&staged);
+        linked?;
+        Ok(Opens { open_dir, orphan_dir, daemons_dir, daemon_id, open_seq: AtomicU64::new(1), _alive: alive })
     }
 
     fn marker_dir(&self, oid: u64) -> PathBuf {
@@ -132,7 +161,7 @@ impl Backend {
 
     /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
     /// an orphan until the last open is released.
-    pub(super) fn drop_file(&self, l: &Layout) {
+    pub(super) fn drop_file(&self, l: &Layout, remove: &dyn Fn(&Layout) -> bool) {
         let rec = self.orphan_path(l.oid);
         let written = OpenOptions::new()
             .write(true)
@@ -145,17 +174,20 @@ impl Backend {
             log::warn!("orphan record {}: {e}", rec.display());
         }
         if !self.has_markers(l.oid) {
-            self.reap(l.oid);
+            self.reap(l.oid, remove);
         }
     }
 
-    /// Deletes the objects of orphan `oid` and its record.
-    fn reap(&self, oid: u64) -> bool {
+    /// Deletes the objects of orphan `oid` (`remove`) and its record.
+    fn reap(&self, oid: u64, remove: &dyn Fn(&Layout) -> bool) -> bool {
         let rec = self.orphan_path(oid);
         let Ok(text) = fs::read_to_string(&rec) else { return false };
-        match parse_layout(&text) {
-            Some((l, _)) if l.oid == oid && self.check_layout(&l).is_ok() => self.remove_objects(&l),
-            _ => log::warn!("corrupt orphan record {}", rec.display()),
+        let removed = match parse_layout(&text) {
+            Some((l, _)) if l.oid == oid => remove(&l),
+            _ => false,
+        };
+        if !removed {
+            log::warn!("corrupt orphan record {}", rec.display());
         }
         let _ = fs::remove_file(&rec);
         let _ = fs::remove_dir(self.marker_dir(oid));
@@ -163,13 +195,14 @@ impl Backend {
     }
 
     /// Start-time garbage collection: markers of dead daemons, then orphans nobody holds.
-    pub fn gc(&self) -> GcStats {
+    /// `targets`: the open counts of dead opens are dropped there.
+    pub fn gc(&self, targets: &[Target], remove: &dyn Fn(&Layout) -> bool) -> GcStats {
         let mut st = GcStats::default();
         let started = std::time::SystemTime::now();
         let mut dead = std::collections::HashSet::new();
         let mut live = std::collections::HashSet::new();
         let hex = |s: &str| u64::from_str_radix(s, 16).ok();
-        if let Ok(it) = fs::read_dir(self.daemons_dir()) {
+        if let Ok(it) = fs::read_dir(&self.daemons_dir) {
             for e in it.flatten() {
                 let Some(id) = e.file_name().to_str().and_then(hex) else { continue };
                 if id == self.daemon_id {
@@ -211,7 +244,7 @@ impl Backend {
                         if fs::remove_file(m.path()).is_ok() {
                             st.stale_markers += 1;
                             // The dead open no longer writes its component.
-                            if let Some(t) = counted.and_then(|t| self.targets.get(t as usize)) {
+                            if let Some(t) = counted.and_then(|t| targets.get(t as usize)) {
                                 t.shm.add_open(-1);
                             }
                         }
@@ -225,7 +258,7 @@ impl Backend {
                 let Some(oid) = e.file_name().to_str().and_then(hex) else { continue };
                 if self.has_markers(oid) {
                     st.orphans_kept += 1;
-                } else if self.reap(oid) {
+                } else if self.reap(oid, remove) {
                     st.orphans_reaped += 1;
                 }
             }
@@ -235,120 +268,13 @@ impl Backend {
 
     /// Drops open `h` of `l` and deletes the objects when that was the last open of an
     /// unlinked file.
-    pub(super) fn unmark(&self, l: &Layout, h: OpenHandle) {
+    pub(super) fn unmark(&self, l: &Layout, h: OpenHandle, remove: &dyn Fn(&Layout) -> bool) {
         self.remove_marker(l.oid, h);
         if self.is_orphan(l.oid) && !self.has_markers(l.oid) {
-            self.reap(l.oid);
+            self.reap(l.oid, remove);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::testutil::*;
-    use crate::backend::IoInfo;
-    use pharos_fwd_proto::Ctx;
-    use std::sync::Arc;
-
-    #[test]
-    fn unlinked_open_file_keeps_data_until_last_release_on_any_daemon() {
-        let (d, a) = backend(2);
-        let b = backend_on(&d, 2); // a second daemon on the same backend
-        let mut info = IoInfo::default();
-        let (_, l, h1) = a.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let (_, l2, h2) = b.open("f", libc::O_RDONLY, &Ctx::default()).unwrap();
-        assert_eq!(l, l2);
-        a.write(&l, NOH, 0, b"hello", &mut info).unwrap();
-        assert_eq!(a.open_markers(l.oid), 2);
-        b.unlink("f", &Ctx::default()).unwrap();
-        assert_eq!(a.getattr("f", &Ctx::default()).unwrap_err().errno, errno::ENOENT);
-        assert!(a.is_orphan(l.oid));
-        // Both opens still read and write the orphan.
-        a.write(&l, NOH, 5, b" world", &mut info).unwrap();
-        assert_eq!(b.read(&l, 0, 100, &mut info).unwrap(), b"hello world");
-        // A new file under the same name is another object.
-        let (_, n, hn) = b.create("f", 0o644, EXCL, 2, &Ctx::default()).unwrap();
-        assert_ne!(n.oid, l.oid);
-        // Releases may come through either daemon: the last one deletes the data.
-        b.release(&l, h1).unwrap();
-        assert!(a.is_orphan(l.oid) && obj_count(&d) == 2);
-        a.release(&l, h2).unwrap();
-        assert!(!a.is_orphan(l.oid));
-        assert_eq!(obj_count(&d), 1, "only the new file's object remains");
-        // Rename over an open file: same rules.
-        let (_, o, ho) = a.create("g", 0o644, EXCL, 3, &Ctx::default()).unwrap();
-        b.rename("f", "g", false, &Ctx::default()).unwrap();
-        assert!(a.is_orphan(o.oid));
-        a.write(&o, NOH, 0, b"still here", &mut info).unwrap();
-        assert_eq!(a.read(&o, 0, 100, &mut info).unwrap(), b"still here");
-        b.release(&n, hn).unwrap(); // the moved file stays: it has a name
-        assert!(!a.is_orphan(n.oid) && a.getattr("g", &Ctx::default()).is_ok());
-        a.release(&o, ho).unwrap();
-        assert!(!a.is_orphan(o.oid));
-        assert_eq!(obj_count(&d), 1);
-        // A closed file unlinked: objects go at once, no orphan record.
-        b.unlink("g", &Ctx::default()).unwrap();
-        assert_eq!(obj_count(&d), 0);
-        assert_eq!(fs::read_dir(d.path().join("mdt/orphans")).unwrap().count(), 0);
-        assert_eq!(fs::read_dir(d.path().join("mdt/open")).unwrap().count(), 0);
-    }
-
-    #[test]
-    fn start_gc_drops_opens_of_dead_daemons_only() {
-        let d = tempfile::tempdir().unwrap();
-        let live = backend_on(&d, 2);
-        let dead = backend_on(&d, 2);
-        let (_, lx, _hx) = dead.create("x", 0o644, EXCL, 1, &Ctx::default()).unwrap();
-        let (_, ly, hy) = live.create("y", 0o644, EXCL, 2, &Ctx::default()).unwrap();
-        let (_, lz, _hz) = dead.open("y", libc::O_RDONLY, &Ctx::default()).unwrap();
-        assert_eq!(lz, ly);
-        live.unlink("x", &Ctx::default()).unwrap();
-        live.unlink("y", &Ctx::default()).unwrap();
-        assert!(live.is_orphan(lx.oid) && live.is_orphan(ly.oid));
-        drop(dead); // killed: its flock goes with its fd
-        let fresh = backend_on(&d, 2);
-        let st = fresh.gc();
-        assert_eq!(st.dead_daemons, 1);
-        assert_eq!(st.stale_markers, 2);
-        assert_eq!(st.orphans_reaped, 1, "{st:?}");
-        assert_eq!(st.orphans_kept, 1, "{st:?}");
-        assert!(!fresh.is_orphan(lx.oid));
-        assert!(fresh.is_orphan(ly.oid), "the live daemon's open keeps y");
-        assert_eq!(obj_count(&d), 1);
-        // Another gc finds nothing more; the live daemon's release ends y.
-        let st = fresh.gc();
-        assert_eq!((st.dead_daemons, st.stale_markers, st.orphans_reaped), (0, 0, 0));
-        live.release(&ly, hy).unwrap();
-        assert_eq!(obj_count(&d), 0);
-    }
-
-    #[test]
-    fn open_racing_unlink_never_returns_deleted_data() {
-        let (_d, b) = backend(2);
-        let b = Arc::new(b);
-        for i in 0..200 {
-            let name = format!("r{i}");
-            let (_, l, h) = b.create(&name, 0o644, EXCL, 0, &Ctx::default()).unwrap();
-            b.release(&l, h).unwrap();
-            let b2 = b.clone();
-            let n2 = name.clone();
-            let t = std::thread::spawn(move || b2.unlink(&n2, &Ctx::default()));
-            match b.open(&name, libc::O_RDWR, &Ctx::default()) {
-                Ok((_, l, h)) => {
-                    // Opened: the data must stay readable and writable until release.
-                    let mut info = IoInfo::default();
-                    b.write(&l, NOH, 0, b"x", &mut info).unwrap();
-                    t.join().unwrap().unwrap();
-                    assert_eq!(b.read(&l, 0, 1, &mut info).unwrap(), b"x");
-                    b.release(&l, h).unwrap();
-                    assert!(!b.is_orphan(l.oid));
-                }
-                Err(e) => {
-                    assert_eq!(e.errno, errno::ENOENT);
-                    t.join().unwrap().unwrap();
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
-//! Placement policy: the placement document ([`Placement`]: pools, per-job pools, striping),
-//! the choice of targets for a new file, the placement of each component of a progressive
-//! layout at its first write (component records, shared by all daemons), and the open
-//! counts that rule reads.
+//! Placement: the placement document ([`Placement`]: pools, per-job pools, striping; its
+//! schema is `proto/placement/placement.schema.json`, shared with the control loop) and the
+//! [`Placer`], which owns it and applies it: the choice of targets for a new file, the
+//! placement of each component of a progressive layout at its first write (component
+//! records, shared by all daemons), and the open counts that rule reads.
 //!
 //! Placement (see [`Placement`]): round-robin over all targets by default, at create; with a
 //! pool, the performance-aware rule of the Sunway lessons §5: the target maximising
@@ -17,18 +18,24 @@
 //! write arriving through another daemon after a failover decrements the right target), and
 //! start-time garbage collection decrements the target of every dead daemon's marker it
 //! removes. Reads do not count.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Write};
-use std::sync::atomic::Ordering::*;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
 
+use arc_swap::{ArcSwap, Guard};
 use pharos_fwd_proto::{errno, Layout, OpenHandle};
 use serde::{Deserialize, Serialize};
 
-use super::{eno, random_u64, werr, Backend, Res};
+use super::layout::pieces;
+use super::opens::Opens;
+use super::{check_layout, eno, random_u64, target_index, werr, Res, Target};
 
 /// A placement pool: a set of targets and their planned performance (MB/s).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Pool {
     pub targets: Vec<String>,
     /// Planned MB/s per target; a target missing here uses its token-bucket limit, or 1.
@@ -47,8 +54,10 @@ pub struct Pool {
 /// a page.
 pub const COMPONENT_ALIGN: u64 = 4096;
 
-/// Placement settings, replaced as a whole (atomically) by the admin interface.
+/// Placement settings, replaced as a whole (atomically) by the admin interface. Unknown
+/// fields are refused (a misspelled one would otherwise be dropped without a word).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Placement {
     #[serde(default)]
     pub pools: BTreeMap<String, Pool>,
@@ -69,19 +78,58 @@ pub struct Placement {
 /// Entries of the component cache and of the per-handle table before they are cleared.
 const COMP_CACHE_MAX: usize = 1 << 16;
 
-impl Backend {
-    pub fn target_index(&self, name: &str) -> Option<u32> {
-        self.targets.iter().position(|t| t.name == name).map(|i| i as u32)
+/// The placement state of a daemon: the document in force, the round-robin cursor, the
+/// component records (`<mdt>/components`) and their cache, and which component each open
+/// handle of a progressive file is counted on.
+pub struct Placer {
+    doc: ArcSwap<Placement>,
+    rr: AtomicU64,
+    /// `<mdt>/components`: one directory of records per progressive file.
+    comp_root: PathBuf,
+    /// `<mdt>/tmp`: records are staged here, then linked into place.
+    tmp: PathBuf,
+    /// Resolved components (immutable records): (oid, component) -> target.
+    comps: Mutex<HashMap<(u64, u64), u32>>,
+    /// Component each open handle of a progressive file wrote last through this daemon (a
+    /// fast path: the handle's marker holds the counted target, see [`Placer::enter`]).
+    writing: Mutex<HashMap<OpenHandle, (u64, u64)>>,
+}
+
+impl Placer {
+    pub(super) fn new(comp_root: PathBuf, tmp: PathBuf) -> Placer {
+        Placer {
+            doc: ArcSwap::from_pointee(Placement::default()),
+            rr: AtomicU64::new(random_u64() % 1024),
+            comp_root,
+            tmp,
+            comps: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The document in force.
+    pub fn load(&self) -> Guard<Arc<Placement>> {
+        self.doc.load()
+    }
+
+    /// The document in force, as an `Arc`.
+    pub fn load_full(&self) -> Arc<Placement> {
+        self.doc.load_full()
+    }
+
+    /// Replaces the document as a whole (validated by the caller: [`Placer::validate`]).
+    pub fn store(&self, p: Arc<Placement>) {
+        self.doc.store(p)
     }
 
     /// Checks a placement document against the targets (unknown names are errors).
-    pub fn validate_placement(&self, p: &Placement) -> Result<(), String> {
+    pub fn validate(targets: &[Target], p: &Placement) -> Result<(), String> {
         for (name, pool) in &p.pools {
             if pool.targets.is_empty() {
                 return Err(format!("pool {name}: no targets"));
             }
             for t in pool.targets.iter().chain(pool.max_perf.keys()) {
-                if self.target_index(t).is_none() {
+                if target_index(targets, t).is_none() {
                     return Err(format!("pool {name}: unknown target {t}"));
                 }
             }
@@ -110,8 +158,8 @@ impl Backend {
             return Err("stripe_size must be > 0".into());
         }
         if let Some(c) = p.stripe_count {
-            if c == 0 || c as usize > self.targets.len() {
-                return Err(format!("stripe_count {c} outside 1..={}", self.targets.len()));
+            if c == 0 || c as usize > targets.len() {
+                return Err(format!("stripe_count {c} outside 1..={}", targets.len()));
             }
         }
         Ok(())
@@ -121,10 +169,10 @@ impl Backend {
     /// `max_perf / (open_count + 1)`, ties to the lower index. A candidate is `(target
     /// index, planned MB/s)`; a plan of 0 means the target's token-bucket limit (or 1 when
     /// unlimited).
-    fn best_targets(&self, candidates: impl Iterator<Item = (u32, f64)>, k: usize) -> Vec<u32> {
+    fn best_targets(targets: &[Target], candidates: impl Iterator<Item = (u32, f64)>, k: usize) -> Vec<u32> {
         let mut scored: Vec<(f64, u32)> = candidates
             .map(|(i, plan)| {
-                let t = &self.targets[i as usize];
+                let t = &targets[i as usize];
                 let perf = if plan > 0.0 { plan } else { Some(t.shm.max_perf()).filter(|&m| m > 0.0).unwrap_or(1.0) };
                 (perf / (t.shm.open_count() as f64 + 1.0), i)
             })
@@ -136,8 +184,8 @@ impl Backend {
     /// Chooses the layout of a new file of job `job`: round-robin, or the pool's rule for
     /// the whole file, or (pool with `component_size`) a progressive layout whose candidate
     /// targets are the pool's.
-    pub fn place(&self, job: &str) -> Layout {
-        let p = self.placement.load();
+    pub fn place(&self, targets: &[Target], job: &str) -> Layout {
+        let p = self.doc.load();
         let stripe_size = p.stripe_size.unwrap_or(1 << 20);
         let pool = p.job_pools.get(job).or(p.default_pool.as_ref()).and_then(|n| p.pools.get(n));
         let oid = random_u64();
@@ -146,17 +194,17 @@ impl Backend {
                 let cands: Vec<(u32, f64)> = pool
                     .targets
                     .iter()
-                    .filter_map(|n| Some((self.target_index(n)?, pool.max_perf.get(n).copied().unwrap_or(0.0))))
+                    .filter_map(|n| Some((target_index(targets, n)?, pool.max_perf.get(n).copied().unwrap_or(0.0))))
                     .collect();
                 if let Some(cs) = pool.component_size {
                     let (targets, perf) = cands.into_iter().unzip();
                     return Layout { oid, stripe_size, targets, component_size: cs, perf };
                 }
                 let k = pool.stripe_count.unwrap_or(1) as usize;
-                Layout::striped(oid, stripe_size, self.best_targets(cands.into_iter(), k))
+                Layout::striped(oid, stripe_size, Self::best_targets(targets, cands.into_iter(), k))
             }
             None => {
-                let n = self.targets.len() as u64;
+                let n = targets.len() as u64;
                 let k = p.stripe_count.unwrap_or(1).max(1) as u64;
                 let first = self.rr.fetch_add(k, Relaxed);
                 Layout::striped(oid, stripe_size, (0..k).map(|j| ((first + j) % n) as u32).collect())
@@ -164,26 +212,33 @@ impl Backend {
         }
     }
 
+    /// The directory of the component records of progressive file `oid`.
+    pub(super) fn comp_dir(&self, oid: u64) -> PathBuf {
+        self.comp_root.join(format!("{oid:016x}"))
+    }
+
     /// The target of component `k` of progressive layout `l`: from the cache, else from its
     /// record; when there is none and `place` is set, chosen now by the performance-aware
     /// rule over the layout's candidates and recorded (the first record linked wins; a
     /// loser returns the winner's choice). `None`: not placed yet (and `!place`).
-    pub fn component(&self, l: &Layout, k: u64, place: bool) -> Res<Option<u32>> {
+    pub fn component(&self, targets: &[Target], l: &Layout, k: u64, place: bool) -> Res<Option<u32>> {
         if let Some(&t) = self.comps.lock().unwrap().get(&(l.oid, k)) {
             return Ok(Some(t));
         }
         let rec = self.comp_dir(l.oid).join(k.to_string());
         let t = match fs::read_to_string(&rec) {
-            Ok(text) => text.trim().parse().ok().filter(|&t: &u32| (t as usize) < self.targets.len()),
+            Ok(text) => text.trim().parse().ok().filter(|&t: &u32| (t as usize) < targets.len()),
             Err(e) if e.kind() == io::ErrorKind::NotFound && place => {
                 let cands = l.targets.iter().enumerate().map(|(j, &t)| (t, l.perf.get(j).copied().unwrap_or(0.0)));
-                let t = self.best_targets(cands, 1)[0];
+                let t = Self::best_targets(targets, cands, 1)[0];
                 let mut staged = tempfile::Builder::new().prefix("component-").tempfile_in(&self.tmp).map_err(werr)?;
                 staged.write_all(format!("{t}\n").as_bytes()).map_err(werr)?;
                 match staged.persist_noclobber(&rec) {
                     Ok(_) => Some(t),
                     // Another daemon (or thread) placed it first: its choice holds.
-                    Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => return self.component(l, k, false),
+                    Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
+                        return self.component(targets, l, k, false)
+                    }
                     // No component directory: the file's objects were deleted.
                     Err(e) => return Err(werr(e.error)),
                 }
@@ -201,12 +256,52 @@ impl Backend {
     }
 
     /// The target of component `k`, placing it if needed.
-    pub(super) fn placed(&self, l: &Layout, k: u64) -> Res<u32> {
-        self.component(l, k, true)?.ok_or_else(|| eno(errno::EIO, "component not placed"))
+    pub(super) fn placed(&self, targets: &[Target], l: &Layout, k: u64) -> Res<u32> {
+        self.component(targets, l, k, true)?.ok_or_else(|| eno(errno::EIO, "component not placed"))
+    }
+
+    /// The data objects a layout may have, as (object index, target): every stripe of a
+    /// classic layout; the recorded components of a progressive one (whose objects may
+    /// still be missing).
+    pub(super) fn objects(&self, targets: &[Target], l: &Layout) -> Res<Vec<(u64, u32)>> {
+        if !l.is_progressive() {
+            return Ok(l.targets.iter().enumerate().map(|(s, &t)| (s as u64, t)).collect());
+        }
+        let it = match fs::read_dir(self.comp_dir(l.oid)) {
+            Ok(it) => it,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(werr(e)),
+        };
+        let mut out = Vec::new();
+        for e in it {
+            let Some(k) = e.map_err(werr)?.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+            if let Some(t) = self.component(targets, l, k, false)? {
+                out.push((k, t));
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Target of the first byte of `l`, as far as known without I/O (records, metrics).
+    pub fn first_target(&self, targets: &[Target], l: &Layout, off: u64) -> Option<u32> {
+        check_layout(targets, l).ok()?;
+        let pc = pieces(l, off, 1).pop()?;
+        if l.is_progressive() {
+            self.comps.lock().unwrap().get(&(l.oid, pc.obj)).copied()
+        } else {
+            l.targets.get(pc.obj as usize).copied()
+        }
+    }
+
+    /// The objects of progressive file `oid` are gone: its records and their cache go too.
+    pub(super) fn forget(&self, oid: u64) {
+        let _ = fs::remove_dir_all(self.comp_dir(oid));
+        self.comps.lock().unwrap().retain(|&(o, _), _| o != oid);
     }
 
     /// Targets a classic file counts as open on from open to release (progressive files
-    /// count per written component instead, see [`Backend::enter`]).
+    /// count per written component instead, see [`Placer::enter`]).
     pub(super) fn whole_file_targets(l: &Layout) -> &[u32] {
         if l.is_progressive() {
             &[]
@@ -220,22 +315,22 @@ impl Backend {
     /// of the component it wrote before (from its marker, wherever that was) is dropped
     /// first, so the placement sees the other writers only. `h` = default (no handle):
     /// placement without counting.
-    pub(super) fn enter(&self, l: &Layout, h: OpenHandle, k: u64) -> Res<u32> {
+    pub(super) fn enter(&self, targets: &[Target], opens: &Opens, l: &Layout, h: OpenHandle, k: u64) -> Res<u32> {
         if h == OpenHandle::default() {
-            return self.placed(l, k);
+            return self.placed(targets, l, k);
         }
         let mut writing = self.writing.lock().unwrap();
         if writing.get(&h) == Some(&(l.oid, k)) {
             drop(writing);
-            return self.placed(l, k);
+            return self.placed(targets, l, k);
         }
-        if let Some(prev) = self.counted_target(l.oid, h) {
-            self.targets[prev as usize].shm.add_open(-1);
-            self.set_counted_target(l.oid, h, None);
+        if let Some(prev) = opens.counted_target(l.oid, h) {
+            targets[prev as usize].shm.add_open(-1);
+            opens.set_counted_target(l.oid, h, None);
         }
-        let t = self.placed(l, k)?;
-        if self.set_counted_target(l.oid, h, Some(t)) {
-            self.targets[t as usize].shm.add_open(1);
+        let t = self.placed(targets, l, k)?;
+        if opens.set_counted_target(l.oid, h, Some(t)) {
+            targets[t as usize].shm.add_open(1);
         }
         if writing.len() >= COMP_CACHE_MAX {
             writing.clear();
@@ -243,150 +338,18 @@ impl Backend {
         writing.insert(h, (l.oid, k));
         Ok(t)
     }
+
+    /// Open `h` of progressive file `l` is released (through whichever daemon served it):
+    /// it leaves the component it was counted on.
+    pub(super) fn leave(&self, targets: &[Target], opens: &Opens, l: &Layout, h: OpenHandle) {
+        let mut writing = self.writing.lock().unwrap();
+        writing.remove(&h);
+        if let Some(t) = opens.counted_target(l.oid, h) {
+            opens.set_counted_target(l.oid, h, None);
+            targets[t as usize].shm.add_open(-1);
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::testutil::*;
-    use crate::backend::IoInfo;
-    use pharos_fwd_proto::Ctx;
-    use std::sync::Arc;
-
-    #[test]
-    fn performance_aware_placement_follows_max_perf() {
-        let (_d, b) = backend(3);
-        let mut pools = BTreeMap::new();
-        let perf: BTreeMap<String, f64> =
-            [("ost0", 10.0), ("ost1", 30.0), ("ost2", 20.0)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        pools.insert(
-            "p".to_string(),
-            Pool {
-                targets: vec!["ost0".into(), "ost1".into(), "ost2".into()],
-                max_perf: perf,
-                stripe_count: None,
-                component_size: None,
-            },
-        );
-        let p = Placement { pools, default_pool: Some("p".into()), ..Default::default() };
-        b.validate_placement(&p).unwrap();
-        b.placement.store(Arc::new(p));
-        let mut counts = [0; 3];
-        for i in 0..12 {
-            let (_, l, _) = b.create(&format!("f{i}"), 0o644, EXCL, 0, &Ctx::default()).unwrap();
-            counts[l.targets[0] as usize] += 1;
-        }
-        // D'Hondt allocation of 12 files over 10:30:20.
-        assert_eq!(counts, [2, 6, 4]);
-        let bad = Placement { default_pool: Some("nope".into()), ..Default::default() };
-        assert!(b.validate_placement(&bad).is_err());
-    }
-
-    #[test]
-    fn component_size_must_be_a_positive_multiple_of_the_alignment() {
-        let (_d, b) = backend(2);
-        let mut bad = Placement {
-            pools: [(
-                "p".to_string(),
-                Pool {
-                    targets: vec!["ost0".into()],
-                    max_perf: BTreeMap::new(),
-                    stripe_count: None,
-                    component_size: Some(1000),
-                },
-            )]
-            .into(),
-            ..Default::default()
-        };
-        assert!(b.validate_placement(&bad).is_err());
-        bad.pools.get_mut("p").unwrap().component_size = Some(0);
-        assert!(b.validate_placement(&bad).is_err());
-    }
-
-    #[test]
-    fn sequential_writers_move_their_count_and_spread_by_performance() {
-        let (d, a) = backend(3);
-        let b = backend_on(&d, 3); // a second daemon on the same backend
-        progressive(&a, &[10.0, 30.0, 20.0], 4096);
-        let mut info = IoInfo::default();
-        let mut opens = Vec::new();
-        for i in 0..6 {
-            let (_, l, h) = a.create(&format!("f{i}"), 0o644, EXCL, 0, &Ctx::default()).unwrap();
-            // Each writer holds its first component: the rule spreads them 10:30:20.
-            a.write(&l, h, 0, &[1; 100], &mut info).unwrap();
-            opens.push((l, h));
-        }
-        assert_eq!(counts(&a), vec![1, 3, 2]);
-        // Moving on to the next component moves the count (through either daemon).
-        let (l0, h0) = opens[0].clone();
-        let t0 = a.component(&l0, 0, false).unwrap().unwrap();
-        b.write(&l0, h0, 4096, &[2; 100], &mut info).unwrap();
-        let t1 = b.component(&l0, 1, false).unwrap().unwrap();
-        let mut want = vec![1, 3, 2];
-        want[t0 as usize] -= 1;
-        want[t1 as usize] += 1;
-        assert_eq!(counts(&a), want);
-        // A write back on the first daemon, whose memory is stale, still moves the right count.
-        a.write(&l0, h0, 0, &[3; 10], &mut info).unwrap();
-        want[t1 as usize] -= 1;
-        want[t0 as usize] += 1;
-        assert_eq!(counts(&a), want);
-        // Releases through the other daemon drop every count.
-        for (l, h) in &opens {
-            b.release(l, *h).unwrap();
-        }
-        assert_eq!(counts(&a), vec![0, 0, 0]);
-        // A dead daemon's open: the start-time GC drops its count with its marker.
-        let dead = backend_on(&d, 3);
-        progressive(&dead, &[10.0, 30.0, 20.0], 4096);
-        let (_, l, h) = dead.create("g", 0o644, EXCL, 0, &Ctx::default()).unwrap();
-        dead.write(&l, h, 0, &[1; 10], &mut info).unwrap();
-        assert_eq!(counts(&a).iter().sum::<i64>(), 1);
-        drop(dead);
-        assert_eq!(a.gc().stale_markers, 1);
-        assert_eq!(counts(&a), vec![0, 0, 0]);
-        // The open goes on through a live daemon, uncounted, and its release drops nothing.
-        a.write(&l, h, 4096, &[1; 10], &mut info).unwrap();
-        a.release(&l, h).unwrap();
-        assert_eq!(counts(&a), vec![0, 0, 0]);
-        assert_eq!(a.read(&l, 0, 8192, &mut info).unwrap().len(), 4096 + 10);
-    }
-
-    #[test]
-    fn concurrent_component_placement_has_one_winner() {
-        let d = tempfile::tempdir().unwrap();
-        let daemons: Vec<Arc<Backend>> = (0..2).map(|_| Arc::new(backend_on(&d, 4))).collect();
-        progressive(&daemons[0], &[10.0, 10.0, 10.0, 10.0], 4096);
-        let (_, l, _) = daemons[0].create("f", 0o644, EXCL, 0, &Ctx::default()).unwrap();
-        for round in 0..50u64 {
-            let barrier = Arc::new(std::sync::Barrier::new(8));
-            let threads: Vec<_> = (0..8)
-                .map(|i| {
-                    let (b, l, bar) = (daemons[i % 2].clone(), l.clone(), barrier.clone());
-                    // Each racer sees other counts, so their choices differ.
-                    b.targets[i % 4].shm.add_open(1);
-                    std::thread::spawn(move || {
-                        bar.wait();
-                        let mut info = IoInfo::default();
-                        b.write(&l, NOH, round * 4096 + i as u64 * 512, &[i as u8 + 1; 512], &mut info).unwrap();
-                        b.component(&l, round, false).unwrap().unwrap()
-                    })
-                })
-                .collect();
-            let seen: Vec<u32> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-            assert!(seen.iter().all(|&t| t == seen[0]), "round {round}: {seen:?}");
-            for t in &daemons[0].targets {
-                t.shm.add_open(-2);
-            }
-            // Every racer's bytes are in the one object.
-            let mut info = IoInfo::default();
-            let r = daemons[1].read(&l, round * 4096, 4096, &mut info).unwrap();
-            for i in 0..8 {
-                assert!(r[i * 512..(i + 1) * 512].iter().all(|&x| x == i as u8 + 1), "round {round} racer {i}");
-            }
-        }
-        assert_eq!(fs::read_dir(d.path().join(format!("mdt/components/{:016x}", l.oid))).unwrap().count(), 50);
-        assert_eq!(obj_count(&d), 50);
-        assert_eq!(fs::read_dir(d.path().join("mdt/tmp")).unwrap().count(), 0, "no staged records left");
-    }
-}
+mod tests;

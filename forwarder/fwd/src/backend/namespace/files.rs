@@ -1,0 +1,196 @@
+//! Regular files of the namespace: create (placement, objects, open marker, the sidecar
+//! linked into place), open (access checked, marker, re-check against a racing unlink) and
+//! release (open counts, marker, an orphan's last close).
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
+
+use super::super::layout::layout_text;
+use super::super::{eno, werr, Backend, Placer, Res};
+use super::{caller, Namespace};
+use crate::nsfs;
+
+impl Namespace {
+    /// Creates (or, without `O_EXCL` in `flags` and when it exists, opens) a regular file for
+    /// the caller `ctx` (its job picks the placement pool; it owns the file, with the
+    /// parent's group in a setgid directory). Returns its attr, layout and open handle, and
+    /// counts it open on its targets. The sidecar is written as an unnamed file
+    /// (`O_TMPFILE`, with the caller's credentials) and linked into place, so other daemons
+    /// never see it half-written and the kernel decides EEXIST races.
+    pub fn create(
+        &self,
+        b: &Backend,
+        path: &str,
+        mode: u32,
+        flags: i32,
+        token: u64,
+        ctx: &Ctx,
+    ) -> Res<(Attr, Layout, OpenHandle)> {
+        let excl = flags & libc::O_EXCL != 0;
+        if validate_path(path)?.is_empty() {
+            return Err(eno(errno::EISDIR, "namespace root"));
+        }
+        if !excl {
+            match self.open(b, path, flags & !libc::O_TRUNC, ctx) {
+                Err(e) if e.errno == errno::ENOENT => {}
+                r => return r,
+            }
+        }
+        nsfs::private_umask();
+        // Permission to create there first (search and write), before anything is placed.
+        let g = caller(ctx);
+        let (d, name) = self.parent(path)?;
+        let staged = nsfs::openat(d.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, mode & 0o7777);
+        drop(g);
+        let mut staged = staged.map_err(werr)?;
+        let l = b.placement.place(&b.targets, &ctx.job_id);
+        let mut made = Vec::new();
+        let cleanup = |made: &Vec<PathBuf>| {
+            for m in made.iter().rev() {
+                let _ = if m.is_dir() { fs::remove_dir(m) } else { fs::remove_file(m) };
+            }
+        };
+        if l.is_progressive() {
+            // Components are placed by their first write; their records go here.
+            let d = b.placement.comp_dir(l.oid);
+            fs::DirBuilder::new().mode(0o700).create(&d).map_err(werr)?;
+            made.push(d);
+        }
+        for &(s, ti) in &b.placement.objects(&b.targets, &l)? {
+            let op = b.targets[ti as usize].obj_path(l.oid, s);
+            if let Err(e) = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&op) {
+                cleanup(&made);
+                return Err(werr(e));
+            }
+            made.push(op);
+        }
+        // The open is recorded before the name appears: an unlink right after the link
+        // already sees it.
+        let h = match b.opens.add_marker(l.oid) {
+            Ok(h) => h,
+            Err(e) => {
+                cleanup(&made);
+                return Err(e);
+            }
+        };
+        let res = staged.write_all(layout_text(&l, token).as_bytes()).and_then(|()| {
+            let _g = caller(ctx);
+            nsfs::link_tmpfile(&staged, d.as_raw_fd(), &name)
+        });
+        drop(staged);
+        if let Err(e) = res {
+            b.opens.remove_marker(l.oid, h);
+            cleanup(&made);
+            if e.raw_os_error() == Some(errno::EEXIST) {
+                // A replay of this very create (same token) succeeded earlier: open it.
+                if let Ok((_, tok, _)) = self.layout_at(&d, &name) {
+                    if tok == token && token != 0 {
+                        return self.open(b, path, libc::O_RDWR, ctx);
+                    }
+                }
+                if !excl {
+                    return self.open(b, path, flags & !libc::O_TRUNC, ctx);
+                }
+            }
+            return Err(werr(e));
+        }
+        for &ti in Placer::whole_file_targets(&l) {
+            b.targets[ti as usize].shm.add_open(1);
+        }
+        let attr = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr).and_then(|st| self.attr_at(b, &d, &name, &st));
+        match attr {
+            Ok(a) => Ok((a, l, h)),
+            Err(e) => {
+                let _ = self.release(b, &l, h);
+                Err(e)
+            }
+        }
+    }
+
+    /// The access an open with `flags` needs (`O_TRUNC` needs write permission).
+    fn access_mode(flags: i32) -> libc::c_int {
+        let m = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => libc::W_OK,
+            libc::O_RDWR => libc::R_OK | libc::W_OK,
+            _ => libc::R_OK,
+        };
+        if flags & libc::O_TRUNC != 0 {
+            m | libc::W_OK
+        } else {
+            m
+        }
+    }
+
+    /// Opens an existing regular file with open(2) `flags` (access checked with the caller's
+    /// credentials; `O_TRUNC` truncates): returns attr, layout and open handle, and counts it
+    /// open. The open is recorded (marker) before it is reported, so a later unlink keeps
+    /// the data until [`Backend::release`].
+    pub fn open(&self, b: &Backend, path: &str, flags: i32, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
+        let truncate = flags & libc::O_TRUNC != 0;
+        for _ in 0..16 {
+            let g = caller(ctx);
+            let (d, name) = self.parent(path)?;
+            let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => return Err(eno(errno::EISDIR, "is a directory")),
+                libc::S_IFLNK => return Err(eno(errno::ELOOP, "a symbolic link")),
+                libc::S_IFREG => {}
+                _ => return Err(eno(errno::EINVAL, "not a regular file")),
+            }
+            nsfs::access(d.as_raw_fd(), &name, Self::access_mode(flags)).map_err(werr)?;
+            drop(g);
+            let (l, _, _) = self.layout_at(&d, &name)?;
+            b.check_layout(&l)?;
+            let h = b.opens.add_marker(l.oid)?;
+            // Still the same file under this name? Else an unlink or rename raced us: the
+            // objects may already be going; drop this open and look again.
+            match self.layout_at(&d, &name) {
+                Ok((now, _, _)) if now.oid == l.oid => {}
+                Ok(_) => {
+                    b.unmark(&l, h);
+                    continue;
+                }
+                Err(e) => {
+                    b.unmark(&l, h);
+                    return Err(e);
+                }
+            }
+            for &ti in Placer::whole_file_targets(&l) {
+                b.targets[ti as usize].shm.add_open(1);
+            }
+            let done = (|| {
+                if truncate {
+                    b.data.truncate(b, &l, 0)?;
+                }
+                let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+                self.attr_at(b, &d, &name, &st)
+            })();
+            return match done {
+                Ok(a) => Ok((a, l, h)),
+                Err(e) => {
+                    let _ = self.release(b, &l, h);
+                    Err(e)
+                }
+            };
+        }
+        Err(eno(errno::EIO, "file replaced too often during open"))
+    }
+
+    /// Releases open `h` (served by any daemon) of the file with layout `l`.
+    pub fn release(&self, b: &Backend, l: &Layout, h: OpenHandle) -> Res<()> {
+        b.check_layout(l)?;
+        for &ti in Placer::whole_file_targets(l) {
+            b.targets[ti as usize].shm.add_open(-1);
+        }
+        if l.is_progressive() {
+            // The component this open was writing (recorded by whichever daemon served it).
+            b.placement.leave(&b.targets, &b.opens, l, h);
+        }
+        b.unmark(l, h);
+        Ok(())
+    }
+}
