@@ -378,9 +378,6 @@ mod tests {
     use std::io::{Read, Write};
 
     use super::*;
-    use crate::backend::Backend;
-    use crate::records::RecordSink;
-    use crate::server::Config;
 
     /// `(status, body)` of an HTTP/1.1 request to `addr` with the admin token.
     fn request(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -402,22 +399,7 @@ mod tests {
     /// in force stays; a good document still applies.
     #[test]
     fn put_placement_refuses_unknown_fields_with_a_400() {
-        let d = tempfile::tempdir().unwrap();
-        let ts: Vec<(String, std::path::PathBuf)> =
-            (0..2).map(|i| (format!("ost{i}"), d.path().join(format!("ost{i}")))).collect();
-        let backend = Arc::new(Backend::new(&d.path().join("mdt"), &ts).unwrap());
-        let cfg = Config {
-            node_name: "fwd0".into(),
-            workers: 1,
-            weights: [4, 2, 1],
-            queue_depth: [4, 4, 2],
-            small_max: 65536,
-            max_conns: 4,
-            key: pharos_fwd_proto::auth::SiteKey::new(&[7; 32]),
-            threads: Default::default(),
-            shm_data: false,
-        };
-        let server = crate::server::Server::new(cfg, backend, Arc::new(RecordSink::new(None)));
+        let (_d, server) = crate::server::tests::server(&[7; 32]);
         let state = Arc::new(AdminState {
             server: server.clone(),
             metrics_stats: Box::new(|| ShipStats {

@@ -60,7 +60,7 @@ use crate::records::RecordSink;
 mod conn;
 mod exec;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use conn::Conn;
 

@@ -11,7 +11,8 @@ use super::{classify, Class, Config, Server};
 use crate::backend::{Backend, IoInfo};
 use crate::records::RecordSink;
 
-fn server(key: &[u8]) -> (tempfile::TempDir, Arc<Server>) {
+/// A daemon's `Server` on 2 targets in a tmp dir, one worker, site key `key` (shared memory on).
+pub(crate) fn server(key: &[u8]) -> (tempfile::TempDir, Arc<Server>) {
     server_shm(key, true)
 }
 
