@@ -2,16 +2,11 @@
 local directory side by side (issue 16). Not run by `make test` (it takes minutes and needs
 a pjdfstest build, which is not part of this repository).
 
-pjdfstest (https://github.com/pjd/pjdfstest) is fetched and built outside the repository,
-e.g. (as root; needs autoconf, automake, gcc and perl's `prove`):
+pjdfstest (https://github.com/pjd/pjdfstest) is fetched and built outside the repository, as
+its own README says; this bench takes the directory of that build as its argument. Then, as
+root (FUSE, allow_other, and pjdfstest switches uids):
 
-    mkdir -p /work/peers/pjdfstest && cd /work/peers/pjdfstest
-    git --git-dir=<a clone of github:pjd/pjdfstest> archive HEAD | tar -x   # or git clone
-    autoreconf -ifs && ./configure && make pjdfstest
-
-Then, as root (FUSE, allow_other, and pjdfstest switches uids):
-
-    uv run python bench/posix_conformance.py /work/peers/pjdfstest [--only rename,link] [--keep]
+    uv run python bench/posix_conformance.py PJDFSTEST_DIR [--only rename,link] [--keep]
 
 Starts one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (the release binaries,
 built first) in a tmp dir, runs `prove -r <pjdfstest>/tests` (or the groups of `--only`)
