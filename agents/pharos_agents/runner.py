@@ -5,7 +5,9 @@ them (and nothing else); each rank gets ``PHAROS_JOB_ID``, ``PHAROS_RANK`` (0..N
 ``PHAROS_NRANKS`` in its environment. The agent and the mount take the job from the cgroup and
 the rank from ``PHAROS_RANK``, unless a launcher the rank runs (``mpiexec``) gives its processes
 their own (``PMI_RANK``...: the innermost wins, ``pharos-attribution``).
-Start and end are recorded as ``JobEvent`` messages on the jobs topic.
+Start and end are recorded as ``JobEvent`` messages on the jobs topic; their ``ranks`` is the
+number of copies started, times the MPI world size when the command is an MPI launcher
+(``pharos run -- mpiexec -n 4 prog`` is a 4-rank job: :mod:`pharos_agents.launchers`).
 
 Before the ranks start (and before the start event), the job asks the API for its DFRA
 forwarding-node decision (:func:`request_hint`: ``GET /v1/hints/jobs/{id}?apply=true`` with
@@ -38,6 +40,7 @@ from pharos_core.settings import Settings
 from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
 from .cgroups import cgroup2_mount, job_cgroup, join_cgroup, rank_cgroup, remove_cgroup, validate_job_id
+from .launchers import launcher_world_size
 
 
 class RunError(RuntimeError):
@@ -219,6 +222,7 @@ def run_job(
     events = events or JobEventProducer(settings)
     host = socket.gethostname()
     name = name or Path(command[0]).name
+    job_ranks = ranks * (launcher_world_size(command) or 1)  # the MPI world size when launched
     decision = job_hint(settings, job_id, name, _user(), command, hint, quiet, report)
 
     def job_event(kind: int, time_ns: int, **fields) -> JobEvent:
@@ -231,7 +235,7 @@ def run_job(
             name=name,
             command=command,
             user=_user(),
-            ranks=ranks,
+            ranks=job_ranks,
             host=host,
             cgroup="/" + str(cg.relative_to(mount)),
             **fields,

@@ -19,6 +19,16 @@ modes are the per-direction patterns (reads alone, writes alone, each weighted b
 they stay available as detail (``patterns``), as does the fan-in pattern of all data I/O
 together (``fan_in_pattern``), which is also the answer when no mode dominates.
 
+Within one direction the same rule applies to its files (:func:`direction_pattern`): a
+standard MPI benchmark writing ONE shared file with 4 ranks, whose rank 0 also writes a 4 KiB
+results file, touches 2 files with 4 ranks, whose fan-in pattern is N-M. Its files form two
+groups by fan-in, *shared* files (read or written by several ranks) and *private* files (one
+rank each); each group has its pattern (shared: N-1, or N-M when no one shared file carries
+the group's bytes; private: 1-1, 1-N or N-N) and the direction takes the one that carries the
+volume, so a side file (results, a log, a restart marker) with a tiny share of the bytes does
+not change the job's pattern. The fan-in pattern of all data files together stays as detail
+(``fan_in_pattern``), and each file's number of ranks is in the job's file list.
+
 Everything here is pure: no store, no I/O. :mod:`pharos_analytics.summary` computes the
 same fan-in statistics in ClickHouse and calls :func:`classify_fan_in` and
 :func:`decide_pattern`.
@@ -29,6 +39,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 Pattern = Literal["none", "1-1", "1-N", "N-1", "N-N", "N-M"]
@@ -177,3 +188,90 @@ def decide_directions(patterns: Mapping[str, Pattern], bytes_read: int, bytes_wr
     return decide_pattern(
         [(patterns.get("read", "none"), bytes_read), (patterns.get("write", "none"), bytes_written)], fan_in
     )
+
+
+#: A direction's shared files form ONE N-1 group when the largest of them carries at least this
+#: share of the shared files' bytes; otherwise the shared group is N-M (several shared files
+#: with comparable volumes). Pharos' rule, not Beacon's: it keeps a small shared side file (a
+#: log every rank appends to) from turning a shared-file job into N-M.
+SHARED_FILE_DOMINANCE = 0.9
+
+
+@dataclass(frozen=True)
+class DirectionFanIn:
+    """Fan-in statistics of one direction (reads alone, or writes alone) of a job or phase.
+
+    All counts are over *data files* (see the module docstring) that saw that direction;
+    bytes are in bytes. ``n_ranks``/``n_files``/``max_fan_in`` are :func:`classify_fan_in`'s
+    inputs over every such file. The files split into *shared* files (touched by more than one
+    rank in this direction) and *private* files (exactly one rank):
+
+    * ``shared_files``, ``shared_bytes``, ``top_shared_bytes`` (the bytes of the largest shared
+      file) and ``shared_ranks`` (distinct ranks on the shared files);
+    * ``private_files``, ``private_bytes`` and ``private_ranks`` (distinct ranks on the private
+      files).
+    """
+
+    n_ranks: int = 0
+    n_files: int = 0
+    max_fan_in: int = 0
+    shared_files: int = 0
+    shared_ranks: int = 0
+    shared_bytes: int = 0
+    top_shared_bytes: int = 0
+    private_files: int = 0
+    private_ranks: int = 0
+    private_bytes: int = 0
+
+    @classmethod
+    def of_files(cls, files: Iterable[tuple[Iterable[Hashable], int]]) -> DirectionFanIn:
+        """The statistics of ``files``: one (ranks, bytes) pair per data file of the direction
+        (ranks: the rank ids that read, or wrote, it; bytes >= 0). Files without a rank are
+        ignored."""
+        all_ranks: set[Hashable] = set()
+        shared_r: set[Hashable] = set()
+        private_r: set[Hashable] = set()
+        n = fan = sf = sb = top = pf = pb = 0
+        for ranks, nbytes in files:
+            rs = set(ranks)
+            if not rs:
+                continue
+            n += 1
+            fan = max(fan, len(rs))
+            all_ranks |= rs
+            if len(rs) > 1:
+                sf, sb, top = sf + 1, sb + int(nbytes), max(top, int(nbytes))
+                shared_r |= rs
+            else:
+                pf, pb = pf + 1, pb + int(nbytes)
+                private_r |= rs
+        return cls(len(all_ranks), n, fan, sf, len(shared_r), sb, top, pf, len(private_r), pb)
+
+
+def direction_pattern(s: DirectionFanIn) -> tuple[Pattern, Pattern]:
+    """(pattern by volume, fan-in pattern) of one direction of a job or phase.
+
+    The fan-in pattern is :func:`classify_fan_in` over all the direction's data files. The
+    pattern by volume is Beacon's volume dominance (NSDI'19 §4, :func:`decide_pattern`) over
+    the direction's two groups of files: the *shared* group is ``N-1`` when its largest file
+    carries at least :data:`SHARED_FILE_DOMINANCE` of its bytes (or it has one file), else
+    ``N-M``; the *private* group is :func:`classify_fan_in` of its ranks and files with fan-in 1
+    (``1-1``, ``1-N`` or ``N-N``). E.g. 4 ranks writing 16 MiB to one shared file and rank 0 a
+    4 KiB results file: shared N-1 (16 MiB) vs private 1-1 (4 KiB) -> ``N-1``; the fan-in
+    pattern says ``N-M``.
+
+    Raises:
+        ValueError: negative counts or bytes, or a fan-in above the ranks.
+    """
+    if min(s.shared_bytes, s.top_shared_bytes, s.private_bytes) < 0:
+        raise ValueError("a group's bytes must be >= 0")
+    fan_in = classify_fan_in(s.n_ranks, s.n_files, s.max_fan_in)
+    modes: list[tuple[Pattern, int]] = []
+    if s.shared_files:
+        one = s.shared_files == 1 or (
+            s.shared_bytes > 0 and s.top_shared_bytes >= SHARED_FILE_DOMINANCE * s.shared_bytes
+        )
+        modes.append(("N-1" if one else "N-M", s.shared_bytes))
+    if s.private_files:
+        modes.append((classify_fan_in(s.private_ranks, s.private_files, 1), s.private_bytes))
+    return decide_pattern(modes, fan_in), fan_in

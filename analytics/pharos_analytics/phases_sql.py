@@ -98,6 +98,8 @@ FROM
         sumIf(count, is_data AND NOT is_read)                               AS writes,
         sumIf(bytes, is_data AND is_read)                                   AS bytes_read,
         sumIf(bytes, is_data AND NOT is_read)                               AS bytes_written,
+        bytes_read                                                          AS file_rbytes,
+        bytes_written                                                       AS file_wbytes,
         sumIf(count, is_data)                                               AS data_requests,
         sumIf(count - 1 + (toInt64(offset) >= prev_end), is_data)           AS sequential,
         sumIf(count - 1 + (toInt64(offset) = prev_end), is_data)            AS consecutive,
@@ -119,7 +121,10 @@ FROM
 GROUP BY phase
 ORDER BY phase
 """
-).replace("__FAN_IN__", fan_in_columns("franks", "rranks", "wranks", files="countIf(notEmpty(franks))"))
+).replace(
+    "__FAN_IN__",
+    fan_in_columns("franks", "rranks", "wranks", "file_rbytes", "file_wbytes", files="countIf(notEmpty(franks))"),
+)
 #: Profile of each phase (one row per phase).
 PHASE_PROFILES_SQL = _PROFILE_TMPL.replace("__KEY__", "phase")
 #: Profile of the whole job (one row, phase 0).

@@ -68,7 +68,7 @@ from dataclasses import replace
 from pharos_core.store import Store
 
 from .coverage import job_coverage
-from .pattern import SYSTEM_PATH_REGEX, Pattern, classify_fan_in, decide_directions
+from .pattern import SYSTEM_PATH_REGEX, DirectionFanIn, Pattern, classify_fan_in, decide_directions, direction_pattern
 from .summary_sql import (
     DATA_OPS,
     JOB_DARSHAN_SQL,
@@ -130,20 +130,33 @@ def fan_in_patterns(
     fan: dict | None, bytes_read: int, bytes_written: int
 ) -> tuple[int, int, Pattern, dict[str, Pattern], Pattern]:
     """(io_ranks, n_files, pattern, {"read": p, "write": p}, fan-in pattern) from a fan-in row
-    (the columns of :data:`FAN_IN_SELECT`) and the bytes read and written (bytes): the pattern
-    is decided by Beacon's volume dominance over the two directions
-    (:func:`pharos_analytics.pattern.decide_directions`)."""
+    (the columns of :func:`~pharos_analytics.summary_sql.fan_in_columns`) and the bytes read and
+    written (bytes). Each direction's pattern is decided by volume over its shared and private
+    files (:func:`pharos_analytics.pattern.direction_pattern`), the job's by Beacon's volume
+    dominance over the two directions (:func:`pharos_analytics.pattern.decide_directions`); the
+    fan-in pattern is that of all data files together."""
     if fan is None:
         return 0, 0, "none", {"read": "none", "write": "none"}, "none"
 
     def g(k):
-        return int(fan[k] or 0)
+        return int(fan.get(k) or 0)
 
     fan_in = classify_fan_in(g("n_ranks"), g("n_files"), g("max_fan_in"))
-    patterns: dict[str, Pattern] = {
-        "read": classify_fan_in(g("n_read_ranks"), g("n_read_files"), g("max_read_fan_in")),
-        "write": classify_fan_in(g("n_write_ranks"), g("n_write_files"), g("max_write_fan_in")),
-    }
+    patterns: dict[str, Pattern] = {}
+    for d in ("read", "write"):
+        stats = DirectionFanIn(
+            n_ranks=g(f"n_{d}_ranks"),
+            n_files=g(f"n_{d}_files"),
+            max_fan_in=g(f"max_{d}_fan_in"),
+            shared_files=g(f"n_{d}_shared_files"),
+            shared_ranks=g(f"n_{d}_shared_ranks"),
+            shared_bytes=g(f"{d}_shared_bytes"),
+            top_shared_bytes=g(f"{d}_top_shared_bytes"),
+            private_files=g(f"n_{d}_private_files"),
+            private_ranks=g(f"n_{d}_private_ranks"),
+            private_bytes=g(f"{d}_private_bytes"),
+        )
+        patterns[d] = direction_pattern(stats)[0]
     return (
         g("n_ranks"),
         g("n_files"),

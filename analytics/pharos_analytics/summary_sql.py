@@ -52,15 +52,33 @@ def sql_list(values: tuple[str, ...]) -> str:
     return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
-def fan_in_columns(ranks: str, read_ranks: str, write_ranks: str, files: str = "count()", where: str = "") -> str:
-    """The Beacon fan-in columns that :func:`pharos_analytics.summary.fan_in_patterns` reads
-    (``n_ranks``, ``n_files``, ``max_fan_in`` and their ``read``/``write`` variants: distinct
-    ranks, files, largest number of ranks on one file), aggregated over one row per file.
+def fan_in_columns(
+    ranks: str,
+    read_ranks: str,
+    write_ranks: str,
+    read_bytes: str,
+    write_bytes: str,
+    files: str = "count()",
+    where: str = "",
+) -> str:
+    """The Beacon fan-in columns that :func:`pharos_analytics.summary.fan_in_patterns` reads,
+    aggregated over one row per file.
+
+    Over all data ops, reads only and writes only (prefixes ``''``, ``read_``, ``write_``):
+    ``n_{kind}ranks``, ``n_{kind}files`` and ``max_{kind}fan_in`` (distinct ranks, files,
+    largest number of ranks on one file). Per direction (``read_``/``write_``) also the two
+    groups of :class:`pharos_analytics.pattern.DirectionFanIn`: ``n_{kind}shared_files``,
+    ``n_{kind}shared_ranks``, ``{kind}shared_bytes``, ``{kind}top_shared_bytes`` (files with
+    more than one rank) and ``n_{kind}private_files``, ``n_{kind}private_ranks``,
+    ``{kind}private_bytes`` (files with one rank), bytes in bytes.
 
     ``ranks``, ``read_ranks``, ``write_ranks``: the columns holding each file's ranks (all data
-    ops, reads, writes); ``files``: how the files of all data ops are counted; ``where``: a
-    condition on the rows that count (none: all rows). Constants only: never pass user input."""
+    ops, reads, writes); ``read_bytes``, ``write_bytes``: each file's bytes read and written
+    (names that are not aliases of the outer query); ``files``: how the files of all data ops
+    are counted; ``where``: a condition on the rows that count (none: all rows). Constants
+    only: never pass user input."""
     cols = []
+    cond = f"({where})" if where else "1"
     for kind, col in (("", ranks), ("read_", read_ranks), ("write_", write_ranks)):
         if where:
             n_files = f"countIf({where})" if not kind else f"countIf({where} AND notEmpty({col}))"
@@ -76,6 +94,16 @@ def fan_in_columns(ranks: str, read_ranks: str, write_ranks: str, files: str = "
                 f"{n_files} AS n_{kind}files",
                 f"max(length({col})) AS max_{kind}fan_in",
             ]
+        if kind:
+            nbytes = read_bytes if kind == "read_" else write_bytes
+            for group, test in (("shared", f"length({col}) > 1"), ("private", f"length({col}) = 1")):
+                c = f"{cond} AND {test}"
+                cols += [
+                    f"countIf({c}) AS n_{kind}{group}_files",
+                    f"length(groupUniqArrayArrayIf({col}, {c})) AS n_{kind}{group}_ranks",
+                    f"sumIf({nbytes}, {c}) AS {kind}{group}_bytes",
+                ]
+            cols.append(f"maxIf({nbytes}, {cond} AND length({col}) > 1) AS {kind}top_shared_bytes")
     return ",\n    ".join(cols)
 
 
@@ -157,12 +185,14 @@ LIMIT {{limit:UInt32}}
 FAN_IN_SELECT = f"""
 SELECT
     job_id,
-    {fan_in_columns("all_ranks", "read_ranks", "write_ranks")}
+    {fan_in_columns("all_ranks", "read_ranks", "write_ranks", "file_read_bytes", "file_write_bytes")}
 FROM
 (
     SELECT
         job_id,
         {FILE_KEY}                                 AS file,
+        sumIf(bytes, {_READ})                       AS file_read_bytes,
+        sumIf(bytes, {_WRITE})                      AS file_write_bytes,
         groupUniqArray(rank)                        AS all_ranks,
         groupUniqArrayIf(rank, {_READ})             AS read_ranks,
         groupUniqArrayIf(rank, {_WRITE})            AS write_ranks
@@ -293,7 +323,7 @@ SELECT
     sumIf(f_bytes_read + f_bytes_written, f_stream)                       AS stream_bytes,
     sumForEachIf(f_hist_read, NOT f_stream)                             AS hist_read,
     sumForEachIf(f_hist_write, NOT f_stream)                            AS hist_write,
-    {fan_in_columns("all_ranks", "read_ranks", "write_ranks", where="data_file")},
+    {fan_in_columns("all_ranks", "read_ranks", "write_ranks", "f_bytes_read", "f_bytes_written", where="data_file")},
     arraySlice(arraySort(x -> (-(x.2 + x.3), x.1),
         groupArrayIf((file, toUInt64(f_bytes_read), toUInt64(f_bytes_written), toUInt64(f_reads),
                       toUInt64(f_writes), length(all_ranks)), data_file)), 1, {{limit:UInt32}}) AS files,

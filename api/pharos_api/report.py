@@ -198,7 +198,12 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
         ("state", f"{s.state} (exit code {s.exit_code if s.exit_code is not None else '-'})"),
         ("time", f"{_when(s.start)} to {_when(s.end)}"),
         ("ranks", f"{s.ranks if s.ranks is not None else '-'} ({s.io_ranks} did data I/O)"),
-        ("I/O pattern", f"{s.pattern}" + (f" ({detail})" if detail else "") + " - Beacon's volume dominance"),
+        (
+            "I/O pattern",
+            f"{s.pattern}"
+            + (f" ({detail})" if detail else "")
+            + f" - Beacon's volume dominance; all files together {s.fan_in_pattern}",
+        ),
         ("bytes", f"{_bytes(s.bytes_written)} written, {_bytes(s.bytes_read)} read, {s.n_files} data file(s)"),
         ("requests", f"{s.data_requests} data requests, {sum(s.ops.values())} file operations"),
         (

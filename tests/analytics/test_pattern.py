@@ -5,8 +5,10 @@ import pytest
 from pharos_analytics.pattern import (
     PATTERNS,
     SYSTEM_PREFIXES,
+    DirectionFanIn,
     classify_fan_in,
     classify_pattern,
+    direction_pattern,
     is_system_path,
 )
 
@@ -106,3 +108,41 @@ def test_system_prefixes_cover_the_documented_folders():
         "/var/lib",
         "/var/spool",
     }
+
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ([], ("none", "none")),
+        # 4 ranks on one shared file + rank 0's 4 KiB results file: N-1 by volume, N-M by fan-in
+        ([({0, 1, 2, 3}, 16 * MiB), ({0}, 4 * KiB)], ("N-1", "N-M")),
+        # ... and a shared log every rank appends to: still one dominant shared file
+        ([({0, 1, 2, 3}, 16 * MiB), ({0, 1, 2, 3}, 320), ({0}, 4 * KiB)], ("N-1", "N-M")),
+        # N-N with rank 0's side file
+        ([({r}, MiB) for r in range(4)] + [({0}, KiB)], ("N-N", "N-N")),
+        # subfiling: two shared files of comparable volume -> N-M, whatever the side file
+        ([({0, 1}, 8 * MiB), ({2, 3}, 6 * MiB), ({0}, KiB)], ("N-M", "N-M")),
+        # the side file carries the volume: it is the pattern
+        ([({0, 1, 2, 3}, KiB), ({0}, 64 * MiB)], ("1-1", "N-M")),
+        # two groups of equal volume: no mode dominates -> fan-in
+        ([({0, 1, 2, 3}, MiB)] + [({r}, MiB // 4) for r in range(4)], ("N-M", "N-M")),
+        # no bytes at all (e.g. reads at EOF): the fan-in
+        ([({0, 1}, 0), ({0}, 0)], ("N-M", "N-M")),
+        ([({0}, 10), ({0}, 10)], ("1-N", "1-N")),
+        ([(set(), 10)], ("none", "none")),  # a file without ranks is ignored
+    ],
+)
+def test_direction_pattern_by_volume(files, expected):
+    assert direction_pattern(DirectionFanIn.of_files(files)) == expected
+
+
+def test_direction_fan_in_groups():
+    s = DirectionFanIn.of_files([({0, 1, 2, 3}, 100), ({0, 1}, 50), ({0}, 7), ({5}, 3)])
+    assert (s.n_ranks, s.n_files, s.max_fan_in) == (5, 4, 4)
+    assert (s.shared_files, s.shared_ranks, s.shared_bytes, s.top_shared_bytes) == (2, 4, 150, 100)
+    assert (s.private_files, s.private_ranks, s.private_bytes) == (2, 2, 10)
+    with pytest.raises(ValueError):
+        direction_pattern(DirectionFanIn(n_ranks=1, n_files=1, max_fan_in=1, private_files=1, private_bytes=-1))

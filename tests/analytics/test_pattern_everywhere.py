@@ -55,7 +55,18 @@ def synthetic_rows() -> tuple[list[dict], list[dict], dict[str, str]]:
     for r in range(N):
         rows.append(rec("even", r, "write", f"/scratch/e.{r}", MiB, MiB, 2, start=2, end=3, dur=0.5))
         rows.append(rec("even", r, "read", "/scratch/e.in", MiB, MiB, 2, start=4, end=5, dur=0.5))
-    expected = {"nn_input": "N-N", "n1_mostly": "N-1", "even": "N-M"}
+    # n1_side (issue 24): N ranks write one shared file; rank 0 also writes a 4 KiB results file
+    # and every rank appends a line to one shared log: N-1 by volume (fan-in over the files: N-M).
+    for r in range(N):
+        rows.append(rec("n1_side", r, "write", "/scratch/ior.dat", MiB, MiB, 16, start=2, end=5, dur=2))
+        rows.append(rec("n1_side", r, "write", "/scratch/ior.log", 80, 80, 1, start=5, end=5.1, dur=0.01))
+    rows.append(rec("n1_side", 0, "write", "/scratch/results.txt", 4096, 4096, 1, start=5.2, end=5.3, dur=0.01))
+    # nm_side: two groups of N/2 ranks each write their own shared file (N-M, as subfiling does),
+    # and rank 0 a results file: still N-M (neither shared file carries the shared volume).
+    for r in range(N):
+        rows.append(rec("nm_side", r, "write", f"/scratch/sub.{r % 2}", MiB, MiB, 8, start=2, end=5, dur=2))
+    rows.append(rec("nm_side", 0, "write", "/scratch/nm-results.txt", 4096, 4096, 1, start=5.2, end=5.3, dur=0.01))
+    expected = {"nn_input": "N-N", "n1_mostly": "N-1", "even": "N-M", "n1_side": "N-1", "nm_side": "N-M"}
     events = [event(j, "start", 0, name=j, ranks=N) for j in expected] + [
         event(j, "end", 10, exit_code=0) for j in expected
     ]
@@ -100,6 +111,9 @@ def test_every_view_agrees(world):
     # the issue's case: N-N writes + a tiny N-1 read of one input file
     nn = cli_json(url, "job", "nn_input")
     assert (nn["pattern"], nn["patterns"], nn["fan_in_pattern"]) == ("N-N", {"read": "N-1", "write": "N-N"}, "N-M")
+    # side files (issue 24): the write direction is decided by volume, the fan-in stays as detail
+    side = cli_json(url, "job", "n1_side")
+    assert (side["pattern"], side["patterns"]["write"], side["fan_in_pattern"]) == ("N-1", "N-1", "N-M")
     # a counter-only job (no DXT) has its bytes in the list
     counters_only = [j for j in darshan_jobs if listed[j]["source"] == "darshan-counters"]
     assert counters_only and any(listed[j]["bytes_written"] + listed[j]["bytes_read"] > 0 for j in counters_only)

@@ -1,18 +1,20 @@
 """Ranks of MPI jobs (issue 13), live: a real MPICH job under ``pharos run`` has its MPI ranks.
 
-``pharos run --job J -- mpiexec -n 4 mpi_write_at FILE ...`` puts ``mpiexec`` (hydra) in the job's
+``pharos run --job J -- mpiexec -n 4 mpi_write_at FILE ... RESULTS`` puts ``mpiexec`` (hydra) in the job's
 ``rank_0`` cgroup with ``PHAROS_RANK=0``; hydra spawns the 4 MPI processes below it, each with its
 own ``PMI_RANK``. Job and rank follow the one rule of ``pharos-attribution`` (proto/attribution):
 the job from the cgroup, the rank from the innermost launcher's variable (``PMI_RANK`` before the
 inherited ``PHAROS_RANK``). The writer (tests/data/mpi_write_at.c, built with ``mpicc`` here) has
 every rank write 4 MiB at its own offset of ONE shared file in 1 MiB ``MPI_File_write_at_all``
 calls, then exit: ranks that live well under a second, the case where the agent once read
-``/proc/<pid>/environ`` too late.
+``/proc/<pid>/environ`` too late. Rank 0 then writes a 4 KiB results file beside it, as IOR does
+(issue 24): a side file that must not turn the job's N-1 into N-M.
 
 Real embedded stack (Kafka, eBPF agent, fwd0/fwd1 on 4 targets, the FUSE mount, pipeline + API on
 chDB). Two runs: the file on the Pharos mount (client layer from the agent AND forwarder layer from
 the mount and daemons) and in a local directory (client layer only). Checked per layer: the API's
-summary says 4 I/O ranks, pattern N-1, one file and exactly the bytes the program reports; the
+summary says 4 ranks (the MPI world size, issue 24) of which 4 did I/O, pattern N-1 (writes N-1 by
+volume, the fan-in over both files N-M), the two files and exactly the bytes the program reports; the
 records themselves (read back from the stack's Kafka topic) carry ranks 0..3, each with its
 4 MiB, and the rank of every record is the one the program's process with that pid printed.
 Needs root (eBPF, cgroups, FUSE) and MPICH (``mpich libmpich-dev``, Makefile APT_PACKAGES).
@@ -67,10 +69,11 @@ def live(tmp_path_factory):
         yield settings
 
 
-def pharos_run_mpiexec(settings: Settings, job_id: str, exe: Path, data: Path, out: Path) -> list[dict]:
-    """``pharos run --job J -- mpiexec -n 4 exe data ...`` as a user types it (the CLI in a
-    subprocess, bounded); returns the JSON lines the MPI ranks printed."""
+def pharos_run_mpiexec(settings: Settings, job_id: str, exe: Path, data: Path, results: Path, out: Path) -> list[dict]:
+    """``pharos run --job J -- mpiexec -n 4 exe data ... results`` as a user types it (the CLI in
+    a subprocess, bounded); returns the JSON lines the MPI ranks printed."""
     mpiexec = [MPIEXEC, "-launcher", "fork", "-n", str(RANKS), str(exe), str(data), str(PER_RANK), str(REQUEST)]
+    mpiexec.append(str(results))
     argv, env = pharos_run(settings, job_id, mpiexec, name="mpi-write-at", output_dir=out)
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     printed = (out / "rank_0.out").read_text() if (out / "rank_0.out").exists() else ""
@@ -125,18 +128,20 @@ def test_mpiexec_ranks_inside_pharos_run(live: Settings, writer: Path, where: st
     base = live.mount_point if where == "mount" else tmp_path
     d = base / job_id
     d.mkdir()
-    data = d / "shared.dat"
-    printed = pharos_run_mpiexec(live, job_id, writer, data, tmp_path / "out")
+    data, results = d / "shared.dat", d / "results.txt"
+    printed = pharos_run_mpiexec(live, job_id, writer, data, results, tmp_path / "out")
     t_run = time.monotonic() - t0
     total = sum(x["bytes_written"] for x in printed)
     assert total == RANKS * PER_RANK and all(x["bytes_written"] == PER_RANK for x in printed), printed
     assert data.stat().st_size == RANKS * PER_RANK
+    side = sum(x["results_bytes"] for x in printed)
+    assert side == results.stat().st_size == 4096, printed
     pid_rank = {x["pid"]: x["rank"] for x in printed}
 
     layers = ["client", "forwarder"] if where == "mount" else ["client"]
     summaries = {}
     for layer in layers:
-        s = wait_for_summary(live.api_url, job_id, total, timeout_s=60, layer=layer)
+        s = wait_for_summary(live.api_url, job_id, total + side, timeout_s=60, layer=layer)
         assert s is not None, f"{layer} layer: job {job_id} never reached the API"
         summaries[layer] = s
     # the file as each layer names it: the path opened on the compute node, the namespace path
@@ -157,13 +162,17 @@ def test_mpiexec_ranks_inside_pharos_run(live: Settings, writer: Path, where: st
             if pid_rank.get(rec.pid, rec.rank) != rec.rank:
                 wrong_pid.append((rec.pid, rec.rank))
         lines.append(
-            f"{layer}: pattern {s['pattern']}, {s['io_ranks']} I/O ranks, {s['n_files']} file(s), "
+            f"{layer}: pattern {s['pattern']} (writes {s['patterns']['write']}, fan-in {s['fan_in_pattern']}), "
+            f"ranks {s['ranks']}, {s['io_ranks']} I/O ranks, {s['n_files']} file(s), "
             f"{s['bytes_written']} B written; records' ranks {dict(sorted(by_rank.items()))}"
         )
         assert s["pattern"] == "N-1", f"{layer} layer: pattern {s['pattern']} ({lines[-1]})"
+        assert (s["patterns"]["write"], s["fan_in_pattern"]) == ("N-1", "N-M"), f"{layer} layer: {lines[-1]}"
+        assert s["ranks"] == RANKS, f"{layer} layer: the MPI world size is the job's ranks: {lines[-1]}"
         assert s["io_ranks"] == RANKS, f"{layer} layer: {lines[-1]}"
-        assert s["n_files"] == 1, f"{layer} layer: {s['files']}"
-        assert s["bytes_written"] == total, f"{layer} layer: {lines[-1]}"
+        files = {Path(f["path"]).name: (f["ranks"], f["bytes_written"]) for f in s["files"]}
+        assert files == {data.name: (RANKS, total), results.name: (1, side)}, f"{layer} layer: {s['files']}"
+        assert s["bytes_written"] == total + side, f"{layer} layer: {lines[-1]}"
         assert dict(by_rank) == dict.fromkeys(range(RANKS), PER_RANK), f"{layer} layer: {lines[-1]}"
         assert not wrong_pid, f"{layer} layer: records whose rank is not their process's: {wrong_pid[:10]}"
         assert_one_pattern(live.api_url, [job_id], layer=layer)  # every view says N-1 (issue 10)

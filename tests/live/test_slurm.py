@@ -6,10 +6,12 @@ and fwd3 are reserved, the FUSE mount, pipeline + API + control loop on chDB) an
 (munged, slurmctld, slurmd on loopback; tests/slurm_testkit.py) with the Pharos SPANK plugin
 (agents/slurm/pharos_spank.c) and job_submit.lua. The job is what a user submits: ``sbatch`` of a
 script whose ``srun --mpi=pmi2 -n 4`` runs an MPICH MPI-IO program (tests/data/mpi_write_at.c)
-in which each rank writes 32 MiB at its own offset of ONE file on the Pharos mount.
+in which each rank writes 32 MiB at its own offset of ONE file on the Pharos mount, and rank 0 a
+4 KiB results file beside it, as IOR does (issue 24: a side file must not turn N-1 into N-M).
 
-1. The first job: Pharos shows it under Slurm's job id, with Slurm's job name and user, 4 I/O
-   ranks, pattern N-1 and exactly the bytes MPI reports, on the client layer (eBPF agent) and the
+1. The first job: Pharos shows it under Slurm's job id, with Slurm's job name and user, 4 ranks
+   that all did I/O, pattern N-1 (writes N-1 by volume; the fan-in over both files N-M) and exactly
+   the bytes MPI reports, on the client layer (eBPF agent) and the
    forwarder layer (mount + daemons); its DFRA decision (default mapping: no history) was taken
    before its first forwarder record, and those records carry its node.
 2. ``pharos slurm classes`` writes the I/O class table; job_submit.lua tags the second job of the
@@ -53,6 +55,8 @@ MiB = 1 << 20
 RANKS = 4
 PER_RANK = 32 * MiB
 TOTAL = RANKS * PER_RANK
+SIDE = 4096  # rank 0's results file
+WRITTEN = TOTAL + SIDE
 NAME = "slurm-mpi-write"
 CONTROL_ENV = dfra_live_env(RANKS)
 
@@ -82,7 +86,7 @@ def submit(cluster: SlurmCluster, exe: Path, data: Path, out_dir: Path, tag: str
     script.write_text(
         "#!/bin/sh\n"
         f"#SBATCH --job-name={NAME}\n#SBATCH --ntasks={RANKS}\n#SBATCH --overcommit\n#SBATCH --output={out}\n"
-        + f"srun --mpi=pmi2 -n {RANKS} --overcommit {exe} {data} {PER_RANK} {MiB}\n"
+        + f"srun --mpi=pmi2 -n {RANKS} --overcommit {exe} {data} {PER_RANK} {MiB} {data}.results\n"
     )
     job = cluster.sbatch(script)
     info = cluster.wait(job)
@@ -91,6 +95,7 @@ def submit(cluster: SlurmCluster, exe: Path, data: Path, out_dir: Path, tag: str
     printed = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     assert sorted(x["rank"] for x in printed) == list(range(RANKS)), text
     assert sum(x["bytes_written"] for x in printed) == TOTAL, printed
+    assert sum(x["results_bytes"] for x in printed) == SIDE, printed
     return job, info, printed
 
 
@@ -107,16 +112,20 @@ def first_forwarder_record(settings: Settings, job_id: str) -> float:
 
 
 def check_job(settings: Settings, job_id: str, user: str) -> dict:
-    """The job on both layers: Slurm's id, name and user, 4 I/O ranks, N-1, exact bytes."""
+    """The job on both layers: Slurm's id, name and user, 4 ranks and 4 I/O ranks, N-1 with the
+    results file as a side file, exact bytes."""
     out = {}
     for layer in ("client", "forwarder"):
-        s = wait_for_summary(settings.api_url, job_id, TOTAL, timeout_s=90, layer=layer)
+        s = wait_for_summary(settings.api_url, job_id, WRITTEN, timeout_s=90, layer=layer)
         assert s is not None, f"{layer}: Slurm job {job_id} never reached the API"
-        line = f"{layer}: {s['name']}/{s['user']} {s['io_ranks']} ranks {s['pattern']} {s['bytes_written']} B"
+        line = f"{layer}: {s['name']}/{s['user']} ranks {s['ranks']} ({s['io_ranks']} did I/O) {s['pattern']}"
+        line += f" (writes {s['patterns']['write']}, fan-in {s['fan_in_pattern']}) {s['bytes_written']} B"
         line += f", files {[(f['path'], f['bytes_written'], f['ranks']) for f in s['files']]}"
         assert s["name"] == NAME and s["user"] == user, line
-        assert s["io_ranks"] == RANKS and s["pattern"] == "N-1", line
-        assert s["bytes_written"] == TOTAL and s["n_files"] == 1, line
+        assert s["ranks"] == RANKS and s["io_ranks"] == RANKS and s["pattern"] == "N-1", line
+        assert (s["patterns"]["write"], s["fan_in_pattern"]) == ("N-1", "N-M"), line
+        assert s["bytes_written"] == WRITTEN and s["n_files"] == 2, line
+        assert sorted((f["bytes_written"], f["ranks"]) for f in s["files"]) == [(SIDE, 1), (TOTAL, RANKS)], line
         assert_one_pattern(settings.api_url, [job_id], layer=layer)  # every view says N-1 (issue 10)
         out[layer] = s
     return out
@@ -208,11 +217,11 @@ def test_job_runs_when_pharos_api_is_down(site, writer: Path, tmp_path: Path):
             # still traced: the agent's records reach the store under Slurm's job id
             deadline = time.monotonic() + 90
             got = 0
-            while time.monotonic() < deadline and got < TOTAL:
+            while time.monotonic() < deadline and got < WRITTEN:
                 r = httpx.get(f"{settings.api_url}/v1/jobs/{job}", timeout=10)
                 got = r.json().get("bytes_written", 0) if r.status_code == 200 else 0
                 time.sleep(0.5)
-            assert got == TOTAL, f"job {job}: {got} of {TOTAL} B traced with the API down"
+            assert got == WRITTEN, f"job {job}: {got} of {WRITTEN} B traced with the API down"
     finally:
         hung.close()
         cluster.set_plugin_options({"api": settings.api_url, **base})

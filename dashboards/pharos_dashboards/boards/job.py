@@ -123,7 +123,9 @@ ORDER BY direction
         w=10,
         h=6,
         description="Beacon's fan-in pattern over the job's data files (pharos_analytics.pattern.classify_fan_in): "
-        "R ranks, M files, the most ranks on one file. `pharos diagnose` also splits it by phase.",
+        "R ranks, M files, the most ranks on one file. This is the fan-in detail: the job's pattern, decided by "
+        "volume so that a side file (e.g. rank 0's results file) does not count, is in `pharos job` and the API. "
+        "`pharos diagnose` also splits it by phase.",
     )
     b.panel(
         "heatmap",
