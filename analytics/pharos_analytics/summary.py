@@ -76,6 +76,7 @@ from .summary_sql import (
     JOB_EVENTS_SQL,
     JOB_FAN_IN_SQL,
     JOB_FILES_SQL,
+    JOB_NODES_SQL,
     JOB_OPS_SQL,
     JOB_SIZE_HISTOGRAM_SQL,
     JOBS_COUNT_SQL,
@@ -384,6 +385,8 @@ def job_summary(
     )
     if darshan:
         summary = replace(summary, **darshan)
+    nodes = [r["node"] for r in store.query(JOB_NODES_SQL, {"job_id": job_id, "layer": layer})]
+    summary = replace(summary, compute_nodes=nodes)
     if coverage:
         cov = job_coverage(store, job_id, silence_s=silence_s)
         summary = replace(summary, complete=cov.complete, gaps=cov.gaps, coverage=cov)

@@ -204,6 +204,15 @@ GROUP BY job_id
 """
 JOB_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
 
+#: The compute nodes one job's requests came from on one layer: the agents' host on the client
+#: layer (a Darshan log's DXT hostnames too), the FUSE clients' compute node on the others.
+JOB_NODES_SQL = """
+SELECT DISTINCT if(layer = 'client', toString(host), toString(compute_node)) AS node
+FROM io_requests
+WHERE job_id = {job_id:String} AND layer = {layer:String} AND node != ''
+ORDER BY node
+"""
+
 #: Loss counters of one job: the newest row of each producer, summed.
 JOB_DROPS_SQL = """
 SELECT

@@ -70,6 +70,8 @@ class JobSummary:
     without data I/O or with a zero span.
     ``source`` is ``"traces"`` (``io_requests``) or ``"darshan-counters"`` (the Darshan
     fallback, see :mod:`pharos_analytics.summary` for the counters behind each field).
+    ``compute_nodes`` are the nodes the job's requests on ``layer`` came from (sorted names: the
+    agents' host on the client layer, the FUSE clients' compute node on the others).
     ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
     off from Kafka) during the job: ``gaps`` says where and when, the figures are a lower
     bound; ``coverage`` how it was checked (:mod:`pharos_analytics.coverage`). Both are about
@@ -115,6 +117,7 @@ class JobSummary:
     complete: bool = True
     gaps: list[Gap] = field(default_factory=list)
     coverage: Coverage | None = None
+    compute_nodes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -221,20 +221,40 @@ def run(
 
 
 @app.command()
-def broker() -> None:
+def broker(
+    node_id: Annotated[
+        int | None,
+        typer.Option(
+            "--node-id",
+            min=1,
+            help="Run only Kafka node ID (1..kafka_brokers) of the cluster whose nodes kafka_bootstrap lists, one "
+            "address per node: each node on its own host (a cluster, or the rig's namespaces), the cluster id "
+            "shared through <state_dir>/kafka/cluster.id.",
+        ),
+    ] = None,
+) -> None:
     """Run the local Kafka broker (KRaft, loopback; kafka_brokers > 1: a cluster of that many nodes) in the
-    foreground."""
-    from pharos_pipeline.broker import BrokerError, embedded_kafka, ensure_topics
+    foreground, or with --node-id one node of a cluster whose other nodes run elsewhere."""
+    from pharos_pipeline.broker import BrokerError, KafkaCluster, embedded_kafka, ensure_topics
 
     settings = get_settings()
     try:
-        b = embedded_kafka(settings, settings.state_dir / "kafka")
+        if node_id is None:
+            b = embedded_kafka(settings, settings.state_dir / "kafka")
+        else:
+            if node_id > settings.kafka_brokers:
+                fail(f"--node-id {node_id}: the cluster has kafka_brokers = {settings.kafka_brokers} nodes", 2)
+            cluster = KafkaCluster(settings, settings.state_dir / "kafka")
+            b = cluster.nodes[cluster.index_of(node_id)]
     except BrokerError as exc:
         fail(str(exc))
     try:
-        b.start()
+        b.start(timeout=60 + 60 * settings.kafka_brokers)
+        if node_id is not None:
+            cluster.wait_brokers(120)  # the topics' replicas need every node
         ensure_topics(settings)
-        console.print(f"Kafka ({settings.kafka_brokers} node(s)) ready on {settings.kafka_bootstrap}")
+        where = settings.kafka_bootstrap if node_id is None else f"{b.bootstrap} (node {node_id})"
+        console.print(f"Kafka ({settings.kafka_brokers} node(s)) ready on {where}")
         wait_for_stop_signal()
     except BrokerError as exc:
         fail(str(exc))
@@ -313,6 +333,7 @@ def agent(
         "--block-jobs-only",
         "--heartbeat-ms",
         str(round(settings.heartbeat_interval_s * 1000)),
+        *(["--host", settings.compute_node_name] if settings.compute_node_name else []),
         *(extra or []),
     ]
     os.execv(argv[0], argv)
@@ -344,9 +365,9 @@ def fwd(
         "--node-name",
         f"fwd{index}",
         "--listen",
-        f"127.0.0.1:{port(0)}",
+        f"{s.fwd_listen_host}:{port(0)}",
         "--admin",
-        f"127.0.0.1:{port(1)}",
+        f"{s.fwd_listen_host}:{port(1)}",
         "--mdt",
         str(s.fwd_backend / "mdt"),
         "--targets-root",
@@ -420,6 +441,11 @@ def mount(
     names = mount_node_order(s)
     nodes = []
     for name in names:
+        if s.fwd_addresses:  # a cluster: the daemons run on other nodes
+            if name not in s.fwd_addresses:
+                fail(f"fwd_addresses has no address for forwarding node {name} (fwd_nodes = {s.fwd_nodes})", 2)
+            nodes += ["--fwd", f"{name}={s.fwd_addresses[name]}"]
+            continue
         f = ready_file(s, name)
         if not f.exists():
             fail(f"forwarding daemon {name} is not running (no {f}): start it with `pharos up`", 2)
@@ -439,12 +465,14 @@ def mount(
         "--node-index",
         str(mount_node_index(s)),
         "--admin",
-        f"127.0.0.1:{s.mount_admin_port}",
+        f"{s.mount_admin_host}:{s.mount_admin_port}",
         "--ready-file",
         str(ready_file(s, "mount")),
         *fwd_auth_args(s),
     ]
     env = dict(os.environ)
+    if s.compute_node_name:
+        env["PHAROS_MOUNT_COMPUTE_NODE"] = s.compute_node_name
     reserved = mount_reserved(s)
     if reserved:  # through the environment: a pharos-mount without --reserved ignores it
         env["PHAROS_MOUNT_RESERVED"] = ",".join(reserved)

@@ -198,6 +198,7 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
         ("state", f"{s.state} (exit code {s.exit_code if s.exit_code is not None else '-'})"),
         ("time", f"{_when(s.start)} to {_when(s.end)}"),
         ("ranks", f"{s.ranks if s.ranks is not None else '-'} ({s.io_ranks} did data I/O)"),
+        ("compute nodes", f"{len(s.compute_nodes)}: {', '.join(s.compute_nodes)}" if s.compute_nodes else "-"),
         (
             "I/O pattern",
             f"{s.pattern}"

@@ -241,6 +241,32 @@ class Settings(PharosSettings):
         "GET /status needs it): a root-only file the control loop reads too. None: <state_dir>/fwd-admin.token, "
         "made by `pharos fwd` / `pharos mount` (`pharos up`) when missing.",
     )
+    fwd_listen_host: str = Field(
+        default="127.0.0.1",
+        description="Address `pharos fwd` binds (data and admin ports). On a cluster: the forwarding node's "
+        'address on the network its compute nodes reach (docs/operations.md, "A cluster").',
+    )
+    fwd_addresses: dict[str, str] = Field(
+        default_factory=dict,
+        description="Forwarding node name -> HOST:PORT of its daemon, for `pharos mount` on a compute node "
+        '(e.g. {"fwd0": "10.0.0.21:7400"}; names fwd0..fwd<N-1> of fwd_nodes). Empty: the ready files of the '
+        "daemons `pharos up` started on this host.",
+    )
+    mount_dir: Path | None = Field(
+        default=None,
+        description="Where `pharos mount` mounts the forwarding layer. None: <state_dir>/mnt. On a cluster: the "
+        "same path on every compute node (e.g. /pharos), so a job's file has one name on all its nodes.",
+    )
+    mount_admin_host: str = Field(
+        default="127.0.0.1",
+        description="Address of the FUSE client's admin HTTP interface (port mount_admin_port). On a cluster: "
+        "the compute node's address the server's control loop reaches ([control] mount_admin_urls).",
+    )
+    compute_node_name: str = Field(
+        default="",
+        description="This compute node's name in every record of its eBPF agent and FUSE client. Empty: the "
+        "host name (a cluster's nodes have their own).",
+    )
     compute_node_index: int = Field(
         default=0,
         ge=0,
@@ -279,8 +305,9 @@ class Settings(PharosSettings):
 
     @property
     def mount_point(self) -> Path:
-        """Where `pharos up` mounts the forwarding layer (the FUSE client)."""
-        return self.state_dir / "mnt"
+        """Where `pharos up` mounts the forwarding layer (the FUSE client): ``mount_dir``, else
+        <state_dir>/mnt."""
+        return self.mount_dir or self.state_dir / "mnt"
 
     @property
     def fwd_backend(self) -> Path:

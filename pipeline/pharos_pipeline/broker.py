@@ -181,11 +181,13 @@ class KafkaBroker:
         if (self.log_dirs / "meta.properties").exists():
             return
         id_file = self.cluster_id_file
-        if id_file.exists():
-            cluster_id = id_file.read_text().strip()
-        else:
-            cluster_id = new_cluster_id()
-            id_file.write_text(cluster_id + "\n")
+        if not id_file.exists():  # nodes started at once (one per host): the first link wins
+            tmp = id_file.with_name(f".{id_file.name}.{os.getpid()}")
+            tmp.write_text(new_cluster_id() + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, id_file)
+            tmp.unlink()
+        cluster_id = id_file.read_text().strip()
         cmd = [
             *self._java(),
             # "--cluster-id=ID": an id read from an older state file may still begin with "-"

@@ -83,6 +83,11 @@ class JobSummaryOut(OutModel):
     end: datetime | None
     state: JobState
     io_ranks: int = Field(description="Ranks that did data I/O on data files.")
+    compute_nodes: list[str] = Field(
+        default_factory=list,
+        description="Compute nodes the job's requests on this layer came from (the agents' host on the client "
+        "layer, the FUSE clients' compute node on the others), sorted.",
+    )
     pattern: Pattern = Field(
         description="Beacon I/O pattern (NSDI'19 §4) decided by volume dominance over reads and writes "
         "(pharos_analytics.pattern.decide_pattern): the one every view of the job reports."
