@@ -68,7 +68,7 @@ from .phases_sql import (
     SMALL_BIN_COUNTERS,
     STRIPES_SQL,
 )
-from .summary import _check_layer, _darshan_figures, fan_in_patterns
+from .summary import _check_layer, _darshan_totals, fan_in_patterns
 from .summary_sql import ns_to_datetime
 
 Direction = Literal["read", "write", "mixed", "none"]
@@ -360,8 +360,8 @@ def counters_profile(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
 
 def _summary_pattern(prof: IoProfile | None, figs: dict | None, cfg: DiagnosisConfig) -> IoProfile | None:
     """``prof`` with the pattern fields of the job's Darshan-counter summary (``figs``, from
-    :func:`pharos_analytics.summary._darshan_figures`): one definition of a counter job's pattern.
-    A job with counters but no POSIX record (STDIO or MPI-IO only) gets a profile of its
+    :func:`pharos_analytics.summary._darshan_totals`): one definition of a Darshan job's pattern.
+    A job with counters but no POSIX record (STDIO, MPI-IO or DFS only) gets a profile of its
     summary's figures alone (shares unknown: ``None``)."""
     if figs is None:
         return prof
@@ -411,13 +411,13 @@ def job_phases(store: Store, job_id: str, layer: str = "client", cfg: DiagnosisC
 
     The job profile's pattern fields (``pattern``, ``patterns``, ``fan_in_pattern``,
     ``io_ranks``, ``n_files``) are those of :func:`pharos_analytics.summary.job_summary` for
-    the same job and layer: from the trace when the job has data requests there, else (client
-    layer) from the Darshan counters the summary uses."""
+    the same job and layer: on the client layer, a Darshan job's (with or without DXT) from the
+    Darshan counters the summary uses, else from the trace."""
     cfg = cfg or DiagnosisConfig()
     job, phases, gap_s = trace_phases(store, job_id, layer, cfg)
     figs = None
-    if layer == "client" and (job is None or job.reads + job.writes == 0):
-        figs = _darshan_figures(store, job_id, 100)  # the summary's fallback: same pattern
+    if layer == "client":  # a Darshan job's summary takes its pattern from the counters: same here
+        figs = _darshan_totals(store, job_id, 100)[0]
     if job is not None and (job.reads + job.writes + job.metadata_ops) > 0:
         return JobPhases(
             job_id=job_id,
