@@ -15,8 +15,9 @@ Each phase, and the job, gets an :class:`IoProfile`:
   the job summary uses; ``patterns`` keeps the pattern of the reads alone and of the writes
   alone, ``fan_in_pattern`` the fan-in pattern of all data I/O together
   (:func:`pattern.classify_fan_in`). For the whole job the pattern fields are those of
-  :func:`pharos_analytics.summary.job_summary` (same definition and data: for a job judged
-  from Darshan counters, the summary's POSIX + STDIO, or MPI-IO, records).
+  :func:`pharos_analytics.summary.job_summary` (same definition and data: for a Darshan job,
+  with or without DXT, the summary's counter records: POSIX + STDIO + DFS, MPI-IO or DAOS
+  by its per-log rule).
 * ``direction``: ``write`` or ``read`` when |writes - reads| / (reads + writes), in bytes,
   exceeds ``dominance_ratio`` (Drishti imbalance_operations), else ``mixed``.
 * ``access``: ``random`` when the share of non-sequential requests exceeds ``random_ratio``
