@@ -15,8 +15,9 @@ Each phase, and the job, gets an :class:`IoProfile`:
   the job summary uses; ``patterns`` keeps the pattern of the reads alone and of the writes
   alone, ``fan_in_pattern`` the fan-in pattern of all data I/O together
   (:func:`pattern.classify_fan_in`). For the whole job the pattern fields are those of
-  :func:`pharos_analytics.summary.job_summary` (same definition and data: for a job judged
-  from Darshan counters, the summary's POSIX + STDIO, or MPI-IO, records).
+  :func:`pharos_analytics.summary.job_summary` (same definition and data: for a Darshan job,
+  with or without DXT, the summary's counter records: POSIX + STDIO + DFS, MPI-IO or DAOS
+  by its per-log rule).
 * ``direction``: ``write`` or ``read`` when |writes - reads| / (reads + writes), in bytes,
   exceeds ``dominance_ratio`` (Drishti imbalance_operations), else ``mixed``.
 * ``access``: ``random`` when the share of non-sequential requests exceeds ``random_ratio``
@@ -68,7 +69,7 @@ from .phases_sql import (
     SMALL_BIN_COUNTERS,
     STRIPES_SQL,
 )
-from .summary import _check_layer, _darshan_figures, fan_in_patterns
+from .summary import _check_layer, _darshan_totals, fan_in_patterns
 from .summary_sql import ns_to_datetime
 
 Direction = Literal["read", "write", "mixed", "none"]
@@ -360,8 +361,8 @@ def counters_profile(store: Store, job_id: str, cfg: DiagnosisConfig | None = No
 
 def _summary_pattern(prof: IoProfile | None, figs: dict | None, cfg: DiagnosisConfig) -> IoProfile | None:
     """``prof`` with the pattern fields of the job's Darshan-counter summary (``figs``, from
-    :func:`pharos_analytics.summary._darshan_figures`): one definition of a counter job's pattern.
-    A job with counters but no POSIX record (STDIO or MPI-IO only) gets a profile of its
+    :func:`pharos_analytics.summary._darshan_totals`): one definition of a Darshan job's pattern.
+    A job with counters but no POSIX record (STDIO, MPI-IO or DFS only) gets a profile of its
     summary's figures alone (shares unknown: ``None``)."""
     if figs is None:
         return prof
@@ -411,13 +412,13 @@ def job_phases(store: Store, job_id: str, layer: str = "client", cfg: DiagnosisC
 
     The job profile's pattern fields (``pattern``, ``patterns``, ``fan_in_pattern``,
     ``io_ranks``, ``n_files``) are those of :func:`pharos_analytics.summary.job_summary` for
-    the same job and layer: from the trace when the job has data requests there, else (client
-    layer) from the Darshan counters the summary uses."""
+    the same job and layer: on the client layer, a Darshan job's (with or without DXT) from the
+    Darshan counters the summary uses, else from the trace."""
     cfg = cfg or DiagnosisConfig()
     job, phases, gap_s = trace_phases(store, job_id, layer, cfg)
     figs = None
-    if layer == "client" and (job is None or job.reads + job.writes == 0):
-        figs = _darshan_figures(store, job_id, 100)  # the summary's fallback: same pattern
+    if layer == "client":  # a Darshan job's summary takes its pattern from the counters: same here
+        figs = _darshan_totals(store, job_id, 100)[0]
     if job is not None and (job.reads + job.writes + job.metadata_ops) > 0:
         return JobPhases(
             job_id=job_id,

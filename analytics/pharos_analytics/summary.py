@@ -30,33 +30,56 @@ Definitions used throughout (one layer at a time, ``client`` by default):
   do the same for data ops on data files, so their ratio is the merge ratio of the job's
   data I/O (metadata ops are never merged).
 
-Darshan fallback (``source == "darshan-counters"``): a job whose ``client`` layer has no
-data-op rows in ``io_requests`` (a Darshan log imported without DXT) but has rows in
-``darshan_counters`` is summarised from the module counters instead
-(:data:`JOB_DARSHAN_SQL`, one query). Per log, the POSIX and STDIO modules are used; a log
-without a POSIX module uses MPI-IO instead (never both: MPI-IO bytes are the POSIX bytes
-one layer up). The standard streams ``<STDIN>``/``<STDOUT>``/``<STDERR>`` count as
-non-file ops (``by_type`` key ``stdio``). Counter -> summary field:
+Darshan jobs (``source`` ``"darshan-counters"`` or ``"darshan-counters+dxt"``): on the
+``client`` layer, a job with rows in ``darshan_counters`` (of completely imported logs) takes its
+totals from the module counters (:data:`JOB_DARSHAN_SQL`), whether or not its logs
+have DXT: the counters see every request of every file, while DXT never traces STDIO, DFS or
+DAOS and stops at its trace memory limit. Without DXT rows the source is ``darshan-counters``;
+with DXT rows it is ``darshan-counters+dxt``: ``records``/``data_records`` then count the DXT
+rows (the per-request detail that phases and heat maps use), every other figure below comes
+from the counters, and ``dxt`` says how much the DXT rows cover
+(:func:`pharos_analytics.summary_dxt.job_dxt`). A job that also has client data rows traced by
+Pharos (a log imported into a traced job with ``--job-id``) keeps the traces' figures. Per
+log, the POSIX, STDIO and DFS modules are used; MPI-IO only for a log with neither POSIX nor
+DFS (MPI-IO bytes are the POSIX bytes one layer up, or the DFS bytes with ROMIO's DAOS
+driver, ``ad_daos``, which calls ``dfs_readx``/``dfs_writex``); DAOS only for a log without
+DFS (DFS keeps its files and directories in DAOS objects: the DAOS module sees the DFS bytes
+again plus DFS's own superblock and directory objects; darshan-dfs-log-format.h and
+darshan-daos-log-format.h: one record per DFS file, one per DAOS object; the ior_daos DFS log:
+DFS 16 MiB read + 16 MiB written, DAOS the same plus 528 B read and 88 B written). Never two
+modules over the same bytes. The standard streams ``<STDIN>``/``<STDOUT>``/``<STDERR>`` count
+as non-file ops (``by_type`` key ``stdio``). Counter -> summary field:
 
 * ``bytes_read``/``bytes_written`` (bytes): ``POSIX_BYTES_READ``/``_WRITTEN`` +
-  ``STDIO_BYTES_READ``/``_WRITTEN`` (``MPIIO_BYTES_*`` for logs without POSIX).
-* ``ops`` (requests): ``read`` = ``POSIX_READS`` + ``STDIO_READS`` (or
-  ``MPIIO_{INDEP,COLL,SPLIT,NB}_READS``), ``write`` likewise, ``open`` = ``POSIX_OPENS`` +
-  ``STDIO_OPENS`` (or ``MPIIO_{INDEP,COLL}_OPENS``), ``stat`` = ``POSIX_STATS``,
-  ``fsync`` = ``POSIX_FSYNCS`` (or ``MPIIO_SYNCS``), ``fdatasync`` = ``POSIX_FDSYNCS``.
-  Seeks, mmaps and dup/fileno calls are not I/O requests in Pharos' op model and are left out.
-  ``requests`` = ``data_requests`` + metadata ops; ``records`` = ``data_records`` = 0
-  (no stored rows).
-* ``size_histogram``: ``POSIX_SIZE_{READ,WRITE}_<bin>`` (``MPIIO_SIZE_*_AGG_<bin>``);
-  STDIO has no histogram, so its requests are not binned.
-* ``io_time_s`` (s): ``POSIX_F_READ_TIME`` + ``POSIX_F_WRITE_TIME`` (+ STDIO/MPI-IO alike).
+  ``STDIO_BYTES_READ``/``_WRITTEN`` + ``DFS_BYTES_READ``/``_WRITTEN`` (``MPIIO_BYTES_*`` for
+  logs with neither POSIX nor DFS, ``DAOS_BYTES_*`` for logs without DFS).
+* ``ops`` (requests): ``read`` = ``POSIX_READS`` + ``STDIO_READS`` + ``DFS_READS`` +
+  ``DFS_READXS`` (or ``MPIIO_{INDEP,COLL,SPLIT,NB}_READS``; ``DAOS_OBJ_FETCHES`` +
+  ``DAOS_ARRAY_READS`` + ``DAOS_KV_GETS``), ``write`` likewise (``*_WRITES``, ``DFS_WRITEXS``,
+  ``DAOS_OBJ_UPDATES``, ``DAOS_ARRAY_WRITES``, ``DAOS_KV_PUTS``), ``open`` = ``POSIX_OPENS`` +
+  ``STDIO_OPENS`` + ``DFS_OPENS`` + ``DFS_GLOBAL_OPENS`` (or ``MPIIO_{INDEP,COLL}_OPENS``;
+  ``DAOS_{OBJ,ARRAY,KV}_OPENS``), ``stat`` = ``POSIX_STATS`` + ``DFS_STATS``, ``fsync`` =
+  ``POSIX_FSYNCS`` (or ``MPIIO_SYNCS``), ``fdatasync`` = ``POSIX_FDSYNCS``. Seeks, mmaps,
+  dup/fileno calls and DFS lookups are not I/O requests in Pharos' op model and are left out.
+  ``requests`` = ``data_requests`` + metadata ops; ``records`` = ``data_records`` = 0 without
+  DXT rows (no stored rows), the DXT rows with them.
+* ``size_histogram``: ``POSIX_SIZE_{READ,WRITE}_<bin>`` (``MPIIO_SIZE_*_AGG_<bin>``,
+  ``DFS_SIZE_*_<bin>``, ``DAOS_SIZE_*_<bin>``); STDIO has no histogram, so its requests are
+  not binned.
+* ``io_time_s`` (s): ``POSIX_F_READ_TIME`` + ``POSIX_F_WRITE_TIME`` (+ STDIO/DFS/MPI-IO/DAOS
+  alike).
 * ``files``/``n_files``: records (by path) with bytes, reads, writes or opens.
   ``io_ranks``/``pattern``: ranks >= 0 of those records; a shared record (rank -1,
   reduced over ranks) stands for every rank of its log (``darshan_logs.nprocs``,
   shifted by ``rank_offset``).
-* ``first_io``/``last_io``: the earliest ``darshan_logs.start`` and latest ``end`` of the
-  job's logs (the counters carry no absolute times), so ``io_span_s`` is the logs' span.
+* ``first_io``/``last_io``: with a complete DXT (``dxt.partial`` false), the first DXT request's
+  start and the last one's end (real per-request times); otherwise the earliest
+  ``darshan_logs.start`` and latest ``end`` of the job's logs (the counters carry no absolute
+  times, and a partial DXT misses requests), so ``io_span_s`` is the logs' span.
+  ``bandwidth_mib_s`` divides the counters' bytes by that span.
 * ``failed_requests`` = 0: Darshan counts no failed requests.
+* ``dxt`` (:class:`~pharos_analytics.summary_types.DxtCoverage`): DXT bytes against the POSIX
+  (or MPI-IO) counter bytes, ``partial`` when DXT holds less or a log marks DXT partial.
 
 Rows older than the table's TTL (90 days) are gone; a job then shows only its events.
 """
@@ -69,6 +92,7 @@ from pharos_core.store import Store
 
 from .coverage import job_coverage
 from .pattern import SYSTEM_PATH_REGEX, DirectionFanIn, Pattern, classify_fan_in, decide_directions, direction_pattern
+from .summary_dxt import job_dxt
 from .summary_sql import (
     DATA_OPS,
     JOB_DARSHAN_SQL,
@@ -81,6 +105,7 @@ from .summary_sql import (
     JOB_SIZE_HISTOGRAM_SQL,
     JOBS_COUNT_SQL,
     JOBS_PAGE_BYTES_SQL,
+    JOBS_PAGE_DARSHAN_SQL,
     JOBS_PAGE_FAN_IN_SQL,
     JOBS_PAGE_SQL,
     LAYERS,
@@ -90,7 +115,16 @@ from .summary_sql import (
     SIZE_BINS,
     ns_to_datetime,
 )
-from .summary_types import Drops, FileSummary, JobListItem, JobState, JobSummary, NonFileOps, SummarySource
+from .summary_types import (
+    Drops,
+    DxtCoverage,
+    FileSummary,
+    JobListItem,
+    JobState,
+    JobSummary,
+    NonFileOps,
+    SummarySource,
+)
 
 # --------------------------------------------------------------------------------------
 # Helpers
@@ -169,7 +203,8 @@ def fan_in_patterns(
 
 def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None:
     """The JobSummary fields computed from the job's Darshan counters (:data:`JOB_DARSHAN_SQL`),
-    ``None`` when the job has none. Units and counter names: see the module docstring."""
+    ``None`` when the job has none (every field as without DXT rows: ``records`` 0, the logs'
+    span). Units and counter names: see the module docstring."""
     r = store.query(JOB_DARSHAN_SQL, {"job_id": job_id, "limit": files_limit})[0]
     if not int(r["counted_files"]):
         return None
@@ -237,6 +272,35 @@ def _darshan_figures(store: Store, job_id: str, files_limit: int) -> dict | None
     }
 
 
+def _darshan_totals(store: Store, job_id: str, files_limit: int) -> tuple[dict | None, DxtCoverage | None]:
+    """The JobSummary fields a Darshan job takes from its counters, and its DXT coverage
+    (:func:`pharos_analytics.summary_dxt.job_dxt`; ``None`` without DXT). The fields are ``None``
+    when the job has no Darshan counters, or has client data rows traced by Pharos (the traces'
+    totals stand). With DXT rows, ``records``/``data_records`` are left to the rows, ``source`` is
+    ``darshan-counters+dxt``, and a complete DXT (not ``partial``) gives the I/O window
+    (``first_io``, ``last_io``, ``io_span_s``, ``bandwidth_mib_s``). Units: see the module docstring."""
+    jd = job_dxt(store, job_id)
+    if jd is None:
+        return None, None
+    figs = _darshan_figures(store, job_id, files_limit)
+    if figs is None or jd.traced_records:
+        return None, jd.coverage
+    cov = jd.coverage
+    if cov is not None and cov.records:
+        del figs["records"], figs["data_records"]
+        figs["source"] = "darshan-counters+dxt"
+        if not cov.partial and jd.first_ns and jd.last_ns:
+            span_s = (jd.last_ns - jd.first_ns) / 1e9
+            total = figs["bytes_read"] + figs["bytes_written"]
+            figs |= {
+                "first_io": ns_to_datetime(jd.first_ns),
+                "last_io": ns_to_datetime(jd.last_ns),
+                "io_span_s": span_s,
+                "bandwidth_mib_s": total / 2**20 / span_s if total and span_s > 0 else None,
+            }
+    return figs, cov
+
+
 # --------------------------------------------------------------------------------------
 # Public API
 
@@ -265,9 +329,10 @@ def job_summary(
 
     Returns:
         A :class:`JobSummary`, or ``None`` when the job has neither an event nor a record
-        on ``layer`` (unknown job). On the ``client`` layer, a job without data-op rows
-        but with Darshan counters (a log imported without DXT) is summarised from the
-        counters, ``source == "darshan-counters"`` (see the module docstring).
+        on ``layer`` (unknown job). On the ``client`` layer, a job with Darshan counters takes
+        its totals from the counters, ``source`` ``"darshan-counters"`` (no DXT rows) or
+        ``"darshan-counters+dxt"`` (DXT rows give ``records``/``data_records``), and ``dxt``
+        is its DXT coverage when its logs have DXT (see the module docstring).
 
     Raises:
         ValueError: unknown layer or negative ``files_limit``.
@@ -316,7 +381,7 @@ def job_summary(
             first_ns = first if first_ns is None else min(first_ns, first)
             last_ns = last if last_ns is None else max(last_ns, last)
 
-    darshan = _darshan_figures(store, job_id, files_limit) if layer == "client" and not data_records else None
+    darshan, dxt = _darshan_totals(store, job_id, files_limit) if layer == "client" else (None, None)
 
     hist = {d: {label: 0 for label, _ in SIZE_BINS} for d in ("read", "write")}
     for r in store.query(JOB_SIZE_HISTOGRAM_SQL, p):
@@ -385,6 +450,8 @@ def job_summary(
     )
     if darshan:
         summary = replace(summary, **darshan)
+    if dxt is not None:
+        summary = replace(summary, dxt=dxt)
     nodes = [r["node"] for r in store.query(JOB_NODES_SQL, {"job_id": job_id, "layer": layer})]
     summary = replace(summary, compute_nodes=nodes)
     if coverage:
@@ -400,11 +467,10 @@ def list_jobs(
     ``user``, only the jobs whose start event names that user.
 
     Bytes and pattern come from ``layer``'s data I/O (see module docstring), the pattern
-    decided as in :func:`job_summary` (volume dominance). On the ``client`` layer, a job
-    without data-op rows but with Darshan counters (a log imported without DXT) gets its
-    bytes and pattern from the counters, as its summary does (``source``
-    ``darshan-counters``; one more query per such job). Jobs that have records but no event
-    are not listed (they still have a summary).
+    decided as in :func:`job_summary` (volume dominance). On the ``client`` layer, a job with
+    Darshan counters gets its bytes and pattern from the counters, as its summary does
+    (``source`` ``darshan-counters`` or ``darshan-counters+dxt``; three more queries per such
+    job). Jobs that have records but no event are not listed (they still have a summary).
 
     Raises:
         ValueError: unknown layer, ``limit`` < 0 or ``offset`` < 0.
@@ -425,6 +491,7 @@ def list_jobs(
         r["job_id"]: r
         for r in store.query(JOBS_PAGE_FAN_IN_SQL, {**page, "layer": layer, "system_re": SYSTEM_PATH_REGEX})
     }
+    darshan = {r["job_id"] for r in store.query(JOBS_PAGE_DARSHAN_SQL, page)} if layer == "client" else set()
     out = []
     for ev in events:
         jid = ev["job_id"]
@@ -432,7 +499,7 @@ def list_jobs(
         br, bw = (int(b["bytes_read"]), int(b["bytes_written"])) if b else (0, 0)
         io_ranks, n_files, pattern, patterns, fan_in = fan_in_patterns(fan.get(jid), br, bw)
         source: SummarySource = "traces"
-        if layer == "client" and jid not in fan and (d := _darshan_figures(store, jid, 0)) is not None:
+        if jid in darshan and (d := _darshan_totals(store, jid, 0)[0]) is not None:
             io_ranks, n_files, pattern, patterns, fan_in = (
                 d["io_ranks"],
                 d["n_files"],
@@ -440,7 +507,7 @@ def list_jobs(
                 d["patterns"],
                 d["fan_in_pattern"],
             )
-            br, bw, source = d["bytes_read"], d["bytes_written"], "darshan-counters"
+            br, bw, source = d["bytes_read"], d["bytes_written"], d["source"]
         out.append(
             JobListItem(
                 job_id=jid,

@@ -235,11 +235,19 @@ FROM
 )
 """
 
-#: Darshan counter names behind each fallback figure (see :mod:`pharos_analytics.summary`). POSIX and
-#: STDIO names apply to every log, MPI-IO names only to logs without a POSIX module.
+#: Darshan counter names behind each counter figure (see :mod:`pharos_analytics.summary`). Which
+#: modules count is decided per log (:data:`DARSHAN_MODULES_RULE`): POSIX, STDIO and DFS names apply
+#: to every log, MPI-IO names only to logs with neither POSIX nor DFS, DAOS names only to logs
+#: without DFS (the same bytes one layer up or down are never counted twice).
 DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
-    "bytes_read": ("POSIX_BYTES_READ", "STDIO_BYTES_READ", "MPIIO_BYTES_READ"),
-    "bytes_written": ("POSIX_BYTES_WRITTEN", "STDIO_BYTES_WRITTEN", "MPIIO_BYTES_WRITTEN"),
+    "bytes_read": ("POSIX_BYTES_READ", "STDIO_BYTES_READ", "MPIIO_BYTES_READ", "DFS_BYTES_READ", "DAOS_BYTES_READ"),
+    "bytes_written": (
+        "POSIX_BYTES_WRITTEN",
+        "STDIO_BYTES_WRITTEN",
+        "MPIIO_BYTES_WRITTEN",
+        "DFS_BYTES_WRITTEN",
+        "DAOS_BYTES_WRITTEN",
+    ),
     "reads": (
         "POSIX_READS",
         "STDIO_READS",
@@ -247,6 +255,11 @@ DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
         "MPIIO_COLL_READS",
         "MPIIO_SPLIT_READS",
         "MPIIO_NB_READS",
+        "DFS_READS",
+        "DFS_READXS",
+        "DAOS_OBJ_FETCHES",
+        "DAOS_ARRAY_READS",
+        "DAOS_KV_GETS",
     ),
     "writes": (
         "POSIX_WRITES",
@@ -255,9 +268,24 @@ DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
         "MPIIO_COLL_WRITES",
         "MPIIO_SPLIT_WRITES",
         "MPIIO_NB_WRITES",
+        "DFS_WRITES",
+        "DFS_WRITEXS",
+        "DAOS_OBJ_UPDATES",
+        "DAOS_ARRAY_WRITES",
+        "DAOS_KV_PUTS",
     ),
-    "opens": ("POSIX_OPENS", "STDIO_OPENS", "MPIIO_INDEP_OPENS", "MPIIO_COLL_OPENS"),
-    "stats": ("POSIX_STATS",),
+    "opens": (
+        "POSIX_OPENS",
+        "STDIO_OPENS",
+        "MPIIO_INDEP_OPENS",
+        "MPIIO_COLL_OPENS",
+        "DFS_OPENS",
+        "DFS_GLOBAL_OPENS",
+        "DAOS_OBJ_OPENS",
+        "DAOS_ARRAY_OPENS",
+        "DAOS_KV_OPENS",
+    ),
+    "stats": ("POSIX_STATS", "DFS_STATS"),
     "fsyncs": ("POSIX_FSYNCS", "MPIIO_SYNCS"),
     "fdsyncs": ("POSIX_FDSYNCS",),
     "io_time_s": (
@@ -267,8 +295,20 @@ DARSHAN_COUNTERS: dict[str, tuple[str, ...]] = {
         "STDIO_F_WRITE_TIME",
         "MPIIO_F_READ_TIME",
         "MPIIO_F_WRITE_TIME",
+        "DFS_F_READ_TIME",
+        "DFS_F_WRITE_TIME",
+        "DAOS_F_READ_TIME",
+        "DAOS_F_WRITE_TIME",
     ),
 }
+#: The modules whose counters a record of ``darshan_counters`` AS c of a log of ``darshan_logs``
+#: AS l (columns ``has_posix``, ``has_dfs``) contributes: POSIX, STDIO and DFS always; MPI-IO
+#: only without POSIX and DFS (MPI-IO's bytes are the POSIX bytes one layer up, or the DFS bytes
+#: with ROMIO's DAOS driver); DAOS only without DFS (DFS stores its files as DAOS objects).
+DARSHAN_MODULES_RULE = (
+    "(c.module IN ('POSIX', 'STDIO', 'DFS') OR (c.module = 'MPI-IO' AND NOT l.has_posix AND NOT l.has_dfs)"
+    " OR (c.module = 'DAOS' AND NOT l.has_dfs))"
+)
 #: Darshan's counter suffix of each :data:`SIZE_BINS` bin (``POSIX_SIZE_READ_<suffix>``).
 _DARSHAN_BIN_SUFFIXES: tuple[str, ...] = (
     "0_100",
@@ -291,11 +331,18 @@ def _sum_counters(names: tuple[str, ...]) -> str:
 
 
 def _hist_counters(direction: str) -> str:
-    """An array with one sum per size bin: POSIX bins, or MPI-IO aggregate bins."""
+    """An array with one sum per size bin: POSIX, MPI-IO aggregate, DFS and DAOS bins."""
     return (
         "["
         + ", ".join(
-            _sum_counters((f"POSIX_SIZE_{direction}_{b}", f"MPIIO_SIZE_{direction}_AGG_{b}"))
+            _sum_counters(
+                (
+                    f"POSIX_SIZE_{direction}_{b}",
+                    f"MPIIO_SIZE_{direction}_AGG_{b}",
+                    f"DFS_SIZE_{direction}_{b}",
+                    f"DAOS_SIZE_{direction}_{b}",
+                )
+            )
             for b in _DARSHAN_BIN_SUFFIXES
         )
         + "]"
@@ -304,7 +351,7 @@ def _hist_counters(direction: str) -> str:
 
 _STREAMS = "(" + ", ".join(f"'{v}'" for v in DARSHAN_STREAMS) + ")"  # constants with <>: no sql_list
 
-#: The Darshan fallback of one job, one row (see :mod:`pharos_analytics.summary`): totals over data
+#: The Darshan counter figures of one job, one row (see :mod:`pharos_analytics.summary`): totals over data
 #: files and over the standard streams, size histogram, fan-in statistics (as
 #: :data:`FAN_IN_SELECT`), the {limit:UInt32} largest files as tuples (path, bytes_read,
 #: bytes_written, reads, writes, ranks) and the logs' time span. ``counted_files`` (files
@@ -312,7 +359,7 @@ _STREAMS = "(" + ", ".join(f"'{v}'" for v in DARSHAN_STREAMS) + ")"  # constants
 JOB_DARSHAN_SQL = f"""
 WITH logs AS
 (
-    SELECT log_id, nprocs, rank_offset, has(modules, 'POSIX') AS has_posix,
+    SELECT log_id, nprocs, rank_offset, has(modules, 'POSIX') AS has_posix, has(modules, 'DFS') AS has_dfs,
            toUnixTimestamp64Nano(start) AS start_ns, toUnixTimestamp64Nano(end) AS end_ns
     FROM darshan_logs FINAL
     WHERE job_id = {{job_id:String}}
@@ -371,7 +418,7 @@ FROM
         FROM darshan_counters AS c
         INNER JOIN logs AS l ON c.log_id = l.log_id
         WHERE c.job_id = {{job_id:String}}
-          AND (c.module IN ('POSIX', 'STDIO') OR (c.module = 'MPI-IO' AND NOT l.has_posix))
+          AND {DARSHAN_MODULES_RULE}
         GROUP BY c.log_id, c.record_id, c.rank, c.path, l.rank_offset, l.nprocs
     )
     GROUP BY file
@@ -404,6 +451,9 @@ GROUP BY job_id
 
 #: Fan-in statistics of the jobs on a page.
 JOBS_PAGE_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", _PAGE_IDS)
+
+#: The jobs on a page that have a completely imported Darshan log (their totals come from the counters).
+JOBS_PAGE_DARSHAN_SQL = f"SELECT DISTINCT job_id FROM darshan_logs FINAL WHERE {_PAGE_IDS}"
 
 #: Number of jobs with at least one event (``only_user`` 1: started by ``user``).
 JOBS_COUNT_SQL = (

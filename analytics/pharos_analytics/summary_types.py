@@ -10,8 +10,10 @@ from .coverage import Coverage, Gap
 from .pattern import Pattern
 
 JobState = Literal["running", "finished", "failed", "unknown"]
-#: Where a summary's figures come from: ``io_requests`` rows, or Darshan module counters.
-SummarySource = Literal["traces", "darshan-counters"]
+#: Where a summary's figures come from: ``io_requests`` rows (``traces``), or a Darshan job's
+#: module counters, without DXT rows (``darshan-counters``) or with DXT rows that give the
+#: per-request detail (``darshan-counters+dxt``); see :mod:`pharos_analytics.summary`.
+SummarySource = Literal["traces", "darshan-counters", "darshan-counters+dxt"]
 
 
 # --------------------------------------------------------------------------------------
@@ -55,6 +57,30 @@ class Drops:
 
 
 @dataclass(frozen=True)
+class DxtCoverage:
+    """How much of a Darshan job's I/O its DXT trace holds (client layer, all the job's logs).
+
+    ``bytes`` (bytes) and ``records`` are the DXT segments stored as ``io_requests`` rows
+    (DXT_POSIX, and DXT_MPIIO of files without DXT_POSIX). ``counter_bytes`` (bytes) is what the
+    counters of the modules DXT can trace say: ``POSIX_BYTES_READ`` + ``POSIX_BYTES_WRITTEN``
+    (``MPIIO_BYTES_*`` for logs with neither POSIX nor DFS) over every record, standard streams
+    included; DXT never traces STDIO, DFS or DAOS, so their bytes are in neither figure.
+    ``share`` = ``bytes / counter_bytes`` in [0, 1] (capped at 1; 1.0 when ``counter_bytes`` is 0).
+    ``partial_modules``: the DXT modules (``DXT_POSIX``, ``DXT_MPIIO``) a log marks as partial
+    (DXT ran out of its trace memory). ``partial`` is true when ``share < 1`` or
+    ``partial_modules`` is not empty: the per-request detail (phases, heat map) then shows part of
+    the job's I/O, the totals do not (they come from the counters).
+    """
+
+    bytes: int
+    counter_bytes: int
+    share: float
+    partial: bool
+    records: int = 0
+    partial_modules: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class JobSummary:
     """What one job did on one layer. Bytes in bytes, times UTC, rates in MiB/s (2**20 B/s).
 
@@ -68,8 +94,11 @@ class JobSummary:
     summed over ranks and threads); ``io_span_s`` is ``last_io - first_io``;
     ``bandwidth_mib_s`` is ``(bytes_read + bytes_written) / 2**20 / io_span_s``, ``None``
     without data I/O or with a zero span.
-    ``source`` is ``"traces"`` (``io_requests``) or ``"darshan-counters"`` (the Darshan
-    fallback, see :mod:`pharos_analytics.summary` for the counters behind each field).
+    ``source`` is ``"traces"`` (``io_requests``), ``"darshan-counters"`` (a Darshan job without
+    DXT rows: every figure from the module counters) or ``"darshan-counters+dxt"`` (a Darshan job
+    with DXT rows: totals from the counters, ``records``/``data_records`` the DXT rows); see
+    :mod:`pharos_analytics.summary` for the counters behind each field. ``dxt`` is the DXT
+    coverage of a Darshan job whose logs have a DXT module (:class:`DxtCoverage`), else ``None``.
     ``compute_nodes`` are the nodes the job's requests on ``layer`` came from (sorted names: the
     agents' host on the client layer, the FUSE clients' compute node on the others).
     ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
@@ -118,6 +147,7 @@ class JobSummary:
     gaps: list[Gap] = field(default_factory=list)
     coverage: Coverage | None = None
     compute_nodes: list[str] = field(default_factory=list)
+    dxt: DxtCoverage | None = None
 
 
 @dataclass(frozen=True)

@@ -229,8 +229,17 @@ def render_job(console: Console, s: dict) -> None:
     if s["command"]:
         console.print(f"command {' '.join(s['command'])}", markup=False)
     console.print(f"start {_time(s['start'])}   end {_time(s['end'])} UTC")
-    if s.get("source", "traces") != "traces":  # e.g. a Darshan log imported without DXT
-        console.print(f"source {s['source']} (per-file totals; no per-request traces)", markup=False)
+    source = s.get("source", "traces")
+    if source == "darshan-counters":  # a Darshan log imported without DXT
+        console.print(f"source {source} (per-file totals; no per-request traces)", markup=False)
+    elif source != "traces":  # a Darshan log with DXT: totals from the counters, DXT for the detail
+        console.print(
+            f"source {source} (totals from the module counters; DXT gives the per-request detail)", markup=False
+        )
+    if s.get("dxt"):
+        from pharos_analytics.summary_dxt import dxt_text
+
+        console.print(Text(dxt_text(s["dxt"]), style="yellow" if s["dxt"]["partial"] else ""))
     ranks = "-" if s["ranks"] is None else s["ranks"]
     console.print(
         f"[bold]pattern {s['pattern']}[/bold] (by volume: writes {s['patterns']['write']}, reads "

@@ -21,6 +21,7 @@ import base64
 import html
 import io
 import math
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from matplotlib.colors import LogNorm
@@ -30,6 +31,7 @@ from pharos_analytics.coverage import gap_lines
 from pharos_analytics.insights import job_insights
 from pharos_analytics.report_data import RankTime, rank_time_bytes, resource_bytes
 from pharos_analytics.summary import job_summary
+from pharos_analytics.summary_dxt import dxt_text
 from pharos_analytics.summary_sql import SIZE_BINS
 from pharos_analytics.summary_types import JobSummary
 from pharos_core.store import Store
@@ -213,6 +215,12 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
         ),
         ("layer shown", f"{layer} ({'eBPF agent' if layer == 'client' else 'forwarding daemons'})"),
     ]
+    if s.source != "traces":
+        rows.append(("source", f"{s.source}: totals from the Darshan module counters"))
+    if s.dxt is not None:
+        rows.append(
+            ("DXT", dxt_text(asdict(s.dxt)) + ("; phases and heat map show that part" if s.dxt.partial else ""))
+        )
     if s.dropped_records:
         rows.append(("dropped records", f"{s.dropped_records} (the figures are a lower bound)"))
     if not cov.complete:

@@ -1,4 +1,5 @@
-"""job_summary's Darshan-counter fallback on real logs without DXT, in a real chDB store.
+"""job_summary's Darshan counters on real logs (without DXT, and one with a complete DXT), in a real
+chDB store.
 
 Expected figures are computed independently from the logs with PyDarshan."""
 
@@ -18,10 +19,11 @@ SHARED_65536 = "skew_io/skew-app.darshan"  # one shared (rank -1) record over 65
 WITH_DXT = "mpi_io_test_with_dxt/treddy_mpi-io-test_id4373053_6-2-60198-9815401321915095332_1.darshan"
 
 
-def expected(path) -> dict:
-    """Bytes and data requests of the log's files (POSIX + STDIO, standard streams apart)."""
+def expected(path, dxt: bool = False) -> dict:
+    """Bytes and data requests of the log's files (POSIX + STDIO, standard streams apart); the log
+    has DXT modules when ``dxt``, none otherwise."""
     r = darshan.DarshanReport(str(path), read_all=True)
-    assert not any(m.startswith("DXT") for m in r.modules)
+    assert any(m.startswith("DXT") for m in r.modules) == dxt
     out = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "writes": 0, "stream_bytes": 0}
     for mod, prefix in (("POSIX", "POSIX_"), ("STDIO", "STDIO_")):
         if mod not in r.records:
@@ -86,11 +88,19 @@ def test_shared_record_counts_every_rank_of_the_log(store):
     assert s.io_ranks == 65536 and s.pattern == "N-1"
 
 
-def test_log_with_dxt_keeps_traces(store):
-    r = import_log(store, log(WITH_DXT))
+def test_log_with_dxt_takes_its_totals_from_the_counters(store):
+    # Issue 24: the totals of a log with DXT were the DXT segments' (source "traces"), which miss
+    # STDIO and whatever DXT dropped; they are the counters' now, the DXT rows the records.
+    p = log(WITH_DXT)
+    r = import_log(store, p)
     assert r.dxt_segments > 0
+    want = expected(p, dxt=True)
     s = job_summary(store, r.job_id)
-    assert s.source == "traces"
+    assert s.source == "darshan-counters+dxt"
+    assert (s.bytes_read, s.bytes_written) == (want["bytes_read"], want["bytes_written"])
+    assert s.ops["read"] == want["reads"] and s.ops["write"] == want["writes"]
+    assert s.dxt is not None and not s.dxt.partial and s.dxt.share == 1.0
+    # this log's DXT is complete: its rows hold the same bytes
     io = store.query(
         "SELECT sumIf(bytes, op IN ('read', 'pread', 'readv')) AS r, "
         "sumIf(bytes, op IN ('write', 'pwrite', 'writev')) AS w, count() AS n "

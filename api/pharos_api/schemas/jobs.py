@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from pharos_analytics.pattern import Pattern
-from pharos_analytics.summary_types import JobListItem, JobState
+from pharos_analytics.summary_types import DxtCoverage, JobListItem, JobState, SummarySource
 
 from .common import OutModel, model_of
 
@@ -63,15 +63,35 @@ class CoverageOut(OutModel):
     silence_s: float = Field(description="Longest silence of a live agent (heartbeat_missed x heartbeat_interval_s).")
 
 
+#: A Darshan job's DXT coverage: the fields of :class:`pharos_analytics.summary_types.DxtCoverage`.
+DxtCoverageOut = model_of(
+    DxtCoverage,
+    "DxtCoverageOut",
+    bytes=Field(description="Bytes of the DXT segments stored as requests (DXT_POSIX; DXT_MPIIO of files without it)."),
+    counter_bytes=Field(
+        description="Bytes the counters of the modules DXT traces count: POSIX_BYTES_READ + POSIX_BYTES_WRITTEN "
+        "(MPIIO_BYTES_* for logs with neither POSIX nor DFS). DXT never traces STDIO, DFS or DAOS."
+    ),
+    share=Field(description="bytes / counter_bytes, 0..1 (1 when counter_bytes is 0)."),
+    partial=Field(
+        description="DXT holds less than the counters (share < 1) or a log marks DXT partial (out of trace "
+        "memory): phases and heat maps show part of the I/O; the job's totals come from the counters."
+    ),
+    records=Field(0, description="DXT segments stored (io_requests rows)."),
+    partial_modules=Field(default_factory=list, description="DXT modules a log marks partial (DXT_POSIX, DXT_MPIIO)."),
+)
+
+
 class JobSummaryOut(OutModel):
     """A job's I/O on one layer (Darshan counters, Beacon pattern); see pharos_analytics.summary."""
 
     job_id: str
     layer: str
-    source: Literal["traces", "darshan-counters"] = Field(
+    source: SummarySource = Field(
         "traces",
-        description="Where the figures come from: per-request rows (io_requests), or Darshan module "
-        "counters of a log imported without DXT.",
+        description="Where the figures come from: traces: per-request rows (io_requests); darshan-counters: a "
+        "Darshan log's module counters (no DXT); darshan-counters+dxt: the counters for every total, the DXT "
+        "rows for records and data_records (per-request detail; see dxt).",
     )
     name: str | None
     user: str | None
@@ -127,6 +147,9 @@ class JobSummaryOut(OutModel):
     )
     gaps: list[GapOut] = Field(default_factory=list, description="Where and when no agent watched the job.")
     coverage: CoverageOut | None = None
+    dxt: DxtCoverageOut | None = Field(
+        None, description="A Darshan job's DXT coverage (client layer, logs with DXT); null otherwise."
+    )
 
 
 #: One line of the job list: the fields of :class:`pharos_analytics.summary.JobListItem`, in its
@@ -136,7 +159,11 @@ JobListItemOut = model_of(
     "JobListItemOut",
     pattern=Field(description="As JobSummaryOut.pattern (volume dominance)."),
     patterns=Field(default_factory=dict, description="Pattern of reads and of writes."),
-    source=Field("traces", description="darshan-counters: bytes and pattern from a log imported without DXT."),
+    source=Field(
+        "traces",
+        description="darshan-counters / darshan-counters+dxt: bytes and pattern from a Darshan log's module "
+        "counters (without / with DXT), as JobSummaryOut.source.",
+    ),
 )
 
 
