@@ -81,13 +81,13 @@ class Node:
     ns: str
     addr: str
     link: str  # the switch side of its veth link
-    mntns: Path | None = None
+    anchor: int | None = None  # compute nodes: the process holding the node's mount namespace
 
     def enter(self) -> list[str]:
         """The nsenter prefix that runs a command on this node (its network, and mount namespace)."""
         argv = ["nsenter", f"--net=/run/netns/{self.ns}"]
-        if self.mntns is not None:
-            argv.append(f"--mount={self.mntns}")
+        if self.anchor is not None:  # a /proc link: valid from any mount namespace
+            argv.append(f"--mount=/proc/{self.anchor}/ns/mnt")
         return [*argv, "--"]
 
 
@@ -179,7 +179,9 @@ class Rig:
 
     @property
     def rsh(self) -> Path:
-        return self.root / "rsh"
+        """The launcher script, under /run like a site's ssh under /usr/bin: a system folder, so the
+        shell reading it in a job is not the job's data I/O."""
+        return Path("/run/pharos-rig") / self.id / "rsh"
 
     @property
     def api_url(self) -> str:
@@ -310,6 +312,8 @@ class Rig:
         cg = cgroup2_mount() / self.cgroup
         if cg.exists():
             out.append(f"cgroup {cg}")
+        if self.rsh.parent.exists():
+            out.append(f"folder {self.rsh.parent}")
         me = os.getpid()
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == me:
@@ -362,17 +366,18 @@ def _network(rig: Rig) -> None:
 
 
 def _mount_namespaces(rig: Rig) -> None:
-    """A persistent mount namespace per compute node (a bind-mounted nsfs file in a private
-    folder), in which that node's FUSE mount lives at :attr:`Rig.mount_dir`."""
-    d = rig.root / "mntns"
-    d.mkdir()
-    sh("mount", "--bind", str(d), str(d))
-    sh("mount", "--make-private", str(d))
+    """A mount namespace per compute node, held by an anchor process (``sleep``) started in it
+    with private propagation: the node's FUSE mount at :attr:`Rig.mount_dir` lives there, and
+    every process entered into the node (``/proc/<anchor>/ns/mnt``) sees it."""
     for n in rig.compute:
-        f = d / n.name
-        f.touch()
-        sh("unshare", f"--mount={f}", "--propagation", "private", "true")
-        n.mntns = f
+        argv = ["unshare", "--mount", "--propagation", "private", "sleep", "infinity"]
+        p = rig.popen(n.name, argv, log=f"{n.name}-anchor")
+        n.anchor = p.pid  # nsenter and unshare exec: the pid is sleep's
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{p.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            if time.monotonic() > deadline or p.poll() is not None:
+                raise RuntimeError(f"{n.name}: no mount namespace of its own\n{rig.log_tail(f'{n.name}-anchor')}")
+            time.sleep(0.05)
 
 
 def _teardown(rig: Rig) -> None:
@@ -388,13 +393,12 @@ def _teardown(rig: Rig) -> None:
                 os.kill(int(line.split()[1]), signal.SIGKILL)
     time.sleep(0.5)
     for n in rig.compute:
-        if n.mntns is not None:
+        if n.anchor is not None and Path(f"/proc/{n.anchor}").exists():
             sh(*n.enter(), "umount", "-l", str(rig.mount_dir), check=False)
-            sh("umount", str(n.mntns), check=False)
-    sh("umount", str(rig.root / "mntns"), check=False)
     for n in [*rig.nodes.values()]:
         sh("ip", "netns", "del", n.ns, check=False)
     sh("ip", "netns", "del", rig.switch, check=False)
+    shutil.rmtree(rig.rsh.parent, ignore_errors=True)
     cg = cgroup2_mount() / rig.cgroup
     if cg.exists():
         for d in sorted(cg.rglob("*"), key=lambda p: -len(p.parts)):
@@ -437,6 +441,7 @@ def running_rig(root: Path, compute: int = 2, fwd: int = 2, brokers: int = 1, pr
         _network(rig)
         _mount_namespaces(rig)
         (cgroup2_mount() / rig.cgroup).mkdir()
+        rig.rsh.parent.mkdir(parents=True)
         rig.rsh.write_text(_rsh_script(rig))
         rig.rsh.chmod(0o755)
         # the site's secrets: one forwarding-layer key and admin token, one API admin token

@@ -40,7 +40,6 @@ MiB = 1 << 20
 RANKS = 4
 PER_RANK = 4 * MiB
 SIDE = 4096
-RUN_ROOT = Path("/run/pharos-test")
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +48,13 @@ def writer(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rig():
+def rig(tmp_path_factory):
+    """The reduced rig. Its folder (and so the jobs' files on the mount) is NOT under /run: a system
+    folder, whose files are never a job's data files (pharos_analytics.pattern.SYSTEM_PREFIXES)."""
     why = rig_available()
     if why:
         pytest.fail(why)
-    with running_rig(RUN_ROOT / f"rig-{uuid.uuid4().hex[:8]}", compute=2, fwd=2, brokers=1) as r:
+    with running_rig(tmp_path_factory.mktemp("rig"), compute=2, fwd=2, brokers=1) as r:
         yield r
 
 
@@ -111,7 +112,7 @@ def test_multinode_mpi_job(rig: Rig, writer: Path):
         assert s["pattern"] == "N-1" and s["patterns"]["write"] == "N-1", line
         assert s["compute_nodes"] == ["cn0", "cn1"], line
         files = sorted((Path(f["path"]).name, f["ranks"], f["bytes_written"]) for f in s["files"])
-        assert files == [("results.txt", 1, side), ("shared.dat", RANKS, total)], line
+        assert files == [("results.txt", 1, side), ("shared.dat", RANKS, total)], (line, s["files"])
     print(f"\n[rig] job {job_id}: pharos run {t_run:.1f} s\n  " + "\n  ".join(lines))
 
 
@@ -120,7 +121,7 @@ def test_rig_leaves_nothing_behind(tmp_path: Path):
     why = rig_available()
     if why:
         pytest.fail(why)
-    root = RUN_ROOT / f"rig-{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "rig"
     with running_rig(root, compute=1, fwd=1, brokers=1) as r:
         stray = r.popen("cn0", ["sleep", "600"])  # a process left on a node, in its namespaces
         names = [n.ns for n in r.nodes.values()] + [r.switch]
