@@ -8,6 +8,10 @@ creates no cgroups, select/cons_tres, one partition), a plugstack.conf loading t
 plugin (build/slurm/pharos_spank.so) with the given options, and, with ``job_submit``, Pharos's
 job_submit.lua next to slurm.conf. Commands (sbatch, squeue, scontrol) get ``SLURM_CONF`` from
 :attr:`SlurmCluster.env`. Needs root.
+
+Its pieces (:func:`prepare_dir`, :func:`munged_argv`, :func:`conf_lines` with ``per_node`` for
+several slurmd, :class:`SlurmCluster` with ``enter``: commands run in a node's namespaces) also
+build the multi-node Slurm of the cluster rig (tests/cluster_slurm.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -42,10 +46,14 @@ class SlurmCluster:
     plugin: Path  # the plugin's copy in ``dir``
     statedir: Path  # the plugin's statedir= (counters)
     classes: Path  # the table job_submit.lua reads ($PHAROS_SLURM_CLASSES)
+    enter: list[str] = field(default_factory=list)  # where commands run (a rig node's nsenter)
+    cwd: Path | None = None  # their working folder (a job's, when submitted)
 
     def run(self, *argv: str, timeout: float = 30) -> str:
         """A Slurm command with this cluster's SLURM_CONF; its stdout. Fails the test on error."""
-        r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [*self.enter, *argv], env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=timeout
+        )
         assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}"
         return r.stdout
 
@@ -96,20 +104,9 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-@contextlib.contextmanager
-def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> Iterator[SlurmCluster]:
-    """munged + slurmctld + slurmd (see the module doc) in a fresh directory under /run, a system
-    path like a site's /etc/slurm and /var/spool/slurmd, so that what Slurm's own processes in the
-    job (srun, the batch shell) read there is not the job's data I/O; the plugin is copied there
-    as a site installs it under Slurm's PluginDir. ``plugin_options``: the SPANK plugin's options
-    (statedir= is set to the cluster's). Fails the test when something is missing or a daemon
-    does not come up within 60 s; stops all three and removes the directory on exit."""
-    for tool in (*DAEMONS, "sbatch", "scontrol"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} not found: apt-get install slurmctld slurmd slurm-client munge (Makefile)")
-    if not PLUGIN.exists():
-        pytest.fail(f"{PLUGIN} missing: `make build` builds the Pharos SPANK plugin")
-    d = Path("/run/pharos-test") / f"slurm-{uuid.uuid4().hex[:8]}"
+def prepare_dir(d: Path) -> tuple[Path, Path, Path]:
+    """Make Slurm's folder ``d`` (state/, spool/, munge/ reachable by job users), copy the plugin
+    into it and write a fresh munge key; returns (the plugin's copy, munged's socket, the key)."""
     d.mkdir(parents=True)
     plugin = d / PLUGIN.name
     shutil.copy(PLUGIN, plugin)
@@ -119,16 +116,42 @@ def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> I
     key = d / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
-    sock = d / "munge" / "munge.sock"
-    node = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = free_port(), free_port()
-    plugstack = d / "plugstack.conf"
-    statedir, classes = d / "pharos-state", d / "pharos-state" / "classes.tsv"
-    plugstack.write_text(plugstack_line(plugin, {**plugin_options, "statedir": str(statedir)}))
-    conf = d / "slurm.conf"
-    lines = [
+    return plugin, d / "munge" / "munge.sock", key
+
+
+def munged_argv(d: Path, sock: Path, key: Path) -> list[str]:
+    """munged in the foreground on its private socket and key, its files in ``d``."""
+    return [
+        "munged",
+        "-F",
+        "-f",
+        f"--socket={sock}",
+        f"--key-file={key}",
+        f"--pid-file={d / 'munged.pid'}",
+        f"--seed-file={d / 'munged.seed'}",
+        f"--log-file={d / 'munged.log'}",
+        "--origin=127.0.0.1",
+    ]
+
+
+def conf_lines(
+    d: Path,
+    ctld: str,
+    ctld_port: int,
+    slurmd_port: int,
+    sock: Path,
+    plugstack: Path,
+    per_node: bool = False,
+    mpi: str = "none",
+) -> list[str]:
+    """slurm.conf's settings but the nodes and the partition (see the module doc): slurmctld on
+    ``ctld`` (``HOST(ADDR)``). ``per_node``: the slurmd files are each node's own (spool/<node>,
+    slurmd-<node>.pid and .log: Slurm expands ``%n`` to the node's name), for several slurmd;
+    ``mpi``: MpiDefault."""
+    sd = "-%n" if per_node else ""
+    return [
         "ClusterName=pharostest",
-        f"SlurmctldHost={node}(127.0.0.1)",
+        f"SlurmctldHost={ctld}",
         "SlurmUser=root",
         "SlurmdUser=root",
         f"SlurmctldPort={ctld_port}",
@@ -137,11 +160,11 @@ def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> I
         "CredType=cred/munge",
         f"AuthInfo=socket={sock}",
         f"StateSaveLocation={d / 'state'}",
-        f"SlurmdSpoolDir={d / 'spool'}",
+        f"SlurmdSpoolDir={d / 'spool' / '%n' if per_node else d / 'spool'}",
         f"SlurmctldPidFile={d / 'slurmctld.pid'}",
-        f"SlurmdPidFile={d / 'slurmd.pid'}",
+        f"SlurmdPidFile={d / f'slurmd{sd}.pid'}",
         f"SlurmctldLogFile={d / 'slurmctld.log'}",
-        f"SlurmdLogFile={d / 'slurmd.log'}",
+        f"SlurmdLogFile={d / f'slurmd{sd}.log'}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
@@ -149,10 +172,41 @@ def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> I
         "SchedulerType=sched/builtin",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
-        "MpiDefault=none",
+        f"MpiDefault={mpi}",
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
         f"PlugStackConfig={plugstack}",
+    ]
+
+
+def check_tools() -> None:
+    """Fail the test when Slurm, munge or the built plugin is missing."""
+    for tool in (*DAEMONS, "sbatch", "scontrol"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: apt-get install slurmctld slurmd slurm-client munge (Makefile)")
+    if not PLUGIN.exists():
+        pytest.fail(f"{PLUGIN} missing: `make build` builds the Pharos SPANK plugin")
+
+
+@contextlib.contextmanager
+def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> Iterator[SlurmCluster]:
+    """munged + slurmctld + slurmd (see the module doc) in a fresh directory under /run, a system
+    path like a site's /etc/slurm and /var/spool/slurmd, so that what Slurm's own processes in the
+    job (srun, the batch shell) read there is not the job's data I/O; the plugin is copied there
+    as a site installs it under Slurm's PluginDir. ``plugin_options``: the SPANK plugin's options
+    (statedir= is set to the cluster's). Fails the test when something is missing or a daemon
+    does not come up within 60 s; stops all three and removes the directory on exit."""
+    check_tools()
+    d = Path("/run/pharos-test") / f"slurm-{uuid.uuid4().hex[:8]}"
+    plugin, sock, key = prepare_dir(d)
+    node = socket.gethostname().split(".")[0]
+    ctld_port, slurmd_port = free_port(), free_port()
+    plugstack = d / "plugstack.conf"
+    statedir, classes = d / "pharos-state", d / "pharos-state" / "classes.tsv"
+    plugstack.write_text(plugstack_line(plugin, {**plugin_options, "statedir": str(statedir)}))
+    conf = d / "slurm.conf"
+    lines = [
+        *conf_lines(d, f"{node}(127.0.0.1)", ctld_port, slurmd_port, sock, plugstack),
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
     ]
@@ -163,23 +217,7 @@ def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> I
     denv = dict(os.environ, SLURM_CONF=str(conf), PHAROS_SLURM_CLASSES=str(classes))
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(
-            _start(
-                [
-                    "munged",
-                    "-F",
-                    "-f",
-                    f"--socket={sock}",
-                    f"--key-file={key}",
-                    f"--pid-file={d / 'munged.pid'}",
-                    f"--seed-file={d / 'munged.seed'}",
-                    f"--log-file={d / 'munged.log'}",
-                    "--origin=127.0.0.1",
-                ],
-                d / "munged.out",
-                denv,
-            )
-        )
+        procs.append(_start(munged_argv(d, sock, key), d / "munged.out", denv))
         _wait_for(lambda: sock.exists(), procs, d, "munged")
         procs.append(_start(["slurmctld", "-D", "-i", "-f", str(conf)], d / "slurmctld.out", denv))
         procs.append(_start(["slurmd", "-D", "-f", str(conf), "-N", node], d / "slurmd.out", denv))

@@ -21,7 +21,12 @@
  *
  * plugstack.conf options (all optional):
  *   api=URL            Pharos API (default http://127.0.0.1:8400)
- *   cgroup_parent=DIR  cgroup under the cgroup v2 mount that the agent watches (default pharos)
+ *   cgroup_parent=DIR  cgroup under the cgroup v2 mount that the agent watches (default pharos);
+ *                      %n stands for the Slurm node name (SLURMD_NODENAME, which slurmd sets for
+ *                      the job prolog and epilog and slurmstepd in its own environment; else the
+ *                      short host name) and %% for a '%': cgroup_parent=pharos/%n puts each node's
+ *                      tasks under pharos/<node>, for nodes that share one cgroup tree (several
+ *                      slurmd on one host, as multiple-slurmd or a test rig runs them)
  *   timeout=SECONDS    bound on each API request (default 2)
  *   hint=yes|no        ask for and apply the DFRA hint (default yes)
  *   statedir=DIR       where the counters file lives (default /var/lib/pharos/slurm)
@@ -74,6 +79,12 @@ static int parse_options(int ac, char **av) {
             while (n && opt_api[n - 1] == '/') opt_api[--n] = 0;
         } else if (!strncmp(a, "cgroup_parent=", 14)) {
             snprintf(opt_parent, sizeof opt_parent, "%s", a + 14);
+            for (const char *p = strchr(opt_parent, '%'); p; p = strchr(p + 2, '%')) {
+                if (p[1] != 'n' && p[1] != '%') {
+                    slurm_error(PH_LOG "bad option %s (placeholders: %%n the node name, %%%% a '%%')", a);
+                    return -1;
+                }
+            }
         } else if (!strncmp(a, "statedir=", 9)) {
             snprintf(opt_statedir, sizeof opt_statedir, "%s", a + 9);
         } else if (!strncmp(a, "token=", 6)) {
@@ -306,10 +317,48 @@ static int cgroup2_mount(char *out, size_t n) {
     return found;
 }
 
+/* The Slurm name of this node: SLURMD_NODENAME (slurmd sets it in the job prolog's and epilog's
+ * environment, slurmstepd in its own), else the host name up to its first dot. */
+static int node_name(char *out, size_t n) {
+    const char *v = getenv("SLURMD_NODENAME");
+    if (v && *v) {
+        snprintf(out, n, "%s", v);
+    } else {
+        if (gethostname(out, n)) return -1;
+        out[n - 1] = 0;
+        out[strcspn(out, ".")] = 0;
+    }
+    return *out && !strchr(out, '/') && strcmp(out, ".") && strcmp(out, "..") ? 0 : -1;
+}
+
+/* cgroup_parent with %n (the node name) and %% expanded. */
+static int cgroup_parent(char *out, size_t n) {
+    char node[256] = "";
+    size_t o = 0;
+    for (const char *p = opt_parent; *p; p++) {
+        const char *add = p;
+        size_t len = 1;
+        if (p[0] == '%' && (p[1] == 'n' || p[1] == '%')) {
+            if (p[1] == 'n' && !*node && node_name(node, sizeof node)) {
+                slurm_error(PH_LOG "cgroup_parent=%s: this node's name is unknown", opt_parent);
+                return -1;
+            }
+            add = p[1] == 'n' ? node : "%";
+            len = strlen(add);
+            p++;
+        }
+        if (o + len >= n) return -1;
+        memcpy(out + o, add, len);
+        o += len;
+    }
+    out[o] = 0;
+    return 0;
+}
+
 static int job_cgroup(uint32_t job, char *out, size_t n) {
-    char root[PATH_MAX];
-    if (cgroup2_mount(root, sizeof root)) return -1;
-    snprintf(out, n, "%s/%s/job_%u", root, opt_parent, job);
+    char root[PATH_MAX], parent[PATH_MAX];
+    if (cgroup2_mount(root, sizeof root) || cgroup_parent(parent, sizeof parent)) return -1;
+    if ((size_t)snprintf(out, n, "%s/%s/job_%u", root, parent, job) >= n) return -1;
     return 0;
 }
 
@@ -324,7 +373,7 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
         spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
         spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS ||
         spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || job_cgroup(job, dir, sizeof dir)) {
-        slurm_error(PH_LOG "task not placed: no job/step/task id or pid, or no cgroup v2 mount");
+        slurm_error(PH_LOG "task not placed: no job/step/task id or pid, no cgroup v2 mount or no cgroup_parent");
         count("tasks_unplaced");
         return 0;
     }

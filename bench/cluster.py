@@ -1,0 +1,266 @@
+"""Pharos on a cluster in one box (issue 25): the rig at full size with a mixed multi-node workload.
+
+    sudo uv run python bench/cluster.py [--nodes 4] [--fwd 4] [--brokers 3] [--jobs 4] [--seed 1]
+
+Builds the rig of tests/cluster_testkit.py (every node in its own network namespace on one bridge:
+``--brokers`` KRaft Kafka nodes, the server, ``--fwd`` forwarding nodes, ``--nodes`` compute nodes,
+each with its own eBPF agent and FUSE mount), then runs ``--jobs`` multi-node jobs at once, as users
+start them: ``pharos run`` on the job's first node of ``mpiexec -hosts <its nodes>`` (MPICH's Hydra,
+the rig's ssh) of fio, one rank per node, writing with ``--verify=crc32c`` (fio reads every block
+back and checks it). Jobs alternate N-N (a file per rank) and N-1 (one shared file, a region per
+rank); their nodes (2 up to all) and sizes are drawn from ``--seed``. fio's JSON reports go to the
+rig's folder under /run (a system folder: not the jobs' data I/O).
+
+Checked per job, against fio's own report: the bytes written and read on the client layer (the
+nodes' agents) and on the forwarder layer (the mounts and daemons) are exact, every rank's fio
+verified its data (no error), and the job shows its compute nodes and its pattern (N-N or N-1) on both layers. Then the server is stopped and
+its store read directly: records lost (the producers' ringbuf, delivery and overflow drop counters,
+plus one per missing batch in a producer's sequence) and duplicates (rows sharing a (producer,
+seq, record index)). Also measured: the memory (PSS) and CPU time of every rig process (brokers'
+JVMs, server, daemons, agents, mounts), sampled every 2 s.
+
+Prints one table, the resources, and ends with the line
+``cluster: J jobs on N nodes, records lost L, duplicates D, bytes exact E/J, data verified V/J``.
+Exit status 1 when any figure is short (L or D > 0, E or V < J). Needs root, MPICH and fio.
+The fault schedule of issue 25 (``--faults``) is not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchkit import REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+from cluster_testkit import Rig, rig_available, running_rig
+
+from pharos_api.demo import fio_totals
+from pharos_core.settings import Settings
+from pharos_core.store import open_store
+from pharos_pipeline.stored import pipeline_stats
+
+MiB = 1 << 20
+FIO = "--ioengine=psync --bs=1m --rw=write --verify=crc32c --verify_state_save=0 --end_fsync=1 --output-format=json --disk_util=0"
+
+
+@dataclass
+class Job:
+    job_id: str
+    kind: str  # N-N | N-1
+    nodes: list[str]
+    size_mib: int  # per rank
+    proc: subprocess.Popen | None = None
+    out: Path | None = None
+    fio: dict = field(default_factory=dict)
+    layers: dict = field(default_factory=dict)
+    verified: bool = False
+    exit_code: int | None = None
+
+
+def plan(n_jobs: int, nodes: list[str], seed: int, size_mib: int) -> list[Job]:
+    rng = random.Random(seed)
+    jobs = []
+    for j in range(n_jobs):
+        k = rng.randint(2, len(nodes))
+        jobs.append(
+            Job(
+                f"c{seed}-{j}",
+                "N-N" if j % 2 == 0 else "N-1",
+                sorted(rng.sample(nodes, k)),
+                rng.choice([1, 2]) * size_mib,
+            )
+        )
+    return jobs
+
+
+def start(rig: Rig, job: Job) -> None:
+    """``pharos run`` on the job's first node of mpiexec of fio over its nodes (one rank each)."""
+    data = rig.mount_dir / job.job_id
+    job.out = rig.rsh.parent / "out" / job.job_id
+    job.out.mkdir(parents=True)
+    r = rig.run(job.nodes[0], ["mkdir", "-p", str(data)])
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    if job.kind == "N-N":
+        target = f"--filename={data}/data.$PMI_RANK"
+    else:  # one shared file at its final size, as an MPI collective create would make it
+        size = len(job.nodes) * job.size_mib * MiB
+        r = rig.run(job.nodes[0], ["truncate", "-s", str(size), str(data / "shared")])
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        target = f"--filename={data}/shared --offset=$((PMI_RANK*{job.size_mib}))m"
+    fio = f"exec fio --name={job.job_id} {FIO} --size={job.size_mib}m {target} --output={job.out}/fio.$PMI_RANK.json"
+    mpiexec = ["mpiexec.mpich", "-hosts", ",".join(job.nodes), "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
+    mpiexec += ["-iface", "eth0", "-n", str(len(job.nodes)), "sh", "-c", fio]
+    argv = rig.pharos("run", "--job", job.job_id, "--name", f"cluster-{job.kind}", "--", *mpiexec)
+    job.proc = rig.popen(job.nodes[0], argv)
+
+
+def wait_summary(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    s: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            s = rig.api(f"jobs/{job_id}", layer=layer)
+        if s.get("state") == "finished" and s.get("bytes_written", 0) >= written:
+            return s
+        time.sleep(1)
+    return s
+
+
+class Resources:
+    """PSS (MiB, summed) and CPU time (s) of every rig process, sampled every ``period_s``."""
+
+    def __init__(self, rig_id: str, period_s: float = 2.0) -> None:
+        self.tag = f"PHAROS_RIG={rig_id}".encode()
+        self.period_s = period_s
+        self.peak_pss_mib = 0.0
+        self.cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        pss = 0
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if self.tag not in (d / "environ").read_bytes().split(b"\0"):
+                    continue
+                for line in (d / "smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+                f = (d / "stat").read_text().rpartition(")")[2].split()
+                self.cpu[int(d.name)] = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick
+        self.peak_pss_mib = max(self.peak_pss_mib, pss / 1024)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def __enter__(self) -> Resources:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--nodes", type=int, default=4, help="compute nodes (default 4)")
+    ap.add_argument("--fwd", type=int, default=4, help="forwarding nodes (default 4: fwd0, fwd1 + reserved fwd2, fwd3)")
+    ap.add_argument("--brokers", type=int, default=3, help="Kafka nodes, one KRaft quorum (default 3)")
+    ap.add_argument("--jobs", type=int, default=4, help="multi-node jobs, run at once (default 4)")
+    ap.add_argument("--size-mib", type=int, default=16, help="MiB per rank, times 1 or 2 per job (default 16)")
+    ap.add_argument("--seed", type=int, default=1, help="draws the jobs' nodes and sizes (default 1)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for the workload (default 600)")
+    args = ap.parse_args(argv)
+    why = rig_available() or (None if shutil.which("fio") else "fio not found")
+    if why:
+        print(f"cluster: cannot run: {why}")
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="pharos-cluster-"))  # not under /run: a system folder
+    t0 = time.monotonic()
+    with running_rig(root, compute=args.nodes, fwd=args.fwd, brokers=args.brokers) as rig, Resources(rig.id) as res:
+        up_s = time.monotonic() - t0
+        jobs = plan(args.jobs, [n.name for n in rig.compute], args.seed, args.size_mib)
+        t1 = time.monotonic()
+        for job in jobs:
+            start(rig, job)
+        deadline = t1 + args.timeout
+        for job in jobs:
+            try:
+                job.exit_code = job.proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                job.proc.kill()
+                job.exit_code = job.proc.wait()
+        run_s = time.monotonic() - t1
+        for job in jobs:
+            reports = sorted(job.out.glob("fio.*.json"))
+            job.fio = fio_totals(reports) if len(reports) == len(job.nodes) else {}
+            docs = [json.loads(p.read_text()[p.read_text().find("{") :]) for p in reports]
+            job.verified = (
+                job.exit_code == 0
+                and len(docs) == len(job.nodes)
+                and all(j["error"] == 0 for d in docs for j in d["jobs"])
+                and job.fio.get("bytes_read") == job.fio.get("bytes_written")
+            )
+            for layer in ("client", "forwarder"):
+                job.layers[layer] = wait_summary(rig, job.job_id, layer, job.fio.get("bytes_written", 1), 120)
+        drain_s = time.monotonic() - t1
+        rig.stop("server")  # the store is read directly below
+        store = open_store(Settings(state_dir=rig.root / "server"))
+        try:
+            dup = store.query("SELECT count() AS n, uniqExact(producer_id, seq, record_index) AS u FROM io_requests")[0]
+            stats = pipeline_stats(store)
+        finally:
+            store.close()
+    shutil.rmtree(root, ignore_errors=True)
+    lost = stats["ringbuf_drops"] + stats["delivery_failures"] + stats["overflow_drops"] + stats["missing_batches"]
+    duplicates = int(dup["n"]) - int(dup["u"])
+    print(f"\nrig: {args.brokers} brokers, {args.fwd} forwarding nodes, {args.nodes} compute nodes; up in {up_s:.1f} s")
+    print(
+        f"{'job':10s} {'kind':4s} {'nodes':24s} {'fio W/R MiB':>12s}  {'client W/R MiB':>15s}  {'fwd W/R MiB':>12s}  exact verified"
+    )
+    exact = 0
+    for job in jobs:
+        fw, fr = job.fio.get("bytes_written", -1), job.fio.get("bytes_read", -1)
+        c, f = job.layers["client"], job.layers["forwarder"]
+        ok = all(x.get("bytes_written") == fw and x.get("bytes_read") == fr for x in (c, f))
+        ok = ok and c.get("compute_nodes") == job.nodes and f.get("compute_nodes") == job.nodes
+        ok = ok and c.get("pattern") == f.get("pattern") == job.kind
+        exact += ok
+        if not ok:  # say which figure is off
+            for name, x in (("client", c), ("forwarder", f)):
+                print(
+                    f"  {job.job_id} {name}: written {x.get('bytes_written')} read {x.get('bytes_read')} "
+                    f"nodes {x.get('compute_nodes')} pattern {x.get('pattern')}; fio written {fw} read {fr}, nodes "
+                    f"{job.nodes}; "
+                    f"files {[(y['path'], y['bytes_written']) for y in x.get('files', []) if y['bytes_written'] < MiB]}"
+                )
+        print(
+            f"{job.job_id:10s} {job.kind:4s} {','.join(job.nodes):24s} {fw / MiB:5.0f}/{fr / MiB:<6.0f}  "
+            f"{c.get('bytes_written', 0) / MiB:7.0f}/{c.get('bytes_read', 0) / MiB:<7.0f}  "
+            f"{f.get('bytes_written', 0) / MiB:5.0f}/{f.get('bytes_read', 0) / MiB:<6.0f}  {'yes' if ok else 'NO':5s} "
+            f"{'yes' if job.verified else 'NO'}"
+        )
+    verified = sum(j.verified for j in jobs)
+    print(
+        f"workload {run_s:.1f} s, all summaries in {drain_s:.1f} s; stored {stats['records']} records in "
+        f"{stats['batches']} batches from {stats['producers']} producers; missing batches {stats['missing_batches']}, "
+        f"drops ringbuf {stats['ringbuf_drops']} delivery {stats['delivery_failures']} overflow {stats['overflow_drops']}"
+    )
+    print(
+        f"resources of the rig's processes: peak PSS {res.peak_pss_mib:.0f} MiB, CPU {res.cpu_s:.1f} s "
+        f"over {time.monotonic() - t0:.0f} s ({args.nodes} compute nodes)"
+    )
+    print(
+        f"cluster: {len(jobs)} jobs on {args.nodes} nodes, records lost {lost}, duplicates {duplicates}, "
+        f"bytes exact {exact}/{len(jobs)}, data verified {verified}/{len(jobs)}"
+    )
+    return 0 if lost == 0 and duplicates == 0 and exact == len(jobs) and verified == len(jobs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
