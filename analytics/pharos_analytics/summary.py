@@ -452,8 +452,12 @@ def job_summary(
         summary = replace(summary, **darshan)
     if dxt is not None:
         summary = replace(summary, dxt=dxt)
-    nodes = [r["node"] for r in store.query(JOB_NODES_SQL, {"job_id": job_id, "layer": layer})]
-    summary = replace(summary, compute_nodes=nodes)
+    nodes = store.query(JOB_NODES_SQL, {"job_id": job_id, "layer": layer})
+    summary = replace(
+        summary,
+        compute_nodes=[r["node"] for r in nodes],
+        forwarding_nodes={r["node"]: list(r["forwarding_nodes"]) for r in nodes if len(r["forwarding_nodes"])},
+    )
     if coverage:
         cov = job_coverage(store, job_id, silence_s=silence_s)
         summary = replace(summary, complete=cov.complete, gaps=cov.gaps, coverage=cov)

@@ -206,10 +206,13 @@ JOB_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
 
 #: The compute nodes one job's requests came from on one layer: the agents' host on the client
 #: layer (a Darshan log's DXT hostnames too), the FUSE clients' compute node on the others.
+#: With them, the forwarding nodes that served each (none on the client layer).
 JOB_NODES_SQL = """
-SELECT DISTINCT if(layer = 'client', toString(host), toString(compute_node)) AS node
+SELECT if(layer = 'client', toString(host), toString(compute_node)) AS node,
+       arraySort(groupUniqArrayIf(toString(forwarding_node), forwarding_node != '')) AS forwarding_nodes
 FROM io_requests
 WHERE job_id = {job_id:String} AND layer = {layer:String} AND node != ''
+GROUP BY node
 ORDER BY node
 """
 

@@ -100,7 +100,9 @@ class JobSummary:
     :mod:`pharos_analytics.summary` for the counters behind each field. ``dxt`` is the DXT
     coverage of a Darshan job whose logs have a DXT module (:class:`DxtCoverage`), else ``None``.
     ``compute_nodes`` are the nodes the job's requests on ``layer`` came from (sorted names: the
-    agents' host on the client layer, the FUSE clients' compute node on the others).
+    agents' host on the client layer, the FUSE clients' compute node on the others);
+    ``forwarding_nodes`` maps each of them to the forwarding nodes that served its requests
+    (forwarder and storage layers; DFRA maps compute nodes to forwarding nodes).
     ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
     off from Kafka) during the job: ``gaps`` says where and when, the figures are a lower
     bound; ``coverage`` how it was checked (:mod:`pharos_analytics.coverage`). Both are about
@@ -147,6 +149,7 @@ class JobSummary:
     gaps: list[Gap] = field(default_factory=list)
     coverage: Coverage | None = None
     compute_nodes: list[str] = field(default_factory=list)
+    forwarding_nodes: dict[str, list[str]] = field(default_factory=dict)
     dxt: DxtCoverage | None = None
 
 

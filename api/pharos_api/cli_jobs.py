@@ -247,7 +247,9 @@ def render_job(console: Console, s: dict) -> None:
         f"   ranks {ranks} launched, {s['io_ranks']} did data I/O on {s['n_files']} file(s)"
     )
     if s.get("compute_nodes"):
-        console.print(f"compute nodes {len(s['compute_nodes'])}: {', '.join(s['compute_nodes'])}", markup=False)
+        via = s.get("forwarding_nodes") or {}
+        names = [f"{n} (via {'+'.join(via[n])})" if n in via else n for n in s["compute_nodes"]]
+        console.print(f"compute nodes {len(names)}: {', '.join(names)}", markup=False)
     bw = "-" if s["bandwidth_mib_s"] is None else f"{s['bandwidth_mib_s']:.1f} MiB/s"
     span = "-" if s["io_span_s"] is None else f"{s['io_span_s']:.3f} s"
     console.print(

@@ -12,7 +12,10 @@ to the forwarding nodes over the emulated network only.
    Pharos mount, rank 0's 4 KiB results file beside it). Pharos shows, on the client layer (the two
    agents) and the forwarder layer (the two mounts and the daemons): 4 ranks, all of which did
    I/O, pattern N-1, both compute nodes, and exactly the bytes the program reports.
-2. The rig leaves nothing behind: no namespace, mount, cgroup or process, even when a process was
+2. DFRA per compute node: a job mapped to two forwarding nodes (an admin's pin, pushed by the
+   control loop as DFRA decisions are) gets one per compute node; the daemons' records show each
+   compute node served by its own forwarding node only.
+3. The rig leaves nothing behind: no namespace, mount, cgroup or process, even when a process was
    left running on a node.
 
 Needs root (namespaces, eBPF, cgroups, FUSE) and MPICH.
@@ -27,7 +30,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cluster_testkit import Rig, rig_available, running_rig, sh
+from cluster_testkit import MOUNT_ADMIN_PORT, Rig, rig_available, running_rig, sh
 from mpi_testkit import MPIEXEC, build_mpi_writer
 
 pytestmark = [
@@ -73,9 +76,10 @@ def wait_job(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float =
     return s
 
 
-@pytest.mark.timeout(600)
-def test_multinode_mpi_job(rig: Rig, writer: Path):
-    job_id = f"rig-mpi-{uuid.uuid4().hex[:6]}"
+def run_mpi_job(rig: Rig, writer: Path, job_id: str) -> tuple[int, int, float]:
+    """``pharos run`` on cn0 of ``mpiexec -hosts cn0,cn1,... -n 4`` of the MPI-IO writer into
+    ``<mount>/<job_id>/``; returns (bytes the ranks wrote to the shared file, rank 0's results file
+    bytes, seconds) as the program reports them."""
     d = rig.mount_dir / job_id
     r = rig.run("cn0", ["mkdir", str(d)])
     assert r.returncode == 0, r.stderr
@@ -96,7 +100,13 @@ def test_multinode_mpi_job(rig: Rig, writer: Path):
     total = sum(x["bytes_written"] for x in ranks)
     side = sum(x["results_bytes"] for x in ranks)
     assert (total, side) == (RANKS * PER_RANK, SIDE), printed
-    t_run = time.monotonic() - t0
+    return total, side, time.monotonic() - t0
+
+
+@pytest.mark.timeout(600)
+def test_multinode_mpi_job(rig: Rig, writer: Path):
+    job_id = f"rig-mpi-{uuid.uuid4().hex[:6]}"
+    total, side, t_run = run_mpi_job(rig, writer, job_id)
 
     lines = []
     for layer in ("client", "forwarder"):
@@ -135,3 +145,34 @@ def test_rig_leaves_nothing_behind(tmp_path: Path):
     assert str(root) not in mounts
     # the host's own namespace got no address of the rig
     assert r.nodes["server"].addr.rsplit(".", 1)[0] + "." not in sh("ip", "-o", "addr").stdout
+
+
+@pytest.mark.timeout(600)
+def test_dfra_per_compute_node(rig: Rig, writer: Path):
+    """A job mapped to two forwarding nodes gets one per compute node: each mount's entry names its
+    own, and the daemons' records show cn0's requests served by fwd0 only and cn1's by fwd1 only."""
+    job_id = f"rig-dfra-{uuid.uuid4().hex[:6]}"
+    api = rig.client("server")
+    r = api.request(
+        "PUT",
+        f"{rig.api_url}/v1/control/pins/jobs/{job_id}",
+        json={"nodes": ["fwd0", "fwd1"], "reason": "issue 25: DFRA per compute node"},
+    )
+    assert r.status_code == 200, r.text
+    token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
+    admin = {"Authorization": f"Bearer {token}"}
+    want = {n.name: [f"fwd{i}"] for i, n in enumerate(rig.compute)}
+    got: dict = {}
+    deadline = time.monotonic() + 60  # the loop pushes pins at its next cycle
+    while time.monotonic() < deadline and got != want:
+        for n in rig.compute:
+            m = api.get(f"http://{n.addr}:{MOUNT_ADMIN_PORT}/mapping", headers=admin).json()
+            got[n.name] = m["jobs"].get(job_id)
+        time.sleep(1)
+    assert got == want, f"each mount's entry for the job: {got}"
+
+    total, side, _ = run_mpi_job(rig, writer, job_id)
+    s = wait_job(rig, job_id, "forwarder", total + side)
+    assert s.get("bytes_written") == total + side, s
+    assert s["forwarding_nodes"] == {"cn0": ["fwd0"], "cn1": ["fwd1"]}, s["forwarding_nodes"]
+    print(f"\n[rig] job {job_id} pinned to fwd0,fwd1: mounts {got}; served {s['forwarding_nodes']}")

@@ -73,15 +73,15 @@ def rig_and_slurm(tmp_path_factory, compute: int, fwd: int):
     assert rig.leaks() == [], "the rig left things behind"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def site(tmp_path_factory):
-    """The reduced rig (two compute nodes) with Slurm."""
+    """The reduced rig (two compute nodes) with Slurm; one test's (never two rigs at once)."""
     yield from rig_and_slurm(tmp_path_factory, compute=2, fwd=2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def site4(tmp_path_factory):
-    """The rig of four compute nodes with Slurm (make evaluate)."""
+    """The rig of four compute nodes with Slurm (make evaluate); one test's."""
     yield from rig_and_slurm(tmp_path_factory, compute=4, fwd=2)
 
 

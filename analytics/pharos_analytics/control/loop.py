@@ -356,7 +356,8 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
             desired[job] = None if not nodes or nodes == [view.default_node] else nodes
         ended = self._ended(sorted({j for m in view.mount_maps.values() if m for j in m}))
         drop = ended - set(pins["job"])
-        results = self._push_mapping(view, desired, drop, now_ns, force=bool(new_rows))
+        job_nodes = self._job_nodes(sorted(j for j, v in desired.items() if v and len(v) > 1))
+        results = self._push_mapping(view, desired, drop, now_ns, force=bool(new_rows), job_nodes=job_nodes)
         failed = [r for r in results if not r.ok]
         err = "; ".join(f"{r.url}: {r.error}" for r in failed)
         urls = [r.url for r in results]

@@ -1,6 +1,15 @@
 """The control loop's pushes to the forwarding layer's admin interfaces (HTTP, admin token,
 back-off), and what it reads there: the mounts' job tables and nodes, the daemons' placement.
 
+**Per compute node** (DFRA, Ji et al., FAST'19 §4: compute nodes are mapped to forwarding
+nodes). With several mounts (a cluster: one per compute node), a job whose entry names several
+forwarding nodes is pushed to each mount as ONE of them: the compute node at position p of the
+job's compute nodes (sorted; those its requests came from so far) gets node ``p mod k``; before
+the job's first request (a hint at dispatch) the mount's position in the configured mount list
+stands in for p. So the job's compute nodes spread over its forwarding nodes, each node's ranks
+on one of them (the mount's failover order stays its own). With one mount (the embedded stack),
+the mount gets the whole list and spreads the job's ranks over it.
+
 A push that fails (unreachable, timeout, HTTP error) changes nothing on that side: the mount and
 the daemons swap their tables atomically only on success, so the previous mapping or placement
 keeps serving; the loop re-pushes later, back-off doubling up to ``retry_max_backoff_s`` (see
@@ -73,6 +82,29 @@ class View:
     mount_maps: dict[str, dict[str, list[str]] | None]  # url -> jobs table (None: unreachable)
     mount_errors: dict[str, str] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)  # nodes whose daemon's admin interface does not answer
+    mount_nodes: dict[str, str] = field(default_factory=dict)  # url -> its compute node ('' unknown)
+
+
+def compute_node_entry(
+    nodes: list[str] | None, job_nodes: list[str], compute_node: str, fallback: int
+) -> list[str] | None:
+    """A job's mapping entry as one mount gets it (see the module docstring, "Per compute node").
+
+    Args:
+        nodes: the job's forwarding nodes (None: no entry, the mount's default).
+        job_nodes: the job's compute nodes so far, sorted (empty: not known yet).
+        compute_node: the mount's compute node name.
+        fallback: the mount's position in the mount list, used when ``compute_node`` is not
+            among ``job_nodes``.
+
+    Returns:
+        ``[nodes[p mod k]]`` for a list of k > 1 nodes, p the compute node's position in
+        ``job_nodes`` (else ``fallback``); ``nodes`` itself otherwise.
+    """
+    if not nodes or len(nodes) < 2:
+        return nodes
+    p = job_nodes.index(compute_node) if compute_node in job_nodes else fallback
+    return [nodes[p % len(nodes)]]
 
 
 def _canon(x):
@@ -123,19 +155,21 @@ class AdminPush:
         names: list[str] = []
         default = None
         errors = {}
+        mount_nodes = {}
         for url in eps.mounts:
             got, err = self._http("GET", url + "/mapping")
             if got is None or not isinstance(got, dict):
                 maps[url], errors[url] = None, err or "bad reply"
                 continue
             maps[url] = {k: list(v) for k, v in (got.get("jobs") or {}).items()}
+            mount_nodes[url] = str(got.get("compute_node") or "")
             if not names:
                 names = [n["name"] for n in got.get("nodes") or []]
                 default = got.get("default")
         if not names:
             names = sorted(eps.daemons)
         down = {n for n, url in eps.daemons.items() if self._http("GET", url + "/status")[0] is None}
-        return View(names, default, maps, errors, down)
+        return View(names, default, maps, errors, down, mount_nodes)
 
     # -- pushing ----------------------------------------------------------------------------------
     def _backoff_ok(self, key: str, now_ns: int) -> bool:
@@ -152,16 +186,29 @@ class AdminPush:
         b.next_ns = now_ns + int(delay_s * 1e9)
 
     def _push_mapping(
-        self, view: View, desired: dict[str, list[str] | None], drop: set[str], now_ns: int, force: bool
+        self,
+        view: View,
+        desired: dict[str, list[str] | None],
+        drop: set[str],
+        now_ns: int,
+        force: bool,
+        job_nodes: dict[str, list[str]] | None = None,
     ) -> list[PushResult]:
-        """Make each mount's job table hold ``desired`` (and not ``drop``); PUT only on a change."""
+        """Make each mount's job table hold ``desired`` (and not ``drop``), per compute node when
+        there are several mounts (:func:`compute_node_entry`, ``job_nodes``: job -> its compute
+        nodes so far); PUT only on a change."""
         out = []
-        for url, cur in view.mount_maps.items():
+        several = len(view.mount_maps) > 1
+        for pos, (url, cur) in enumerate(view.mount_maps.items()):
             if cur is None:  # a new decision fails there; otherwise it is re-pushed once the mount answers
                 out.append(PushResult(url, False, view.mount_errors.get(url, "unreachable"), changed=force))
                 continue
             new = {k: v for k, v in cur.items() if k not in drop}
             for job, nodes in desired.items():
+                if several:
+                    nodes = compute_node_entry(
+                        nodes, (job_nodes or {}).get(job, []), view.mount_nodes.get(url, ""), pos
+                    )
                 if nodes is None:
                     new.pop(job, None)
                 else:

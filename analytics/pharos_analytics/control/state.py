@@ -23,6 +23,11 @@ SELECT job_id, anyIf(name, kind = 'start') AS name, anyIf(user, kind = 'start') 
        anyIf(command, kind = 'start') AS command, countIf(kind = 'start') AS started, countIf(kind = 'end') AS ended
 FROM job_events FINAL WHERE job_id = {job_id:String} GROUP BY job_id
 """
+#: The compute nodes each job's requests came from so far (its agents' hosts), sorted.
+JOB_NODES_SQL = (
+    "SELECT job_id, arraySort(groupUniqArray(host)) AS nodes FROM io_requests "
+    "WHERE job_id IN {jobs:Array(String)} AND layer = 'client' AND host != '' GROUP BY job_id"
+)
 ENDED_SQL = "SELECT DISTINCT job_id FROM job_events FINAL WHERE kind = 'end' AND job_id IN {jobs:Array(String)}"
 STARTED_SQL = "SELECT DISTINCT job_id FROM job_events FINAL WHERE kind = 'start' AND job_id IN {jobs:Array(String)}"
 DECISIONS_SQL = """
@@ -96,6 +101,10 @@ class ControlState:
         """The job's name, user, command and start/end event counts; None without an event."""
         ev = self._q(JOB_SQL, job_id=job_id)
         return ev[0] if ev else None
+
+    def _job_nodes(self, jobs: list[str]) -> dict[str, list[str]]:
+        """job -> the compute nodes its requests came from so far (none yet: absent)."""
+        return {r["job_id"]: list(r["nodes"]) for r in self._q(JOB_NODES_SQL, jobs=jobs)} if jobs else {}
 
     def _ended(self, jobs: list[str]) -> set[str]:
         """Those of ``jobs`` with an end event."""

@@ -108,6 +108,11 @@ class JobSummaryOut(OutModel):
         description="Compute nodes the job's requests on this layer came from (the agents' host on the client "
         "layer, the FUSE clients' compute node on the others), sorted.",
     )
+    forwarding_nodes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Compute node -> the forwarding nodes that served its requests (forwarder layer; empty on "
+        "the client layer): the job's DFRA mapping as it ran.",
+    )
     pattern: Pattern = Field(
         description="Beacon I/O pattern (NSDI'19 §4) decided by volume dominance over reads and writes "
         "(pharos_analytics.pattern.decide_pattern): the one every view of the job reports."

@@ -126,6 +126,7 @@ async fn get_mapping(State(a): State<Arc<AdminState>>) -> Json<Value> {
     Json(json!({
         "jobs": r.mapping.load_full().jobs,
         "default": r.nodes[r.default_idx].name,
+        "compute_node": r.compute_node,
         "nodes": r.nodes.iter().map(|n| json!({"name": n.name, "addr": n.addr, "reserved": n.reserved})).collect::<Vec<_>>(),
     }))
 }
