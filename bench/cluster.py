@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -38,86 +37,30 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchkit import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
-from cluster_testkit import Rig, rig_available, running_rig
+from cluster_testkit import FioJob, fio_results, rig_available, running_rig, start_fio_job, wait_summary
 
-from pharos_api.demo import fio_totals
 from pharos_core.settings import Settings
 from pharos_core.store import open_store
 from pharos_pipeline.stored import pipeline_stats
 
 MiB = 1 << 20
-FIO = "--ioengine=psync --bs=1m --rw=write --verify=crc32c --verify_state_save=0 --end_fsync=1 --output-format=json --disk_util=0"
 
 
-@dataclass
-class Job:
-    job_id: str
-    kind: str  # N-N | N-1
-    nodes: list[str]
-    size_mib: int  # per rank
-    proc: subprocess.Popen | None = None
-    out: Path | None = None
-    fio: dict = field(default_factory=dict)
-    layers: dict = field(default_factory=dict)
-    verified: bool = False
-    exit_code: int | None = None
-
-
-def plan(n_jobs: int, nodes: list[str], seed: int, size_mib: int) -> list[Job]:
+def plan(n_jobs: int, nodes: list[str], seed: int, size_mib: int) -> list[FioJob]:
+    """``n_jobs`` jobs alternating N-N and N-1, each on 2 up to all ``nodes`` and 1 or 2 times
+    ``size_mib`` MiB per rank, drawn from ``seed``."""
     rng = random.Random(seed)
     jobs = []
     for j in range(n_jobs):
         k = rng.randint(2, len(nodes))
-        jobs.append(
-            Job(
-                f"c{seed}-{j}",
-                "N-N" if j % 2 == 0 else "N-1",
-                sorted(rng.sample(nodes, k)),
-                rng.choice([1, 2]) * size_mib,
-            )
-        )
+        kind = "N-N" if j % 2 == 0 else "N-1"
+        jobs.append(FioJob(f"c{seed}-{j}", kind, sorted(rng.sample(nodes, k)), rng.choice([1, 2]) * size_mib))
     return jobs
-
-
-def start(rig: Rig, job: Job) -> None:
-    """``pharos run`` on the job's first node of mpiexec of fio over its nodes (one rank each)."""
-    data = rig.mount_dir / job.job_id
-    job.out = rig.rsh.parent / "out" / job.job_id
-    job.out.mkdir(parents=True)
-    r = rig.run(job.nodes[0], ["mkdir", "-p", str(data)])
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr)
-    if job.kind == "N-N":
-        target = f"--filename={data}/data.$PMI_RANK"
-    else:  # one shared file at its final size, as an MPI collective create would make it
-        size = len(job.nodes) * job.size_mib * MiB
-        r = rig.run(job.nodes[0], ["truncate", "-s", str(size), str(data / "shared")])
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
-        target = f"--filename={data}/shared --offset=$((PMI_RANK*{job.size_mib}))m"
-    fio = f"exec fio --name={job.job_id} {FIO} --size={job.size_mib}m {target} --output={job.out}/fio.$PMI_RANK.json"
-    mpiexec = ["mpiexec.mpich", "-hosts", ",".join(job.nodes), "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
-    mpiexec += ["-iface", "eth0", "-n", str(len(job.nodes)), "sh", "-c", fio]
-    argv = rig.pharos("run", "--job", job.job_id, "--name", f"cluster-{job.kind}", "--", *mpiexec)
-    job.proc = rig.popen(job.nodes[0], argv)
-
-
-def wait_summary(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    s: dict = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            s = rig.api(f"jobs/{job_id}", layer=layer)
-        if s.get("state") == "finished" and s.get("bytes_written", 0) >= written:
-            return s
-        time.sleep(1)
-    return s
 
 
 class Resources:
@@ -187,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = plan(args.jobs, [n.name for n in rig.compute], args.seed, args.size_mib)
         t1 = time.monotonic()
         for job in jobs:
-            start(rig, job)
+            start_fio_job(rig, job)
         deadline = t1 + args.timeout
         for job in jobs:
             try:
@@ -196,18 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                 job.proc.kill()
                 job.exit_code = job.proc.wait()
         run_s = time.monotonic() - t1
+        layers: dict[str, dict[str, dict]] = {}
+        fio: dict[str, tuple[dict, bool]] = {}
         for job in jobs:
-            reports = sorted(job.out.glob("fio.*.json"))
-            job.fio = fio_totals(reports) if len(reports) == len(job.nodes) else {}
-            docs = [json.loads(p.read_text()[p.read_text().find("{") :]) for p in reports]
-            job.verified = (
-                job.exit_code == 0
-                and len(docs) == len(job.nodes)
-                and all(j["error"] == 0 for d in docs for j in d["jobs"])
-                and job.fio.get("bytes_read") == job.fio.get("bytes_written")
-            )
+            fio[job.job_id] = fio_results(job)
+            layers[job.job_id] = {}
             for layer in ("client", "forwarder"):
-                job.layers[layer] = wait_summary(rig, job.job_id, layer, job.fio.get("bytes_written", 1), 120)
+                written = fio[job.job_id][0].get("bytes_written", 1)
+                layers[job.job_id][layer] = wait_summary(rig, job.job_id, layer, written, 120)
         drain_s = time.monotonic() - t1
         rig.stop("server")  # the store is read directly below
         store = open_store(Settings(state_dir=rig.root / "server"))
@@ -225,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     exact = 0
     for job in jobs:
-        fw, fr = job.fio.get("bytes_written", -1), job.fio.get("bytes_read", -1)
-        c, f = job.layers["client"], job.layers["forwarder"]
+        totals, job_verified = fio[job.job_id]
+        fw, fr = totals.get("bytes_written", -1), totals.get("bytes_read", -1)
+        c, f = layers[job.job_id]["client"], layers[job.job_id]["forwarder"]
         ok = all(x.get("bytes_written") == fw and x.get("bytes_read") == fr for x in (c, f))
         ok = ok and c.get("compute_nodes") == job.nodes and f.get("compute_nodes") == job.nodes
         ok = ok and c.get("pattern") == f.get("pattern") == job.kind
@@ -243,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{job.job_id:10s} {job.kind:4s} {','.join(job.nodes):24s} {fw / MiB:5.0f}/{fr / MiB:<6.0f}  "
             f"{c.get('bytes_written', 0) / MiB:7.0f}/{c.get('bytes_read', 0) / MiB:<7.0f}  "
             f"{f.get('bytes_written', 0) / MiB:5.0f}/{f.get('bytes_read', 0) / MiB:<6.0f}  {'yes' if ok else 'NO':5s} "
-            f"{'yes' if job.verified else 'NO'}"
+            f"{'yes' if job_verified else 'NO'}"
         )
-    verified = sum(j.verified for j in jobs)
+    verified = sum(v for _, v in fio.values())
     print(
         f"workload {run_s:.1f} s, all summaries in {drain_s:.1f} s; stored {stats['records']} records in "
         f"{stats['batches']} batches from {stats['producers']} producers; missing batches {stats['missing_batches']}, "

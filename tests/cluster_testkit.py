@@ -53,6 +53,7 @@ import httpx
 from pharos_testkit import REPO
 
 from pharos_agents.cgroups import cgroup2_mount
+from pharos_api.demo import fio_totals
 
 #: Name prefix of every rig namespace (``phr<id>-<node>``): short, since interface names are
 #: at most 15 characters.
@@ -62,6 +63,7 @@ KAFKA_PORT = 9092
 API_PORT = 8400
 MOUNT_ADMIN_PORT = 7501
 NUL = b"\0"
+MiB = 1 << 20
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -492,3 +494,83 @@ def rig_available() -> str | None:
         if not (REPO / "target" / "release" / b).exists():
             return f"target/release/{b} not built: make build"
     return None
+
+
+# -- workload: multi-node fio jobs with verification ---------------------------------------------
+
+#: fio of every rank: 1 MiB writes checked by crc32c (fio reads every block back: the job's bytes
+#: read equal its bytes written); no verify state file (it would be the job's data I/O too).
+FIO_VERIFY = (
+    "--ioengine=psync --bs=1m --rw=write --verify=crc32c --verify_state_save=0 --end_fsync=1 "
+    "--output-format=json --disk_util=0"
+)
+
+
+@dataclass
+class FioJob:
+    """A multi-node fio job: ``kind`` N-N (a file per rank) or N-1 (one shared file, a region per
+    rank), one rank per node of ``nodes`` (the first starts it), ``size_mib`` MiB per rank."""
+
+    job_id: str
+    kind: str
+    nodes: list[str]
+    size_mib: int
+    fio_args: str = ""  # more fio options (e.g. --rate=4m)
+    proc: subprocess.Popen | None = None
+    out: Path | None = None
+    exit_code: int | None = None
+
+
+def start_fio_job(rig: Rig, job: FioJob) -> None:
+    """``pharos run`` on the job's first node of ``mpiexec -hosts <its nodes>`` (the rig's ssh) of
+    fio; fio's JSON reports go to the rig's folder under /run (a system folder, so they are not the
+    job's data I/O). Raises RuntimeError when the job's folder cannot be made."""
+    data = rig.mount_dir / job.job_id
+    job.out = rig.rsh.parent / "out" / job.job_id
+    job.out.mkdir(parents=True)
+    r = rig.run(job.nodes[0], ["mkdir", "-p", str(data)])
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    if job.kind == "N-N":
+        target = f"--filename={data}/data.$PMI_RANK"
+    else:  # one shared file at its final size, as an MPI collective create would make it
+        size = len(job.nodes) * job.size_mib * MiB
+        r = rig.run(job.nodes[0], ["truncate", "-s", str(size), str(data / "shared")])
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        target = f"--filename={data}/shared --offset=$((PMI_RANK*{job.size_mib}))m"
+    fio = (
+        f"exec fio --name={job.job_id} {FIO_VERIFY} {job.fio_args} --size={job.size_mib}m {target} "
+        f"--output={job.out}/fio.$PMI_RANK.json"
+    )
+    mpiexec = ["mpiexec.mpich", "-hosts", ",".join(job.nodes), "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
+    mpiexec += ["-iface", "eth0", "-n", str(len(job.nodes)), "sh", "-c", fio]
+    argv = rig.pharos("run", "--job", job.job_id, "--name", f"fio-{job.kind}", "--", *mpiexec)
+    job.proc = rig.popen(job.nodes[0], argv)
+
+
+def fio_results(job: FioJob) -> tuple[dict[str, int], bool]:
+    """(fio's totals over the job's ranks: bytes and requests per direction, verified): verified when
+    the job exited 0, every rank reported, no rank had an error and every byte written was read
+    back and checked."""
+    reports = sorted(job.out.glob("fio.*.json")) if job.out else []
+    if len(reports) != len(job.nodes):
+        return {}, False
+    totals = fio_totals(reports)
+    docs = [json.loads(p.read_text()[p.read_text().find("{") :]) for p in reports]
+    ok = job.exit_code == 0 and all(j["error"] == 0 for d in docs for j in d["jobs"])
+    return totals, ok and totals["bytes_read"] == totals["bytes_written"]
+
+
+def wait_summary(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float = 90) -> dict:
+    """The job's summary on ``layer`` once it is finished and its bytes written reach ``written``
+    (else the last one seen, ``{}`` if none)."""
+    deadline = time.monotonic() + timeout_s
+    s: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # 404 until the first record or event is stored
+            s = rig.api(f"jobs/{job_id}", layer=layer)
+        if s.get("state") == "finished" and s.get("bytes_written", 0) >= written:
+            return s
+        time.sleep(1)
+    return s

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cluster_testkit import MOUNT_ADMIN_PORT, Rig, rig_available, running_rig, sh
+from cluster_testkit import MOUNT_ADMIN_PORT, Rig, rig_available, running_rig, sh, wait_summary
 from mpi_testkit import MPIEXEC, build_mpi_writer
 
 pytestmark = [
@@ -59,21 +59,6 @@ def rig(tmp_path_factory):
         pytest.fail(why)
     with running_rig(tmp_path_factory.mktemp("rig"), compute=2, fwd=2, brokers=1) as r:
         yield r
-
-
-def wait_job(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float = 90) -> dict:
-    """The job's summary on ``layer`` once its bytes written reach ``written`` (or the last seen)."""
-    deadline = time.monotonic() + timeout_s
-    s: dict = {}
-    while time.monotonic() < deadline:
-        try:
-            s = rig.api(f"jobs/{job_id}", layer=layer)
-        except Exception:  # 404 until the first record or event is stored
-            s = {}
-        if s.get("bytes_written", 0) >= written and s.get("state") == "finished":
-            return s
-        time.sleep(1)
-    return s
 
 
 def run_mpi_job(rig: Rig, writer: Path, job_id: str) -> tuple[int, int, float]:
@@ -110,7 +95,7 @@ def test_multinode_mpi_job(rig: Rig, writer: Path):
 
     lines = []
     for layer in ("client", "forwarder"):
-        s = wait_job(rig, job_id, layer, total + side)
+        s = wait_summary(rig, job_id, layer, total + side)
         line = (
             f"{layer}: ranks {s.get('ranks')} ({s.get('io_ranks')} did I/O) on {s.get('compute_nodes')}, "
             f"pattern {s.get('pattern')} (writes {s.get('patterns', {}).get('write')}), "
@@ -172,7 +157,7 @@ def test_dfra_per_compute_node(rig: Rig, writer: Path):
     assert got == want, f"each mount's entry for the job: {got}"
 
     total, side, _ = run_mpi_job(rig, writer, job_id)
-    s = wait_job(rig, job_id, "forwarder", total + side)
+    s = wait_summary(rig, job_id, "forwarder", total + side)
     assert s.get("bytes_written") == total + side, s
     assert s["forwarding_nodes"] == {"cn0": ["fwd0"], "cn1": ["fwd1"]}, s["forwarding_nodes"]
     print(f"\n[rig] job {job_id} pinned to fwd0,fwd1: mounts {got}; served {s['forwarding_nodes']}")
