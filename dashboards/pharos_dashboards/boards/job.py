@@ -127,6 +127,28 @@ ORDER BY direction
         "volume so that a side file (e.g. rank 0's results file) does not count, is in `pharos job` and the API. "
         "`pharos diagnose` also splits it by phase.",
     )
+    node = "if(layer = 'client', toString(host), toString(compute_node))"
+    b.panel(
+        "table",
+        "Compute nodes",
+        f"""
+SELECT layer, {node} AS node, uniqExactIf(rank, {IS_DATA} AND rank >= 0) AS io_ranks,
+       sumIf(bytes, {IS_DATA} AND op IN {READ}) AS bytes_read,
+       sumIf(bytes, {IS_DATA} AND op IN {WRITE}) AS bytes_written,
+       arrayStringConcat(arraySort(groupUniqArrayIf(forwarding_node, forwarding_node != '')), ', ') AS forwarding_nodes
+FROM io_requests
+WHERE {where} AND {node} != ''
+GROUP BY layer, node
+ORDER BY layer, node
+""",
+        ("layer", "node", "io_ranks", "bytes_read", "bytes_written", "forwarding_nodes"),
+        w=24,
+        h=6,
+        description="The nodes the job ran on, per layer (the agents' host on the client layer, the FUSE "
+        "clients' compute node on the forwarder layer) and the forwarding nodes that served each: the job's "
+        "DFRA mapping per compute node as it ran (pharos job's compute_nodes and forwarding_nodes).",
+        overrides=[unit_override("bytes_read", "bytes"), unit_override("bytes_written", "bytes")],
+    )
     b.panel(
         "heatmap",
         "Rank x time (bytes)",
