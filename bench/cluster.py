@@ -1,6 +1,6 @@
 """Pharos on a cluster in one box (issue 25): the rig at full size with a mixed multi-node workload.
 
-    sudo uv run python bench/cluster.py [--nodes 4] [--fwd 4] [--brokers 3] [--jobs 4] [--seed 1]
+    sudo uv run python bench/cluster.py [--nodes 4] [--fwd 4] [--brokers 3] [--jobs 4] [--seed 1] [--faults]
 
 Builds the rig of tests/cluster_testkit.py (every node in its own network namespace on one bridge:
 ``--brokers`` KRaft Kafka nodes, the server, ``--fwd`` forwarding nodes, ``--nodes`` compute nodes,
@@ -22,7 +22,9 @@ JVMs, server, daemons, agents, mounts), sampled every 2 s.
 Prints one table, the resources, and ends with the line
 ``cluster: J jobs on N nodes, records lost L, duplicates D, bytes exact E/J, data verified V/J``.
 Exit status 1 when any figure is short (L or D > 0, E or V < J). Needs root, MPICH and fio.
-The fault schedule of issue 25 (``--faults``) is not built yet.
+``--faults`` then runs the fault schedule of bench/cluster_faults.py and prints its table
+(fault, records lost, duplicates, bytes exact, verified, detect s, recover s); its jobs count in the
+last line too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from pathlib import Path
 from benchkit import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+from cluster_faults import FAULTS, run_schedule, table
 from cluster_testkit import FioJob, fio_results, rig_available, running_rig, start_fio_job, wait_summary
 
 from pharos_core.settings import Settings
@@ -118,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mib", type=int, default=16, help="MiB per rank, times 1 or 2 per job (default 16)")
     ap.add_argument("--seed", type=int, default=1, help="draws the jobs' nodes and sizes (default 1)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds for the workload (default 600)")
+    ap.add_argument(
+        "--faults",
+        action="store_true",
+        help="then run the fault schedule (bench/cluster_faults.py: a forwarding node cut off, brokers killed "
+        "and partitioned, a lossy capped compute node link, the server killed, a daemon stopped), each over "
+        "its own multi-node fio job, and print its table",
+    )
     args = ap.parse_args(argv)
     why = rig_available() or (None if shutil.which("fio") else "fio not found")
     if why:
@@ -148,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 written = fio[job.job_id][0].get("bytes_written", 1)
                 layers[job.job_id][layer] = wait_summary(rig, job.job_id, layer, written, 120)
         drain_s = time.monotonic() - t1
+        faults = run_schedule(rig, FAULTS) if args.faults else []
         rig.stop("server")  # the store is read directly below
         store = open_store(Settings(state_dir=rig.root / "server"))
         try:
@@ -185,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{f.get('bytes_written', 0) / MiB:5.0f}/{f.get('bytes_read', 0) / MiB:<6.0f}  {'yes' if ok else 'NO':5s} "
             f"{'yes' if job_verified else 'NO'}"
         )
-    verified = sum(v for _, v in fio.values())
+    verified = sum(v for _, v in fio.values()) + sum(r.verified for r in faults)
+    exact += sum(r.exact for r in faults)
+    n_jobs = len(jobs) + len(faults)
+    if faults:
+        print("\nfault schedule (records lost and duplicates: the whole store, after every fault)")
+        print(table(faults, lost, duplicates))
     print(
         f"workload {run_s:.1f} s, all summaries in {drain_s:.1f} s; stored {stats['records']} records in "
         f"{stats['batches']} batches from {stats['producers']} producers; missing batches {stats['missing_batches']}, "
@@ -196,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         f"over {time.monotonic() - t0:.0f} s ({args.nodes} compute nodes)"
     )
     print(
-        f"cluster: {len(jobs)} jobs on {args.nodes} nodes, records lost {lost}, duplicates {duplicates}, "
-        f"bytes exact {exact}/{len(jobs)}, data verified {verified}/{len(jobs)}"
+        f"cluster: {n_jobs} jobs on {args.nodes} nodes, records lost {lost}, duplicates {duplicates}, "
+        f"bytes exact {exact}/{n_jobs}, data verified {verified}/{n_jobs}"
     )
-    return 0 if lost == 0 and duplicates == 0 and exact == len(jobs) and verified == len(jobs) else 1
+    return 0 if lost == 0 and duplicates == 0 and exact == n_jobs and verified == n_jobs else 1
 
 
 if __name__ == "__main__":

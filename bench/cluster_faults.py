@@ -1,0 +1,236 @@
+"""The fault schedule of ``bench/cluster.py --faults`` (issue 25; Jepsen's nemesis is the model).
+
+Each fault runs over its own multi-node fio job (``--verify=crc32c``, rate-limited so that it is
+still writing when the fault hits and when it heals): the job starts, the fault is injected
+``LEAD_S`` seconds later, held, healed, and the job runs to its end. Every step is logged with its
+time since the schedule began. Per fault, measured: whether the job's bytes written and read are
+exactly fio's on the client layer (the agents) and the forwarder layer (mounts and daemons), whether
+fio verified its data, the seconds from injection to the first anomaly naming the faulted node
+(``GET /v1/anomalies?node=``; ``-`` when nothing names it within the hold), and the seconds from
+healing until the job has ended and Pharos shows its figures complete on both layers (recover:
+it includes the job's own remaining run, a few seconds at its rate). Records lost and duplicates are counted over the whole store
+at the end (bench/cluster.py).
+
+The faults (``FAULTS``, in order; the nodes hit are fixed so that a run can be compared with the
+next):
+
+* ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s: the
+  mounts' requests to it wait (their timeout, 60 s, is longer) and its records wait in its
+  producer.
+* ``broker-kill+partition``: Kafka node 1 killed (SIGKILL) and node 2 cut off by iptables DROP for
+  20 s; node 1 restarted after. With 3 nodes the quorum and min ISR 2 are lost meanwhile: producers
+  hold their records (agents' and daemons' queues) until it is back.
+* ``cn-loss+cap``: 10% packet loss each way (iptables ``-m statistic --mode random``) and a 20
+  Mbit/s cap (``tc tbf``) on cn1's link for 30 s (no netem on this kernel: no delay qdisc).
+* ``serve-kill``: ``pharos serve`` (pipeline, API, control loop) killed with SIGKILL mid-ingest and
+  restarted 5 s later: its consumer resumes from its committed offsets, the store's exactly-once
+  check drops what it had already stored.
+* ``fwd-sigstop``: fwd1's daemon stopped (SIGSTOP) for 15 s, then continued: a fail-slow node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cluster_testkit import FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
+
+LEAD_S = 4.0  # the job runs this long before the fault
+RATE_MIB_S = 2  # per rank: the job outlasts the fault
+
+
+def _in(rig: Rig, node: str, *argv: str, check: bool = True) -> None:
+    """Run a network command (ip, iptables, tc) in ``node``'s network namespace."""
+    sh("nsenter", f"--net=/run/netns/{rig.nodes[node].ns}", "--", *argv, check=check)
+
+
+def _signal(rig: Rig, name: str, sig: int) -> None:
+    """Send ``sig`` to the session of the rig process started as ``name``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(rig.procs[name].pid, sig)
+
+
+def _drop_all(rig: Rig, node: str, on: bool) -> None:
+    for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        _in(rig, node, "iptables", "-A" if on else "-D", chain, flag, "eth0", "-j", "DROP", check=on)
+
+
+def _loss_cap(rig: Rig, node: str, on: bool) -> None:
+    stat = ["-m", "statistic", "--mode", "random", "--probability", "0.1", "-j", "DROP"]
+    for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        _in(rig, node, "iptables", "-A" if on else "-D", chain, flag, "eth0", *stat, check=on)
+    if on:
+        _in(
+            rig,
+            node,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            "20mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "400ms",
+        )
+    else:
+        _in(rig, node, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+
+def _restart_broker(rig: Rig, node: str) -> None:
+    rig.stop(node, grace_s=5)
+    rig.popen(node, rig.pharos("broker", "--node-id", node.removeprefix("kafka")), log=node)
+
+
+def _restart_server(rig: Rig) -> None:
+    rig.stop("server", grace_s=5)
+    rig.popen("server", rig.pharos("serve"), log="server")
+
+
+@dataclass
+class Fault:
+    name: str
+    node: str  # the node it hits (what detection should name)
+    hold_s: float
+    inject: Callable[[Rig], None]
+    heal: Callable[[Rig], None]
+    what: str
+
+
+FAULTS = [
+    Fault(
+        "fwd-link-cut",
+        "fwd0",
+        20,
+        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "down"),
+        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "up"),
+        "fwd0's link down",
+    ),
+    Fault(
+        "broker-kill+partition",
+        "kafka2",
+        20,
+        lambda r: (_signal(r, "kafka1", signal.SIGKILL), _drop_all(r, "kafka2", True)),
+        lambda r: (_drop_all(r, "kafka2", False), _restart_broker(r, "kafka1")),
+        "Kafka node 1 killed, node 2 partitioned",
+    ),
+    Fault(
+        "cn-loss+cap",
+        "cn1",
+        30,
+        lambda r: _loss_cap(r, "cn1", True),
+        lambda r: _loss_cap(r, "cn1", False),
+        "10% loss and 20 Mbit/s on cn1's link",
+    ),
+    Fault(
+        "serve-kill",
+        "server",
+        5,
+        lambda r: _signal(r, "server", signal.SIGKILL),
+        _restart_server,
+        "pharos serve killed (SIGKILL), restarted",
+    ),
+    Fault(
+        "fwd-sigstop",
+        "fwd1",
+        15,
+        lambda r: _signal(r, "fwd1", signal.SIGSTOP),
+        lambda r: _signal(r, "fwd1", signal.SIGCONT),
+        "fwd1's daemon stopped (SIGSTOP)",
+    ),
+]
+
+
+@dataclass
+class FaultResult:
+    fault: Fault
+    job: FioJob
+    injected: float = 0.0  # seconds since the schedule began
+    healed: float = 0.0
+    detect_s: float | None = None
+    recover_s: float | None = None
+    exact: bool = False
+    verified: bool = False
+    figures: dict = field(default_factory=dict)
+
+
+def _named(rig: Rig, node: str) -> bool:
+    """Some anomaly of the last hour names ``node``."""
+    with contextlib.suppress(Exception):
+        return bool(rig.api("anomalies", node=node, since_s=3600)["items"])
+    return False
+
+
+def run_schedule(rig: Rig, faults: list[Fault], log: Callable[[str], None] = print) -> list[FaultResult]:
+    """Run ``faults`` one after the other, each over its own fio job on cn0 and cn1 (N-N)."""
+    t0 = time.monotonic()
+    stamp = lambda: time.monotonic() - t0  # noqa: E731
+    out = []
+    for k, fault in enumerate(faults):
+        size = int(RATE_MIB_S * (LEAD_S + fault.hold_s + 6))
+        job = FioJob(f"fault{k}-{fault.name.split('+')[0]}", "N-N", ["cn0", "cn1"], size, f"--rate={RATE_MIB_S}m")
+        res = FaultResult(fault, job)
+        start_fio_job(rig, job)
+        log(f"[{stamp():6.1f} s] {fault.name}: job {job.job_id} started ({size} MiB per rank at {RATE_MIB_S} MiB/s)")
+        time.sleep(LEAD_S)
+        res.injected = stamp()
+        fault.inject(rig)
+        log(f"[{res.injected:6.1f} s] {fault.name}: injected ({fault.what}) for {fault.hold_s:.0f} s")
+        end = time.monotonic() + fault.hold_s
+        while time.monotonic() < end:
+            if res.detect_s is None and fault.node != "server" and _named(rig, fault.node):
+                res.detect_s = stamp() - res.injected
+                log(f"[{stamp():6.1f} s] {fault.name}: an anomaly names {fault.node}")
+            time.sleep(1)
+        fault.heal(rig)
+        res.healed = stamp()
+        log(f"[{res.healed:6.1f} s] {fault.name}: healed")
+        try:
+            job.exit_code = job.proc.wait(300)
+        except Exception:
+            job.proc.kill()
+            job.exit_code = job.proc.wait()
+        ended = stamp() - res.healed
+        totals, res.verified = fio_results(job)
+        layers = {
+            layer: wait_summary(rig, job.job_id, layer, totals.get("bytes_written", 1), 180)
+            for layer in ("client", "forwarder")
+        }
+        res.recover_s = stamp() - res.healed
+        res.figures = {"fio": totals} | {
+            layer: (s.get("bytes_written"), s.get("bytes_read"), s.get("complete")) for layer, s in layers.items()
+        }
+        res.exact = bool(totals) and all(
+            (s.get("bytes_written"), s.get("bytes_read")) == (totals["bytes_written"], totals["bytes_read"])
+            for s in layers.values()
+        )
+        log(
+            f"[{stamp():6.1f} s] {fault.name}: job exit {job.exit_code} {ended:.1f} s after healing, its figures "
+            f"complete {res.recover_s:.1f} s after; "
+            f"exact {res.exact}, verified {res.verified}; {res.figures}"
+        )
+        out.append(res)
+    return out
+
+
+def table(results: list[FaultResult], lost: int, duplicates: int) -> str:
+    """One table: fault, records lost and duplicates (whole store), bytes exact, verified, detect s,
+    recover s."""
+    rows = [
+        f"{'fault':24s} {'lost':>5s} {'dups':>5s} {'bytes exact':>11s} {'verified':>8s} {'detect s':>8s} {'recover s':>9s}"
+    ]
+    for r in results:
+        det = f"{r.detect_s:.0f}" if r.detect_s is not None else "-"
+        rows.append(
+            f"{r.fault.name:24s} {lost:5d} {duplicates:5d} {'yes' if r.exact else 'NO':>11s} "
+            f"{'yes' if r.verified else 'NO':>8s} {det:>8s} {r.recover_s or 0:9.1f}"
+        )
+    return "\n".join(rows)
