@@ -25,7 +25,10 @@ next):
 * ``serve-kill``: ``pharos serve`` (pipeline, API, control loop) killed with SIGKILL mid-ingest and
   restarted 5 s later: its consumer resumes from its committed offsets, the store's exactly-once
   check drops what it had already stored.
-* ``fwd-sigstop``: fwd1's daemon stopped (SIGSTOP) for 15 s, then continued: a fail-slow node.
+* ``fwd-sigstop``: fwd1's daemon stopped (SIGSTOP) for 15 s, then continued: a hung node.
+
+The two forwarding-node faults are named by the silent-forwarder detector
+(:mod:`pharos_analytics.liveness`, anomaly ``forwarder_silent``); the others by none yet.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Alerts for fail-slow nodes and interference: Alertmanager (API v2) and a JSON webhook (Pharos).
+"""Alerts for fail-slow and silent nodes and interference: Alertmanager (API v2) and a JSON webhook (Pharos).
 
 A *condition* is an active anomaly (:class:`~pharos_analytics.failslow.Anomaly` with
 ``active``) or an active :class:`~pharos_analytics.interference.InterferenceEvent`, keyed by
@@ -17,7 +17,8 @@ its ``key``. :class:`Alerter` keeps the open conditions:
 The generic webhook receives ``{"version": "pharos.alerts.v1", "alerts": [...]}`` with the
 same alert objects plus ``status`` firing|resolved and ``key``.
 
-:class:`DetectionLoop` runs fail-slow + interference detection every ``detect_period_s``,
+:class:`DetectionLoop` runs fail-slow, silent-forwarder (:mod:`pharos_analytics.liveness`) and
+interference detection every ``detect_period_s``,
 stores what it found (``anomalies``), alerts, logs notifications (``alert_log``) and
 measures the time from a fault's onset (its first slow metrics interval) to Alertmanager
 accepting the alert.
@@ -40,6 +41,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, WindowCache, detect_failslow
 from .interference import InterferenceEvent, detect_interference
+from .liveness import SILENT_KIND, detect_silent_forwarders
 from .periodic import PeriodicLoop
 from .straggler import record_straggler_anomalies, trace_observations
 
@@ -48,6 +50,7 @@ HTTP_TIMEOUT_S = 5.0
 ALERTNAMES = {
     "fail_slow_target": "PharosFailSlowTarget",
     "fail_slow_forwarder": "PharosFailSlowForwarder",
+    "forwarder_silent": "PharosForwarderSilent",
     "interference": "PharosInterference",
 }
 
@@ -79,8 +82,13 @@ class Condition:
                 "source": "pharos",
             },
             annotations={
-                "summary": f"{'storage target' if who == 'target' else 'forwarding node'} {a.node} is fail-slow: "
-                f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})",
+                "summary": (
+                    f"forwarding node {a.node} is silent: no batch for {a.rel_service:.1f}x the silence threshold "
+                    "while its peers are heard (cut off, stopped or hung)"
+                    if a.kind == SILENT_KIND
+                    else f"{'storage target' if who == 'target' else 'forwarding node'} {a.node} is fail-slow: "
+                    f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})"
+                ),
                 "persistence": a.persistence,
                 "windows_flagged_s": ",".join(f"{w:g}" for w in a.windows_flagged),
                 "rel_service": f"{a.rel_service:.3f}",
@@ -371,12 +379,13 @@ class DetectionLoop(PeriodicLoop):
         t0 = time.monotonic()
         now_ns = time.time_ns() if now_ns is None else now_ns
         rep = detect_failslow(self.store, cfg, now_ns=now_ns, cache=self.failslow_windows)
+        silent = detect_silent_forwarders(self.store, cfg, now_ns=now_ns)
         events = detect_interference(self.store, cfg, until_ns=now_ns)
-        rows = anomaly_rows(rep.anomalies, events, now_ns)
+        rows = anomaly_rows(rep.anomalies + silent, events, now_ns)
         if rows:
             self.store.insert_rows("anomalies", rows)
         stragglers = self._stragglers(cfg, now_ns)
-        conds = [Condition.from_anomaly(a) for a in rep.anomalies if a.active]
+        conds = [Condition.from_anomaly(a) for a in rep.anomalies + silent if a.active]
         conds += [Condition.from_interference(e) for e in events if e.active]
         sent = (
             self.alerter.update(conds, time.time_ns())
@@ -387,6 +396,7 @@ class DetectionLoop(PeriodicLoop):
             "time_ns": now_ns,
             "duration_s": self.cycle_done(t0),
             "anomalies": len(rep.anomalies),
+            "silent_forwarders": len(silent),
             "interference": len(events),
             "straggler_resources": stragglers,
             "straggler_backlog": len(self.straggler_backlog),

@@ -259,6 +259,13 @@ class DiagnosisConfig(PharosSettings):
         description="Pharos. The outlier must also be this many times slower (service time per byte, against "
         "the peers' median) so that a tight peer group does not turn small differences into alerts.",
     )
+    forwarder_silence_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Pharos. A forwarding daemon whose newest batch (records, or its heartbeat every 2 s) is older "
+        "than this (s), while another daemon is heard, is silent: cut off, stopped or hung "
+        "(pharos_analytics.liveness; anomaly kind forwarder_silent).",
+    )
     failslow_min_ops: int = Field(
         default=20, ge=1, description="Pharos. Requests a node must have served in a window to be judged (load guard)."
     )

@@ -1,0 +1,79 @@
+"""Forwarding nodes gone silent: cut off from the network, stopped or hung (anomaly ``forwarder_silent``).
+
+Every forwarding daemon's Kafka producer sends a batch at least every 2 s (a heartbeat when it
+has no record: ``pharos_wire::sink``), and the pipeline stores one ``io_batches`` row per batch
+with the time the daemon made it, so that table is each daemon's liveness timeline
+(:func:`pharos_analytics.coverage.producers`). A daemon is *silent* when the newest batch of its
+newest producer (a restarted daemon has a new producer id; the newest one stands for the node)
+is older than ``forwarder_silence_s`` while another forwarding daemon's is not: what is wrong is
+that node, not Kafka or the pipeline (when every daemon is silent, nothing is flagged). A cut
+link, a stopped process (SIGSTOP) and a dead one look the same from here; the batches a cut-off
+daemon held come in later with their own times, so the silence stays visible in the table.
+
+This complements the fail-slow detector (:mod:`pharos_analytics.failslow`), which judges a node
+that still serves, against its peers, over windows of an hour: a node serving nothing is not
+slow there, it is silent here. Beacon (NSDI'19 §5.3) flags abnormal nodes from the monitoring
+data itself; the heartbeat idea is the agents' coverage check (:mod:`pharos_analytics.coverage`).
+"""
+
+from __future__ import annotations
+
+from pharos_core.store import Store
+
+from .coverage import Producer, producers
+from .diagnosis_config import DiagnosisConfig
+from .failslow import Anomaly
+
+SILENT_KIND = "forwarder_silent"
+
+
+def detect_silent_forwarders(
+    store: Store, cfg: DiagnosisConfig | None = None, now_ns: int | None = None, since_s: float = 3600.0
+) -> list[Anomaly]:
+    """The forwarding nodes heard in the last ``since_s`` seconds whose daemon is silent now.
+
+    Returns one active :class:`~pharos_analytics.failslow.Anomaly` per silent node (kind
+    ``forwarder_silent``, ``node_type`` ``forwarder``, severity critical, ``rel_service`` = its
+    silence in multiples of ``forwarder_silence_s``, ``onset_ns`` = its newest batch, evidence:
+    producer id, last batch age in s, the peers heard); none when no daemon, or none of the others,
+    is heard. Raises pharos_core.store.StoreError.
+    """
+    cfg = cfg or DiagnosisConfig()
+    prods = [
+        p
+        for p in producers(store, since_s=since_s, silence_s=cfg.forwarder_silence_s, now_ns=now_ns)
+        if p.kind == "fwd"
+    ]
+    newest: dict[str, Producer] = {}
+    for p in prods:  # newest first within a host: keep the newest producer of each node
+        cur = newest.get(p.host)
+        if cur is None or (p.last_batch and cur.last_batch and p.last_batch > cur.last_batch):
+            newest[p.host] = p
+    alive = sorted(n for n, p in newest.items() if p.state == "alive")
+    if not alive:
+        return []
+    out = []
+    for node, p in sorted(newest.items()):
+        if p.state == "alive":
+            continue
+        last_ns = int(p.last_batch.timestamp() * 1e9) if p.last_batch else None
+        out.append(
+            Anomaly(
+                kind=SILENT_KIND,
+                node=node,
+                node_type="forwarder",
+                persistence="transient",
+                active=True,
+                severity="critical",
+                window_s=since_s,
+                windows_flagged=[],
+                rel_service=round(p.age_s / cfg.forwarder_silence_s, 3),
+                z=0.0,
+                beacon_slow=False,
+                onset_ns=last_ns,
+                detected_ns=now_ns or 0,
+                evidence={"silence": {"producer": p.producer_id, "age_s": round(p.age_s, 3), "peers_heard": alive}},
+                rule_source="Pharos: a forwarding daemon's batches (heartbeats every 2 s) stopped while its peers' go on",
+            )
+        )
+    return out
