@@ -2,11 +2,11 @@
 back-off), and what it reads there: the mounts' job tables and nodes, the daemons' placement.
 
 **Per compute node** (DFRA, Ji et al., FAST'19 §4: compute nodes are mapped to forwarding
-nodes). With several mounts (a cluster: one per compute node), a job whose entry names several
-forwarding nodes is pushed to each mount as ONE of them: the compute node at position p of the
-job's compute nodes (sorted; those its requests came from so far) gets node ``p mod k``; before
-the job's first request (a hint at dispatch) the mount's position in the configured mount list
-stands in for p. So the job's compute nodes spread over its forwarding nodes, each node's ranks
+nodes). With mounts on several compute nodes (a cluster: the mounts that answer name two or more
+distinct compute nodes), a job whose entry names several forwarding nodes is pushed to each mount
+as ONE of them: the compute node at position p of the job's compute nodes (sorted; those its
+requests came from so far) gets node ``p mod k``; before the job's first request (a hint at
+dispatch) the mount's position among the answering mounts in the configured list stands in for p. So the job's compute nodes spread over its forwarding nodes, each node's ranks
 on one of them (the mount's failover order stays its own). With one mount (the embedded stack),
 the mount gets the whole list and spreads the job's ranks over it.
 
@@ -195,11 +195,12 @@ class AdminPush:
         job_nodes: dict[str, list[str]] | None = None,
     ) -> list[PushResult]:
         """Make each mount's job table hold ``desired`` (and not ``drop``), per compute node when
-        there are several mounts (:func:`compute_node_entry`, ``job_nodes``: job -> its compute
+        the mounts are on several compute nodes (:func:`compute_node_entry`, ``job_nodes``: job -> its compute
         nodes so far); PUT only on a change."""
         out = []
-        several = len(view.mount_maps) > 1
-        for pos, (url, cur) in enumerate(view.mount_maps.items()):
+        named = [u for u in view.mount_maps if view.mount_nodes.get(u)]  # the mounts that said their node
+        several = len({view.mount_nodes[u] for u in named}) > 1
+        for url, cur in view.mount_maps.items():
             if cur is None:  # a new decision fails there; otherwise it is re-pushed once the mount answers
                 out.append(PushResult(url, False, view.mount_errors.get(url, "unreachable"), changed=force))
                 continue
@@ -207,7 +208,10 @@ class AdminPush:
             for job, nodes in desired.items():
                 if several:
                     nodes = compute_node_entry(
-                        nodes, (job_nodes or {}).get(job, []), view.mount_nodes.get(url, ""), pos
+                        nodes,
+                        (job_nodes or {}).get(job, []),
+                        view.mount_nodes.get(url, ""),
+                        named.index(url) if url in named else len(named),
                     )
                 if nodes is None:
                     new.pop(job, None)
