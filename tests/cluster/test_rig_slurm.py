@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from cluster_slurm import running_rig_slurm, slurm_processes
-from cluster_testkit import Rig, rig_available, running_rig
+from cluster_testkit import Rig, rig_available, running_rig, wait_summary
 from mpi_testkit import build_mpi_writer
 from slurm_testkit import SlurmCluster
 
@@ -83,22 +83,6 @@ def site(tmp_path_factory):
 def site4(tmp_path_factory):
     """The rig of four compute nodes with Slurm (make evaluate); one test's."""
     yield from rig_and_slurm(tmp_path_factory, compute=4, fwd=2)
-
-
-def wait_job(rig: Rig, job_id: str, layer: str, written: int, timeout_s: float = 90) -> dict:
-    """The job's summary on ``layer`` once it is finished with ``written`` bytes written (or the
-    last one seen)."""
-    deadline = time.monotonic() + timeout_s
-    s: dict = {}
-    while time.monotonic() < deadline:
-        try:
-            s = rig.api(f"jobs/{job_id}", layer=layer)
-        except Exception:  # 404 until the first record or event is stored
-            s = {}
-        if s.get("bytes_written", 0) >= written and s.get("state") == "finished":
-            return s
-        time.sleep(1)
-    return s
 
 
 def ts(iso: str) -> float:
@@ -160,7 +144,7 @@ def run_job(rig: Rig, slurm: SlurmCluster, writer: Path, nodes: int, tasks: int)
 
     lines = []
     for layer in ("client", "forwarder"):
-        s = wait_job(rig, job, layer, total + side)
+        s = wait_summary(rig, job, layer, total + side)
         line = (
             f"{layer}: {s.get('name')}/{s.get('user')} ranks {s.get('ranks')} ({s.get('io_ranks')} did I/O) "
             f"on {s.get('compute_nodes')}, pattern {s.get('pattern')} (writes {s.get('patterns', {}).get('write')}), "
