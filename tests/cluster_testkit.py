@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -424,8 +424,19 @@ def _wait(what: str, ok, timeout: float, rig: Rig, log: str | None = None) -> No
 
 
 @contextlib.contextmanager
-def running_rig(root: Path, compute: int = 2, fwd: int = 2, brokers: int = 1, progress=print) -> Iterator[Rig]:
+def running_rig(
+    root: Path,
+    compute: int = 2,
+    fwd: int = 2,
+    brokers: int = 1,
+    progress=print,
+    fwd_args: Sequence[str] = (),
+    mount_args: Sequence[str] = (),
+) -> Iterator[Rig]:
     """Build and start a rig under ``root`` (a fresh folder); yield it; remove everything.
+
+    ``fwd_args`` and ``mount_args``: more flags for every pharos-fwd and pharos-mount (e.g.
+    ``["--gas", "on"]``, ``["--rpc-timeout-ms", "5000"]``), after those of the site's configuration.
 
     Raises RuntimeError (with the failing component's log) when a component does not start."""
     rid = uuid.uuid4().hex[:6]
@@ -458,7 +469,7 @@ def running_rig(root: Path, compute: int = 2, fwd: int = 2, brokers: int = 1, pr
         for n in rig.of_kind("kafka"):
             rig.popen(n.name, rig.pharos("broker", "--node-id", n.name[5:]), log=n.name)
         for n in rig.of_kind("fwd"):
-            rig.popen(n.name, rig.pharos("fwd", "--index", n.name[3:]), log=n.name)
+            rig.popen(n.name, [*rig.pharos("fwd", "--index", n.name[3:]), "--", *fwd_args], log=n.name)
         rig.popen("server", rig.pharos("serve"), log="server")
         for n in rig.compute:
             rig.popen(n.name, rig.pharos("agent"), log=f"{n.name}-agent")
@@ -466,7 +477,7 @@ def running_rig(root: Path, compute: int = 2, fwd: int = 2, brokers: int = 1, pr
             ready = root / "storage" / "run" / f"{n.name}.ready"
             _wait(n.name, ready.exists, 60, rig, n.name)
         for n in rig.compute:
-            rig.popen(n.name, rig.pharos("mount"), log=f"{n.name}-mount")
+            rig.popen(n.name, [*rig.pharos("mount"), "--", *mount_args], log=f"{n.name}-mount")
         probe = rig.client("server")
         _wait("server (API)", lambda: probe.get(f"{rig.api_url}/v1/health").status_code == 200, 180, rig, "server")
         for n in rig.compute:
