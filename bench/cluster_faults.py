@@ -28,7 +28,10 @@ next):
 * ``fwd-sigstop``: fwd1's daemon stopped (SIGSTOP) for 15 s, then continued: a hung node.
 
 The two forwarding-node faults are named by the silent-forwarder detector
-(:mod:`pharos_analytics.liveness`, anomaly ``forwarder_silent``); the others by none yet.
+(:mod:`pharos_analytics.liveness`, anomaly ``forwarder_silent``), the brokers by the server's
+broker probe (anomaly ``broker_unreachable``, named ``broker<node.id>``); the lossy, capped link
+and the killed server by none yet (the server is the detector; its own liveness is Prometheus'
+``up``).
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ FAULTS = [
     ),
     Fault(
         "broker-kill+partition",
-        "kafka2",
+        "broker1",  # Kafka node.id 1 = rig node kafka1 (the probe names node 2 too)
         20,
         lambda r: (_signal(r, "kafka1", signal.SIGKILL), _drop_all(r, "kafka2", True)),
         lambda r: (_drop_all(r, "kafka2", False), _restart_broker(r, "kafka1")),

@@ -147,6 +147,7 @@ class Rig:
     token: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     clients: list[NodeClient] = field(default_factory=list)
+    site: dict[str, str] = field(default_factory=dict)  # more of the site's configuration (running_rig's env)
 
     def client(self, node: str = "server") -> NodeClient:
         """An HTTP client inside ``node``'s network, with the rig's API token."""
@@ -213,6 +214,7 @@ class Rig:
             "PHAROS_MOUNT_DIR": str(self.mount_dir),
             "PHAROS_MOUNT_ADMIN_PORT": str(MOUNT_ADMIN_PORT),
             "PHAROS_HEARTBEAT_INTERVAL_S": "1",
+            **self.site,
         }
 
     def node_env(self, name: str) -> dict[str, str]:
@@ -432,11 +434,13 @@ def running_rig(
     progress=print,
     fwd_args: Sequence[str] = (),
     mount_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[Rig]:
     """Build and start a rig under ``root`` (a fresh folder); yield it; remove everything.
 
     ``fwd_args`` and ``mount_args``: more flags for every pharos-fwd and pharos-mount (e.g.
-    ``["--gas", "on"]``, ``["--rpc-timeout-ms", "5000"]``), after those of the site's configuration.
+    ``["--gas", "on"]``, ``["--rpc-timeout-ms", "5000"]``), after those of the site's configuration;
+    ``env``: more of the site's configuration (``PHAROS_*`` variables every node gets).
 
     Raises RuntimeError (with the failing component's log) when a component does not start."""
     rid = uuid.uuid4().hex[:6]
@@ -448,7 +452,7 @@ def running_rig(
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("site", "work", "logs", "pharos", "storage"):
         (root / sub).mkdir(exist_ok=True)
-    rig = Rig(rid, root.resolve(), nodes, f"pharos-rig-{rid}")
+    rig = Rig(rid, root.resolve(), nodes, f"pharos-rig-{rid}", site=dict(env or {}))
     t0 = time.monotonic()
     try:
         _network(rig)
@@ -520,13 +524,16 @@ FIO_VERIFY = (
 @dataclass
 class FioJob:
     """A multi-node fio job: ``kind`` N-N (a file per rank) or N-1 (one shared file, a region per
-    rank), one rank per node of ``nodes`` (the first starts it), ``size_mib`` MiB per rank."""
+    rank), one rank per node of ``nodes`` (the first starts it), ``size_mib`` MiB per rank; ``name``
+    its job name (default ``fio-<kind>``): the runs of one name, size and nodes have the same
+    command (DFRA's history matches name, user and command)."""
 
     job_id: str
     kind: str
     nodes: list[str]
     size_mib: int
     fio_args: str = ""  # more fio options (e.g. --rate=4m)
+    name: str = ""
     proc: subprocess.Popen | None = None
     out: Path | None = None
     exit_code: int | None = None
@@ -534,8 +541,10 @@ class FioJob:
 
 def start_fio_job(rig: Rig, job: FioJob) -> None:
     """``pharos run`` on the job's first node of ``mpiexec -hosts <its nodes>`` (the rig's ssh) of
-    fio; fio's JSON reports go to the rig's folder under /run (a system folder, so they are not the
-    job's data I/O). Raises RuntimeError when the job's folder cannot be made."""
+    fio, as a batch script would: the command names the job's folder by ``$PHAROS_JOB_ID``, so it
+    is the same for every run; fio's JSON reports go to the rig's folder under /run (a system
+    folder, so they are not the job's data I/O). Raises RuntimeError when the job's folder cannot
+    be made."""
     data = rig.mount_dir / job.job_id
     job.out = rig.rsh.parent / "out" / job.job_id
     job.out.mkdir(parents=True)
@@ -543,20 +552,20 @@ def start_fio_job(rig: Rig, job: FioJob) -> None:
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
     if job.kind == "N-N":
-        target = f"--filename={data}/data.$PMI_RANK"
+        target = f"--filename={rig.mount_dir}/$PHAROS_JOB_ID/data.$PMI_RANK"
     else:  # one shared file at its final size, as an MPI collective create would make it
         size = len(job.nodes) * job.size_mib * MiB
         r = rig.run(job.nodes[0], ["truncate", "-s", str(size), str(data / "shared")])
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
-        target = f"--filename={data}/shared --offset=$((PMI_RANK*{job.size_mib}))m"
+        target = f"--filename={rig.mount_dir}/$PHAROS_JOB_ID/shared --offset=$((PMI_RANK*{job.size_mib}))m"
     fio = (
-        f"exec fio --name={job.job_id} {FIO_VERIFY} {job.fio_args} --size={job.size_mib}m {target} "
-        f"--output={job.out}/fio.$PMI_RANK.json"
+        f"exec fio --name=rank$PMI_RANK {FIO_VERIFY} {job.fio_args} --size={job.size_mib}m {target} "
+        f"--output={job.out.parent}/$PHAROS_JOB_ID/fio.$PMI_RANK.json"
     )
     mpiexec = ["mpiexec.mpich", "-hosts", ",".join(job.nodes), "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
     mpiexec += ["-iface", "eth0", "-n", str(len(job.nodes)), "sh", "-c", fio]
-    argv = rig.pharos("run", "--job", job.job_id, "--name", f"fio-{job.kind}", "--", *mpiexec)
+    argv = rig.pharos("run", "--job", job.job_id, "--name", job.name or f"fio-{job.kind}", "--", *mpiexec)
     job.proc = rig.popen(job.nodes[0], argv)
 
 

@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -41,7 +41,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, WindowCache, detect_failslow
 from .interference import InterferenceEvent, detect_interference
-from .liveness import SILENT_KIND, detect_silent_forwarders
+from .liveness import BROKER_KIND, SILENT_KIND, BrokerLike, detect_silent_forwarders, detect_unreachable_brokers
 from .periodic import PeriodicLoop
 from .straggler import record_straggler_anomalies, trace_observations
 
@@ -51,6 +51,7 @@ ALERTNAMES = {
     "fail_slow_target": "PharosFailSlowTarget",
     "fail_slow_forwarder": "PharosFailSlowForwarder",
     "forwarder_silent": "PharosForwarderSilent",
+    "broker_unreachable": "PharosBrokerUnreachable",
     "interference": "PharosInterference",
 }
 
@@ -86,6 +87,9 @@ class Condition:
                     f"forwarding node {a.node} is silent: no batch for {a.rel_service:.1f}x the silence threshold "
                     "while its peers are heard (cut off, stopped or hung)"
                     if a.kind == SILENT_KIND
+                    else f"Kafka broker {a.node} does not answer while other brokers do (killed, cut off or hung): "
+                    "producers hold their records until it is back"
+                    if a.kind == BROKER_KIND
                     else f"{'storage target' if who == 'target' else 'forwarding node'} {a.node} is fail-slow: "
                     f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})"
                 ),
@@ -359,9 +363,14 @@ class DetectionLoop(PeriodicLoop):
     cycle_name = "detection"
 
     def __init__(
-        self, store: Store, cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig, generator_url: str = ""
+        self,
+        store: Store,
+        cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig,
+        generator_url: str = "",
+        broker_probe: Callable[[], Sequence[BrokerLike]] | None = None,
     ) -> None:
         self.store = store
+        self.broker_probe = broker_probe  # the server's Kafka brokers (pharos_pipeline.broker_health.BrokerProbe)
         self.cfg_factory = cfg_factory
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
@@ -380,6 +389,7 @@ class DetectionLoop(PeriodicLoop):
         now_ns = time.time_ns() if now_ns is None else now_ns
         rep = detect_failslow(self.store, cfg, now_ns=now_ns, cache=self.failslow_windows)
         silent = detect_silent_forwarders(self.store, cfg, now_ns=now_ns)
+        silent += self._brokers(now_ns)
         events = detect_interference(self.store, cfg, until_ns=now_ns)
         rows = anomaly_rows(rep.anomalies + silent, events, now_ns)
         if rows:
@@ -396,7 +406,8 @@ class DetectionLoop(PeriodicLoop):
             "time_ns": now_ns,
             "duration_s": self.cycle_done(t0),
             "anomalies": len(rep.anomalies),
-            "silent_forwarders": len(silent),
+            "silent_forwarders": sum(1 for a in silent if a.kind == SILENT_KIND),
+            "unreachable_brokers": sum(1 for a in silent if a.kind == BROKER_KIND),
             "interference": len(events),
             "straggler_resources": stragglers,
             "straggler_backlog": len(self.straggler_backlog),
@@ -406,6 +417,16 @@ class DetectionLoop(PeriodicLoop):
             "alert_latencies_s": [round(x["latency_s"], 3) for x in self.alerter.latencies[-10:]],
         }
         return self.last
+
+    def _brokers(self, now_ns: int) -> list[Anomaly]:
+        """Unreachable Kafka brokers by :attr:`broker_probe` (none without a probe, or when it fails)."""
+        if self.broker_probe is None:
+            return []
+        try:
+            return detect_unreachable_brokers(self.broker_probe(), now_ns)
+        except Exception:  # a probe failure must not stop the other detectors
+            log.exception("Kafka broker probe failed")
+            return []
 
     def _stragglers(self, cfg: DiagnosisConfig, now_ns: int) -> int:
         """Straggler attribution (:mod:`~pharos_analytics.straggler`) of the jobs that ended since the

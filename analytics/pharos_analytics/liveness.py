@@ -1,4 +1,5 @@
-"""Forwarding nodes gone silent: cut off from the network, stopped or hung (anomaly ``forwarder_silent``).
+"""Nodes gone silent or unreachable: forwarding nodes cut off from the network, stopped or hung
+(anomaly ``forwarder_silent``), and Kafka brokers the server cannot reach (``broker_unreachable``).
 
 Every forwarding daemon's Kafka producer sends a batch at least every 2 s (a heartbeat when it
 has no record: ``pharos_wire::sink``), and the pipeline stores one ``io_batches`` row per batch
@@ -14,9 +15,18 @@ This complements the fail-slow detector (:mod:`pharos_analytics.failslow`), whic
 that still serves, against its peers, over windows of an hour: a node serving nothing is not
 slow there, it is silent here. Beacon (NSDI'19 §5.3) flags abnormal nodes from the monitoring
 data itself; the heartbeat idea is the agents' coverage check (:mod:`pharos_analytics.coverage`).
+
+The brokers are judged from the server's own probe of them (:class:`pharos_pipeline.broker_health.BrokerProbe`:
+the cluster metadata and a TCP connection to each broker), not from the store: when brokers are
+down, no record may reach the store at all. A broker is flagged while at least one other broker
+answers (when none does, the server itself is cut off from Kafka, which the pipeline's consumer
+reports); its evidence carries the partitions short of in-sync replicas and the offline ones.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 from pharos_core.store import Store
 
@@ -25,6 +35,22 @@ from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly
 
 SILENT_KIND = "forwarder_silent"
+BROKER_KIND = "broker_unreachable"
+
+
+class BrokerLike(Protocol):
+    """What :func:`detect_unreachable_brokers` reads of a broker (``pharos_pipeline.broker_health.BrokerState``)."""
+
+    node_id: int
+    address: str
+    listed: bool
+    reachable: bool
+    error: str
+    under_replicated: int
+    offline: int
+
+    @property
+    def name(self) -> str: ...
 
 
 def detect_silent_forwarders(
@@ -77,3 +103,47 @@ def detect_silent_forwarders(
             )
         )
     return out
+
+
+def detect_unreachable_brokers(brokers: Sequence[BrokerLike], now_ns: int = 0) -> list[Anomaly]:
+    """The Kafka brokers the server's probe could not reach while another broker answered.
+
+    ``brokers``: one probe's states, every broker ever listed (``BrokerProbe()``). Returns one
+    active :class:`~pharos_analytics.failslow.Anomaly` per unreachable broker (kind
+    ``broker_unreachable``, node ``broker<node id>``, ``node_type`` ``broker``, severity critical:
+    producers hold their records and, with fewer than ``min.insync.replicas`` brokers, nothing is
+    stored until it is back; evidence: its address, whether the metadata still lists it, the error,
+    partitions under-replicated and offline); none when no broker answered. Pure."""
+    up = sorted(b.name for b in brokers if b.reachable)
+    if not up:
+        return []
+    return [
+        Anomaly(
+            kind=BROKER_KIND,
+            node=b.name,
+            node_type="broker",
+            persistence="transient",
+            active=True,
+            severity="critical",
+            window_s=0.0,
+            windows_flagged=[],
+            rel_service=0.0,
+            z=0.0,
+            beacon_slow=False,
+            onset_ns=None,
+            detected_ns=now_ns,
+            evidence={
+                "probe": {
+                    "address": b.address,
+                    "listed": b.listed,
+                    "error": b.error,
+                    "under_replicated_partitions": sum(x.under_replicated for x in brokers),
+                    "offline_partitions": sum(x.offline for x in brokers),
+                    "brokers_reachable": up,
+                }
+            },
+            rule_source="Pharos: a TCP connection to a broker the cluster metadata listed failed while another answered",
+        )
+        for b in brokers
+        if not b.reachable
+    ]

@@ -22,9 +22,16 @@ from pharos_core.store import Store, ns_to_datetime64
 
 from .pattern import SYSTEM_PATH_REGEX
 from .summary import fan_in_patterns
-from .summary_sql import DATA_OPS, FAN_IN_SELECT, META_OPS, READ_OPS, WRITE_OPS, sql_list
+from .summary_sql import DATA_OPS, FAN_IN_SELECT, META_OPS, NON_FILE_TYPES, READ_OPS, WRITE_OPS, sql_list
 
-_META = f"op IN {sql_list(META_OPS)}"
+#: Metadata ops the file systems serve: on files and directories, not on system paths (libraries,
+#: /proc, the launcher's files) nor on pipes, sockets and terminals; the rule of the phases'
+#: metadata profile (:data:`pharos_analytics.phases_sql._PHASE_REQUESTS`), so the DFRA classifier's
+#: metadata-heavy test and the diagnosis' count the same ops.
+_META = (
+    f"op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}"
+    " AND NOT match(path, {system_re:String})"
+)
 
 #: Per (job, layer): the numbers of a profile.
 JOB_METRICS_SQL = f"""
@@ -127,7 +134,7 @@ class JobProfile:
 def job_metrics(store: Store, job_ids: list[str] | None = None, since_ns: int | None = None) -> list[JobMetrics]:
     """The profile numbers of each job (all jobs with events or requests, or ``job_ids``; requests
     from ``since_ns`` on)."""
-    p: dict = {}
+    p: dict = {"system_re": SYSTEM_PATH_REGEX}
     where = ["1"]
     if job_ids is not None:
         where.append("job_id IN {jobs:Array(String)}")

@@ -422,8 +422,15 @@ def mount_shared_count(s) -> int:
 
 def mount_node_index(s) -> int:
     """``--node-index`` of `pharos mount`: ``compute_node_index`` mod the shared nodes (all nodes
-    when every node is reserved), so the default node is a shared one."""
-    return s.compute_node_index % (mount_shared_count(s) or max(s.fwd_nodes, 1))
+    when every node is reserved), so the default node is a shared one; with
+    ``compute_nodes_per_forwarding_node`` = b > 0, ``compute_node_index // b`` instead of the index
+    (DFRA's static mapping: a block of b consecutive compute nodes per forwarding node)."""
+    block = (
+        s.compute_node_index // s.compute_nodes_per_forwarding_node
+        if s.compute_nodes_per_forwarding_node
+        else s.compute_node_index
+    )
+    return block % (mount_shared_count(s) or max(s.fwd_nodes, 1))
 
 
 @app.command()

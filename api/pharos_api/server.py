@@ -16,6 +16,7 @@ from pharos_analytics.alerts import DetectionLoop
 from pharos_analytics.control.loop import ControlLoop
 from pharos_core.settings import Settings
 from pharos_core.store import migrate, open_store
+from pharos_pipeline.broker_health import BrokerProbe
 from pharos_pipeline.ingest import Pipeline
 
 from .app import create_app
@@ -36,8 +37,11 @@ def serve(settings: Settings) -> None:
     consumer.start()
     app = create_app(store, settings)
     app.state.pipeline = pipeline
-    # system-side diagnosis: fail-slow + interference every [diagnosis] detect_period_s, alerts
-    sysdiag = DetectionLoop(store, generator_url=settings.api_url + "/v1/anomalies").start()
+    # system-side diagnosis: fail-slow, silent forwarding nodes, unreachable Kafka brokers, interference
+    # every [diagnosis] detect_period_s, alerts
+    sysdiag = DetectionLoop(
+        store, generator_url=settings.api_url + "/v1/anomalies", broker_probe=BrokerProbe(settings.kafka_bootstrap)
+    ).start()
     app.state.sysdiag = sysdiag
     # the control loop (DFRA, live remapping, placement hints) every [control] period_s
     control = ControlLoop(store, settings, detector=sysdiag).start()

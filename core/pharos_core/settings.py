@@ -271,7 +271,16 @@ class Settings(PharosSettings):
         default=0,
         ge=0,
         description="This compute node's index: its default forwarding node is index mod the number of "
-        "non-reserved forwarding nodes (fwd0, fwd1 by default).",
+        "non-reserved forwarding nodes (fwd0, fwd1 by default), or (index // compute_nodes_per_forwarding_node) "
+        "mod that number when compute_nodes_per_forwarding_node is set.",
+    )
+    compute_nodes_per_forwarding_node: int = Field(
+        default=0,
+        ge=0,
+        description="DFRA (Ji et al., FAST'19 §2): the static default mapping gives each forwarding node a block "
+        "of this many consecutive compute nodes (Sunway TaihuLight: 512), so a job on neighbouring nodes shares "
+        "one forwarding node until DFRA gives it more. 0: compute nodes take the shared forwarding nodes in turn "
+        "(index mod their number).",
     )
     cgroup_parent: str = Field(
         default="pharos",

@@ -15,7 +15,18 @@ to the forwarding nodes over the emulated network only.
 2. DFRA per compute node: a job mapped to two forwarding nodes (an admin's pin, pushed by the
    control loop as DFRA decisions are) gets one per compute node; the daemons' records show each
    compute node served by its own forwarding node only.
-3. The rig leaves nothing behind: no namespace, mount, cgroup or process, even when a process was
+3. DFRA's classes per compute node, decided from the history as DFRA does (thresholds lowered for
+   this machine: 16 MiB and 2 I/O ranks benefit, 96 MiB is "very high volume"). The rig maps
+   compute nodes to forwarding nodes in blocks as Sunway does (``compute_nodes_per_forwarding_node``
+   = 2: cn0 and cn1 both default to fwd0; fwd2 and fwd3 are reserved). A two-node fio job's first
+   run keeps the default (both nodes on fwd0); its second run is "more forwarding nodes" and its
+   nodes are spread, cn0 on fwd0 and cn1 on fwd1; a bigger job's second run is "dedicated" and
+   gets the reserved nodes, cn0 on fwd2 and cn1 on fwd3, returned when it ends. All from the
+   daemons' records, with exactly fio's bytes.
+4. Live remapping moves a running job's compute nodes: an admin's pin to fwd1 mid-job is pushed
+   to both mounts, and both nodes' later requests are served by fwd1 (records on fwd0 then fwd1),
+   every byte verified by fio and counted once.
+5. The rig leaves nothing behind: no namespace, mount, cgroup or process, even when a process was
    left running on a node.
 
 Needs root (namespaces, eBPF, cgroups, FUSE) and MPICH.
@@ -30,7 +41,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cluster_testkit import MOUNT_ADMIN_PORT, Rig, rig_available, running_rig, sh, wait_summary
+from cluster_testkit import (
+    MOUNT_ADMIN_PORT,
+    FioJob,
+    Rig,
+    fio_results,
+    rig_available,
+    running_rig,
+    sh,
+    start_fio_job,
+    wait_summary,
+)
 from mpi_testkit import MPIEXEC, build_mpi_writer
 
 pytestmark = [
@@ -43,6 +64,18 @@ MiB = 1 << 20
 RANKS = 4
 PER_RANK = 4 * MiB
 SIDE = 4096
+#: The site's configuration on this rig: Sunway-like blocks of compute nodes per forwarding node,
+#: DFRA's thresholds lowered for this machine's size (Beacon: 20 GB and 32 I/O ranks benefit;
+#: Pharos: 1 TB is very high volume), one node's capacity 1 MB/s so every benefiting job wants
+#: more nodes than exist, a 2 s control period.
+SITE = {
+    "PHAROS_COMPUTE_NODES_PER_FORWARDING_NODE": "2",
+    "PHAROS_CONTROL_DFRA_MIN_BYTES": str(16 * MiB),
+    "PHAROS_CONTROL_DFRA_MIN_IO_RANKS": "2",
+    "PHAROS_CONTROL_DFRA_DEDICATED_MIN_BYTES": str(96 * MiB),
+    "PHAROS_CONTROL_NODE_CAPACITY_B_S": "1e6",
+    "PHAROS_CONTROL_PERIOD_S": "2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +90,7 @@ def rig(tmp_path_factory):
     why = rig_available()
     if why:
         pytest.fail(why)
-    with running_rig(tmp_path_factory.mktemp("rig"), compute=2, fwd=2, brokers=1) as r:
+    with running_rig(tmp_path_factory.mktemp("rig"), compute=2, fwd=4, brokers=1, env=SITE) as r:
         yield r
 
 
@@ -161,3 +194,79 @@ def test_dfra_per_compute_node(rig: Rig, writer: Path):
     assert s.get("bytes_written") == total + side, s
     assert s["forwarding_nodes"] == {"cn0": ["fwd0"], "cn1": ["fwd1"]}, s["forwarding_nodes"]
     print(f"\n[rig] job {job_id} pinned to fwd0,fwd1: mounts {got}; served {s['forwarding_nodes']}")
+
+
+def run_fio(rig: Rig, job: FioJob, timeout_s: float = 240) -> dict:
+    """Run ``job`` to its end; its forwarder-layer summary, checked against fio's bytes (verified)."""
+    start_fio_job(rig, job)
+    job.exit_code = job.proc.wait(timeout_s)
+    fio, verified = fio_results(job)
+    assert job.exit_code == 0 and verified, f"{job.job_id}: fio exit {job.exit_code}, {fio}: data not verified"
+    s = wait_summary(rig, job.job_id, "forwarder", fio["bytes_written"])
+    got = (s.get("bytes_written"), s.get("bytes_read"))
+    assert got == (fio["bytes_written"], fio["bytes_read"]), (job.job_id, got, fio)
+    return s
+
+
+@pytest.mark.timeout(600)
+def test_dfra_classes_per_compute_node(rig: Rig):
+    """From the history: default, then more forwarding nodes spread per compute node; dedicated
+    gets the reserved nodes per compute node and returns them."""
+    tag = uuid.uuid4().hex[:4]
+    seen = []
+    for name, size_mib, want_class, want_nodes in (
+        ("ckpt", 8, "default", {"cn0": ["fwd0"], "cn1": ["fwd0"]}),
+        ("ckpt", 8, "more_nodes", {"cn0": ["fwd0"], "cn1": ["fwd1"]}),
+        ("big", 32, "default", {"cn0": ["fwd0"], "cn1": ["fwd0"]}),
+        ("big", 32, "dedicated", {"cn0": ["fwd2"], "cn1": ["fwd3"]}),
+    ):
+        job = FioJob(f"rig-{name}-{uuid.uuid4().hex[:6]}", "N-N", ["cn0", "cn1"], size_mib, name=f"{name}-{tag}")
+        s = run_fio(rig, job)
+        hint = rig.api(f"hints/jobs/{job.job_id}")
+        seen.append(f"{job.job_id}: {hint['class']} {hint['nodes']} -> served {s['forwarding_nodes']}")
+        assert hint["class"] == want_class, (seen[-1], hint["reason"])
+        assert s["forwarding_nodes"] == want_nodes, seen[-1]
+    deadline = time.monotonic() + 30  # returned at the loop's next cycle after the end event
+    while True:
+        released = {a["resource"] for a in rig.api("control/actions", job=job.job_id, kind="release")["items"]}
+        if released or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert released == {"node:fwd2", "node:fwd3"}, f"the dedicated job's reserved nodes returned: {released}"
+    print("\n[rig] DFRA per compute node:\n  " + "\n  ".join(seen))
+
+
+@pytest.mark.timeout(600)
+def test_live_remap_moves_the_jobs_compute_nodes(rig: Rig):
+    """A running two-node job (both nodes on fwd0 by default) is moved to fwd1 by an admin's pin:
+    the loop pushes the new entry to both mounts mid-job; both nodes' requests go to fwd1 from then
+    on, and fio verifies every byte."""
+    job = FioJob(f"rig-move-{uuid.uuid4().hex[:6]}", "N-N", ["cn0", "cn1"], 24, fio_args="--rate=3m", name="move")
+    api = rig.client("server")
+    start_fio_job(rig, job)
+    time.sleep(3)
+    t_pin = time.monotonic()
+    r = api.request(
+        "PUT", f"{rig.api_url}/v1/control/pins/jobs/{job.job_id}", json={"nodes": ["fwd1"], "reason": "issue 25: move"}
+    )
+    assert r.status_code == 200, r.text
+    try:
+        job.exit_code = job.proc.wait(240)
+    finally:
+        api.request("DELETE", f"{rig.api_url}/v1/control/pins/jobs/{job.job_id}")
+    fio, verified = fio_results(job)
+    assert job.exit_code == 0 and verified, f"fio exit {job.exit_code}, {fio}: data not verified"
+    s = wait_summary(rig, job.job_id, "forwarder", fio["bytes_written"])
+    assert (s.get("bytes_written"), s.get("bytes_read")) == (fio["bytes_written"], fio["bytes_read"]), (s, fio)
+    assert s["forwarding_nodes"] == {"cn0": ["fwd0", "fwd1"], "cn1": ["fwd0", "fwd1"]}, s["forwarding_nodes"]
+    fwd = {
+        it["node"]: j["bytes"]
+        for it in rig.api("forwarders", window_s=3600)["items"]
+        for j in it["jobs"]
+        if j["job_id"] == job.job_id
+    }
+    assert fwd.get("fwd1", 0) > fwd.get("fwd0", 0) > 0, fwd  # pinned 3 s into a ~16 s job
+    print(
+        f"\n[rig] job {job.job_id} pinned to fwd1 3 s into its run ({time.monotonic() - t_pin:.0f} s more): bytes per forwarding node {fwd}, "
+        f"served {s['forwarding_nodes']}, {fio['bytes_written']} B written and verified"
+    )

@@ -54,7 +54,7 @@ def test_a_file_without_a_table_leaves_that_class_its_defaults(tmp_path, monkeyp
 
 def test_metadata_heavy_rate_is_the_diagnosis_threshold(monkeypatch):
     assert "dfra_metadata_heavy_ops_s" not in ControlConfig.model_fields
-    h = JobHistory(1, ["a"], "1-1", 1e6, 100, 5000, 1500.0, 1, 1e6, 1)
+    h = JobHistory(1, ["a"], "1-1", 1e6, 100, 5000, 1500.0, 1, 1e6, 1, span_s=10.0)
     cfg = ControlConfig(reserved_nodes=["fwd1"])
     assert classify(h, cfg, DiagnosisConfig())[0] == "dedicated"  # 1,500 >= 1,000 ops/s (Beacon)
     assert classify(h, cfg, DiagnosisConfig(metadata_rate_ops_s=2000))[0] == "default"
@@ -76,6 +76,14 @@ def test_mount_default_node_is_never_a_reserved_one():
     # pharos-mount --reserved (PHAROS_MOUNT_RESERVED) gets only nodes that exist
     assert mount_reserved(s) == ["fwd2", "fwd3"] and mount_reserved(Settings(fwd_nodes=3)) == ["fwd2"]
     assert mount_reserved(Settings(fwd_nodes=2)) == []
+    # DFRA's static mapping: blocks of consecutive compute nodes per forwarding node (Sunway: 512)
+    blocks = [
+        mount_node_order(s)[
+            mount_node_index(Settings(fwd_nodes=4, compute_node_index=i, compute_nodes_per_forwarding_node=2))
+        ]
+        for i in range(5)
+    ]
+    assert blocks == ["fwd0", "fwd0", "fwd1", "fwd1", "fwd0"]
 
 
 def test_mount_order_puts_reserved_nodes_last(monkeypatch):

@@ -26,6 +26,7 @@ def hist(**kw) -> JobHistory:
         io_ranks=64,
         bandwidth_b_s=250e6,
         forwarding_nodes=1,
+        span_s=160.0,
     )
     return JobHistory(**(base | kw))
 
@@ -80,6 +81,12 @@ def test_metadata_heavy_is_isolated_on_one_dedicated_node():
     assert d.klass == "dedicated" and d.nodes == ["fwd2"] and "metadata-heavy" in d.reason
 
 
+def test_a_short_burst_of_metadata_is_not_metadata_heavy():
+    """5,000 ops/s over half a second (a launcher's opens around a short job) is no sustained rate."""
+    d = decide("j5", hist(metadata_ops_s=5000.0, span_s=0.5), nodes(), "fwd0", CAP, cfg())
+    assert d.klass == "more_nodes", d.reason
+
+
 def test_fail_slow_and_down_nodes_are_never_chosen():
     c = cfg()
     d = decide("j5", hist(bytes=2000 * GB), nodes(fwd2={"fail_slow": True}), "fwd0", CAP, c)
@@ -132,6 +139,21 @@ def history_store(store):
         cr.requests("t1", T0, 1, 4),
     )
     return store
+
+
+def test_launcher_metadata_on_system_paths_is_not_the_jobs(store):
+    """An MPI launcher and its shells open and stat thousands of libraries and /proc files in a short
+    job: that is not metadata load on the file system, and must not make the job metadata-heavy
+    (it made a 2-rank fio job "dedicated" on the cluster rig: 1,482 ops/s). Only metadata ops on
+    the job's files count, as in the phases' metadata profile."""
+    rows = cr.requests("m1", T0, 2, 8, metadata_per_rank=3)
+    for i in range(4000):
+        path, ftype = ("/usr/lib/x86_64-linux-gnu/libmpi.so.12", "regular") if i % 2 else ("", "pipe")
+        rows.append(dict(rows[-1], op="open" if i % 3 else "stat", path=path, file_type=ftype, seq=10_000 + i))
+    _insert(store, cr.job_events("m1", T0, T0 + 20 * cr.NS, "launch", ranks=2), rows)
+    h = job_history(store, "launch", "alice", None, ControlConfig())
+    assert h.metadata_ops == 2 * 3 and h.metadata_ops_s < 1.0, h
+    assert classify(h, cfg(dfra_min_bytes=0, dfra_min_io_ranks=2))[0] == "more_nodes"
 
 
 def test_history_matches_name_user_and_command(history_store):

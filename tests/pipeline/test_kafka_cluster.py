@@ -19,7 +19,9 @@ from pipeline_testkit import make_batch, make_record, producer, wait_for
 
 from pharos_core.settings import Settings
 from pharos_core.store import migrate, open_store
+from pharos_analytics.liveness import detect_unreachable_brokers
 from pharos_pipeline.broker import BrokerError, KafkaBroker, KafkaCluster, embedded_kafka, ensure_topics
+from pharos_pipeline.broker_health import BrokerProbe
 from pharos_pipeline.ingest import Pipeline
 from pharos_pipeline.kafka_config import node_addresses, topic_replication
 from pharos_pipeline.stored import pipeline_stats
@@ -111,11 +113,22 @@ def test_three_nodes_start_and_topics_get_rf3_min_isr2(cluster):
 
 
 def test_acks_all_writes_go_on_with_one_node_killed(cluster):
+    """... and the server's broker probe names the killed node (anomaly broker_unreachable) until
+    it is back."""
     s = cluster.settings.model_copy(update={"topic_requests": "kc.requests", "topic_partitions": 2})
     ensure_topics(s)
+    probe = BrokerProbe(s.kafka_bootstrap)
+    before = probe()
+    assert [(b.node_id, b.listed, b.reachable) for b in before] == [(1, True, True), (2, True, True), (3, True, True)]
+    assert detect_unreachable_brokers(before) == []
     leader = _partitions(s.kafka_bootstrap, s.topic_requests)[0].leader
     victim = cluster.index_of(leader)
     assert cluster.kill(victim) is not None and not cluster.nodes[victim].is_running()
+    t_kill = time.monotonic()
+    found = detect_unreachable_brokers(probe())
+    assert [a.node for a in found] == [f"broker{leader}"], [a.to_dict() for a in found]
+    assert found[0].kind == "broker_unreachable" and found[0].evidence["probe"]["error"]
+    print(f"\n[kafka] broker{leader} killed: named after {time.monotonic() - t_kill:.1f} s: {found[0].evidence}")
     delivered, failed = [], []
     prod = Producer({"bootstrap.servers": s.kafka_bootstrap, "acks": "all", "enable.idempotence": True})
     for i in range(200):
@@ -137,6 +150,7 @@ def test_acks_all_writes_go_on_with_one_node_killed(cluster):
             break
         time.sleep(0.5)
     assert all(sorted(p.isrs) == [1, 2, 3] for p in _partitions(s.kafka_bootstrap, s.topic_requests).values())
+    assert detect_unreachable_brokers(probe()) == []
 
 
 class _AssignmentSeen(Pipeline):

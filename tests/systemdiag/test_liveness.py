@@ -76,3 +76,27 @@ def test_every_daemon_silent_is_not_one_node(store):
         "io_batches", beats("pharos-fwd-fwd0-11-aa", "fwd0", 40) + beats("pharos-fwd-fwd1-12-bb", "fwd1", 40)
     )
     assert detect_silent_forwarders(store, DiagnosisConfig(), now_ns=NOW) == []
+
+
+def test_unreachable_broker_is_named_only_while_another_answers():
+    """A broker the probe cannot reach is an active ``broker_unreachable`` anomaly and a
+    PharosBrokerUnreachable alert, with the metadata's view as evidence; when no broker answers
+    (the server itself is cut off from Kafka) nothing is named."""
+    from pharos_analytics.liveness import BROKER_KIND, detect_unreachable_brokers
+    from pharos_pipeline.broker_health import BrokerState
+
+    states = [
+        BrokerState(1, "10.0.0.1:9092", listed=False, reachable=False, error="timed out"),
+        BrokerState(2, "10.0.0.2:9092", listed=True, reachable=True, under_replicated=3),
+        BrokerState(3, "10.0.0.3:9092", listed=True, reachable=True, under_replicated=3, offline=1),
+    ]
+    (a,) = detect_unreachable_brokers(states, now_ns=NOW)
+    assert (a.kind, a.node, a.node_type, a.active, a.severity) == (BROKER_KIND, "broker1", "broker", True, "critical")
+    ev = a.evidence["probe"]
+    assert ev["under_replicated_partitions"] == 6 and ev["offline_partitions"] == 1
+    assert ev["brokers_reachable"] == ["broker2", "broker3"] and not ev["listed"]
+    cond = Condition.from_anomaly(a)
+    assert cond.labels["alertname"] == ALERTNAMES[BROKER_KIND] == "PharosBrokerUnreachable"
+    assert "broker1" in cond.annotations["summary"]
+    down = [BrokerState(i, f"10.0.0.{i}:9092", listed=True, reachable=False, error="refused") for i in (1, 2)]
+    assert detect_unreachable_brokers(down) == []

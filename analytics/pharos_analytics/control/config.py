@@ -11,7 +11,8 @@ Sources of the defaults:
 * **Beacon** (Yang et al., NSDI'19), the classifier released with it and used by DFRA: a
   job *benefits from more forwarding nodes* when its I/O pattern is N-N or N-1, it moves
   ≥ 20 GB, it issues ≤ 1,000 metadata operations per data operation, and ≥ 32 processes
-  do I/O. Metadata-heavy: > 1,000 metadata operations per second, read from
+  do I/O. Metadata-heavy: > 1,000 metadata operations per second on the job's files (not on
+  system paths) over runs of at least ``metadata_sustained_s``, read from
   :class:`~pharos_analytics.diagnosis_config.DiagnosisConfig` ``metadata_rate_ops_s``
   (``[diagnosis]``): one threshold for the diagnosis and the control loop.
 * **DFRA** (Ji et al., FAST'19 §3-4): the decision is taken at job dispatch from the history

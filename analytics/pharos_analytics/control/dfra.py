@@ -71,6 +71,7 @@ class JobHistory:
     io_ranks: float
     bandwidth_b_s: float
     forwarding_nodes: float  # forwarding nodes the runs used (mean)
+    span_s: float = 0.0  # first to last request of a run (mean)
 
     @property
     def metadata_per_data_op(self) -> float:
@@ -133,6 +134,7 @@ def history_from_metrics(metrics: list) -> JobHistory | None:
         io_ranks=mean("io_ranks"),
         bandwidth_b_s=mean("bandwidth_b_s"),
         forwarding_nodes=mean("forwarding_nodes"),
+        span_s=mean("span_s"),
     )
 
 
@@ -169,6 +171,14 @@ def _metadata_heavy_ops_s(diag: DiagnosisConfig | None) -> float:
     return (diag or DiagnosisConfig()).metadata_rate_ops_s
 
 
+def metadata_heavy(h: JobHistory, diag: DiagnosisConfig | None = None) -> bool:
+    """Whether the runs were metadata-heavy: at least ``metadata_rate_ops_s`` metadata ops/s (Beacon)
+    over runs lasting at least ``metadata_sustained_s`` (the diagnosis' rule: a rate sustained that
+    long). A run of a fraction of a second (a launcher's opens around a short job) has no rate."""
+    d = diag or DiagnosisConfig()
+    return h.metadata_ops_s >= d.metadata_rate_ops_s and h.span_s >= d.metadata_sustained_s
+
+
 def classify(
     h: JobHistory | None, cfg: ControlConfig, diag: DiagnosisConfig | None = None
 ) -> tuple[DfraClass, str, dict]:
@@ -192,10 +202,11 @@ def classify(
         },
     }
     ev = {"runs": h.runs, "jobs": h.jobs, "criteria": crit, "metadata_ops_s": h.metadata_ops_s}
-    if h.metadata_ops_s >= heavy_ops_s:
+    if metadata_heavy(h, diag):
         return (
             "dedicated",
-            f"metadata-heavy: {h.metadata_ops_s:.0f} metadata ops/s >= {heavy_ops_s:g} (Beacon); "
+            f"metadata-heavy: {h.metadata_ops_s:.0f} metadata ops/s >= {heavy_ops_s:g} (Beacon) over "
+            f"{h.span_s:.0f} s; "
             "isolated on a dedicated forwarding node (DFRA)",
             ev,
         )
@@ -231,7 +242,7 @@ def wanted_nodes(
         n = max(n, used + 1)
     if klass == "more_nodes":
         n = max(n, cfg.dfra_more_nodes_min)
-    if klass == "dedicated" and h.metadata_ops_s >= _metadata_heavy_ops_s(diag):
+    if klass == "dedicated" and metadata_heavy(h, diag):
         n = 1
     return n, {
         "predicted_bandwidth_b_s": h.bandwidth_b_s,

@@ -107,7 +107,14 @@ def list_anomalies(
     store: StoreDep,
     request: Request,
     principal: Reader,
-    kind: Literal["fail_slow_target", "fail_slow_forwarder", "forwarder_silent", "interference", "straggler_resource"]
+    kind: Literal[
+        "fail_slow_target",
+        "fail_slow_forwarder",
+        "forwarder_silent",
+        "broker_unreachable",
+        "interference",
+        "straggler_resource",
+    ]
     | None = None,
     node: Annotated[
         str | None, Query(max_length=NAME_MAX, description="Target, forwarding node or shared resource.")
