@@ -129,7 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         "and partitioned, a lossy capped compute node link, the server killed, a daemon stopped), each over "
         "its own multi-node fio job, and print its table",
     )
+    ap.add_argument(
+        "--only",
+        default="",
+        metavar="NAME[,NAME]",
+        help="run only these faults of the schedule (implies --faults): " + ", ".join(f.name for f in FAULTS),
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the rig's folder (every node's log) and print where")
     args = ap.parse_args(argv)
+    chosen = [f for f in FAULTS if f.name in args.only.split(",")] if args.only else FAULTS
+    if args.only and len(chosen) != len(args.only.split(",")):
+        ap.error(f"--only {args.only}: the faults are {', '.join(f.name for f in FAULTS)}")
     why = rig_available() or (None if shutil.which("fio") else "fio not found")
     if why:
         print(f"cluster: cannot run: {why}")
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 written = fio[job.job_id][0].get("bytes_written", 1)
                 layers[job.job_id][layer] = wait_summary(rig, job.job_id, layer, written, 120)
         drain_s = time.monotonic() - t1
-        faults = run_schedule(rig, FAULTS) if args.faults else []
+        faults = run_schedule(rig, chosen) if args.faults or args.only else []
         rig.stop("server")  # the store is read directly below
         store = open_store(Settings(state_dir=rig.root / "server"))
         try:
@@ -167,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             stats = pipeline_stats(store)
         finally:
             store.close()
-    shutil.rmtree(root, ignore_errors=True)
+    if args.keep:
+        print(f"rig folder kept: {root} (logs/)")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     lost = stats["ringbuf_drops"] + stats["delivery_failures"] + stats["overflow_drops"] + stats["missing_batches"]
     duplicates = int(dup["n"]) - int(dup["u"])
     print(f"\nrig: {args.brokers} brokers, {args.fwd} forwarding nodes, {args.nodes} compute nodes; up in {up_s:.1f} s")

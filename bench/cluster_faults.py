@@ -17,7 +17,7 @@ next):
 * ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s: the
   mounts' requests to it wait (their timeout, 60 s, is longer) and its records wait in its
   producer.
-* ``broker-kill+partition``: Kafka node 1 killed (SIGKILL) and node 2 cut off by iptables DROP for
+* ``broker-kill+partition``: Kafka node 1 killed (SIGKILL to every process of the node) and node 2 cut off by iptables DROP for
   20 s; node 1 restarted after. With 3 nodes the quorum and min ISR 2 are lost meanwhile: producers
   hold their records (agents' and daemons' queues) until it is back.
 * ``cn-loss+cap``: 10% packet loss each way (iptables ``-m statistic --mode random``) and a 20
@@ -124,7 +124,7 @@ FAULTS = [
         "broker-kill+partition",
         "broker1",  # Kafka node.id 1 = rig node kafka1 (the probe names node 2 too)
         20,
-        lambda r: (_signal(r, "kafka1", signal.SIGKILL), _drop_all(r, "kafka2", True)),
+        lambda r: (r.kill_node("kafka1"), _drop_all(r, "kafka2", True)),
         lambda r: (_drop_all(r, "kafka2", False), _restart_broker(r, "kafka1")),
         "Kafka node 1 killed, node 2 partitioned",
     ),

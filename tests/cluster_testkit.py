@@ -299,6 +299,20 @@ class Rig:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
 
+    def kill_node(self, name: str) -> int:
+        """SIGKILL every process in node ``name``'s network namespace, as a node crash does (a
+        daemon's own children too: ``pharos broker`` runs its JVM in a session of its own, which
+        killing the session ``name`` was started in would miss). Returns how many were killed."""
+        pids = [int(p) for p in sh("ip", "netns", "pids", self.nodes[name].ns).stdout.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        p = self.procs.pop(name, None)
+        if p is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+        return len(pids)
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         f = self.root / "logs" / f"{name}.log"
         return "\n".join(f.read_text(errors="replace").splitlines()[-lines:]) if f.exists() else "(no log)"

@@ -3,17 +3,20 @@
  *
  * What it does, and where Slurm runs it:
  *  - slurm_spank_job_prolog (slurmd, as root, before the job's first step on the node, so before
- *    its first I/O): records the job's start on Pharos (POST {api}/v1/jobs/{id}/events: Slurm job
- *    id, name, user, node list, task count) and asks for the job's DFRA forwarding-node decision
- *    with apply=true (GET {api}/v1/hints/jobs/{id}), which the Pharos control loop pushes to the
- *    node's FUSE mount at once (Ji et al., FAST'19: decided at dispatch from the job's history).
+ *    its first I/O), on the allocation's first node only (the batch host, which starts the job's
+ *    steps): records the job's start on Pharos (POST {api}/v1/jobs/{id}/events: Slurm job id,
+ *    name, user, node list, task count) and asks for the job's DFRA forwarding-node decision with
+ *    apply=true (GET {api}/v1/hints/jobs/{id}), which the Pharos control loop pushes to every
+ *    compute node's FUSE mount at once (Ji et al., FAST'19: decided at dispatch from the job's
+ *    history). A job on N nodes costs the API one start, one hint and one end, not N of each.
  *  - slurm_spank_task_post_fork (slurmstepd, as root, after it forked each task and before the
  *    task may exec; the plugin's own I/O stays out of the job): moves the task into <cgroup2>/<cgroup_parent>/job_<id>/step_<step>/rank_<global task id> (the batch
  *    script into job_<id>/batch), the cgroup layout from which the eBPF agent and the mount take
  *    the job id and (for ranks that already exited) the rank; see proto/attribution for the rule.
- *  - slurm_spank_job_epilog (slurmd, as root, after the job): records the job's end (which makes
- *    the control loop release the job's reserved forwarding nodes) and removes the job's cgroups
- *    5 s later (the agent resolves the cgroups of the job's last records first).
+ *  - slurm_spank_job_epilog (slurmd, as root, after the job): on the first node, records the job's
+ *    end (which makes the control loop release the job's reserved forwarding nodes); on every
+ *    node, removes the job's cgroups 5 s later (the agent resolves the cgroups of the job's last
+ *    records first).
  *
  * Pharos never fails a job: when the API is down or slow (bounded by timeout=), the hint or the
  * event is skipped, logged in slurmd's log and counted in <statedir>/counters (read it with
@@ -331,6 +334,21 @@ static int node_name(char *out, size_t n) {
     return *out && !strchr(out, '/') && strcmp(out, ".") && strcmp(out, "..") ? 0 : -1;
 }
 
+/* Whether this node is the first of the job's allocation (SLURM_NODELIST, expanded by libslurm's
+ * hostlist functions: Slurm's batch host), or the list or the node's name is unknown. */
+static int first_node(void) {
+    const char *list = getenv("SLURM_NODELIST");
+    char me[256];
+    if (!list || !*list || node_name(me, sizeof me)) return 1;
+    hostlist_t hl = slurm_hostlist_create(list);
+    if (!hl) return 1;
+    char *first = slurm_hostlist_shift(hl);
+    int yes = !first || strcmp(first, me) == 0;
+    free(first);
+    slurm_hostlist_destroy(hl);
+    return yes;
+}
+
 /* cgroup_parent with %n (the node name) and %% expanded. */
 static int cgroup_parent(char *out, size_t n) {
     char node[256] = "";
@@ -416,6 +434,7 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av) {
     char user[256], name[256];
     if (parse_options(ac, av)) return 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+    if (!first_node()) return 0; /* the first node speaks for the job */
     job_user(sp, user, sizeof user);
     job_name(job, name, sizeof name);
     long tasks = atol(env_or("SLURM_JOB_NTASKS", "0"));
@@ -463,11 +482,14 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
     char user[256], name[256], dir[PATH_MAX];
     if (parse_options(ac, av)) return 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
-    job_user(sp, user, sizeof user);
-    job_name(job, name, sizeof name); /* the end event names the job too: history matches on it */
-    long exit_code = atol(env_or("SLURM_JOB_EXIT_CODE2", "0"));
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    send_event(job, "end", name, user, env_or("SLURM_NODELIST", ""), atol(env_or("SLURM_JOB_NTASKS", "0")), exit_code);
+    if (first_node()) {
+        job_user(sp, user, sizeof user);
+        job_name(job, name, sizeof name); /* the end event names the job too: history matches on it */
+        long exit_code = atol(env_or("SLURM_JOB_EXIT_CODE2", "0"));
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        send_event(job, "end", name, user, env_or("SLURM_NODELIST", ""), atol(env_or("SLURM_JOB_NTASKS", "0")),
+                   exit_code);
+    }
     if (job_cgroup(job, dir, sizeof dir) == 0) remove_later(dir, 5);
     return 0;
 }

@@ -1,4 +1,4 @@
-"""Alerts for fail-slow and silent nodes and interference: Alertmanager (API v2) and a JSON webhook (Pharos).
+"""Alerts for fail-slow, silent and unreachable nodes, slow networks and interference: Alertmanager (API v2) and a JSON webhook (Pharos).
 
 A *condition* is an active anomaly (:class:`~pharos_analytics.failslow.Anomaly` with
 ``active``) or an active :class:`~pharos_analytics.interference.InterferenceEvent`, keyed by
@@ -17,7 +17,8 @@ its ``key``. :class:`Alerter` keeps the open conditions:
 The generic webhook receives ``{"version": "pharos.alerts.v1", "alerts": [...]}`` with the
 same alert objects plus ``status`` firing|resolved and ``key``.
 
-:class:`DetectionLoop` runs fail-slow, silent-forwarder (:mod:`pharos_analytics.liveness`) and
+:class:`DetectionLoop` runs fail-slow, silent-forwarder and unreachable-broker
+(:mod:`pharos_analytics.liveness`), slow-network (:mod:`pharos_analytics.network`) and
 interference detection every ``detect_period_s``,
 stores what it found (``anomalies``), alerts, logs notifications (``alert_log``) and
 measures the time from a fault's onset (its first slow metrics interval) to Alertmanager
@@ -42,6 +43,7 @@ from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, WindowCache, detect_failslow
 from .interference import InterferenceEvent, detect_interference
 from .liveness import BROKER_KIND, SILENT_KIND, BrokerLike, detect_silent_forwarders, detect_unreachable_brokers
+from .network import NETWORK_KIND, detect_slow_networks
 from .periodic import PeriodicLoop
 from .straggler import record_straggler_anomalies, trace_observations
 
@@ -52,6 +54,7 @@ ALERTNAMES = {
     "fail_slow_forwarder": "PharosFailSlowForwarder",
     "forwarder_silent": "PharosForwarderSilent",
     "broker_unreachable": "PharosBrokerUnreachable",
+    "network_slow": "PharosNetworkSlow",
     "interference": "PharosInterference",
 }
 
@@ -90,6 +93,9 @@ class Condition:
                     else f"Kafka broker {a.node} does not answer while other brokers do (killed, cut off or hung): "
                     "producers hold their records until it is back"
                     if a.kind == BROKER_KIND
+                    else f"compute node {a.node}'s requests spend {a.rel_service:.1f}x its peers' time between the "
+                    "node and its forwarding nodes (lossy, capped or congested link)"
+                    if a.kind == NETWORK_KIND
                     else f"{'storage target' if who == 'target' else 'forwarding node'} {a.node} is fail-slow: "
                     f"{a.rel_service:.1f}x its peers' service time per byte ({a.persistence})"
                 ),
@@ -368,9 +374,11 @@ class DetectionLoop(PeriodicLoop):
         cfg_factory: Callable[[], DiagnosisConfig] = DiagnosisConfig,
         generator_url: str = "",
         broker_probe: Callable[[], Sequence[BrokerLike]] | None = None,
+        mount_dir: str = "",
     ) -> None:
         self.store = store
         self.broker_probe = broker_probe  # the server's Kafka brokers (pharos_pipeline.broker_health.BrokerProbe)
+        self.mount_dir = mount_dir  # the compute nodes' mount point (slow network paths); "" = not judged
         self.cfg_factory = cfg_factory
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
@@ -388,14 +396,16 @@ class DetectionLoop(PeriodicLoop):
         t0 = time.monotonic()
         now_ns = time.time_ns() if now_ns is None else now_ns
         rep = detect_failslow(self.store, cfg, now_ns=now_ns, cache=self.failslow_windows)
-        silent = detect_silent_forwarders(self.store, cfg, now_ns=now_ns)
-        silent += self._brokers(now_ns)
+        nodes = detect_silent_forwarders(self.store, cfg, now_ns=now_ns)
+        nodes += self._brokers(now_ns)
+        if self.mount_dir:
+            nodes += detect_slow_networks(self.store, self.mount_dir, cfg, now_ns)
         events = detect_interference(self.store, cfg, until_ns=now_ns)
-        rows = anomaly_rows(rep.anomalies + silent, events, now_ns)
+        rows = anomaly_rows(rep.anomalies + nodes, events, now_ns)
         if rows:
             self.store.insert_rows("anomalies", rows)
         stragglers = self._stragglers(cfg, now_ns)
-        conds = [Condition.from_anomaly(a) for a in rep.anomalies + silent if a.active]
+        conds = [Condition.from_anomaly(a) for a in rep.anomalies + nodes if a.active]
         conds += [Condition.from_interference(e) for e in events if e.active]
         sent = (
             self.alerter.update(conds, time.time_ns())
@@ -406,8 +416,9 @@ class DetectionLoop(PeriodicLoop):
             "time_ns": now_ns,
             "duration_s": self.cycle_done(t0),
             "anomalies": len(rep.anomalies),
-            "silent_forwarders": sum(1 for a in silent if a.kind == SILENT_KIND),
-            "unreachable_brokers": sum(1 for a in silent if a.kind == BROKER_KIND),
+            "silent_forwarders": sum(1 for a in nodes if a.kind == SILENT_KIND),
+            "unreachable_brokers": sum(1 for a in nodes if a.kind == BROKER_KIND),
+            "slow_networks": sum(1 for a in nodes if a.kind == NETWORK_KIND),
             "interference": len(events),
             "straggler_resources": stragglers,
             "straggler_backlog": len(self.straggler_backlog),

@@ -266,6 +266,28 @@ class DiagnosisConfig(PharosSettings):
         "than this (s), while another daemon is heard, is silent: cut off, stopped or hung "
         "(pharos_analytics.liveness; anomaly kind forwarder_silent).",
     )
+    network_window_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Pharos. Window (s) over which each compute node's network overhead to its forwarding nodes "
+        "is measured (pharos_analytics.network; anomaly kind network_slow).",
+    )
+    network_min_requests: int = Field(
+        default=10,
+        ge=1,
+        description="Pharos. Data requests through the mount a compute node needs in the window to be judged.",
+    )
+    network_slow_ms: float = Field(
+        default=20.0,
+        gt=0,
+        description="Pharos. Network overhead per request (ms: the mount's latency seen by the agent minus the "
+        "forwarding node's queue wait and service time) from which a compute node's path can be slow.",
+    )
+    network_slow_ratio: float = Field(
+        default=5.0,
+        gt=1,
+        description="Pharos. ... and that is at least this many times the median overhead of the other compute nodes.",
+    )
     failslow_min_ops: int = Field(
         default=20, ge=1, description="Pharos. Requests a node must have served in a window to be judged (load guard)."
     )

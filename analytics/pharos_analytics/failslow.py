@@ -54,7 +54,7 @@ from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 
-NodeKind = Literal["target", "forwarder", "broker"]
+NodeKind = Literal["target", "forwarder", "broker", "compute_node"]
 KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
 _MIN_LOG_SCALE = (
     0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive

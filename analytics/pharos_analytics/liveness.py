@@ -26,13 +26,13 @@ reports); its evidence carries the partitions short of in-sync replicas and the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pharos_core.store import Store
 
 from .coverage import Producer, producers
 from .diagnosis_config import DiagnosisConfig
-from .failslow import Anomaly
+from .failslow import Anomaly, NodeKind
 
 SILENT_KIND = "forwarder_silent"
 BROKER_KIND = "broker_unreachable"
@@ -51,6 +51,43 @@ class BrokerLike(Protocol):
 
     @property
     def name(self) -> str: ...
+
+
+def node_anomaly(
+    kind: str,
+    node: str,
+    node_type: NodeKind,
+    severity: Literal["critical", "warning"],
+    *,
+    now_ns: int,
+    evidence: dict,
+    rule: str,
+    ratio: float = 0.0,
+    window_s: float = 0.0,
+    windows_flagged: list[float] | None = None,
+    onset_ns: int | None = None,
+) -> Anomaly:
+    """An active, transient :class:`~pharos_analytics.failslow.Anomaly` of a node judged now by a
+    rule of its own (not the fail-slow windows): silent, unreachable, slow network. ``ratio``:
+    how far off the node is (stored as ``rel_service``); ``window_s``: the data it was judged
+    over; ``windows_flagged``: the windows in which it was flagged (none by default)."""
+    return Anomaly(
+        kind=kind,
+        node=node,
+        node_type=node_type,
+        persistence="transient",
+        active=True,
+        severity=severity,
+        window_s=window_s,
+        windows_flagged=windows_flagged or [],
+        rel_service=ratio,
+        z=0.0,
+        beacon_slow=False,
+        onset_ns=onset_ns,
+        detected_ns=now_ns,
+        evidence=evidence,
+        rule_source=rule,
+    )
 
 
 def detect_silent_forwarders(
@@ -84,22 +121,17 @@ def detect_silent_forwarders(
             continue
         last_ns = int(p.last_batch.timestamp() * 1e9) if p.last_batch else None
         out.append(
-            Anomaly(
-                kind=SILENT_KIND,
-                node=node,
-                node_type="forwarder",
-                persistence="transient",
-                active=True,
-                severity="critical",
+            node_anomaly(
+                SILENT_KIND,
+                node,
+                "forwarder",
+                "critical",
+                ratio=round(p.age_s / cfg.forwarder_silence_s, 3),
                 window_s=since_s,
-                windows_flagged=[],
-                rel_service=round(p.age_s / cfg.forwarder_silence_s, 3),
-                z=0.0,
-                beacon_slow=False,
                 onset_ns=last_ns,
-                detected_ns=now_ns or 0,
+                now_ns=now_ns or 0,
                 evidence={"silence": {"producer": p.producer_id, "age_s": round(p.age_s, 3), "peers_heard": alive}},
-                rule_source="Pharos: a forwarding daemon's batches (heartbeats every 2 s) stopped while its peers' go on",
+                rule="Pharos: a forwarding daemon's batches (heartbeats every 2 s) stopped while its peers' go on",
             )
         )
     return out
@@ -118,20 +150,12 @@ def detect_unreachable_brokers(brokers: Sequence[BrokerLike], now_ns: int = 0) -
     if not up:
         return []
     return [
-        Anomaly(
-            kind=BROKER_KIND,
-            node=b.name,
-            node_type="broker",
-            persistence="transient",
-            active=True,
-            severity="critical",
-            window_s=0.0,
-            windows_flagged=[],
-            rel_service=0.0,
-            z=0.0,
-            beacon_slow=False,
-            onset_ns=None,
-            detected_ns=now_ns,
+        node_anomaly(
+            BROKER_KIND,
+            b.name,
+            "broker",
+            "critical",
+            now_ns=now_ns,
             evidence={
                 "probe": {
                     "address": b.address,
@@ -142,7 +166,7 @@ def detect_unreachable_brokers(brokers: Sequence[BrokerLike], now_ns: int = 0) -
                     "brokers_reachable": up,
                 }
             },
-            rule_source="Pharos: a TCP connection to a broker the cluster metadata listed failed while another answered",
+            rule="Pharos: a TCP connection to a broker the cluster metadata listed failed while another answered",
         )
         for b in brokers
         if not b.reachable

@@ -37,10 +37,13 @@ def serve(settings: Settings) -> None:
     consumer.start()
     app = create_app(store, settings)
     app.state.pipeline = pipeline
-    # system-side diagnosis: fail-slow, silent forwarding nodes, unreachable Kafka brokers, interference
+    # system-side diagnosis: fail-slow, silent forwarding nodes, unreachable brokers, slow networks, interference
     # every [diagnosis] detect_period_s, alerts
     sysdiag = DetectionLoop(
-        store, generator_url=settings.api_url + "/v1/anomalies", broker_probe=BrokerProbe(settings.kafka_bootstrap)
+        store,
+        generator_url=settings.api_url + "/v1/anomalies",
+        broker_probe=BrokerProbe(settings.kafka_bootstrap),
+        mount_dir=str(settings.mount_point),
     ).start()
     app.state.sysdiag = sysdiag
     # the control loop (DFRA, live remapping, placement hints) every [control] period_s

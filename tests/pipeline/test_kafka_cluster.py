@@ -17,9 +17,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from pharos_testkit import kafka_bootstrap, kafka_jars
 from pipeline_testkit import make_batch, make_record, producer, wait_for
 
+from pharos_analytics.liveness import detect_unreachable_brokers
 from pharos_core.settings import Settings
 from pharos_core.store import migrate, open_store
-from pharos_analytics.liveness import detect_unreachable_brokers
 from pharos_pipeline.broker import BrokerError, KafkaBroker, KafkaCluster, embedded_kafka, ensure_topics
 from pharos_pipeline.broker_health import BrokerProbe
 from pharos_pipeline.ingest import Pipeline

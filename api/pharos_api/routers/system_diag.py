@@ -112,6 +112,7 @@ def list_anomalies(
         "fail_slow_forwarder",
         "forwarder_silent",
         "broker_unreachable",
+        "network_slow",
         "interference",
         "straggler_resource",
     ]
