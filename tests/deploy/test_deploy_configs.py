@@ -17,6 +17,7 @@ from deploy_testkit import REPO
 from pharos_testkit import running_alertmanager
 
 PROMETHEUS_YML = REPO / "deploy" / "prometheus" / "prometheus.yml"
+PROMETHEUS_RULES = REPO / "deploy" / "prometheus" / "rules.yml"
 ALERTMANAGER_YML = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 INITDB = REPO / "deploy" / "clickhouse" / "initdb"
 
@@ -41,8 +42,13 @@ def test_promtool_accepts_the_prometheus_config(tmp_path):
     (secrets / "pharos-operator.token").write_text("token\n")
     text = PROMETHEUS_YML.read_text()
     assert "/etc/prometheus/secrets/pharos-operator.token" in text
+    assert "/etc/prometheus/rules.yml" in text
     config = tmp_path / "prometheus.yml"
-    config.write_text(text.replace("/etc/prometheus/secrets/", f"{secrets}/"))
+    config.write_text(
+        text.replace("/etc/prometheus/secrets/", f"{secrets}/").replace(
+            "/etc/prometheus/rules.yml", str(PROMETHEUS_RULES)
+        )
+    )
     res = run(promtool, "check", "config", str(config))
     assert res.returncode == 0, res.stdout + res.stderr
     (secrets / "pharos-operator.token").unlink()
@@ -50,6 +56,56 @@ def test_promtool_accepts_the_prometheus_config(tmp_path):
     broken = tmp_path / "broken.yml"
     broken.write_text(config.read_text().replace("scrape_interval: 15s", "scrape_interval: fifteen"))
     assert run(promtool, "check", "config", str(broken)).returncode != 0
+
+
+def test_promtool_rules_name_a_dead_pharos_process(tmp_path):
+    """``promtool test rules``: the server's death fires PharosComponentDown after two missed
+    scrapes (30 s) and clears when it is back; a restart within one scrape and a job that is not
+    Pharos's fire nothing."""
+    import yaml
+
+    promtool = tool("promtool", "prometheus")
+    rule = yaml.safe_load(PROMETHEUS_RULES.read_text())["groups"][0]["rules"][0]
+    assert run(promtool, "check", "rules", str(PROMETHEUS_RULES)).returncode == 0
+    server = {"job": "pharos-server", "instance": "pharos-server:8400"}
+    fired = {
+        "exp_labels": {"severity": "critical", "source": "prometheus", **server},
+        "exp_annotations": {
+            "summary": "pharos-server on pharos-server:8400 does not answer Prometheus' scrapes",
+            "description": rule["annotations"]["description"],
+        },
+    }
+    spec = {
+        "rule_files": [str(PROMETHEUS_RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    # the server killed after 30 s, back at 2 min; an agent restarted within one scrape
+                    {
+                        "series": 'up{job="pharos-server", instance="pharos-server:8400"}',
+                        "values": "1 1 0 0 0 0 0 0 1 1",
+                    },
+                    {"series": 'up{job="pharos-agent", instance="cn1:9435"}', "values": "1 1 0 1 1 1 1 1 1 1"},
+                    {"series": 'up{job="prometheus", instance="localhost:9090"}', "values": "0 0 0 0 0 0 0 0 0 0"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "40s", "alertname": "PharosComponentDown", "exp_alerts": []},
+                    {"eval_time": "75s", "alertname": "PharosComponentDown", "exp_alerts": [fired]},
+                    {"eval_time": "150s", "alertname": "PharosComponentDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    test = tmp_path / "test.yml"
+    test.write_text(yaml.safe_dump(spec))
+    res = run(promtool, "test", "rules", str(test))
+    assert res.returncode == 0, res.stdout + res.stderr
+    fired["exp_labels"]["instance"] = "elsewhere:8400"  # the test can fail: the wrong instance
+    broken = tmp_path / "broken.yml"
+    broken.write_text(yaml.safe_dump(spec))
+    assert run(promtool, "test", "rules", str(broken)).returncode != 0
 
 
 def test_amtool_accepts_the_alertmanager_config(tmp_path):
