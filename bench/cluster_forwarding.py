@@ -2,7 +2,7 @@
 masters where they matter, with the forwarding daemons on nodes of their own and targets as far
 away as a remote OST.
 
-    sudo uv run python bench/cluster_forwarding.py [--part gas|masters|all] [--rounds 4]
+    sudo uv run python bench/cluster_forwarding.py [--part gas|masters|all] [--rounds 6]
         [--target-latency-ms 1] [--compute 2] [--fwd 1] [--keep]
 
 The rig of tests/cluster_testkit.py: every node in its own network namespace on one bridge (one
@@ -172,6 +172,7 @@ def part_gas(a, rig: Rig, layer: Layer) -> None:
             job.proc.kill()
             job.exit_code = job.proc.wait()
         w1, b1 = layer.writes()
+        gas = [layer.status(n)["gas"] for n in layer.fwd]  # this configuration's daemons: since their start
         totals, verified = fio_results(job)
         want = ranks * a.mib_per_rank * MiB
         if not verified or totals["bytes_written"] != want:
@@ -184,13 +185,23 @@ def part_gas(a, rig: Rig, layer: Layer) -> None:
         per[side].append((b1 - b0) / (w1 - w0))
         print(
             f"round {r} gas {side:3}: {bw[side][-1]:7.1f} MB/s, {w1 - w0:.0f} client writes -> {b1 - b0:.0f} "
-            f"backend write requests ({per[side][-1]:.3f} per write), verify ok",
+            f"backend write requests ({per[side][-1]:.3f} per write), verify ok"
+            + (f"; merged {sum(g['merged'] for g in gas)}, flushes {_flushes(gas)}" if side == "on" else ""),
             flush=True,
         )
         remove(rig, nodes[0], rig.mount_dir / job.job_id)
     print(_header("gas off", "gas on"))
     print(summary("write (fsync incl.)", "MB/s", bw, "off", "on"))
     print(summary("backend writes/write", "req", per, "off", "on", higher_better=False, fmt="10.3f"))
+
+
+def _flushes(gas: list[dict]) -> str:
+    """The daemons' GAS flushes by reason (GET /status), summed: ``reason n, ...``."""
+    total: dict[str, int] = {}
+    for g in gas:
+        for why, n in g["flushes"].items():
+            total[why] = total.get(why, 0) + n
+    return ", ".join(f"{why} {n}" for why, n in total.items() if n)
 
 
 def _jobs(path: Path) -> list[dict]:
@@ -249,7 +260,7 @@ def part_masters(a, rig: Rig, layer: Layer) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["gas", "masters", "all"], default="all")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of every configuration (default 4)")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of every configuration (default 6)")
     ap.add_argument(
         "--target-latency-ms",
         type=float,
