@@ -35,8 +35,9 @@ longest rank's write phase) and the write requests issued to the targets per cli
 daemons' GET /metrics).
 
 Part ``masters``: issue 12's masters workload (bench/forwarder_threads.py, MASTERS_CASES): 16
-fio jobs (psync) split over the compute nodes, all at once: 4 KiB random read and write (IOPS, 5 s)
-and 1 MiB sequential write and read (MB/s, 32 MiB per job); baseline ``--masters 1 --queue
+fio jobs (psync) split over the compute nodes, all at once: 4 KiB random read and write (IOPS)
+and 1 MiB sequential write and read (MB/s; 32 MiB files per job), every case 5 s time based (issue
+12's sized 1 MiB runs take under a second here, too short on a shared box); baseline ``--masters 1 --queue
 mutex`` (issue 12's baseline: one epoll master, one mutex queue set) against ``--masters 2
 --queue lockfree`` and the daemon's default ``--masters 0 --queue lockfree`` (a decoder thread
 per connection that serves a request itself in a sleeping worker's place), plus the daemons' CPU
@@ -68,6 +69,7 @@ MiB = 1 << 20
 JOBS = 16  # part masters: fio jobs in all, as forwarder_threads.py
 MASTERS_BASELINE = "--masters 1 --queue mutex"
 MASTERS_VARIANTS = ["--masters 2 --queue lockfree", "--masters 0 --queue lockfree"]
+TIME_BASED = ["--time_based", "--runtime=5"]
 MOUNT_ARGS = ["--shm-slots", "0"]  # data on the socket, as between hosts
 
 
@@ -221,13 +223,15 @@ def part_masters(a, rig: Rig, layer: Layer) -> None:
     per_node = max(1, a.jobs // len(nodes))
     configs = [a.baseline_args, *(a.variant_args or MASTERS_VARIANTS)]
     print(
-        f"\n## masters: {per_node * len(nodes)} fio jobs (psync, {per_node} per compute node, all at once), "
+        f"\n## masters: {per_node * len(nodes)} fio jobs (psync, {per_node} per compute node, all at once, 5 s each), "
         f"baseline `{a.baseline_args}` against {', '.join(f'`{c}`' for c in configs[1:])}; {len(layer.fwd)} "
         f"forwarding node(s), target latency {a.target_latency_ms} ms; {a.rounds} rounds",
         flush=True,
     )
     files = {n: rig.mount_dir / f"files-{n}" for n in nodes}
     cases = [c for c in MASTERS_CASES if not a.cases or any(c[0].startswith(p) for p in a.cases.split(","))]
+    # issue 12's sized 1 MiB cases take under a second here: time-based as the 4 KiB ones (steadier)
+    cases = [(n, u, args if "--time_based" in args else [*args, *TIME_BASED], *rest) for n, u, args, *rest in cases]
     # the files the reads and random writes use, laid out once (they outlive the daemons' restarts)
     layer.restart(configs[0].split())
     mkdirs(rig, files)
