@@ -46,11 +46,12 @@ def fio(directory: Path, *args: str, enter: Sequence[str] = ()) -> dict:
 
 def rounds(n: int, sides: list[str]) -> Iterator[tuple[int, str]]:
     """(round, side) for ``n`` rounds of every side: the order rotates by one side each round and
-    is reversed every other round, so a noisy neighbour or the writeback of the run before does
-    not always fall on the same side."""
+    is reversed every other cycle of ``len(sides)`` rounds (with two sides, reversing every other
+    round would undo the rotation: the same side would always go first), so a noisy neighbour or
+    the writeback of the run before does not always fall on the same side."""
     for r in range(n):
         order = sides[r % len(sides) :] + sides[: r % len(sides)]
-        if r % 2:
+        if r // len(sides) % 2:
             order.reverse()
         for side in order:
             yield r, side
