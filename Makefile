@@ -122,10 +122,11 @@ lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@cargo fmt --all --check
 	@cargo clippy --release --quiet --workspace --all-targets -- -D warnings
 
-evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only); the cluster rig with its fault schedule
+evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only); the cluster rig with its fault schedule, and the forwarding optimisations on it
 	@$(RUN) pytest -q -s tests/live
 	@$(RUN) pytest -q -s -m evaluation tests
 	@$(RUN) python bench/cluster.py --faults
+	@$(RUN) python bench/cluster_forwarding.py
 
 bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
 	@$(RUN) python bench/agent_overhead.py

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,8 +26,18 @@ sys.path.insert(0, str(REPO / "tests" / "forwarder"))
 import forwarder_testkit as kit  # noqa: E402
 
 
-def fio(directory: Path, *args: str) -> dict:
-    cmd = ["fio", "--output-format=json", f"--directory={directory}", "--ioengine=psync", "--group_reporting", *args]
+def fio(directory: Path, *args: str, enter: Sequence[str] = ()) -> dict:
+    """fio's group-reported job summary of ``args`` in ``directory`` (psync), run under the
+    ``enter`` prefix when given (e.g. a rig node's nsenter); exits on a fio failure."""
+    cmd = [
+        *enter,
+        "fio",
+        "--output-format=json",
+        f"--directory={directory}",
+        "--ioengine=psync",
+        "--group_reporting",
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode:
         sys.exit(f"fio failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -36,11 +46,12 @@ def fio(directory: Path, *args: str) -> dict:
 
 def rounds(n: int, sides: list[str]) -> Iterator[tuple[int, str]]:
     """(round, side) for ``n`` rounds of every side: the order rotates by one side each round and
-    is reversed every other round, so a noisy neighbour or the writeback of the run before does
-    not always fall on the same side."""
+    is reversed every other cycle of ``len(sides)`` rounds (with two sides, reversing every other
+    round would undo the rotation: the same side would always go first), so a noisy neighbour or
+    the writeback of the run before does not always fall on the same side."""
     for r in range(n):
         order = sides[r % len(sides) :] + sides[: r % len(sides)]
-        if r % 2:
+        if r // len(sides) % 2:
             order.reverse()
         for side in order:
             yield r, side
@@ -88,13 +99,24 @@ def daemon_metrics(d: kit.Daemon, prefix: str | tuple[str, ...]) -> dict[str, fl
     """The samples of the daemon's GET /metrics whose line starts with ``prefix``, keyed by name
     and labels."""
     req = urllib.request.Request(d.admin + "/metrics", headers={"Authorization": f"Bearer {kit.ADMIN_TOKEN}"})
-    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    return metric_samples(urllib.request.urlopen(req, timeout=10).read().decode(), prefix)
+
+
+def metric_samples(text: str, prefix: str | tuple[str, ...]) -> dict[str, float]:
+    """The samples of a Prometheus text exposition whose line starts with ``prefix``, keyed by
+    name and labels."""
     out = {}
     for line in text.splitlines():
         if line.startswith(prefix) and not line.startswith("#"):
             k, v = line.rsplit(" ", 1)
             out[k] = float(v)
     return out
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time process ``pid`` used so far (user + system, all its threads), seconds."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def use_binaries(bin_dir: Path | None) -> None:

@@ -32,10 +32,14 @@ PER_RANK_MB = 8
 SIDES = ("on", "off")
 
 
+#: The daemon's counters of client writes received and of write requests issued to the targets.
+COUNTERS = ("pharos_fwd_client_writes_total", "pharos_fwd_backend_write_requests_total")
+
+
 def counters(d: kit.Daemon) -> tuple[float, float]:
     """(client writes received, write requests issued to the targets) from GET /metrics."""
-    vals = daemon_metrics(d, ("pharos_fwd_client_writes_total ", "pharos_fwd_backend_write_requests_total "))
-    return vals["pharos_fwd_client_writes_total"], vals["pharos_fwd_backend_write_requests_total"]
+    vals = daemon_metrics(d, tuple(f"{c} " for c in COUNTERS))
+    return vals[COUNTERS[0]], vals[COUNTERS[1]]
 
 
 def interleaved_fio(directory: Path, per_rank_mb: int = PER_RANK_MB) -> dict:

@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchkit import REPO, auth_flags, fio, rounds, scratch_dir, start_ready, stop_all
+from benchkit import REPO, auth_flags, cpu_s, fio, rounds, scratch_dir, start_ready, stop_all
 from forwarder_testkit import port_of
 
 
@@ -70,12 +70,10 @@ class Stack:
 
     def cpu_s(self) -> float:
         """CPU time the daemon used so far (user + system), seconds."""
-        f = Path(f"/proc/{self.procs[0].pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.procs[0].pid)
 
     def served(self) -> int:
-        c = self.status()["counters"]
-        return c["served_metadata"] + c["served_small"] + c["served_large"]
+        return served(self.status())
 
     def status(self) -> dict:
         import urllib.request
@@ -87,13 +85,29 @@ class Stack:
         stop_all(self.procs, [self.mnt])
 
 
-def summary(name: str, unit: str, res: dict[str, list[float]], base: str, opt: str, higher_better: bool = True) -> str:
+def served(status: dict) -> int:
+    """Requests a daemon served, from its GET /status."""
+    c = status["counters"]
+    return c["served_metadata"] + c["served_small"] + c["served_large"]
+
+
+def summary(
+    name: str,
+    unit: str,
+    res: dict[str, list[float]],
+    base: str,
+    opt: str,
+    higher_better: bool = True,
+    fmt: str = "10.1f",
+) -> str:
+    """One table row: the medians of ``base`` and ``opt`` (in ``fmt``), the ratio of the medians,
+    the median and range of the per-round paired ratios opt/base, and the gain."""
     mb, mo = statistics.median(res[base]), statistics.median(res[opt])
     paired = [o / b for o, b in zip(res[opt], res[base], strict=True) if b > 0]
     ratio = mo / mb if mb else float("nan")
     gain = (ratio - 1) * 100 if higher_better else (1 - ratio) * 100
     return (
-        f"{name:26} {unit:6} {mb:10.1f} {mo:10.1f} {ratio:7.3f} {statistics.median(paired):7.3f} "
+        f"{name:26} {unit:6} {mb:{fmt}} {mo:{fmt}} {ratio:7.3f} {statistics.median(paired):7.3f} "
         f"{min(paired):5.3f}-{max(paired):<5.3f} {gain:+6.1f}%"
     )
 

@@ -62,6 +62,7 @@ FWD_PORT_BASE = 7400
 KAFKA_PORT = 9092
 API_PORT = 8400
 MOUNT_ADMIN_PORT = 7501
+FWD_TARGETS = 4  # storage targets (OSTs) ost0..ost3, shared by the forwarding nodes
 NUL = b"\0"
 MiB = 1 << 20
 
@@ -190,6 +191,15 @@ class Rig:
     def api_url(self) -> str:
         return f"http://{self.nodes['server'].addr}:{API_PORT}"
 
+    def fwd_addr(self, name: str, admin: bool = False) -> str:
+        """``host:port`` of forwarding node ``name``'s request listener (``admin``: its admin
+        interface, GET /status and, with the admin token, /metrics)."""
+        return f"{self.nodes[name].addr}:{FWD_PORT_BASE + 10 * int(name[3:]) + int(admin)}"
+
+    def fwd_ready(self, name: str) -> Path:
+        """The ready file of forwarding node ``name``'s daemon (on the shared storage)."""
+        return self.root / "storage" / "run" / f"{name}.ready"
+
     # -- configuration -----------------------------------------------------------------
     def site_env(self) -> dict[str, str]:
         """What every node of the site is configured with (PHAROS_* variables)."""
@@ -201,13 +211,11 @@ class Rig:
             "PHAROS_KAFKA_BROKERS": str(len(brokers)),
             "PHAROS_FWD_NODES": str(len(fwd)),
             "PHAROS_FWD_PORT_BASE": str(FWD_PORT_BASE),
-            "PHAROS_FWD_TARGETS": "4",
+            "PHAROS_FWD_TARGETS": str(FWD_TARGETS),
             "PHAROS_FWD_TARGET_LIMITS_MB_S": "[]",
             "PHAROS_FWD_KEY_FILE": str(self.root / "site" / "fwd.key"),
             "PHAROS_FWD_ADMIN_TOKEN_FILE": str(self.root / "site" / "fwd-admin.token"),
-            "PHAROS_FWD_ADDRESSES": json.dumps(
-                {n.name: f"{n.addr}:{FWD_PORT_BASE + 10 * int(n.name[3:])}" for n in fwd}
-            ),
+            "PHAROS_FWD_ADDRESSES": json.dumps({n.name: self.fwd_addr(n.name) for n in fwd}),
             "PHAROS_API_HOST": self.nodes["server"].addr,
             "PHAROS_API_PORT": str(API_PORT),
             "PHAROS_API_TOKEN": self.token,
@@ -240,7 +248,7 @@ class Rig:
                 PHAROS_API_AUTH="token",
                 PHAROS_CONTROL_MOUNT_ADMIN_URLS=json.dumps([f"http://{c.addr}:{MOUNT_ADMIN_PORT}" for c in cns]),
                 PHAROS_CONTROL_FWD_ADMIN_URLS=json.dumps(
-                    {f.name: f"http://{f.addr}:{FWD_PORT_BASE + 10 * int(f.name[3:]) + 1}" for f in self.of_kind("fwd")}
+                    {f.name: f"http://{self.fwd_addr(f.name, admin=True)}" for f in self.of_kind("fwd")}
                 ),
                 PHAROS_CONTROL_ADMIN_TOKEN_FILE=str(self.root / "site" / "fwd-admin.token"),
             )
@@ -312,6 +320,48 @@ class Rig:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(10)
         return len(pids)
+
+    def start_fwd(self, name: str, fwd_args: Sequence[str] = ()) -> subprocess.Popen:
+        """Start forwarding node ``name``'s daemon (``pharos fwd --index i -- FWD_ARGS``, logged as
+        ``name``), its old ready file removed first: wait for it with :meth:`wait_fwd`."""
+        self.fwd_ready(name).unlink(missing_ok=True)
+        return self.popen(name, [*self.pharos("fwd", "--index", name[3:]), "--", *fwd_args], log=name)
+
+    def wait_fwd(self, name: str, timeout: float = 60) -> None:
+        """Wait until forwarding node ``name``'s daemon is ready (RuntimeError with its log if it
+        exits or is not ready in ``timeout`` s)."""
+        _wait(name, self.fwd_ready(name).exists, timeout, self, name)
+
+    def start_mount(self, node: str, mount_args: Sequence[str] = ()) -> subprocess.Popen:
+        """Start compute node ``node``'s FUSE mount (``pharos mount -- MOUNT_ARGS``, logged as
+        ``<node>-mount``), its old ready file removed first: wait for it with :meth:`wait_mount`."""
+        self.mount_ready(node).unlink(missing_ok=True)
+        return self.popen(node, [*self.pharos("mount"), "--", *mount_args], log=f"{node}-mount")
+
+    def mount_ready(self, node: str) -> Path:
+        return self.root / node / "run" / "mount.ready"
+
+    def wait_mount(self, node: str, timeout: float = 60) -> None:
+        _wait(f"{node} mount", self.mount_ready(node).exists, timeout, self, f"{node}-mount")
+
+    def restart_forwarding(self, fwd_args: Sequence[str] = (), mount_args: Sequence[str] = ()) -> None:
+        """Restart the forwarding layer with other flags (e.g. ``--gas``, ``--masters``): every
+        compute node's mount stopped, every forwarding daemon restarted with ``fwd_args``, the
+        mounts started again with ``mount_args`` once the daemons are ready. (A mount whose
+        forwarding node restarted under it reconnects by itself, but a request that meets a
+        connection the old daemon closed fails with EIO when no other node can take its replay;
+        fresh mounts have none.)"""
+        for n in self.compute:
+            self.stop(f"{n.name}-mount")
+        for f in self.of_kind("fwd"):
+            self.stop(f.name)
+            self.start_fwd(f.name, fwd_args)
+        for f in self.of_kind("fwd"):
+            self.wait_fwd(f.name)
+        for n in self.compute:
+            self.start_mount(n.name, mount_args)
+        for n in self.compute:
+            self.wait_mount(n.name)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         f = self.root / "logs" / f"{name}.log"
@@ -487,20 +537,19 @@ def running_rig(
         for n in rig.of_kind("kafka"):
             rig.popen(n.name, rig.pharos("broker", "--node-id", n.name[5:]), log=n.name)
         for n in rig.of_kind("fwd"):
-            rig.popen(n.name, [*rig.pharos("fwd", "--index", n.name[3:]), "--", *fwd_args], log=n.name)
+            rig.start_fwd(n.name, fwd_args)
         rig.popen("server", rig.pharos("serve"), log="server")
         for n in rig.compute:
             rig.popen(n.name, rig.pharos("agent"), log=f"{n.name}-agent")
         for n in rig.of_kind("fwd"):
-            ready = root / "storage" / "run" / f"{n.name}.ready"
-            _wait(n.name, ready.exists, 60, rig, n.name)
+            rig.wait_fwd(n.name)
         for n in rig.compute:
-            rig.popen(n.name, [*rig.pharos("mount"), "--", *mount_args], log=f"{n.name}-mount")
+            rig.start_mount(n.name, mount_args)
         probe = rig.client("server")
         _wait("server (API)", lambda: probe.get(f"{rig.api_url}/v1/health").status_code == 200, 180, rig, "server")
         for n in rig.compute:
             _wait(f"{n.name} agent", (root / n.name / "run" / "agent.ready").exists, 90, rig, f"{n.name}-agent")
-            _wait(f"{n.name} mount", (root / n.name / "run" / "mount.ready").exists, 60, rig, f"{n.name}-mount")
+            rig.wait_mount(n.name)
         _wait("API with token", lambda: probe.get(f"{rig.api_url}/v1/jobs").status_code == 200, 30, rig)
         progress(f"[rig {rid}] {len(nodes)} nodes on {net}.0/24 up in {time.monotonic() - t0:.1f} s")
         yield rig
@@ -538,9 +587,12 @@ FIO_VERIFY = (
 @dataclass
 class FioJob:
     """A multi-node fio job: ``kind`` N-N (a file per rank) or N-1 (one shared file, a region per
-    rank), one rank per node of ``nodes`` (the first starts it), ``size_mib`` MiB per rank; ``name``
-    its job name (default ``fio-<kind>``): the runs of one name, size and nodes have the same
-    command (DFRA's history matches name, user and command)."""
+    rank), ``ranks_per_node`` ranks on each node of ``nodes`` (the first starts it; placed in
+    blocks, ranks 0..k-1 on the first node, as Slurm's default distribution), ``size_mib`` MiB per
+    rank. ``block_kib`` (N-1 only): the ranks' regions interleave instead, in blocks of that size
+    (rank r of R writes blocks r, r + R, r + 2R, ...: strided N-1, issue 12's GAS workload).
+    ``name``: its job name (default ``fio-<kind>``): the runs of one name, size and nodes have the
+    same command (DFRA's history matches name, user and command)."""
 
     job_id: str
     kind: str
@@ -551,6 +603,12 @@ class FioJob:
     proc: subprocess.Popen | None = None
     out: Path | None = None
     exit_code: int | None = None
+    ranks_per_node: int = 1
+    block_kib: int = 0
+
+    @property
+    def ranks(self) -> int:
+        return len(self.nodes) * self.ranks_per_node
 
 
 def start_fio_job(rig: Rig, job: FioJob) -> None:
@@ -568,17 +626,25 @@ def start_fio_job(rig: Rig, job: FioJob) -> None:
     if job.kind == "N-N":
         target = f"--filename={rig.mount_dir}/$PHAROS_JOB_ID/data.$PMI_RANK"
     else:  # one shared file at its final size, as an MPI collective create would make it
-        size = len(job.nodes) * job.size_mib * MiB
+        size = job.ranks * job.size_mib * MiB
         r = rig.run(job.nodes[0], ["truncate", "-s", str(size), str(data / "shared")])
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
-        target = f"--filename={rig.mount_dir}/$PHAROS_JOB_ID/shared --offset=$((PMI_RANK*{job.size_mib}))m"
+        shared = f"{rig.mount_dir}/$PHAROS_JOB_ID/shared"
+        target = f"--filename={shared} --offset=$((PMI_RANK*{job.size_mib}))m"
+        if job.block_kib:  # rank r's blocks r, r + R, ... up to the file's end (fio lays out nothing)
+            b = job.block_kib
+            target = (
+                f"--filename={shared} --offset=$((PMI_RANK*{b}))k --bs={b}k "
+                f"--rw=write:{(job.ranks - 1) * b}k --size=$(({size}-PMI_RANK*{b * 1024})) --io_size={job.size_mib}m"
+            )
     fio = (
         f"exec fio --name=rank$PMI_RANK {FIO_VERIFY} {job.fio_args} --size={job.size_mib}m {target} "
         f"--output={job.out.parent}/$PHAROS_JOB_ID/fio.$PMI_RANK.json"
     )
-    mpiexec = ["mpiexec.mpich", "-hosts", ",".join(job.nodes), "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
-    mpiexec += ["-iface", "eth0", "-n", str(len(job.nodes)), "sh", "-c", fio]
+    hosts = ",".join(job.nodes if job.ranks_per_node == 1 else (f"{n}:{job.ranks_per_node}" for n in job.nodes))
+    mpiexec = ["mpiexec.mpich", "-hosts", hosts, "-launcher", "ssh", "-launcher-exec", str(rig.rsh)]
+    mpiexec += ["-iface", "eth0", "-n", str(job.ranks), "sh", "-c", fio]
     argv = rig.pharos("run", "--job", job.job_id, "--name", job.name or f"fio-{job.kind}", "--", *mpiexec)
     job.proc = rig.popen(job.nodes[0], argv)
 
@@ -588,7 +654,7 @@ def fio_results(job: FioJob) -> tuple[dict[str, int], bool]:
     the job exited 0, every rank reported, no rank had an error and every byte written was read
     back and checked."""
     reports = sorted(job.out.glob("fio.*.json")) if job.out else []
-    if len(reports) != len(job.nodes):
+    if len(reports) != job.ranks:
         return {}, False
     totals = fio_totals(reports)
     docs = [json.loads(p.read_text()[p.read_text().find("{") :]) for p in reports]
