@@ -14,9 +14,12 @@ at the end (bench/cluster.py).
 The faults (``FAULTS``, in order; the nodes hit are fixed so that a run can be compared with the
 next):
 
-* ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s: the
-  mounts' requests to it wait (their timeout, 60 s, is longer) and its records wait in its
-  producer.
+* ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s, longer
+  than the mounts' request timeout (``MOUNT_ARGS``: 10 s, which bench/cluster.py gives every mount
+  with ``--faults``): the mounts fail over to the next forwarding node and replay the idempotent
+  requests fwd0 did not answer (``pharos_mount_replays``); a request fwd0 had executed before the
+  cut hid its reply is recorded by both daemons and counted once (the records' request id and
+  replay flag, :mod:`pharos_analytics.replays_sql`); fwd0's records wait in its producer.
 * ``broker-kill+partition``: Kafka node 1 killed (SIGKILL) and node 2 cut off by iptables DROP for
   20 s; node 1 restarted after. With 3 nodes the quorum and min ISR 2 are lost meanwhile: producers
   hold their records (agents' and daemons' queues) until it is back.
@@ -43,6 +46,9 @@ from dataclasses import dataclass, field
 from cluster_testkit import FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
 
 LEAD_S = 4.0  # the job runs this long before the fault
+#: Every mount's request timeout with ``--faults`` (bench/cluster.py): shorter than fwd-link-cut's
+#: 20 s, so the mounts fail over and replay rather than wait for fwd0.
+MOUNT_ARGS = ["--rpc-timeout-ms", "10000"]
 RATE_MIB_S = 2  # per rank: the job outlasts the fault
 
 
