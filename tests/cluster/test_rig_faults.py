@@ -1,4 +1,4 @@
-"""Faults on the rig (issue 25), the ones of ``make test``: a forwarding node's link cut mid-job,
+"""Faults on the rig (issue 25), the ones of ``make test``: a forwarding node cut off mid-job,
 shorter and longer than the mounts' request timeout.
 
 A reduced rig (one broker, the server, fwd0 and fwd1, cn0 and cn1; every mount with an 8 s request
@@ -6,22 +6,24 @@ timeout, ``--rpc-timeout-ms 8000``) runs two-node fio jobs (one rank per node, e
 file at a fixed rate and reading every block back to check it, ``--verify=crc32c``). Each job is
 pinned to fwd0 and fwd1 (``PUT /v1/control/pins``: per compute node, cn0 -> fwd0 and cn1 -> fwd1,
 the mounts' defaults), so that a control cycle that finds a daemon slow to answer on a loaded
-machine cannot move the job first. cn0's mount sends the job's requests to fwd0; 3 s into the
-job, fwd0's link is cut
-(``ip link set eth0 down`` in its namespace: the bridge drops everything to and from it), then
-restored.
+machine cannot move the job first. cn0's mount sends the job's requests to fwd0; 1 s after its
+writes reach fwd0, fwd0 is cut off, then restored:
 
-* Cut shorter than the timeout (3 s): cn0's requests wait and TCP resumes them (no failover);
-  fwd0's records, which could not reach Kafka meanwhile, wait in its producer. The job took about
-  the cut longer than its rate allows.
-* Cut longer than the timeout (15 s, issue 25, item 5): cn0's mount fails over to fwd1 and replays
-  the requests fwd0 did not answer (``pharos_mount_replays`` > 0 on cn0's mount); fwd0 may have
-  executed some before the cut hid its reply, and both daemons then recorded them. The records
-  carry the mount's request id and replay flag, and the forwarder layer counts a replayed request
-  once (before: +1 MiB for 2 replays, measured with a 10 s cut and a 3 s timeout). cn0 is served
-  by fwd0 and fwd1.
+* link cut shorter than the timeout (3 s; ``ip link set eth0 down`` in fwd0's namespace: the bridge
+  drops everything to and from it): cn0's requests wait and TCP resumes them (no failover, no
+  replay); fwd0's records, which could not reach Kafka meanwhile, wait in its producer. The job took
+  about the cut longer than its rate allows.
+* link cut longer than the timeout (15 s, issue 25, item 5): cn0's mount fails over to fwd1 and
+  replays the requests fwd0 did not answer (``pharos_mount_replays`` > 0 on cn0's mount); cn0 is
+  served by fwd0 and fwd1. A request fwd0 had executed before the cut hid its reply is recorded by
+  both daemons; the records carry the mount's request id and replay flag, and the forwarder layer
+  counts it once (before: +1 MiB for 2 replays, measured with a 10 s cut and a 3 s timeout).
+* fwd0's replies to cn0 dropped for 12 s (iptables in fwd0's namespace, the targets slowed to 0.5
+  s per request around its start so that a write is in fwd0 then): the request runs on fwd0 and,
+  replayed after the timeout, on fwd1, a double execution every time (``duplicate_requests`` > 0),
+  counted once.
 
-Checked in both: the job completes and fio verified every byte, both layers show exactly fio's
+Checked in each: the job completes and fio verified every byte, both layers show exactly fio's
 bytes written and read (none lost, none twice), the pipeline has no gap, drop or dead letter.
 
 Not here (issue 25's fault schedule, ``bench/cluster.py --faults``): brokers killed and
@@ -37,6 +39,7 @@ import time
 
 import pytest
 from cluster_testkit import (
+    FWD_PORT_BASE,
     MOUNT_ADMIN_PORT,
     FioJob,
     fio_results,
@@ -56,7 +59,8 @@ pytestmark = [
 RATE_MIB_S = 4
 SIZE_MIB = 40  # per rank: 10 s at the rate
 RPC_TIMEOUT_S = 8.0  # every mount's --rpc-timeout-ms
-CUT_AFTER_S, SHORT_CUT_S, LONG_CUT_S = 3.0, 3.0, 15.0
+MiB = 1 << 20
+CUT_AFTER_S, SHORT_CUT_S, LONG_CUT_S, REPLIES_LOST_S = 1.0, 3.0, 15.0, 12.0  # the cut 1 s after writes flow
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +110,63 @@ def pin_job(rig, job_id: str) -> None:
     assert got == want, f"each mount's entry for {job_id}: {got}"
 
 
-def cut_job(rig, job_id: str, cut_s: float) -> tuple[FioJob, dict, float, float]:
-    """Runs a two-node fio job (pinned: :func:`pin_job`) and cuts fwd0's link for ``cut_s`` seconds 3 s
-    into it: (job, fio's totals, seconds the job took, seconds from the link's return to the job's
-    end). Fails unless fio exits 0 having verified every byte."""
+def fwd0_link(rig, up: bool) -> None:
+    """fwd0's link up or down (``ip link set eth0``: the bridge drops everything to and from it)."""
+    sh("ip", "-n", rig.nodes["fwd0"].ns, "link", "set", "eth0", "up" if up else "down")
+
+
+def fwd0_bytes_written(rig) -> int:
+    """Bytes fwd0 has written for its clients since it started (its admin ``/status``)."""
+    url = f"http://{rig.nodes['fwd0'].addr}:{FWD_PORT_BASE + 1}/status"
+    return int(rig.client("server").get(url, headers=admin_headers(rig)).json()["counters"]["bytes_written"])
+
+
+def targets_latency(rig, ms: float) -> None:
+    """Every storage target's added latency per request (ms), set through fwd0's admin interface
+    (the targets' state is shared by the daemons)."""
+    url, c = f"http://{rig.nodes['fwd0'].addr}:{FWD_PORT_BASE + 1}/targets", rig.client("server")
+    for t in c.get(url, headers=admin_headers(rig)).json():
+        r = c.request("PUT", f"{url}/{t['name']}", json={"added_latency_ms": ms}, headers=admin_headers(rig))
+        assert r.status_code == 200, r.text
+
+
+def fwd0_replies_to_cn0(rig, up: bool) -> None:
+    """fwd0's packets to cn0 dropped (iptables in fwd0's namespace) or let through again: requests
+    arrive and run, their replies are lost. The drop starts while a data request is in fwd0: the
+    targets answer 0.5 s late around that moment (cn0's 1 MiB writes come every 0.25 s), so the
+    request the drop catches is a write (or a verify read), not a getattr between two."""
+    rule = ["OUTPUT", "-d", rig.nodes["cn0"].addr, "-j", "DROP"]
+    if up:
+        sh("ip", "netns", "exec", rig.nodes["fwd0"].ns, "iptables", "-D", *rule)
+        return
+    targets_latency(rig, 500)
+    try:
+        time.sleep(0.7)
+        sh("ip", "netns", "exec", rig.nodes["fwd0"].ns, "iptables", "-A", *rule)
+        time.sleep(1.0)
+    finally:
+        targets_latency(rig, 0)
+
+
+def cut_job(rig, job_id: str, cut_s: float, cut=fwd0_link) -> tuple[FioJob, dict, float, float]:
+    """Runs a two-node fio job (pinned: :func:`pin_job`) and cuts fwd0 (``cut(rig, up)``, default its
+    link) for ``cut_s`` seconds, 1 s after cn0's writes reach fwd0 (its first 2 MiB: the ranks start
+    through ssh, slowly on a loaded machine): (job, fio's totals, seconds the job took, seconds from
+    the end of the cut to the job's end). Fails unless fio exits 0 having verified every byte."""
     job = FioJob(job_id, "N-N", ["cn0", "cn1"], SIZE_MIB, fio_args=f"--rate={RATE_MIB_S}m")
     pin_job(rig, job_id)
+    written0 = fwd0_bytes_written(rig)
     t0 = time.monotonic()
     start_fio_job(rig, job)
+    while fwd0_bytes_written(rig) < written0 + 2 * MiB:
+        assert time.monotonic() < t0 + 60 and job.proc.poll() is None, "cn0's writes did not reach fwd0"
+        time.sleep(0.2)
     time.sleep(CUT_AFTER_S)
-    fwd0 = rig.nodes["fwd0"]
-    sh("ip", "-n", fwd0.ns, "link", "set", "eth0", "down")
+    cut(rig, False)
     try:
         time.sleep(cut_s)
     finally:
-        sh("ip", "-n", fwd0.ns, "link", "set", "eth0", "up")
+        cut(rig, True)
     t_up = time.monotonic()
     job.exit_code = job.proc.wait(240)
     took = time.monotonic() - t0
@@ -167,7 +213,7 @@ def test_forwarding_node_link_cut_shorter_than_the_timeout(rig):
     fwd, lines = exact_layers(rig, job, fio)
     alone = SIZE_MIB / RATE_MIB_S
     print(
-        f"\n[rig fault] fwd0 cut {SHORT_CUT_S:.0f} s (< {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s: job "
+        f"\n[rig fault] fwd0 cut {SHORT_CUT_S:.0f} s (< {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s into the writes: job "
         f"done {after:.1f} s after the link came back, {took:.1f} s in all ({alone:.0f} s at its rate without the "
         f"cut); fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
     )
@@ -185,7 +231,7 @@ def test_forwarding_node_link_cut_longer_than_the_timeout_replays_once(rig):
     replays = mount_replays(rig, "cn0") - replays0
     fwd, lines = exact_layers(rig, job, fio)
     print(
-        f"\n[rig fault] fwd0 cut {LONG_CUT_S:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s: cn0's "
+        f"\n[rig fault] fwd0 cut {LONG_CUT_S:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s into the writes: cn0's "
         f"mount replayed {replays} request(s) on fwd1; job done {after:.1f} s after the link came back, {took:.1f} s "
         f"in all; fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
     )
@@ -193,4 +239,25 @@ def test_forwarding_node_link_cut_longer_than_the_timeout_replays_once(rig):
     assert fwd["forwarding_nodes"]["cn0"] == ["fwd0", "fwd1"], "cn0 should have failed over from fwd0 to fwd1"
     assert fwd["forwarding_nodes"]["cn1"] == ["fwd1"], lines
     assert 0 < fwd["replayed_requests"] <= replays, (fwd["replayed_requests"], replays)
+    assert_no_loss(losses0, pipeline_losses(rig), lines)
+
+
+@pytest.mark.timeout(600)
+def test_forwarding_node_replies_lost_requests_executed_twice_counted_once(rig):
+    """The double execution made certain: fwd0's replies to cn0 are dropped (iptables) for 12 s,
+    longer than the timeout, so the requests cn0 sends it meanwhile run on fwd0 and, replayed, on
+    fwd1; both daemons record them (``duplicate_requests`` > 0) and each counts once (the old
+    counting showed those requests' bytes twice on the forwarder layer)."""
+    replays0, losses0 = mount_replays(rig, "cn0"), pipeline_losses(rig)
+    job, fio, took, after = cut_job(rig, "lost-replies-fwd0", REPLIES_LOST_S, cut=fwd0_replies_to_cn0)
+    replays = mount_replays(rig, "cn0") - replays0
+    fwd, lines = exact_layers(rig, job, fio)
+    print(
+        f"\n[rig fault] fwd0's replies to cn0 dropped {REPLIES_LOST_S:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) at "
+        f"{CUT_AFTER_S:.0f} s into the writes: cn0's mount replayed {replays} request(s) on fwd1; job done {after:.1f} s after, "
+        f"{took:.1f} s in all; fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
+    )
+    assert replays > 0 and fwd["forwarding_nodes"]["cn0"] == ["fwd0", "fwd1"], lines
+    assert 0 < fwd["duplicate_requests"] <= fwd["replayed_requests"] <= replays, lines
+    # (fio's bytes exact on the forwarder layer, checked above, with a data request executed twice)
     assert_no_loss(losses0, pipeline_losses(rig), lines)
