@@ -213,9 +213,9 @@ def test_forwarding_node_link_cut_shorter_than_the_timeout(rig):
     fwd, lines = exact_layers(rig, job, fio)
     alone = SIZE_MIB / RATE_MIB_S
     print(
-        f"\n[rig fault] fwd0 cut {SHORT_CUT_S:.0f} s (< {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s into the writes: job "
-        f"done {after:.1f} s after the link came back, {took:.1f} s in all ({alone:.0f} s at its rate without the "
-        f"cut); fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
+        f"\n[rig fault] fwd0's link cut {SHORT_CUT_S:.0f} s (< {RPC_TIMEOUT_S:.0f} s timeout) {CUT_AFTER_S:.0f} s into the "
+        f"writes: job done {after:.1f} s after the link came back, {took:.1f} s in all ({alone:.0f} s at its rate "
+        f"without the cut); fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
     )
     assert fwd["forwarding_nodes"]["cn0"] == ["fwd0"], "cn0's requests should have waited for fwd0, not failed over"
     assert mount_replays(rig, "cn0") == replays0, "no request should have been replayed"
@@ -223,41 +223,42 @@ def test_forwarding_node_link_cut_shorter_than_the_timeout(rig):
     assert_no_loss(losses0, pipeline_losses(rig), lines)
 
 
-@pytest.mark.timeout(600)
-def test_forwarding_node_link_cut_longer_than_the_timeout_replays_once(rig):
-    """Issue 25, item 5: failover with replay, each request counted once on the forwarder layer."""
-    replays0, losses0 = mount_replays(rig, "cn0"), pipeline_losses(rig)
-    job, fio, took, after = cut_job(rig, "cut-fwd0-failover", LONG_CUT_S)
+def failover_job(rig, job_id: str, what: str, hold_s: float, cut) -> tuple[dict, list[str], int]:
+    """:func:`cut_job` with a cut of fwd0 longer than the mounts' timeout, then both layers exact
+    (:func:`exact_layers`); prints what happened. Returns (the forwarder layer's summary, its lines,
+    the requests cn0's mount replayed meanwhile)."""
+    replays0 = mount_replays(rig, "cn0")
+    job, fio, took, after = cut_job(rig, job_id, hold_s, cut)
     replays = mount_replays(rig, "cn0") - replays0
     fwd, lines = exact_layers(rig, job, fio)
     print(
-        f"\n[rig fault] fwd0 cut {LONG_CUT_S:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) at {CUT_AFTER_S:.0f} s into the writes: cn0's "
-        f"mount replayed {replays} request(s) on fwd1; job done {after:.1f} s after the link came back, {took:.1f} s "
-        f"in all; fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
+        f"\n[rig fault] {what} {hold_s:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) {CUT_AFTER_S:.0f} s into the "
+        f"writes: cn0's mount replayed {replays} request(s) on fwd1; job done {after:.1f} s after the cut, "
+        f"{took:.1f} s in all; fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
     )
     assert replays > 0, "cn0's mount should have replayed the requests fwd0 did not answer"
     assert fwd["forwarding_nodes"]["cn0"] == ["fwd0", "fwd1"], "cn0 should have failed over from fwd0 to fwd1"
     assert fwd["forwarding_nodes"]["cn1"] == ["fwd1"], lines
     assert 0 < fwd["replayed_requests"] <= replays, (fwd["replayed_requests"], replays)
+    return fwd, lines, replays
+
+
+@pytest.mark.timeout(600)
+def test_forwarding_node_link_cut_longer_than_the_timeout_replays_once(rig):
+    """Issue 25, item 5: failover with replay, each request counted once on the forwarder layer."""
+    losses0 = pipeline_losses(rig)
+    _, lines, _ = failover_job(rig, "cut-fwd0-failover", "fwd0's link cut", LONG_CUT_S, fwd0_link)
     assert_no_loss(losses0, pipeline_losses(rig), lines)
 
 
 @pytest.mark.timeout(600)
 def test_forwarding_node_replies_lost_requests_executed_twice_counted_once(rig):
     """The double execution made certain: fwd0's replies to cn0 are dropped (iptables) for 12 s,
-    longer than the timeout, so the requests cn0 sends it meanwhile run on fwd0 and, replayed, on
-    fwd1; both daemons record them (``duplicate_requests`` > 0) and each counts once (the old
-    counting showed those requests' bytes twice on the forwarder layer)."""
-    replays0, losses0 = mount_replays(rig, "cn0"), pipeline_losses(rig)
-    job, fio, took, after = cut_job(rig, "lost-replies-fwd0", REPLIES_LOST_S, cut=fwd0_replies_to_cn0)
-    replays = mount_replays(rig, "cn0") - replays0
-    fwd, lines = exact_layers(rig, job, fio)
-    print(
-        f"\n[rig fault] fwd0's replies to cn0 dropped {REPLIES_LOST_S:.0f} s (> {RPC_TIMEOUT_S:.0f} s timeout) at "
-        f"{CUT_AFTER_S:.0f} s into the writes: cn0's mount replayed {replays} request(s) on fwd1; job done {after:.1f} s after, "
-        f"{took:.1f} s in all; fio wrote and verified {fio['bytes_written']} B\n  " + "\n  ".join(lines)
-    )
-    assert replays > 0 and fwd["forwarding_nodes"]["cn0"] == ["fwd0", "fwd1"], lines
-    assert 0 < fwd["duplicate_requests"] <= fwd["replayed_requests"] <= replays, lines
-    # (fio's bytes exact on the forwarder layer, checked above, with a data request executed twice)
+    longer than the timeout, so the write cn0 has in fwd0 then runs on fwd0 and, replayed, on fwd1;
+    both daemons record it (``duplicate_requests`` > 0) and it counts once: both layers show fio's
+    bytes exactly (the old counting showed the write's bytes twice on the forwarder layer)."""
+    losses0 = pipeline_losses(rig)
+    what = "fwd0's replies to cn0 dropped"
+    fwd, lines, _ = failover_job(rig, "lost-replies-fwd0", what, REPLIES_LOST_S, fwd0_replies_to_cn0)
+    assert 0 < fwd["duplicate_requests"] <= fwd["replayed_requests"], lines
     assert_no_loss(losses0, pipeline_losses(rig), lines)
