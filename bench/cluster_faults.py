@@ -16,7 +16,8 @@ next):
 
 * ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s, longer
   than the mounts' request timeout (``MOUNT_ARGS``: 10 s, which bench/cluster.py gives every mount
-  with ``--faults``): the mounts fail over to the next forwarding node and replay the idempotent
+  with ``--faults``; the link goes down once fwd0 is serving the job's writes, at most 10 s after
+  the injection): the mounts fail over to the next forwarding node and replay the idempotent
   requests fwd0 did not answer (``pharos_mount_replays``); a request fwd0 had executed before the
   cut hid its reply is recorded by both daemons and counted once (the records' request id and
   replay flag, :mod:`pharos_analytics.replays_sql`); fwd0's records wait in its producer.
@@ -43,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cluster_testkit import FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
+from cluster_testkit import FWD_PORT_BASE, FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
 
 LEAD_S = 4.0  # the job runs this long before the fault
 #: Every mount's request timeout with ``--faults`` (bench/cluster.py): shorter than fwd-link-cut's
@@ -55,6 +56,28 @@ RATE_MIB_S = 2  # per rank: the job outlasts the fault
 def _in(rig: Rig, node: str, *argv: str, check: bool = True) -> None:
     """Run a network command (ip, iptables, tc) in ``node``'s network namespace."""
     sh("nsenter", f"--net=/run/netns/{rig.nodes[node].ns}", "--", *argv, check=check)
+
+
+def _fwd0_written(rig: Rig) -> int:
+    """Bytes fwd0 has written for its clients (its admin ``/status``, with the site's admin token)."""
+    token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
+    url = f"http://{rig.nodes['fwd0'].addr}:{FWD_PORT_BASE + 1}/status"
+    got = rig.client("server").get(url, headers={"Authorization": f"Bearer {token}"})
+    return int(got.json()["counters"]["bytes_written"])
+
+
+def _cut_fwd0_link_mid_writes(rig: Rig) -> None:
+    """fwd0's link down once fwd0 is serving the job's writes (1 MiB more than when called, at most
+    30 s): a mount then has a request in flight on it, which times out and is replayed on the next
+    node, rather than a job mapped elsewhere before it wrote anything (its ranks start through ssh,
+    slowly on a loaded machine, and the control loop does not map a job to a node it finds down).
+    The wait is logged; the fault's detect s counts from the injection, so it includes the wait."""
+    t0 = time.monotonic()
+    start = _fwd0_written(rig)
+    while _fwd0_written(rig) < start + (1 << 20) and time.monotonic() < t0 + 30:
+        time.sleep(0.2)
+    _in(rig, "fwd0", "ip", "link", "set", "eth0", "down")
+    print(f"  fwd-link-cut: fwd0 served the job's writes {time.monotonic() - t0:.1f} s after the injection: link down")
 
 
 def _signal(rig: Rig, name: str, sig: int) -> None:
@@ -119,9 +142,9 @@ FAULTS = [
         "fwd-link-cut",
         "fwd0",
         20,
-        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "down"),
+        _cut_fwd0_link_mid_writes,
         lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "up"),
-        "fwd0's link down",
+        "fwd0's link down, the mounts fail over",
     ),
     Fault(
         "broker-kill+partition",
