@@ -15,8 +15,8 @@ The faults (``FAULTS``, in order; the nodes hit are fixed so that a run can be c
 next):
 
 * ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s, longer
-  than the mounts' request timeout (``MOUNT_ARGS``: 10 s, which bench/cluster.py gives every mount
-  with ``--faults``; the link goes down once fwd0 is serving the job's writes, at most 10 s after
+  than the mounts' request timeout (``MOUNT_ARGS``: 18 s, which bench/cluster.py gives every mount
+  with ``--faults``; the link goes down once fwd0 is serving the job's writes, at most 30 s after
   the injection): the mounts fail over to the next forwarding node and replay the idempotent
   requests fwd0 did not answer (``pharos_mount_replays``); a request fwd0 had executed before the
   cut hid its reply is recorded by both daemons and counted once (the records' request id and
@@ -48,8 +48,9 @@ from cluster_testkit import FWD_PORT_BASE, FioJob, Rig, fio_results, sh, start_f
 
 LEAD_S = 4.0  # the job runs this long before the fault
 #: Every mount's request timeout with ``--faults`` (bench/cluster.py): shorter than fwd-link-cut's
-#: 20 s, so the mounts fail over and replay rather than wait for fwd0.
-MOUNT_ARGS = ["--rpc-timeout-ms", "10000"]
+#: 20 s, so the mounts fail over and replay rather than wait for fwd0, and longer than fwd-sigstop's
+#: 15 s, so that the stopped daemon's clients still wait for it (that fault unchanged).
+MOUNT_ARGS = ["--rpc-timeout-ms", "18000"]
 RATE_MIB_S = 2  # per rank: the job outlasts the fault
 
 
