@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cluster_testkit import FWD_PORT_BASE, FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
+from cluster_testkit import FWD_PORT_BASE, MOUNT_ADMIN_PORT, FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
 
 LEAD_S = 4.0  # the job runs this long before the fault
 #: Every mount's request timeout with ``--faults`` (bench/cluster.py): shorter than fwd-link-cut's
@@ -79,6 +80,23 @@ def _cut_fwd0_link_mid_writes(rig: Rig) -> None:
         time.sleep(0.2)
     _in(rig, "fwd0", "ip", "link", "set", "eth0", "down")
     print(f"  fwd-link-cut: fwd0 served the job's writes {time.monotonic() - t0:.1f} s after the injection: link down")
+
+
+def _heal_fwd0_link(rig: Rig) -> None:
+    """fwd0's link up; logs the requests each compute node's mount failed over and replayed so far
+    (``pharos_mount_failovers`` and ``pharos_mount_replays`` of its ``/metrics``)."""
+    _in(rig, "fwd0", "ip", "link", "set", "eth0", "up")
+    token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
+    got = {}
+    for n in rig.compute:
+        with contextlib.suppress(Exception):
+            url = f"http://{n.addr}:{MOUNT_ADMIN_PORT}/metrics"
+            text = rig.client("server").get(url, headers={"Authorization": f"Bearer {token}"}).text
+            got[n.name] = {
+                m.group(1): int(m.group(2))
+                for m in re.finditer(r"^pharos_mount_(failovers|replays)_total (\d+)", text, re.M)
+            }
+    print(f"  fwd-link-cut: the mounts' failovers and replays so far: {got}")
 
 
 def _signal(rig: Rig, name: str, sig: int) -> None:
@@ -144,7 +162,7 @@ FAULTS = [
         "fwd0",
         20,
         _cut_fwd0_link_mid_writes,
-        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "up"),
+        _heal_fwd0_link,
         "fwd0's link down, the mounts fail over",
     ),
     Fault(
