@@ -45,7 +45,7 @@ from benchkit import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from cluster_faults import FAULTS, run_schedule, table
+from cluster_faults import FAULTS, MOUNT_ARGS, run_schedule, table
 from cluster_testkit import FioJob, fio_results, rig_available, running_rig, start_fio_job, wait_summary
 
 from pharos_core.settings import Settings
@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(tempfile.mkdtemp(prefix="pharos-cluster-"))  # not under /run: a system folder
     t0 = time.monotonic()
-    with running_rig(root, compute=args.nodes, fwd=args.fwd, brokers=args.brokers) as rig, Resources(rig.id) as res:
+    mount_args = MOUNT_ARGS if args.faults else []  # fwd-link-cut then outlasts the mounts' request timeout
+    with (
+        running_rig(root, compute=args.nodes, fwd=args.fwd, brokers=args.brokers, mount_args=mount_args) as rig,
+        Resources(rig.id) as res,
+    ):
         up_s = time.monotonic() - t0
         jobs = plan(args.jobs, [n.name for n in rig.compute], args.seed, args.size_mib)
         t1 = time.monotonic()

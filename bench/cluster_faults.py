@@ -14,11 +14,15 @@ at the end (bench/cluster.py).
 The faults (``FAULTS``, in order; the nodes hit are fixed so that a run can be compared with the
 next):
 
-* ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s: the
-  mounts' requests to it wait (their timeout, 60 s, is longer) and its records wait in its
-  producer.
-* ``broker-kill+partition``: Kafka node 1 killed (SIGKILL to every process of the node) and node 2 cut off by iptables DROP for
-  20 s; node 1 restarted after. With 3 nodes the quorum and min ISR 2 are lost meanwhile: producers
+* ``fwd-link-cut``: fwd0's link down (``ip link set eth0 down`` in its namespace) for 20 s, longer
+  than the mounts' request timeout (``MOUNT_ARGS``: 18 s, which bench/cluster.py gives every mount
+  with ``--faults``; the link goes down once fwd0 is serving the job's writes, at most 30 s after
+  the injection): the mounts fail over to the next forwarding node and replay the idempotent
+  requests fwd0 did not answer (``pharos_mount_replays``); a request fwd0 had executed before the
+  cut hid its reply is recorded by both daemons and counted once (the records' request id and
+  replay flag, :mod:`pharos_analytics.replays_sql`); fwd0's records wait in its producer.
+* ``broker-kill+partition``: Kafka node 1 killed (SIGKILL to every process of the node) and node 2
+  cut off by iptables DROP for 20 s; node 1 restarted after. With 3 nodes the quorum and min ISR 2 are lost meanwhile: producers
   hold their records (agents' and daemons' queues) until it is back.
 * ``cn-loss+cap``: 10% packet loss each way (iptables ``-m statistic --mode random``) and a 20
   Mbit/s cap (``tc tbf``) on cn1's link for 30 s (no netem on this kernel: no delay qdisc).
@@ -29,29 +33,74 @@ next):
 
 The two forwarding-node faults are named by the silent-forwarder detector
 (:mod:`pharos_analytics.liveness`, anomaly ``forwarder_silent``), the brokers by the server's
-broker probe (anomaly ``broker_unreachable``, named ``broker<node.id>``); the lossy, capped link
-and the killed server by none yet (the server is the detector; its own liveness is Prometheus'
-``up``).
+broker probe (anomaly ``broker_unreachable``, named ``broker<node.id>``), the lossy, capped link
+by the slow-network detector (:mod:`pharos_analytics.network`, ``network_slow`` cn1). The killed
+server by none here: it is the detector, and a restart within 30 s is not an alert; a dead server
+is Prometheus' ``PharosComponentDown`` (deploy/prometheus/rules.yml), not run on the rig.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cluster_testkit import FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
+from cluster_testkit import FWD_PORT_BASE, MOUNT_ADMIN_PORT, FioJob, Rig, fio_results, sh, start_fio_job, wait_summary
 
 LEAD_S = 4.0  # the job runs this long before the fault
+#: Every mount's request timeout with ``--faults`` (bench/cluster.py): shorter than fwd-link-cut's
+#: 20 s, so the mounts fail over and replay rather than wait for fwd0, and longer than fwd-sigstop's
+#: 15 s, so that the stopped daemon's clients still wait for it (that fault unchanged).
+MOUNT_ARGS = ["--rpc-timeout-ms", "18000"]
 RATE_MIB_S = 2  # per rank: the job outlasts the fault
 
 
 def _in(rig: Rig, node: str, *argv: str, check: bool = True) -> None:
     """Run a network command (ip, iptables, tc) in ``node``'s network namespace."""
     sh("nsenter", f"--net=/run/netns/{rig.nodes[node].ns}", "--", *argv, check=check)
+
+
+def _fwd0_written(rig: Rig) -> int:
+    """Bytes fwd0 has written for its clients (its admin ``/status``, with the site's admin token)."""
+    token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
+    url = f"http://{rig.nodes['fwd0'].addr}:{FWD_PORT_BASE + 1}/status"
+    got = rig.client("server").get(url, headers={"Authorization": f"Bearer {token}"})
+    return int(got.json()["counters"]["bytes_written"])
+
+
+def _cut_fwd0_link_mid_writes(rig: Rig) -> None:
+    """fwd0's link down once fwd0 is serving the job's writes (1 MiB more than when called, at most
+    30 s): a mount then has a request in flight on it, which times out and is replayed on the next
+    node, rather than a job mapped elsewhere before it wrote anything (its ranks start through ssh,
+    slowly on a loaded machine, and the control loop does not map a job to a node it finds down).
+    The wait is logged; the fault's detect s counts from the injection, so it includes the wait."""
+    t0 = time.monotonic()
+    start = _fwd0_written(rig)
+    while _fwd0_written(rig) < start + (1 << 20) and time.monotonic() < t0 + 30:
+        time.sleep(0.2)
+    _in(rig, "fwd0", "ip", "link", "set", "eth0", "down")
+    print(f"  fwd-link-cut: fwd0 served the job's writes {time.monotonic() - t0:.1f} s after the injection: link down")
+
+
+def _heal_fwd0_link(rig: Rig) -> None:
+    """fwd0's link up; logs the requests each compute node's mount failed over and replayed so far
+    (``pharos_mount_failovers`` and ``pharos_mount_replays`` of its ``/metrics``)."""
+    _in(rig, "fwd0", "ip", "link", "set", "eth0", "up")
+    token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
+    got = {}
+    for n in rig.compute:
+        with contextlib.suppress(Exception):
+            url = f"http://{n.addr}:{MOUNT_ADMIN_PORT}/metrics"
+            text = rig.client("server").get(url, headers={"Authorization": f"Bearer {token}"}).text
+            got[n.name] = {
+                m.group(1): int(m.group(2))
+                for m in re.finditer(r"^pharos_mount_(failovers|replays)_total (\d+)", text, re.M)
+            }
+    print(f"  fwd-link-cut: the mounts' failovers and replays so far: {got}")
 
 
 def _signal(rig: Rig, name: str, sig: int) -> None:
@@ -116,9 +165,9 @@ FAULTS = [
         "fwd-link-cut",
         "fwd0",
         20,
-        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "down"),
-        lambda r: _in(r, "fwd0", "ip", "link", "set", "eth0", "up"),
-        "fwd0's link down",
+        _cut_fwd0_link_mid_writes,
+        _heal_fwd0_link,
+        "fwd0's link down, the mounts fail over",
     ),
     Fault(
         "broker-kill+partition",

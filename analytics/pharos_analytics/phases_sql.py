@@ -5,12 +5,13 @@ busy metadata seconds, and the Darshan counters of jobs without traced requests.
 
 from __future__ import annotations
 
+from .replays_sql import counted_once
 from .summary_sql import DATA_OPS, FILE_KEY, META_OPS, NON_FILE_TYPES, READ_OPS, fan_in_columns, sql_list
 
 #: The requests phases are made of: data ops on data files and metadata ops outside system
-#: paths, of one job and layer (see :mod:`pharos_analytics.phases`).
+#: paths, of one job and layer (see :mod:`pharos_analytics.phases`); a replayed request once.
 _PHASE_REQUESTS = f"""FROM io_requests
-    WHERE job_id = {{job_id:String}} AND layer = {{layer:String}}
+    WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {counted_once("job_id = {job_id:String}")}
       AND NOT match(path, {{system_re:String}})
       AND ((file_type = 'regular' AND op IN {sql_list(DATA_OPS)})
            OR (op IN {sql_list(META_OPS)} AND file_type NOT IN {sql_list(NON_FILE_TYPES)}))"""

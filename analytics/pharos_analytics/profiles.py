@@ -9,7 +9,8 @@ requests and mean request size (bytes), metadata ops and their rate (ops/s over 
 ranks that did I/O, forwarding nodes and targets used (forwarder-layer rows of the job,
 whatever layer the rest comes from), and the Beacon I/O pattern (NSDI'19 §4, volume dominance over
 reads and writes, :func:`pharos_analytics.summary.fan_in_patterns`). Per (name, user): mean, population std, n,
-min and max of every number, and the pattern counts.
+min and max of every number, and the pattern counts. A request a mount replayed on another
+forwarding node counts once (:mod:`pharos_analytics.replays_sql`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pharos_core.store import Store, ns_to_datetime64
 
 from .pattern import SYSTEM_PATH_REGEX
+from .replays_sql import counted_once
 from .summary import fan_in_patterns
 from .summary_sql import DATA_OPS, FAN_IN_SELECT, META_OPS, NON_FILE_TYPES, READ_OPS, WRITE_OPS, sql_list
 
@@ -47,7 +49,7 @@ SELECT job_id, layer,
        uniqExactIf(forwarding_node, forwarding_node != '')         AS forwarding_nodes,
        uniqExactIf(target, target != '')                           AS targets
 FROM io_requests
-WHERE __WHERE__
+WHERE __WHERE__ AND __ONCE__
 GROUP BY job_id, layer
 """
 
@@ -143,7 +145,10 @@ def job_metrics(store: Store, job_ids: list[str] | None = None, since_ns: int | 
     if since_ns is not None:
         where.append("start >= {since:DateTime64(9)}")
         p["since"] = ns_to_datetime64(since_ns)
-    rows = store.query(JOB_METRICS_SQL.replace("__WHERE__", " AND ".join(where)), p)
+    jobs_where = " AND ".join(where)
+    rows = store.query(
+        JOB_METRICS_SQL.replace("__WHERE__", jobs_where).replace("__ONCE__", counted_once(jobs_where)), p
+    )
     names = {r["job_id"]: r for r in store.query(JOB_NAMES_SQL.replace("__WHERE__", " AND ".join(ev_where)), p)}
     by_job: dict[str, dict[str, dict]] = {}
     for r in rows:

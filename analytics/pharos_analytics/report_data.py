@@ -12,7 +12,8 @@ the job's requests (millions of records, thousands of ranks):
 
 Data requests on data files: the summary's definition (:mod:`pharos_analytics.summary`):
 ``read``/``pread``/``readv``/``write``/``pwrite``/``writev`` on regular files outside system paths
-and standard streams.
+and standard streams. A request a mount replayed on another forwarding node counts once, on the
+node of the execution kept (:mod:`pharos_analytics.replays_sql`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from dataclasses import dataclass
 from pharos_core.store import Store
 
 from .pattern import SYSTEM_PATH_REGEX
+from .replays_sql import counted_once
 from .summary_sql import DATA_OPS, READ_OPS, sql_list
+
+#: A replayed request once (:mod:`pharos_analytics.replays_sql`).
+_ONCE = counted_once("job_id = {job_id:String}")
 
 #: Time range of a job's data requests on one layer (ns since the epoch) and its ranks.
 EXTENT_SQL = f"""
@@ -30,7 +35,7 @@ SELECT toUnixTimestamp64Nano(min(start)) AS t0, toUnixTimestamp64Nano(max(end)) 
        min(rank) AS rank_min, max(rank) AS rank_max, count() AS records
 FROM io_requests
 WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND file_type = 'regular'
-  AND op IN {sql_list(DATA_OPS)} AND NOT match(path, {{system_re:String}})
+  AND op IN {sql_list(DATA_OPS)} AND NOT match(path, {{system_re:String}}) AND {_ONCE}
 """
 
 #: Bytes per (rank row, time bin, direction); a record's bytes spread over the bins it spans.
@@ -46,7 +51,7 @@ FROM (
         bytes / (b1 - b0 + 1)                                                     AS share
     FROM io_requests
     WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND file_type = 'regular'
-      AND op IN {sql_list(DATA_OPS)} AND NOT match(path, {{system_re:String}}) AND rank >= 0
+      AND op IN {sql_list(DATA_OPS)} AND NOT match(path, {{system_re:String}}) AND rank >= 0 AND {_ONCE}
 )
 GROUP BY row, b, is_read
 """
@@ -56,11 +61,13 @@ RESOURCE_SQL = f"""
 SELECT 'target' AS kind, target AS name, sum(bytes) AS bytes, sum(count) AS requests
 FROM io_requests
 WHERE job_id = {{job_id:String}} AND layer = 'forwarder' AND target != '' AND op IN {sql_list(DATA_OPS)}
+  AND {_ONCE}
 GROUP BY name
 UNION ALL
 SELECT 'forwarding_node' AS kind, forwarding_node AS name, sum(bytes) AS bytes, sum(count) AS requests
 FROM io_requests
 WHERE job_id = {{job_id:String}} AND layer = 'forwarder' AND forwarding_node != '' AND op IN {sql_list(DATA_OPS)}
+  AND {_ONCE}
 GROUP BY name
 """
 

@@ -49,6 +49,7 @@ from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 from .pattern import SYSTEM_PATH_REGEX, is_system_path
+from .replays_sql import counted_once
 
 ResourceType = Literal["ost", "target", "forwarding_node", "compute_node"]
 ANOMALY_KIND = "straggler_resource"
@@ -100,8 +101,9 @@ INNER JOIN (SELECT any(path) AS path, toUInt64(anyIf(value, counter = 'LUSTRE_CO
 WHERE r.job_id = {job_id:String} AND r.layer = 'client' AND r.op IN ('read', 'write') AND r.bytes > 0
 GROUP BY path, rank, blk
 """
-#: Per file of a live job on the forwarder layer: bytes, service time, ranks, resources.
-TRACE_FILES_SQL = """
+#: Per file of a live job on the forwarder layer: bytes, service time, ranks, resources (a request
+#: a mount replayed on another forwarding node once: :mod:`pharos_analytics.replays_sql`).
+TRACE_FILES_SQL = f"""
 SELECT job_id, path,
        sum(bytes) AS bytes, sum(duration_ns) AS time_ns,
        groupUniqArray(rank) AS ranks,
@@ -110,9 +112,10 @@ SELECT job_id, path,
        groupUniqArrayIf(compute_node, compute_node != '') AS cns,
        toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(end)) AS last_ns
 FROM io_requests
-WHERE job_id IN {jobs:Array(String)} AND layer = 'forwarder'
+WHERE job_id IN {{jobs:Array(String)}} AND layer = 'forwarder'
   AND op IN ('read', 'write', 'pread', 'pwrite', 'readv', 'writev')
-  AND path != '' AND NOT match(path, {system_re:String})
+  AND path != '' AND NOT match(path, {{system_re:String}})
+  AND {counted_once("job_id IN {jobs:Array(String)}")}
 GROUP BY job_id, path
 """
 

@@ -29,6 +29,12 @@ Definitions used throughout (one layer at a time, ``client`` by default):
   ``records`` counts rows, ``requests`` sums ``count``; ``data_records``/``data_requests``
   do the same for data ops on data files, so their ratio is the merge ratio of the job's
   data I/O (metadata ops are never merged).
+* A replayed request counts once (forwarder layer): a FUSE mount that fails over replays an
+  idempotent request on another forwarding node, and when the first node had executed it both
+  daemons recorded it. Every figure counts a replay record only when no other record of its
+  ``(compute_node, request_id)`` exists (:mod:`pharos_analytics.replays_sql`): the original's
+  forwarding node is the one in ``forwarding_nodes``. ``replayed_requests`` counts the replay
+  records' requests, ``duplicate_requests`` those of them left out.
 
 Darshan jobs (``source`` ``"darshan-counters"`` or ``"darshan-counters+dxt"``): on the
 ``client`` layer, a job with rows in ``darshan_counters`` (of completely imported logs) takes its
@@ -102,6 +108,7 @@ from .summary_sql import (
     JOB_FILES_SQL,
     JOB_NODES_SQL,
     JOB_OPS_SQL,
+    JOB_REPLAYS_SQL,
     JOB_SIZE_HISTOGRAM_SQL,
     JOBS_COUNT_SQL,
     JOBS_PAGE_BYTES_SQL,
@@ -458,6 +465,11 @@ def job_summary(
         compute_nodes=[r["node"] for r in nodes],
         forwarding_nodes={r["node"]: list(r["forwarding_nodes"]) for r in nodes if len(r["forwarding_nodes"])},
     )
+    if layer != "client":
+        rp = store.query(JOB_REPLAYS_SQL, {"job_id": job_id, "layer": layer})[0]
+        summary = replace(
+            summary, replayed_requests=int(rp["replayed"] or 0), duplicate_requests=int(rp["duplicates"] or 0)
+        )
     if coverage:
         cov = job_coverage(store, job_id, silence_s=silence_s)
         summary = replace(summary, complete=cov.complete, gaps=cov.gaps, coverage=cov)

@@ -5,6 +5,10 @@ Darshan's access-size bins, and every query of the summary and job list, built f
 constants and bound parameters only. Definitions: see :mod:`pharos_analytics.summary`.
 :func:`ns_to_datetime` reads the queries' nanosecond columns. The ground floor of the
 summary and of :mod:`pharos_analytics.coverage` (both read the job events query).
+
+Every query that sums or lists a job's records counts a replayed request once
+(:func:`pharos_analytics.replays_sql.counted_once`: a forwarder-layer replay record counts only
+when no other record of its request exists).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from .pattern import STREAM_PATHS
+from .replays_sql import RECORD_KEY, counted_once, duplicate_replays
 
 READ_OPS: tuple[str, ...] = ("read", "pread", "readv")
 WRITE_OPS: tuple[str, ...] = ("write", "pwrite", "writev")
@@ -112,6 +117,8 @@ _WRITE = f"op IN {sql_list(WRITE_OPS)}"
 _DATA = f"file_type = 'regular' AND op IN {sql_list(DATA_OPS)}"
 _DATA_FILE = f"{_DATA} AND NOT match(path, {{system_re:String}})"
 FILE_KEY = "if(path != '', path, concat('dev:', toString(dev), ':inode:', toString(inode)))"
+#: The rows of one job that count (a replayed request once).
+_ONCE = counted_once("job_id = {job_id:String}")
 _SIZE_BOUNDS = "[" + ", ".join(str(lo) for _, lo in SIZE_BINS[1:]) + "]"
 
 _JOB_EVENTS_SELECT = """
@@ -148,9 +155,20 @@ SELECT
     match(path, {system_re:String})          AS system_path,
     path IN __STREAMS__                      AS stream
 FROM io_requests
-WHERE job_id = {job_id:String} AND layer = {layer:String}
+WHERE job_id = {job_id:String} AND layer = {layer:String} AND __ONCE__
 GROUP BY op, file_type, system_path, stream
-""".replace("__STREAMS__", "(" + ", ".join(f"'{p}'" for p in STREAM_PATHS) + ")")
+""".replace("__STREAMS__", "(" + ", ".join(f"'{p}'" for p in STREAM_PATHS) + ")").replace("__ONCE__", _ONCE)
+
+#: The job's replay records on one layer (forwarder): ``replayed`` requests (sum of count) the
+#: mounts sent as replays, ``duplicates`` those of them left out because their request's
+#: original (or an earlier replay) is counted.
+JOB_REPLAYS_SQL = f"""
+SELECT
+    sum(count)                                                              AS replayed,
+    sumIf(count, {RECORD_KEY} IN ({duplicate_replays("job_id = {job_id:String}")}))   AS duplicates
+FROM io_requests
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND replay = 1
+"""
 
 #: Darshan access-size histogram of data ops: requests per (direction, bin index).
 JOB_SIZE_HISTOGRAM_SQL = f"""
@@ -159,7 +177,7 @@ SELECT
     arrayCount(b -> b <= size, {_SIZE_BOUNDS})       AS bin,
     sum(count)                                       AS requests
 FROM io_requests
-WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE}
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE} AND {_ONCE}
 GROUP BY direction, bin
 """
 
@@ -173,7 +191,7 @@ SELECT
     sumIf(count, {_WRITE})           AS writes,
     uniqExact(rank)                  AS ranks
 FROM io_requests
-WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE}
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND {_DATA_FILE} AND {_ONCE}
 GROUP BY file
 ORDER BY bytes_read + bytes_written DESC, file
 LIMIT {{limit:UInt32}}
@@ -197,7 +215,7 @@ FROM
         groupUniqArrayIf(rank, {_READ})             AS read_ranks,
         groupUniqArrayIf(rank, {_WRITE})            AS write_ranks
     FROM io_requests
-    WHERE __JOBS__ AND layer = {{layer:String}} AND {_DATA_FILE}
+    WHERE __JOBS__ AND layer = {{layer:String}} AND {_DATA_FILE} AND {counted_once("__JOBS__")}
     GROUP BY job_id, file
 )
 GROUP BY job_id
@@ -206,12 +224,13 @@ JOB_FAN_IN_SQL = FAN_IN_SELECT.replace("__JOBS__", "job_id = {job_id:String}")
 
 #: The compute nodes one job's requests came from on one layer: the agents' host on the client
 #: layer (a Darshan log's DXT hostnames too), the FUSE clients' compute node on the others.
-#: With them, the forwarding nodes that served each (none on the client layer).
-JOB_NODES_SQL = """
+#: With them, the forwarding nodes that served each (none on the client layer; of a replayed
+#: request, the node of the execution that counts).
+JOB_NODES_SQL = f"""
 SELECT if(layer = 'client', toString(host), toString(compute_node)) AS node,
        arraySort(groupUniqArrayIf(toString(forwarding_node), forwarding_node != '')) AS forwarding_nodes
 FROM io_requests
-WHERE job_id = {job_id:String} AND layer = {layer:String} AND node != ''
+WHERE job_id = {{job_id:String}} AND layer = {{layer:String}} AND node != '' AND {_ONCE}
 GROUP BY node
 ORDER BY node
 """
@@ -448,7 +467,7 @@ SELECT
     sumIf(bytes, {_READ})   AS bytes_read,
     sumIf(bytes, {_WRITE})  AS bytes_written
 FROM io_requests
-WHERE {_PAGE_IDS} AND layer = {{layer:String}} AND {_DATA_FILE}
+WHERE {_PAGE_IDS} AND layer = {{layer:String}} AND {_DATA_FILE} AND {counted_once(_PAGE_IDS)}
 GROUP BY job_id
 """
 

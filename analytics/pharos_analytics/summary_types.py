@@ -103,6 +103,10 @@ class JobSummary:
     agents' host on the client layer, the FUSE clients' compute node on the others);
     ``forwarding_nodes`` maps each of them to the forwarding nodes that served its requests
     (forwarder and storage layers; DFRA maps compute nodes to forwarding nodes).
+    A request a FUSE mount replayed on another forwarding node counts once in every figure (the
+    original's node in ``forwarding_nodes``): ``replayed_requests`` are the requests the mounts
+    sent as replays, ``duplicate_requests`` those of them left out because another record of the
+    same request counts (both 0 on the client layer; see :mod:`pharos_analytics.summary`).
     ``complete`` is false when an agent on one of the job's hosts was silent (dead, hung, cut
     off from Kafka) during the job: ``gaps`` says where and when, the figures are a lower
     bound; ``coverage`` how it was checked (:mod:`pharos_analytics.coverage`). Both are about
@@ -151,6 +155,8 @@ class JobSummary:
     compute_nodes: list[str] = field(default_factory=list)
     forwarding_nodes: dict[str, list[str]] = field(default_factory=dict)
     dxt: DxtCoverage | None = None
+    replayed_requests: int = 0
+    duplicate_requests: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow import ROLLUP_FWD_WINDOW, Anomaly, detect_failslow
 from .interference import InterferenceEvent, detect_interference
+from .replays_sql import RECORD_KEY, duplicate_replays
 
 #: The newest state of each anomaly key detected since ``since``, filtered (before the LIMIT) by
 #: kind, node, job (the slowed job or the culprit) and active ('' / -1: any).
@@ -87,7 +88,23 @@ ORDER BY target
 
 #: Per forwarding node over the window, from the per-second rollup (io_rollup_1s, migrations 009
 #: and 011; the seconds of ``(since, until]``, the last partial second left out, as fail-slow
-#: reads it): the cost grows with seconds x nodes x targets x jobs, not with records.
+#: reads it): the cost grows with seconds x nodes x targets x jobs, not with records. A request a
+#: mount replayed on another forwarding node counts once, on the node of the execution kept: the
+#: replay records of the window that repeat a counted request (few: only replay records are
+#: read, :mod:`pharos_analytics.replays_sql`) are taken off their node's and job's requests and
+#: bytes and their summed queue wait and service time (the p99 latencies keep every execution).
+_WINDOW_START = "start >= toStartOfSecond({since:DateTime64(9)}) AND start < toStartOfSecond({until:DateTime64(9)})"
+_WINDOW_REPLAY_JOBS = (
+    f"job_id IN (SELECT job_id FROM io_requests WHERE layer = 'forwarder' AND replay = 1 AND {_WINDOW_START})"
+)
+WINDOW_DUPLICATES_SQL = f"""
+SELECT forwarding_node AS node, job_id, sum(count) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS qw,
+       sum(duration_ns) AS svc
+FROM io_requests
+WHERE layer = 'forwarder' AND replay = 1 AND {_WINDOW_START}
+  AND {RECORD_KEY} IN ({duplicate_replays(_WINDOW_REPLAY_JOBS)})
+GROUP BY node, job_id
+"""
 FORWARDERS_SQL = f"""
 SELECT node, sum(n) AS requests, sum(b) AS bytes,
        sum(b) / {{window_s:Float64}} AS bandwidth_b_s,
@@ -97,13 +114,22 @@ SELECT node, sum(n) AS requests, sum(b) AS bytes,
        arraySlice(arraySort(x -> -x.2, groupArray((job_id, b))), 1, 20) AS _jobs
 FROM
 (
-    SELECT forwarding_node AS node, job_id, sum(ops) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS qw,
-           sum(service_ns) AS svc, quantilesBFloat16MergeState(0.5, 0.99)(queue_wait_quantiles) AS qwq,
-           quantilesBFloat16MergeState(0.5, 0.99)(service_quantiles) AS svcq, groupUniqArray(target) AS tgts,
-           groupUniqArrayArray(compute_nodes) AS cns
-    FROM io_rollup_1s
-    WHERE {ROLLUP_FWD_WINDOW}
-    GROUP BY node, job_id
+    SELECT r.node AS node, r.job_id AS job_id, toUInt64(greatest(toInt64(r.n) - toInt64(d.n), 0)) AS n,
+           toUInt64(greatest(toInt64(r.b) - toInt64(d.b), 0)) AS b,
+           toUInt64(greatest(toInt64(r.qw) - toInt64(d.qw), 0)) AS qw,
+           toUInt64(greatest(toInt64(r.svc) - toInt64(d.svc), 0)) AS svc, r.qwq AS qwq,
+           r.svcq AS svcq, r.tgts AS tgts, r.cns AS cns
+    FROM
+    (
+        SELECT forwarding_node AS node, job_id, sum(ops) AS n, sum(bytes) AS b, sum(queue_wait_ns) AS qw,
+               sum(service_ns) AS svc, quantilesBFloat16MergeState(0.5, 0.99)(queue_wait_quantiles) AS qwq,
+               quantilesBFloat16MergeState(0.5, 0.99)(service_quantiles) AS svcq, groupUniqArray(target) AS tgts,
+               groupUniqArrayArray(compute_nodes) AS cns
+        FROM io_rollup_1s
+        WHERE {ROLLUP_FWD_WINDOW}
+        GROUP BY node, job_id
+    ) AS r
+    LEFT JOIN ({WINDOW_DUPLICATES_SQL}) AS d ON r.node = d.node AND r.job_id = d.job_id
 )
 GROUP BY node
 ORDER BY node

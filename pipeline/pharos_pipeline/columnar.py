@@ -67,6 +67,8 @@ RECORD_FIELDS = (
     ("target", "String"),
     ("object_id", "UInt64"),
     ("queue_wait_ns", "UInt64"),
+    ("request_id", "UInt64"),
+    ("replay", "UInt8"),
 )
 STRUCTURE = "producer_id String, seq UInt64, host String, records Nested({})".format(
     ", ".join(f"{n} {t}" for n, t in RECORD_FIELDS)
@@ -113,6 +115,8 @@ COLUMNS = {
     "target": "r.target",
     "object_id": "r.object_id",
     "queue_wait_ns": "r.queue_wait_ns",
+    "request_id": "r.request_id",
+    "replay": "r.replay",
     "producer_id": "producer_id",
     "seq": "seq",
     "record_index": "toUInt32(i - 1)",

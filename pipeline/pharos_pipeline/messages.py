@@ -173,6 +173,8 @@ def record_rows(batch: IoBatch) -> list[dict[str, Any]]:
                 "target": r.target,
                 "object_id": r.object_id,
                 "queue_wait_ns": r.queue_wait_ns,
+                "request_id": r.request_id,
+                "replay": int(r.replay),
                 "producer_id": pid,
                 "seq": seq,
                 "record_index": i,

@@ -74,6 +74,8 @@ def vectors():
         object_id=77,
         queue_wait_ns=10_000,
         fd=-1,
+        request_id=(1 << 62) + 5,
+        replay=True,
     )
     yield (
         "batch_basic",

@@ -379,10 +379,10 @@ def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout:
     return job
 
 
-# --- raw protocol frames (v5: bincode 1 header, fixint, little endian, then a raw data
+# --- raw protocol frames (v6: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 5
+VERSION = 6
 
 
 def _s(x: str) -> bytes:
@@ -390,11 +390,13 @@ def _s(x: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def request(req_id: int, op_variant: int, fields: bytes = b"", job: str = "", uid: int = 0, gid: int = 0) -> bytes:
+def request(
+    req_id: int, op_variant: int, fields: bytes = b"", job: str = "", uid: int = 0, gid: int = 0, replay: bool = False
+) -> bytes:
     """A `Request` header: id, Ctx (job, rank, pid, uid, gid, compute node, no supplementary
-    groups), then `Op` variant index and its fields."""
+    groups), then `Op` variant index and its fields, then the replay flag (v6, one byte)."""
     ctx = _s(job) + struct.pack("<iIII", -1, 0, uid, gid) + _s("test") + struct.pack("<Q", 0)
-    return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields
+    return struct.pack("<Q", req_id) + ctx + struct.pack("<I", op_variant) + fields + bytes([replay])
 
 
 def frame(header: bytes, data: bytes = b"", version: int = VERSION, header_len: int | None = None) -> bytes:

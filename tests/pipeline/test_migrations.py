@@ -27,6 +27,7 @@ MIGRATIONS = {
             for c in ("data_bytes_read", "data_bytes_written", "data_reads", "data_writes", "meta_ops")
         }
     },
+    "012_request_replays.sql": {"columns": {("io_requests", "request_id"), ("io_requests", "replay")}},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -62,6 +63,10 @@ def test_migrate_twice_applies_nothing_the_second_time(pipeline_settings):
             "SELECT type FROM system.data_skipping_indices WHERE table = 'io_batches' AND name = 'idx_created'"
         )
         assert [r["type"] for r in idx] == ["minmax"]  # 010: liveness read by time
+        idx = store.query(
+            "SELECT type FROM system.data_skipping_indices WHERE table = 'io_requests' AND name = 'idx_replay'"
+        )
+        assert [r["type"] for r in idx] == ["minmax"]  # 012: the rare replay records found cheaply
     finally:
         store.close()
     # a new process-level open of the same directory sees the recorded versions

@@ -113,6 +113,16 @@ class JobSummaryOut(OutModel):
         description="Compute node -> the forwarding nodes that served its requests (forwarder layer; empty on "
         "the client layer): the job's DFRA mapping as it ran.",
     )
+    replayed_requests: int = Field(
+        0,
+        description="Requests the FUSE mounts replayed on another forwarding node after a node failed during them "
+        "(forwarder layer; 0 on the client layer). Every figure counts each request once.",
+    )
+    duplicate_requests: int = Field(
+        0,
+        description="Replayed requests left out of every figure because their original execution (or an "
+        "earlier replay) is counted: what a node that failed after executing them would have added twice.",
+    )
     pattern: Pattern = Field(
         description="Beacon I/O pattern (NSDI'19 §4) decided by volume dominance over reads and writes "
         "(pharos_analytics.pattern.decide_pattern): the one every view of the job reports."

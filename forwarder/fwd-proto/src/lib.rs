@@ -1,6 +1,6 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame (version 5) is
+//! A connection carries frames in both directions. A frame (version 6) is
 //!
 //! ```text
 //! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
@@ -37,7 +37,9 @@
 //! write by a caller without `CAP_FSETID`; 5 = authentication (issue 14, item 3): the
 //! handshake ([`Op::Auth`], [`Body::Challenge`], [`Body::Authed`]) and capabilities
 //! ([`Cap`] in [`Body::Opened`], and instead of the layout and open handle in Read, Write,
-//! Fsync, Release, KillSuidgid and in a Setattr through an open file).
+//! Fsync, Release, KillSuidgid and in a Setattr through an open file); 6 = replays counted
+//! once (issue 25, item 5): [`Request::replay`], set by the mount on a try that replays a
+//! request another node may have executed (the request keeps its id on every try).
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.

@@ -152,12 +152,20 @@ impl Op {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Request {
     /// Chosen by the client, echoed in the reply. 0 is reserved for replies to frames the
-    /// daemon could not decode.
+    /// daemon could not decode. A mount gives each request its own id, unique per mount
+    /// instance (it starts from a random value), and keeps it on every try of a failover, so
+    /// `(ctx.compute_node, id)` names one client request on every daemon that executed it
+    /// (the daemons' records carry it as `IoRecord.request_id`).
     pub id: u64,
     /// Who asked.
     pub ctx: Ctx,
     /// What.
     pub op: Op,
+    /// v6: this try replays a request an earlier try sent to another forwarding node, which
+    /// may have executed it (the node failed before its reply arrived: [`Op::idempotent`]).
+    /// The daemon copies it into its record (`IoRecord.replay`) so that the pipeline counts
+    /// the request once. False on a first try and on a try after nodes that never got it.
+    pub replay: bool,
 }
 
 impl Payload for Request {

@@ -14,6 +14,13 @@
 //! it was never sent, otherwise only when [`Op::idempotent`] (reads, writes at explicit
 //! offsets, attribute ops, creates with their token); else the caller gets EIO.
 //!
+//! Counting a replayed request once (issue 25, item 5): a request keeps its id on every try,
+//! and ids are unique per mount instance (they start from a random value, so a restarted
+//! mount does not reuse its predecessor's), so `(compute_node, id)` names the client request
+//! on every daemon. A try that follows a try that was sent (the failed node may have
+//! executed it) carries [`Request::replay`]; the daemons copy both into their records, and
+//! the pipeline counts a replay record only when no other record of the request exists.
+//!
 //! Authentication: a new connection runs the handshake of [`pharos_fwd_proto::auth`] with the
 //! site key before its first request (the daemon's challenge, this mount's proof, the daemon's
 //! proof, checked here too); a node that fails it counts as failed (nothing was sent).
@@ -165,6 +172,7 @@ pub struct Rpc {
     pub timeout: Duration,
     /// This compute node's name (in every request's context).
     pub compute_node: String,
+    /// The next request id: starts at a random value in `[1, 2^63)` ([`first_request_id`]).
     next_id: AtomicU64,
     /// Requests tried on another node than their first.
     pub failovers: AtomicU64,
@@ -173,6 +181,12 @@ pub struct Rpc {
     epoch: Instant,
     /// The site key (handshake).
     key: SiteKey,
+}
+
+/// The first request id of a mount instance: random in `[1, 2^63)`, so two instances of a mount
+/// on one compute node (a restart) practically never share an id (ids rise by one per request).
+pub fn first_request_id() -> u64 {
+    (u64::from_le_bytes(auth::random_bytes()) >> 1).max(1)
 }
 
 /// One connection: reader, writer, and whether the daemon attached the mount's region.
@@ -230,7 +244,7 @@ impl Rpc {
             mapping: ArcSwap::from_pointee(Mapping::default()),
             timeout,
             compute_node,
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(first_request_id()),
             failovers: AtomicU64::new(0),
             replays: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -303,15 +317,17 @@ impl Rpc {
     /// slot) or goes to (a `Read`) shared-memory slot `slot = (slot, len)`: a read answered
     /// through the region returns `Body::ShmData`, one answered on the socket `Body::Data`.
     pub fn call_slot(&self, conns: &mut Conns, ctx: &Ctx, op: Op, slot: Option<(u32, u32)>) -> Result<Body, i32> {
-        let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op };
-        let r = self.call_req(conns, &req, slot);
+        let mut req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op, replay: false };
+        let r = self.call_req(conns, &mut req, slot);
         if let Op::Write { data, .. } = req.op {
             self.bufs.put(data);
         }
         r
     }
 
-    fn call_req(&self, conns: &mut Conns, req: &Request, slot: Option<(u32, u32)>) -> Result<Body, i32> {
+    /// Tries `req` on its candidate nodes until one answers. Once a try failed after its request
+    /// was sent, the following tries carry `req.replay` (set here).
+    fn call_req(&self, conns: &mut Conns, req: &mut Request, slot: Option<(u32, u32)>) -> Result<Body, i32> {
         let order = self.order(&req.ctx.job_id, req.ctx.rank);
         // Up nodes first, in mapping order; down ones only as a last resort.
         let mut tries: Vec<usize> = order.iter().copied().filter(|&i| !self.is_down(i)).collect();
@@ -354,6 +370,7 @@ impl Rpc {
                                 req.op.name()
                             );
                             self.replays.fetch_add(1, Relaxed);
+                            req.replay = true;
                         }
                     }
                 }
@@ -386,7 +403,7 @@ impl Rpc {
             Op::ShmAttach { pid: std::process::id(), fd: reg.raw_fd(), size: reg.len() as u64, nonce: reg.nonce() };
         let ctx = Ctx { compute_node: self.compute_node.clone(), rank: -1, ..Default::default() };
         let id = self.next_id.fetch_add(1, Relaxed);
-        proto::write_msg(w, &Request { id, ctx, op }).map_err(|e| format!("shm attach: send: {e}"))?;
+        proto::write_msg(w, &Request { id, ctx, op, replay: false }).map_err(|e| format!("shm attach: send: {e}"))?;
         match proto::read_msg::<Reply>(r).map_err(|e| format!("shm attach: {e}"))? {
             Reply { id: rid, body: Ok(Body::Ok) } if rid == id => Ok(true),
             Reply { id: rid, body: Err(e) } if rid == id || rid == 0 => {
@@ -408,7 +425,8 @@ impl Rpc {
         let ours: auth::Nonce = auth::random_bytes();
         let proof = self.key.client_proof(&theirs, &ours);
         let ctx = Ctx { compute_node: self.compute_node.clone(), rank: -1, ..Default::default() };
-        let req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx, op: Op::Auth { nonce: ours, proof } };
+        let req =
+            Request { id: self.next_id.fetch_add(1, Relaxed), ctx, op: Op::Auth { nonce: ours, proof }, replay: false };
         proto::write_msg(w, &req).map_err(|e| format!("handshake: send: {e}"))?;
         match proto::read_msg::<Reply>(r).map_err(|e| format!("handshake: {e}"))? {
             Reply { body: Ok(Body::Authed { proof }), .. } if self.key.check_server_proof(&theirs, &ours, &proof) => {
@@ -442,7 +460,7 @@ impl Rpc {
                     }
                     other => other.clone(),
                 };
-                proto::write_msg(w, &Request { id, ctx: req.ctx.clone(), op })
+                proto::write_msg(w, &Request { id, ctx: req.ctx.clone(), op, replay: req.replay })
             }
             (Some((s, len)), Some(slots)) if matches!(req.op, Op::Write { .. }) => {
                 self.shm_fallbacks.fetch_add(1, Relaxed);
@@ -560,6 +578,68 @@ mod tests {
         assert_eq!((s.free_count(), s.tainted_count()), (1, 1));
         assert_eq!(s.get(1), Some(a));
         assert_eq!(s.get(1), None);
+    }
+
+    /// A node's side of one connection: the handshake with `key`, then every request it reads
+    /// goes to `seen`; it answers `Ok` only when `answer`, else keeps the connection silent.
+    fn node(key: SiteKey, answer: bool, seen: std::sync::mpsc::Sender<Request>) -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let mut w = s.unwrap();
+                let mut r = BufReader::new(w.try_clone().unwrap());
+                let theirs: auth::Nonce = auth::random_bytes();
+                proto::write_msg(&mut w, &Reply { id: 0, body: Ok(Body::Challenge { nonce: theirs }) }).unwrap();
+                let Request { id, op: Op::Auth { nonce, .. }, .. } = proto::read_msg::<Request>(&mut r).unwrap() else {
+                    panic!("no handshake")
+                };
+                let proof = key.server_proof(&theirs, &nonce);
+                proto::write_msg(&mut w, &Reply { id, body: Ok(Body::Authed { proof }) }).unwrap();
+                while let Ok(req) = proto::read_msg::<Request>(&mut r) {
+                    let id = req.id;
+                    seen.send(req).unwrap();
+                    if answer {
+                        proto::write_msg(&mut w, &Reply { id, body: Ok(Body::Ok) }).unwrap();
+                    }
+                }
+            }
+        });
+        addr
+    }
+
+    /// Issue 25, item 5: a request that timed out on its node after being sent is replayed on
+    /// the next node with the same id and `replay` set; the next request is a first try again.
+    #[test]
+    fn a_replayed_try_keeps_the_id_and_carries_the_replay_flag() {
+        let key = SiteKey::new(&[7; 32]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let silent = node(key.clone(), false, tx.clone());
+        let answering = node(key.clone(), true, tx);
+        let nodes = vec![("fwd0".to_string(), silent), ("fwd1".to_string(), answering)];
+        let r = Rpc::new(nodes, &[], 0, Duration::from_millis(300), "cn0".into(), key).unwrap();
+        let mut conns = Conns::default();
+        let ctx = Ctx { compute_node: "cn0".into(), job_id: "j".into(), ..Default::default() };
+        assert_eq!(r.call(&mut conns, &ctx, Op::Getattr { path: "f".into() }), Ok(Body::Ok));
+        let (first, second) = (rx.recv().unwrap(), rx.recv().unwrap());
+        assert_eq!((first.id, first.replay), (second.id, false));
+        assert!(second.replay, "the try on fwd1 replays the one fwd0 may have executed");
+        assert_eq!((r.replays.load(Relaxed), r.failovers.load(Relaxed)), (1, 1));
+        // fwd0 is down now: the next request goes to fwd1 first, as an original.
+        assert_eq!(r.call(&mut conns, &ctx, Op::Getattr { path: "g".into() }), Ok(Body::Ok));
+        let third = rx.recv().unwrap();
+        assert!(third.id > second.id && !third.replay, "{third:?}"); // (handshakes take ids too)
+    }
+
+    /// Request ids start at a random value per mount instance (a restarted mount does not reuse them).
+    #[test]
+    fn request_ids_start_at_random() {
+        let ids: Vec<u64> = (0..8).map(|_| first_request_id()).collect();
+        assert!(ids.iter().all(|&i| (1..1 << 63).contains(&i)));
+        let mut u = ids.clone();
+        u.sort();
+        u.dedup();
+        assert_eq!(u.len(), ids.len());
     }
 
     #[test]

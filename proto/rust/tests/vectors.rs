@@ -81,6 +81,9 @@ fn batch_basic() {
     assert_eq!(r.file_type(), pharos_wire::FileType::Regular);
     assert_eq!((r.dev, r.offset, r.count, r.rank, r.fd), (0x800001, 1 << 32, 256, 3, 7));
     assert_eq!(b.records[1].result, -2);
+    // The forwarder record's request identity (v1 fields 26, 27).
+    assert_eq!((b.records[2].request_id, b.records[2].replay), ((1 << 62) + 5, true));
+    assert_eq!((r.request_id, r.replay), (0, false));
     assert_eq!(b.drops[0].ringbuf_drops, 5);
 }
 

@@ -18,6 +18,7 @@ fn req(op: Op) -> Request {
             groups: vec![5, 6],
         },
         op,
+        replay: false,
     }
 }
 
@@ -75,6 +76,12 @@ fn roundtrip_every_op_kind() {
         let frame = encode(&r);
         let back: Request = read_msg(&mut Cursor::new(frame)).unwrap();
         assert_eq!(back, r);
+        // v6: the replay flag is the header's last byte, and survives the trip.
+        let r = Request { replay: true, ..r };
+        let frame = encode(&r);
+        let hl = u32::from_le_bytes(frame[5..9].try_into().unwrap()) as usize;
+        assert_eq!(frame[9 + hl - 1], 1);
+        assert_eq!(read_msg::<Request>(&mut Cursor::new(frame)).unwrap(), r);
     }
     let attr = Attr {
         ino: 5,

@@ -212,6 +212,9 @@ impl Server {
             target,
             object_id: info.oid,
             queue_wait_ns: queue_wait.as_nanos() as u64,
+            // The mount's request id and replay flag: the pipeline counts a replayed request once.
+            request_id: w.req.id,
+            replay: w.req.replay,
         }
     }
 

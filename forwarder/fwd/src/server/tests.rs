@@ -110,12 +110,12 @@ fn shared_memory_requests_are_bounded_and_checked() {
     // The bytes: written from the slot, read back into the other one.
     unsafe { region.slice_mut(head + (1 << 20), 5).unwrap().copy_from_slice(b"hello") };
     let r = s.conn_region(&conn);
-    let mut w = Request { id: 1, ctx: Default::default(), op };
+    let mut w = Request { id: 1, ctx: Default::default(), op, replay: false };
     let mut info = IoInfo::default();
     assert_eq!(s.execute(&mut w, &mut info, Some((r, head + (1 << 20), 5))).unwrap(), Body::Written(5));
     let mut op = Op::ReadShm { path: "f".into(), cap: cap.clone(), offset: 1, size: 100, slot: head };
     assert_eq!(s.unwrap_shm(&conn, &mut op).unwrap(), Some((head, 100)));
-    let mut rd = Request { id: 2, ctx: Default::default(), op };
+    let mut rd = Request { id: 2, ctx: Default::default(), op, replay: false };
     assert_eq!(s.execute(&mut rd, &mut info, Some((r, head, 100))).unwrap(), Body::ShmData { len: 4 });
     assert_eq!(unsafe { region.slice(head, 4).unwrap() }, b"ello");
     // A forged capability is still refused after the conversion.
