@@ -3,6 +3,8 @@ findings, interference and control actions, from its raw records (io_requests)."
 
 from __future__ import annotations
 
+from pharos_analytics.replays_sql import counted_once
+
 from ..grafana import Board, job_link, query_variable, unit_override
 from .common import (
     DIRECTION,
@@ -32,7 +34,10 @@ def job() -> Board:
     )
     b.time_from = "now-24h"
     rank_f = all_of("toString(rank) IN (${rank})", "rank")
-    where = f"{JOB} AND $__timeFilter(start) AND {LAYER_F}"
+    # a request a mount replayed on another forwarding node after the first had executed it counts
+    # once (pharos_analytics.replays_sql), as in `pharos job`; the forwarding nodes' own panel below
+    # keeps every execution: the work each node did
+    where = f"{JOB} AND $__timeFilter(start) AND {LAYER_F} AND {counted_once(JOB)}"
     b.variables = [
         query_variable(
             "job",

@@ -20,7 +20,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use pharos_fwd_proto::Op;
 use pharos_wire::v1::{TargetMetrics, TargetMetricsBatch};
 use prost::Message;
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use serde::Serialize;
@@ -249,13 +248,7 @@ impl MetricsShipper {
         let c = Arc::new(ShipCounters::default());
         let producer = match brokers {
             Some(b) => Some(
-                ClientConfig::new()
-                    .set("bootstrap.servers", b)
-                    .set("compression.type", "zstd")
-                    .set("enable.idempotence", "true")
-                    .set("acks", "all")
-                    .set("linger.ms", "5")
-                    .set("client.id", producer_id)
+                pharos_wire::sink::producer_config(b, "zstd", producer_id)
                     .create_with_context(Ctx { c: c.clone() })
                     .map_err(|e| format!("kafka producer for target metrics: {e}"))?,
             ),

@@ -179,6 +179,8 @@ impl Collector for MountCollector {
         counter(&mut e, "pharos_mount_failovers", help, num(&st, "failovers"))?;
         let help = "Idempotent requests replayed after a node failed during them";
         counter(&mut e, "pharos_mount_replays", help, num(&st, "replays"))?;
+        let help = "Pooled connections found closed by their daemon (a restart) and replaced before a request";
+        counter(&mut e, "pharos_mount_stale_connections", help, num(&st, "stale_connections"))?;
         let shm = &st["shm"];
         let help = "Data requests sent through the shared-memory region (WriteShm/ReadShm)";
         counter(&mut e, "pharos_mount_shm_requests", help, num(shm, "requests"))?;

@@ -178,6 +178,8 @@ pub struct Rpc {
     pub failovers: AtomicU64,
     /// Idempotent requests replayed after a node failed during them.
     pub replays: AtomicU64,
+    /// Pooled connections found closed by their daemon before a request (replaced by a new one).
+    pub stale_connections: AtomicU64,
     epoch: Instant,
     /// The site key (handshake).
     key: SiteKey,
@@ -247,6 +249,7 @@ impl Rpc {
             next_id: AtomicU64::new(first_request_id()),
             failovers: AtomicU64::new(0),
             replays: AtomicU64::new(0),
+            stale_connections: AtomicU64::new(0),
             epoch: Instant::now(),
             key,
         })
@@ -442,6 +445,12 @@ impl Rpc {
 
     fn once(&self, conns: &mut Conns, i: usize, req: &Request, slot: Option<(u32, u32)>) -> Result<Reply, Fail> {
         let id = req.id;
+        if conns.m.get(&i).is_some_and(|c| !reusable(c)) {
+            // The daemon closed it (a restart, an idle timeout): a new connection, before anything
+            // is sent, so that the request is a first try on this node whatever its op.
+            conns.m.remove(&i);
+            self.stale_connections.fetch_add(1, Relaxed);
+        }
         if let std::collections::hash_map::Entry::Vacant(e) = conns.m.entry(i) {
             e.insert(self.connect(i).map_err(Fail::NotSent)?);
         }
@@ -505,6 +514,7 @@ impl Rpc {
             "nodes": nodes,
             "failovers": self.failovers.load(Relaxed),
             "replays": self.replays.load(Relaxed),
+            "stale_connections": self.stale_connections.load(Relaxed),
             "shm": self.shm.as_ref().map(|s| serde_json::json!({
                 "slots": (s.region.len() - region::HEADER as usize) / s.slot_size,
                 "slot_size": s.slot_size,
@@ -516,6 +526,25 @@ impl Rpc {
             })),
         })
     }
+}
+
+/// Whether a pooled connection can carry a request: nothing is waiting on it (no reply is due
+/// between requests) and the daemon has not closed it. A restarted daemon's old connections are
+/// closed: a request sent on one fails only after it was sent, and then only an idempotent one
+/// may be replayed (and only on another node). One non-blocking peek, `MSG_PEEK | MSG_DONTWAIT`:
+/// EAGAIN means open and idle.
+fn reusable(c: &Conn) -> bool {
+    use std::os::fd::AsRawFd;
+    let (r, _, _) = c;
+    if !r.buffer().is_empty() {
+        return false;
+    }
+    let mut b = 0u8;
+    // SAFETY: a one-byte buffer we own, on the connection's open socket.
+    let n = unsafe {
+        libc::recv(r.get_ref().as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
 #[cfg(test)]
@@ -583,6 +612,12 @@ mod tests {
     /// A node's side of one connection: the handshake with `key`, then every request it reads
     /// goes to `seen`; it answers `Ok` only when `answer`, else keeps the connection silent.
     fn node(key: SiteKey, answer: bool, seen: std::sync::mpsc::Sender<Request>) -> String {
+        node_closing(key, answer, seen, usize::MAX)
+    }
+
+    /// [`node`] that closes each connection after answering `per_conn` requests on it, as a
+    /// restarted daemon's old connections are closed.
+    fn node_closing(key: SiteKey, answer: bool, seen: std::sync::mpsc::Sender<Request>, per_conn: usize) -> String {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
@@ -596,11 +631,16 @@ mod tests {
                 };
                 let proof = key.server_proof(&theirs, &nonce);
                 proto::write_msg(&mut w, &Reply { id, body: Ok(Body::Authed { proof }) }).unwrap();
+                let mut served = 0;
                 while let Ok(req) = proto::read_msg::<Request>(&mut r) {
                     let id = req.id;
                     seen.send(req).unwrap();
                     if answer {
                         proto::write_msg(&mut w, &Reply { id, body: Ok(Body::Ok) }).unwrap();
+                    }
+                    served += 1;
+                    if served == per_conn {
+                        break; // r and w dropped: the connection closed
                     }
                 }
             }
@@ -629,6 +669,27 @@ mod tests {
         assert_eq!(r.call(&mut conns, &ctx, Op::Getattr { path: "g".into() }), Ok(Body::Ok));
         let third = rx.recv().unwrap();
         assert!(third.id > second.id && !third.replay, "{third:?}"); // (handshakes take ids too)
+    }
+
+    /// A node whose daemon restarted closed the mount's pooled connections: the next request,
+    /// even a non-idempotent one that could never be replayed, goes out on a new connection
+    /// (before, it was sent on the closed one and failed with EIO: 15 of 32 opens after a restart).
+    #[test]
+    fn a_connection_the_daemon_closed_is_replaced_before_sending() {
+        let key = SiteKey::new(&[9; 32]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let addr = node_closing(key.clone(), true, tx, 1);
+        let r = Rpc::new(vec![("fwd0".to_string(), addr)], &[], 0, Duration::from_secs(2), "cn0".into(), key).unwrap();
+        let mut conns = Conns::default();
+        let ctx = Ctx { compute_node: "cn0".into(), job_id: "j".into(), ..Default::default() };
+        let mkdir = |p: &str| Op::Mkdir { path: p.into(), mode: 0o755 };
+        assert!(!mkdir("a").idempotent(), "the case that matters: no replay possible");
+        assert_eq!(r.call(&mut conns, &ctx, mkdir("a")), Ok(Body::Ok));
+        rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(100)); // the daemon's close reaches the mount
+        assert_eq!(r.call(&mut conns, &ctx, mkdir("b")), Ok(Body::Ok));
+        assert_eq!(rx.recv().unwrap().op.name(), "mkdir");
+        assert_eq!((r.stale_connections.load(Relaxed), r.replays.load(Relaxed)), (1, 0));
     }
 
     /// Request ids start at a random value per mount instance (a restarted mount does not reuse them).

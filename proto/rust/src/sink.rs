@@ -213,6 +213,26 @@ pub struct Sink {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The producer settings every Pharos Rust producer shares (this sink, the forwarding daemon's
+/// target metrics): idempotent, `acks=all`, `compression` (e.g. zstd), 5 ms linger, `client_id`.
+///
+/// A producer started before its topic exists (agents and daemons may start before the brokers,
+/// and before `pharos serve` has created the topics) keeps its messages until the topic appears,
+/// as long as librdkafka keeps any message (`message.timeout.ms`, 5 min), instead of failing them
+/// after librdkafka's default 30 s (`topic.metadata.propagation.max.ms`; measured on the cluster
+/// rig: 126 batches lost at a start-up).
+pub fn producer_config(brokers: &str, compression: &str, client_id: &str) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", brokers)
+        .set("compression.type", compression)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("topic.metadata.propagation.max.ms", "300000")
+        .set("client.id", client_id);
+    cc
+}
+
 fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
@@ -223,20 +243,8 @@ impl Sink {
     /// librdkafka keeps retrying; undelivered batches end as delivery failures).
     pub fn new(cfg: SinkConfig) -> Result<Sink, SinkError> {
         let shared: SharedRef = Arc::default();
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &cfg.brokers)
-            .set("compression.type", &cfg.compression)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            // A producer started before its topic exists (agents and daemons may start before the
-            // brokers and `pharos serve` has created the topics) keeps its batches until the topic
-            // appears, as long as librdkafka keeps any message (message.timeout.ms, 5 min), instead
-            // of failing them after librdkafka's default 30 s (measured on the cluster rig: 126
-            // batches lost at start-up).
-            .set("topic.metadata.propagation.max.ms", "300000")
-            .set("queue.buffering.max.kbytes", cfg.kafka_buffer_kbytes.to_string())
-            .set("client.id", &cfg.producer_id);
+        let mut cc = producer_config(&cfg.brokers, &cfg.compression, &cfg.producer_id);
+        cc.set("queue.buffering.max.kbytes", cfg.kafka_buffer_kbytes.to_string());
         for (k, v) in &cfg.extra {
             cc.set(k, v);
         }
