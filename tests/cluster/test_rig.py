@@ -197,14 +197,21 @@ def test_dfra_per_compute_node(rig: Rig, writer: Path):
 
 
 def run_fio(rig: Rig, job: FioJob, timeout_s: float = 240) -> dict:
-    """Run ``job`` to its end; its forwarder-layer summary, checked against fio's bytes (verified)."""
+    """Run ``job`` to its end; its forwarder-layer summary, once both layers show fio's bytes
+    (verified): the next run's DFRA decision reads this run from the history, which must be
+    stored whole by then (the agents' records may come after the daemons')."""
     start_fio_job(rig, job)
     job.exit_code = job.proc.wait(timeout_s)
     fio, verified = fio_results(job)
     assert job.exit_code == 0 and verified, f"{job.job_id}: fio exit {job.exit_code}, {fio}: data not verified"
-    s = wait_summary(rig, job.job_id, "forwarder", fio["bytes_written"])
-    got = (s.get("bytes_written"), s.get("bytes_read"))
-    assert got == (fio["bytes_written"], fio["bytes_read"]), (job.job_id, got, fio)
+    want = (fio["bytes_written"], fio["bytes_read"])
+    for layer in ("client", "forwarder"):
+        s = wait_summary(rig, job.job_id, layer, fio["bytes_written"])
+        deadline = time.monotonic() + 60  # the verify reads' records may still be on their way
+        while (s.get("bytes_written"), s.get("bytes_read")) != want and time.monotonic() < deadline:
+            time.sleep(1)
+            s = rig.api(f"jobs/{job.job_id}", layer=layer)
+        assert (s.get("bytes_written"), s.get("bytes_read")) == want, (job.job_id, layer, s.get("bytes_read"), fio)
     return s
 
 
