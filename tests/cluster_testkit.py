@@ -164,6 +164,15 @@ class Rig:
         r.raise_for_status()
         return r.json()
 
+    def pin(self, job_id: str, nodes: list[str], reason: str) -> None:
+        """An admin's pin of ``job_id`` to ``nodes`` (``PUT /v1/control/pins/jobs/{id}``; the control
+        loop pushes it to the mounts at its next cycle). Raises RuntimeError when refused."""
+        r = self.client("server").request(
+            "PUT", f"{self.api_url}/v1/control/pins/jobs/{job_id}", json={"nodes": nodes, "reason": reason}
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"pin {job_id}: HTTP {r.status_code} {r.text}")
+
     # -- names -------------------------------------------------------------------------
     @property
     def switch(self) -> str:

@@ -171,12 +171,7 @@ def test_dfra_per_compute_node(rig: Rig, writer: Path):
     own, and the daemons' records show cn0's requests served by fwd0 only and cn1's by fwd1 only."""
     job_id = f"rig-dfra-{uuid.uuid4().hex[:6]}"
     api = rig.client("server")
-    r = api.request(
-        "PUT",
-        f"{rig.api_url}/v1/control/pins/jobs/{job_id}",
-        json={"nodes": ["fwd0", "fwd1"], "reason": "issue 25: DFRA per compute node"},
-    )
-    assert r.status_code == 200, r.text
+    rig.pin(job_id, ["fwd0", "fwd1"], "issue 25: DFRA per compute node")
     token = (rig.root / "site" / "fwd-admin.token").read_text().strip()
     admin = {"Authorization": f"Bearer {token}"}
     want = {n.name: [f"fwd{i}"] for i, n in enumerate(rig.compute)}
@@ -253,10 +248,7 @@ def test_live_remap_moves_the_jobs_compute_nodes(rig: Rig):
     start_fio_job(rig, job)
     time.sleep(3)
     t_pin = time.monotonic()
-    r = api.request(
-        "PUT", f"{rig.api_url}/v1/control/pins/jobs/{job.job_id}", json={"nodes": ["fwd1"], "reason": "issue 25: move"}
-    )
-    assert r.status_code == 200, r.text
+    rig.pin(job.job_id, ["fwd1"], "issue 25: move")
     try:
         job.exit_code = job.proc.wait(240)
     finally:

@@ -94,12 +94,7 @@ def pin_job(rig, job_id: str) -> None:
     """Pins ``job_id`` to fwd0 and fwd1 and waits until cn0's mount maps it to fwd0 and cn1's to
     fwd1 (the control loop pushes pins at its next cycle). Fails after 60 s."""
     api = rig.client("server")
-    r = api.request(
-        "PUT",
-        f"{rig.api_url}/v1/control/pins/jobs/{job_id}",
-        json={"nodes": ["fwd0", "fwd1"], "reason": "issue 25: fwd0's link cut"},
-    )
-    assert r.status_code == 200, r.text
+    rig.pin(job_id, ["fwd0", "fwd1"], "issue 25: fwd0's link cut")
     want, got = {"cn0": ["fwd0"], "cn1": ["fwd1"]}, {}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and got != want:
