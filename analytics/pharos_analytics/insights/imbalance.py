@@ -131,7 +131,9 @@ def rank_imbalance(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -
 
     (max - min) / max over the ranks that did data I/O, of bytes and of data-op time,
     above ``imbalance_size`` (share 0-1, default 0.3), with at least
-    ``imbalance_min_ranks`` ranks. Counters: non-shared records only (shared records are
+    ``imbalance_min_ranks`` ranks. Bytes: severity high (Drishti), weighed by the heaviest rank's
+    excess bytes (:func:`~.weigh.weigh`); time: warn (unequal time for equal bytes is a symptom
+    of CPU or of a slow resource, which :func:`~.targets.straggler_resource` names). Counters: non-shared records only (shared records are
     judged by :func:`stragglers`); trace: all data requests.
     """
     per: dict[int, list[float]] = {}
@@ -163,7 +165,9 @@ def rank_imbalance(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -
                 Insight(
                     f"rank_imbalance_{kind}_per_rank",
                     f"Ranks move unequal {kind}",
-                    "warn",
+                    # bytes: the application's split of the data (Drishti P21/P22: HIGH, weighed);
+                    # time with equal bytes is a symptom (CPU, a slow resource: straggler_resource)
+                    "high" if kind == "bytes" else "warn",
                     src,  # type: ignore[arg-type]
                     f"rank {hi} has {vals[hi]:.6g} {unit} of data I/O, rank {lo} {vals[lo]:.6g} {unit} "
                     f"({pct(imb)} imbalance over {len(vals)} ranks)",

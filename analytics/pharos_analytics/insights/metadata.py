@@ -54,7 +54,8 @@ def metadata_rate(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) ->
     """Metadata-heavy I/O. Source: Beacon (NSDI'19): more than ``metadata_rate_ops_s``
     (operations per second, default 1,000) metadata operations, sustained for
     ``metadata_sustained_s`` (seconds, default 3; Pharos) consecutive seconds in the trace;
-    from counters, the average rate over the run (opens, stats, fsyncs, renames / s)."""
+    from counters, the average rate over the run (opens, stats, fsyncs, renames / s). Severity
+    high, weighed by the job's metadata time (:func:`~.weigh.weigh`)."""
     prof = ph.job
     if prof is None or not prof.metadata_heavy:
         return []
@@ -64,7 +65,7 @@ def metadata_rate(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) ->
         Insight(
             "metadata_heavy",
             "Metadata-heavy I/O",
-            "warn",
+            "high",
             src,  # type: ignore[arg-type]
             f"{prof.metadata_ops} metadata operations, {prof.metadata_peak_ops_s:.0f} per second "
             f"({'peak' if src == 'trace' else 'average'}; threshold {cfg.metadata_rate_ops_s:g}/s)"
@@ -91,7 +92,9 @@ def fsync_storm(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -> l
 
     Fires when fsync + fdatasync calls reach ``fsync_absolute`` (calls, default 100) and
     exceed ``fsync_per_write_ratio`` (calls per write request, default 0.1). Counters:
-    POSIX_FSYNCS + POSIX_FDSYNCS over POSIX_WRITES; trace: fsync/fdatasync requests.
+    POSIX_FSYNCS + POSIX_FDSYNCS over POSIX_WRITES; trace: fsync/fdatasync requests. Severity
+    high: a sync per write forces every write to the storage before the next (its count is its
+    threshold).
     """
     if c.present and c.posix:
         n = sum(r.g("POSIX_FSYNCS") + r.g("POSIX_FDSYNCS") for r in c.posix)
@@ -109,7 +112,7 @@ def fsync_storm(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -> l
         Insight(
             "fsync_storm",
             "fsync storm",
-            "warn",
+            "high",
             src,  # type: ignore[arg-type]
             f"{int(n)} fsync/fdatasync calls for {int(w)} writes ({n / max(w, 1):.2f} per write)",
             {"fsyncs": int(n), "writes": int(w), "per_write": n / max(w, 1)},

@@ -91,6 +91,10 @@ def _concerns(i: Insight, tot: Totals) -> tuple[float | None, float | None, floa
         if "slowest_rank_time_s" in ev:
             return None, None, float(ev["slowest_rank_time_s"]) - float(ev["fastest_rank_time_s"]), "critical"
         return None, float(ev.get("file_bytes", 0)) or None, None, "critical"
+    if i.id == "rank_imbalance_bytes_per_rank":  # the heaviest rank's excess over the lightest
+        return None, float(ev["max"]) - float(ev["min"]), None, "sum"
+    if i.id == "metadata_heavy":  # the job's metadata time, summed over ranks
+        return None, None, max(tot.time_s - sum(v[2] for v in tot.dirs.values()), 0.0), "sum"
     if i.id == "metadata_time":
         return None, None, float(ev["worst_s"]), "critical"
     if i.id == "single_target_shared_file":
