@@ -301,7 +301,8 @@ def render_report(
     running = (client or fwd).state == "running"
     live = running and refresh_s is not None and refresh_s > 0
     out = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
+        # the icon inline: a browser asks for /favicon.ico otherwise (a request, and a 404 from the API)
+        "<!doctype html><html><head><meta charset='utf-8'><link rel='icon' href='data:,'>",
         f"<title>Pharos report: job {_h(job_id)}{' (running)' if running else ''}</title><style>{_CSS}</style>",
     ]
     if live:
