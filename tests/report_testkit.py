@@ -90,6 +90,12 @@ def heatmap_pixels(page, direction: str = "write") -> HeatmapPixels:
     from PIL import Image
 
     img = page.locator('img[alt="rank x time heat map"]')
+    # an image swapped in by the live refresh decodes after the swap
+    page.wait_for_function(
+        "() => { const i = document.querySelector('img[alt=\"rank x time heat map\"]'); "
+        "return i && i.complete && i.naturalWidth > 0; }",
+        timeout=10_000,
+    )
     img.scroll_into_view_if_needed()
     attrs = img.evaluate(
         "i => ({axes: i.dataset.axes, t0: i.dataset.t0Ns, span: i.dataset.spanS, "
