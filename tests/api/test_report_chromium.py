@@ -10,7 +10,26 @@ from __future__ import annotations
 import time
 
 from pharos_synthetic_jobs import event
-from report_testkit import chromium_page
+from report_testkit import HeatmapPixels, chromium_page, heatmap_pixels
+
+# Job "mix" (pharos_synthetic_jobs) moves bytes on its data files 1-4 s after T0 (writes) and
+# 5-6 s and 7-11 s (reads; its 6-6.5 s read failed: no bytes): seconds after its first data request
+MIX_WRITES = [(0.0, 3.0)]
+MIX_READS = [(4.0, 5.0), (6.0, 10.0)]
+
+
+def lit_where_bytes_moved(px: HeatmapPixels, busy: list[tuple[float, float]]) -> list[float]:
+    """The times (s) of pixel columns that are lit outside ``busy`` or blank inside it, away from
+    the edges by 3 time bins (240 per span) and 2 px."""
+    m = 3 * px.span_s / 240 + 2 * px.span_s / px.area_w
+    wrong = []
+    for i, on in enumerate(px.lit):
+        t = px.seconds(i)
+        inside = any(a + m < t < b - m for a, b in busy)
+        outside = all(t < a - m or t > b + m for a, b in busy)
+        if (inside and not on) or (outside and on):
+            wrong.append(round(t, 2))
+    return wrong
 
 
 def test_report_renders_offline_in_chromium(client, tmp_path):
@@ -20,6 +39,7 @@ def test_report_renders_offline_in_chromium(client, tmp_path):
         page.goto(page_file.as_uri(), wait_until="load")
         images = page.evaluate("[...document.images].map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight])")
         heading = page.inner_text("h1")
+        writes, reads = heatmap_pixels(page, "write"), heatmap_pixels(page, "read")
         shot = tmp_path / "mix.png"
         page.screenshot(path=str(shot), full_page=True)
         page.wait_for_timeout(500)  # anything the page would do after load
@@ -27,6 +47,10 @@ def test_report_renders_offline_in_chromium(client, tmp_path):
     assert len(images) >= 3 and all(ok and w > 300 and h > 100 for _, ok, w, h in images), images
     assert seen.refused == [] and seen.errors == [], (seen.refused, seen.errors)
     assert shot.stat().st_size > 50_000  # a page with plots, not a blank one
+    # the heat map's pixels: bytes where the job moved them, blank elsewhere
+    assert abs(writes.span_s - 10) < 0.1 and len(writes.lit) > 500
+    assert lit_where_bytes_moved(writes, MIX_WRITES) == [] and lit_where_bytes_moved(reads, MIX_READS) == []
+    assert lit_where_bytes_moved(writes, MIX_READS) != []  # the check tells one panel from the other
     print(f"\n[report] Chromium: {len(images)} images decoded ({[i[0] for i in images]}), no request; {shot}")
 
 
