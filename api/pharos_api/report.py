@@ -10,6 +10,16 @@ and embedded as PNG data URIs:
 * request-size histogram (Darshan's access-size bins);
 * bytes per storage target and per forwarding node (forwarder layer), and the top files.
 
+Each insight shows the seconds of I/O time it cost (``seconds_lost`` of the insight, when the
+analytics give one). The heat map's ``<img>`` carries where its plot areas lie in the image and
+which time they span (``data-axes``, ``data-t0-ns``, ``data-span-s``), so a test can read the
+rendered pixels against the job's phases.
+
+**Live.** The report of a running job (no end event yet) shows the I/O stored so far and, when
+served by the API (``http:``/``https:``), refreshes itself every ``refresh_s`` seconds: an inline
+script re-fetches the page and swaps its body in, until the page it fetched is no longer of a
+running job. Opened from a file it makes no request at all; a finished job's page has no script.
+
 Every figure is binned in the store (:mod:`pharos_analytics.report_data`), so a job with
 2,048 ranks and millions of requests renders in the time of a few aggregate queries.
 Served at ``GET /v1/jobs/{id}/report``; written by ``pharos report JOB --html FILE``.
@@ -21,7 +31,7 @@ import base64
 import html
 import io
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from matplotlib.colors import LogNorm
@@ -44,6 +54,36 @@ table{border-collapse:collapse;font-size:.9em} td,th{padding:.2em .7em;border-bo
 td.n{text-align:right;font-variant-numeric:tabular-nums} .sev{font-weight:600;text-transform:uppercase}
 .ins{margin:.6em 0;padding:.5em .8em;border-left:4px solid #ccc;background:#fafafa} .muted{color:#666}
 img{max-width:100%} .kv td:first-child{color:#555}
+.lost{font-weight:600;color:#5a3e00} .live{padding:.4em .8em;background:#e8f1fb;border-left:4px solid #1a5fb4}
+"""
+
+#: The live refresh of a running job's page (only in such a page). Served over HTTP(S) only: from a
+#: file it does nothing. Each tick fetches the same URL and swaps the body in; it stops once the
+#: fetched page has no ``pharos-refresh`` meta (the job ended). A failed fetch is said in the
+#: banner and retried at the next tick.
+_LIVE_JS = """
+(function () {
+  var meta = document.querySelector('meta[name="pharos-refresh"]');
+  if (!meta || !/^https?:$/.test(location.protocol)) return;
+  var every = 1000 * Number(meta.content);
+  function tick() {
+    fetch(location.href, {cache: "no-store", credentials: "same-origin"})
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
+      .then(function (text) {
+        var doc = new DOMParser().parseFromString(text, "text/html");
+        document.title = doc.title;
+        document.body.replaceWith(document.adoptNode(doc.body));
+        if (doc.querySelector('meta[name="pharos-refresh"]')) setTimeout(tick, every);
+        else meta.remove();
+      })
+      .catch(function (e) {
+        var s = document.getElementById("pharos-live");
+        if (s) s.textContent = "Refresh failed (" + e.message + "); retrying in " + every / 1000 + " s.";
+        setTimeout(tick, every);
+      });
+  }
+  setTimeout(tick, every);
+})();
 """
 
 
@@ -67,12 +107,35 @@ def _png(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _img(src: str, alt: str) -> str:
-    return f'<img src="{src}" alt="{_h(alt)}">'
+def _img(src: str, alt: str, **data: str) -> str:
+    attrs = "".join(f' data-{k.replace("_", "-")}="{_h(v)}"' for k, v in data.items())
+    return f'<img src="{src}" alt="{_h(alt)}"{attrs}>'
 
 
-def heatmap_png(rt: RankTime) -> str:
-    """Rank x time heat map of bytes (log colour scale), one panel per direction with bytes."""
+@dataclass(frozen=True)
+class Heatmap:
+    """The heat map image (a PNG data URI) and where its plot areas lie: ``axes`` one
+    ``(direction, left, top, right, bottom)`` per panel, fractions of the image's width and
+    height from its top left corner; each area spans ``0 .. span_s`` seconds from ``t0_ns``."""
+
+    src: str
+    axes: list[tuple[str, float, float, float, float]]
+    t0_ns: int
+    span_s: float
+
+    def img(self) -> str:
+        return _img(
+            self.src,
+            "rank x time heat map",
+            axes=";".join(f"{d}:{x0:.5f},{y0:.5f},{x1:.5f},{y1:.5f}" for d, x0, y0, x1, y1 in self.axes),
+            t0_ns=str(self.t0_ns),
+            span_s=f"{self.span_s:.6f}",
+        )
+
+
+def heatmap(rt: RankTime) -> Heatmap:
+    """Rank x time heat map of bytes (log colour scale), one panel per direction with bytes. A
+    cell without bytes is left blank (white): idle time shows as a gap."""
     panels = [(d, m) for d, m in (("write", rt.write), ("read", rt.read)) if any(any(row) for row in m)]
     panels = panels or [("write", rt.write)]  # no bytes at all: one empty panel
     fig = Figure(figsize=(10, 2.2 + min(rt.rows, 64) * 0.05 * len(panels)), layout="constrained")
@@ -93,7 +156,12 @@ def heatmap_png(rt: RankTime) -> str:
         ax.set_title(f"{d}s: bytes per rank and {rt.bin_ns / 1e9:.3g} s bin", fontsize=10)
         fig.colorbar(im, ax=ax, label="bytes")
     axes[-1, 0].set_xlabel("seconds since the job's first I/O")
-    return _png(fig)
+    src = _png(fig)  # draws: the constrained layout has placed the axes now
+    boxes = []
+    for ax, (d, _) in zip(axes[:, 0], panels, strict=True):
+        b = ax.get_position()
+        boxes.append((d, b.x0, 1 - b.y1, b.x1, 1 - b.y0))
+    return Heatmap(src, boxes, rt.t0_ns, span_s)
 
 
 def bandwidth_png(rt: RankTime, phases: list[tuple[float, float, int]]) -> str:
@@ -168,11 +236,54 @@ def _gaps_html(s: JobSummary) -> list[str]:
     ]
 
 
-def render_report(store: Store, job_id: str, now: datetime | None = None, silence_s: float | None = None) -> str | None:
+def seconds_lost(i) -> float | None:
+    """The insight's I/O seconds lost (``Insight.seconds_lost``), None when not estimated (or
+    when the analytics do not estimate it at all)."""
+    v = getattr(i, "seconds_lost", None)
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def ordered_insights(insights: list) -> list:
+    """Insights by seconds lost, most first (those without an estimate last), then severity."""
+    sev = ("high", "warn", "info")
+    return sorted(
+        insights,
+        key=lambda i: (
+            seconds_lost(i) is None,
+            -(seconds_lost(i) or 0.0),
+            sev.index(i.severity) if i.severity in sev else len(sev),
+        ),
+    )
+
+
+def insight_html(i) -> str:
+    """One insight: severity, title, seconds lost (``~12.3 s lost``) when estimated, message,
+    recommendations, rule."""
+    recs = "".join(f"<li>{_h(r)}</li>" for r in i.recommendations)
+    lost = seconds_lost(i)
+    return (
+        f"<div class='ins' style='border-color:{_SEV_COLOR.get(i.severity, '#ccc')}'>"
+        f"<span class='sev' style='color:{_SEV_COLOR.get(i.severity, '#333')}'>{_h(i.severity)}</span> "
+        f"<b>{_h(i.title)}</b>"
+        + (f" <span class='lost'>~{lost:.1f} s lost</span>" if lost is not None else "")
+        + f"<br>{_h(i.message)}"
+        + (f"<ul>{recs}</ul>" if recs else "")
+        + f"<span class='muted'>rule: {_h(i.rule_source)}</span></div>"
+    )
+
+
+def render_report(
+    store: Store,
+    job_id: str,
+    now: datetime | None = None,
+    silence_s: float | None = None,
+    refresh_s: float | None = None,
+) -> str | None:
     """The job's report as one HTML page (str), None when the job is unknown (no event and no
     record on the client or forwarder layer). A job the agents did not watch all along (see
     :mod:`pharos_analytics.coverage`; ``silence_s`` its threshold, default the settings') gets a
-    warning first in its diagnosis. Raises StoreError."""
+    warning first in its diagnosis. A running job's page (its I/O so far) refreshes itself every
+    ``refresh_s`` seconds when served over HTTP (None or 0: never). Raises StoreError."""
     client = job_summary(store, job_id, "client", files_limit=20, silence_s=silence_s)
     fwd = job_summary(store, job_id, "forwarder", files_limit=20, coverage=client is None, silence_s=silence_s)
     if client is None and fwd is None:
@@ -186,15 +297,33 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
     rt = rank_time_bytes(store, job_id, layer)
     res = resource_bytes(store, job_id)
     prof = ji.phases.job
+    made = now or datetime.now(UTC)
+    running = (client or fwd).state == "running"
+    live = running and refresh_s is not None and refresh_s > 0
     out = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>Pharos report: job {_h(job_id)}</title><style>{_CSS}</style></head><body>",
+        # the icon inline: a browser asks for /favicon.ico otherwise (a request, and a 404 from the API)
+        "<!doctype html><html><head><meta charset='utf-8'><link rel='icon' href='data:,'>",
+        f"<title>Pharos report: job {_h(job_id)}{' (running)' if running else ''}</title><style>{_CSS}</style>",
+    ]
+    if live:
+        out += [f'<meta name="pharos-refresh" content="{refresh_s:g}">', f"<script>{_LIVE_JS}</script>"]
+    out += [
+        "</head><body>",
         f"<h1>Job {_h(job_id)}</h1>",
         f"<p class='muted'>{_h(s.name or '-')} of {_h(s.user or '-')} on {_h(s.host or '-')}; "
-        f"report made {_when(now or datetime.now(UTC))} by Pharos</p>",
-        "<h2>In short</h2>",
-        "<table class='kv'>",
+        f"report made {_when(made)} by Pharos</p>",
     ]
+    if running:
+        out.append(
+            f"<p class='live' id='pharos-live'>The job is running: this is its I/O stored until {_when(made)}."
+            + (
+                f" Served by the Pharos API, this page refreshes itself every {refresh_s:g} s until the job ends."
+                if live
+                else ""
+            )
+            + "</p>"
+        )
+    out += ["<h2>In short</h2>", "<table class='kv'>"]
     detail = ", ".join(f"{d}s {p}" for d, p in s.patterns.items() if p != "none")
     rows = [
         ("state", f"{s.state} (exit code {s.exit_code if s.exit_code is not None else '-'})"),
@@ -232,15 +361,7 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
     out += _gaps_html(cov)
     if not ji.insights:
         out.append("<p>No rule fired: nothing in this job's I/O stands out.</p>")
-    for i in sorted(ji.insights, key=lambda i: ("high", "warn", "info").index(i.severity)):
-        recs = "".join(f"<li>{_h(r)}</li>" for r in i.recommendations)
-        out.append(
-            f"<div class='ins' style='border-color:{_SEV_COLOR.get(i.severity, '#ccc')}'>"
-            f"<span class='sev' style='color:{_SEV_COLOR.get(i.severity, '#333')}'>{_h(i.severity)}</span> "
-            f"<b>{_h(i.title)}</b><br>{_h(i.message)}"
-            + (f"<ul>{recs}</ul>" if recs else "")
-            + f"<span class='muted'>rule: {_h(i.rule_source)}</span></div>"
-        )
+    out += [insight_html(i) for i in ordered_insights(ji.insights)]
     for n in ji.notes:
         out.append(f"<p class='muted'>{_h(n)}</p>")
 
@@ -257,7 +378,7 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
             for p in ji.phases.phases
             if p.profile.start and p.profile.end
         ]
-        out.append(_img(heatmap_png(rt), "rank x time heat map"))
+        out.append(heatmap(rt).img())
         out.append(_img(bandwidth_png(rt, spans), "bandwidth over time"))
         out.append(
             f"<p class='muted'>{rt.records} stored records binned into {rt.bins} time bins of "

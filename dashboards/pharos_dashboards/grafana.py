@@ -211,6 +211,7 @@ class Board:
     columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
     links: list[dict[str, Any]] = field(default_factory=list)
     time_from: str = "now-6h"
+    refresh: str = "30s"
     _x: int = 0
     _y: int = 0
     _row_h: int = 0
@@ -309,7 +310,7 @@ class Board:
             "graphTooltip": 1,
             "links": self.links,
             "panels": self.panels,
-            "refresh": "30s",
+            "refresh": self.refresh,
             "schemaVersion": SCHEMA_VERSION,
             "tags": self.tags,
             "templating": {"list": [datasource_variable(self.datasource), *self.variables]},

@@ -22,8 +22,38 @@ from .common import (
     rollup,
 )
 
+#: The Job dashboard's auto-refresh: a running job's heat map and bandwidth grow while it runs.
+REFRESH = "10s"
+#: Margin of the "follow" link's time range around the job's run, ms.
+FOLLOW_MARGIN_MS = 60_000
+
 SIZE_BINS = ("0-100", "100-1K", "1K-10K", "10K-100K", "100K-1M", "1M-4M", "4M-10M", "10M-100M", "100M-1G", "1G+")
 SIZE_LIMITS = (100, 1024, 10 * 1024, 100 * 1024, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
+
+
+def follow_link() -> dict:
+    """The job id's link to this dashboard over the job's run: from its start to its end, or to
+    ``now`` while it runs (columns ``view_from``, ``view_to`` of the Job table)."""
+    return {
+        "matcher": {"id": "byName", "options": "job_id"},
+        "properties": [
+            {
+                "id": "links",
+                "value": [
+                    {
+                        "title": "Follow job ${__value.raw} (its run; live while it runs)",
+                        "url": "/d/pharos-job/pharos-job?var-job=${__value.raw}&from=${__data.fields.view_from}"
+                        "&to=${__data.fields.view_to}&refresh=" + REFRESH + "&${datasource:queryparam}",
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def hidden(field_name: str) -> dict:
+    """A table column the panel reads (for links) but does not show."""
+    return {"matcher": {"id": "byName", "options": field_name}, "properties": [{"id": "custom.hidden", "value": True}]}
 
 
 def job() -> Board:
@@ -33,6 +63,7 @@ def job() -> Board:
         "One job: rank x time (DXT-like), request sizes, files, I/O pattern, stored findings, interference, control actions.",
     )
     b.time_from = "now-24h"
+    b.refresh = REFRESH
     rank_f = all_of("toString(rank) IN (${rank})", "rank")
     # a request a mount replayed on another forwarding node after the first had executed it counts
     # once (pharos_analytics.replays_sql), as in `pharos job`; the forwarding nodes' own panel below
@@ -72,14 +103,34 @@ ORDER BY max(t) DESC
 SELECT job_id, anyIf(name, kind = 'start') AS name, anyIf(user, kind = 'start') AS user,
        maxIf(ranks, kind = 'start') AS ranks, minIf(time, kind = 'start') AS started,
        if(countIf(kind = 'end') = 0, NULL, maxIf(time, kind = 'end')) AS ended,
-       anyIf(exit_code, kind = 'end') AS exit_code, anyIf(arrayStringConcat(command, ' '), kind = 'start') AS command
+       anyIf(exit_code, kind = 'end') AS exit_code, anyIf(arrayStringConcat(command, ' '), kind = 'start') AS command,
+       multiIf(countIf(kind = 'end') = 0, 'running', exit_code = 0, 'finished', 'failed') AS state,
+       toUnixTimestamp64Milli(minIf(time, kind = 'start')) - {FOLLOW_MARGIN_MS} AS view_from,
+       if(countIf(kind = 'end') = 0, 'now',
+          toString(toUnixTimestamp64Milli(maxIf(time, kind = 'end')) + {FOLLOW_MARGIN_MS})) AS view_to
 FROM job_events FINAL
 WHERE {JOB}
 GROUP BY job_id
 """,
-        ("job_id", "name", "user", "ranks", "started", "ended", "exit_code", "command"),
+        (
+            "job_id",
+            "name",
+            "user",
+            "ranks",
+            "started",
+            "ended",
+            "exit_code",
+            "command",
+            "state",
+            "view_from",
+            "view_to",
+        ),
         w=24,
         h=4,
+        description="The job's events. Its id links to this dashboard over the job's run (a minute either side): "
+        "to 'now' while the job runs, so the heat map and bandwidth grow at each refresh (every "
+        f"{REFRESH}).",
+        overrides=[follow_link(), hidden("view_from"), hidden("view_to")],
     )
     b.panel(
         "table",
