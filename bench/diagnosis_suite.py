@@ -410,8 +410,12 @@ def system_case(
 
 def case_slow_target(s: Suite, idx: int, rng: random.Random) -> CaseResult:
     t, slow, runtime = rng.randrange(N_TARGETS), rng.choice([4, 6, 8]), rng.randint(15, 18)
-    files = " ".join(str(s.target_files(1)[k][0]) for k in range(N_TARGETS))
-    cmd = f"set -- {files}; shift $PHAROS_RANK; exec {FIO} --rw=write --bs=1m --size=8m --time_based --runtime={runtime} --rate=8m --filename=$1"
+    fs = s.target_files(2)  # rank r writes two files on target r (a resource is judged on >= 2 files)
+    files = " ".join(f"{fs[k][0]}:{fs[k][1]}" for k in range(N_TARGETS))
+    cmd = (
+        f"set -- {files}; shift $PHAROS_RANK; exec {FIO} --rw=write --bs=1m --size=16m --file_service_type=roundrobin "
+        f"--time_based --runtime={runtime} --rate=8m --filename=$1"
+    )
     p = {"target": f"ost{t}", "slowdown": slow, "runtime_s": runtime, "ranks": N_TARGETS, "targets_limit_mb_s": 24}
 
     @contextlib.contextmanager

@@ -330,6 +330,15 @@ class DiagnosisConfig(PharosSettings):
     interference_min_requests: int = Field(
         default=10, ge=1, description="Pharos. Requests a job needs in a window (and in its baseline) to be judged."
     )
+    interference_mechanism_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Pharos. Share (0-1) of the job's latency rise that must be the resource's own kind of wait "
+        "for it to be named: queue wait at a forwarding node (its workers held by another job), service time at a "
+        "target (its bandwidth taken). A rise in service time alone (the job's own slow target) blames no "
+        "forwarding node.",
+    )
     # -- alerts and the periodic detection of the server (Pharos) -------------------------------
     alertmanager_url: str = Field(
         default="", description="Pharos. Alertmanager base URL (http://host:9093); '' = do not send to Alertmanager."

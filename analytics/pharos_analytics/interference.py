@@ -15,7 +15,11 @@ resources). A window is interfered when the latency rose by at least
 ``interference_latency_ratio`` x and ``interference_min_added_ms``. The likely culprit is
 the co-located job with the most bytes (then requests) on one of the job's resources in that
 window beyond what it already moved there in the baseline windows (so a steady background
-job is not blamed for a newcomer), and that resource is named. Interfered windows with the
+job is not blamed for a newcomer), and that resource is named. Only resources whose kind of wait
+carries the rise are candidates (``interference_mechanism_share`` of it, 0.5): queue wait for a
+forwarding node (another job holds its workers), service time for a target (another job's bytes
+take its bandwidth); a job slowed by its own slow target (service time up, no queue wait) blames
+no forwarding node it happens to share. Interfered windows with the
 same culprit, consecutive or one window apart, merge into one event; its resource is the one
 where the culprit moved the most over the event.
 
@@ -391,14 +395,31 @@ def _events_for(
             or lat - base["lat_ns"] < cfg.interference_min_added_ms * 1e6
         ):
             continue
+        # which kind of resource the rise points at: queue wait -> a forwarding node's workers,
+        # service time -> a target's bandwidth (interference_mechanism_share of the rise)
+        d_lat = lat - base["lat_ns"]
+        kinds = {
+            k
+            for k, d in (
+                ("forwarding_node", s["qw_ns"] / s["n"] - base["qw_ns"]),
+                ("target", s["svc_ns"] / s["n"] - base["svc_ns"]),
+            )
+            if d >= cfg.interference_mechanism_share * d_lat
+        }
         best = None
         for res in _resources(by_w, job, w):
+            if res[0] not in kinds:
+                continue
             for o, st in by_w[w][res].items():
                 if o == job:
                     continue
                 cand = (st["bytes"] - usual.get((o, res), 0.0), st["n"], o, res)
+                if res[0] == "target" and cand[0] <= 0:
+                    continue  # a target's bandwidth is taken by bytes
                 if best is None or cand[:2] > best[:2]:
                     best = cand
+        if best is None:
+            continue
         hits.append((w, best[2], best[3], s, others))
     events: list[InterferenceEvent] = []
     run: list = []
@@ -408,9 +429,10 @@ def _events_for(
             return
         culprit = run[0][1]
         moved: dict[tuple[str, str], int] = {}  # the culprit's bytes per shared resource over the run
+        kinds = {h[2][0] for h in run}  # the kinds of resource the rise pointed at
         for h in run:
             for r_ in _resources(by_w, job, h[0]):
-                if culprit in by_w[h[0]][r_]:
+                if r_[0] in kinds and culprit in by_w[h[0]][r_]:
                     moved[r_] = moved.get(r_, 0) + by_w[h[0]][r_][culprit]["bytes"] - int(usual.get((culprit, r_), 0.0))
         res = max(moved, key=lambda r_: (moved[r_], r_[0] == "forwarding_node"))
         n = sum(h[3]["n"] for h in run)

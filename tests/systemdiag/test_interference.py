@@ -100,3 +100,23 @@ def test_rollup_gives_the_events_of_the_raw_records(store):
         a, b = (job_interference(store, job, CFG, read_from=x) for x in ("raw", "rollup"))
         assert a["shared_windows"] and b["shared_windows"] == a["shared_windows"]
         assert [e | {"detected_ns": 0} for e in b["events"]] == [e | {"detected_ns": 0} for e in a["events"]]
+
+
+def test_own_slow_target_blames_no_co_located_job(store):
+    """A job slowed by its own slow target (service time up 5x from 30 s, no queue wait) while a
+    small job shares its forwarding node on other targets: no forwarding node and no job is
+    blamed (issue 24's fault-injection suite found that event: the co-located job was named)."""
+    cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1"], fwd_capacity_mb_s=400)
+    t0 = (1_710_000_000 + 9 * 7200) * sim.NS  # hours apart from the other scenarios
+    jobs = [
+        sim.SimJob("own", ["fwd0"], 20, req_bytes=256 << 10, targets=["ost0", "ost1"], name="own"),
+        sim.SimJob("small", ["fwd0"], 2, req_bytes=256 << 10, targets=["ost4", "ost6"], start_s=30, name="small"),
+    ]
+    faults = [sim.Fault("target", "ost0", 5.0, start_s=30)]
+    sim.insert(store, sim.simulate(cl, jobs, t0, 90, seed=11, faults=faults))
+    r = job_interference(store, "own", CFG)
+    assert any(w["shared"] for w in r["shared_windows"]), "the jobs must share fwd0"
+    shared = [w["latency_ms"] for w in r["shared_windows"] if w["shared"]]
+    quiet = [w["latency_ms"] for w in r["shared_windows"] if not w["shared"]]
+    assert quiet and min(shared) > 2 * max(quiet), "ost0's slowdown must raise the job's latency"
+    assert r["events"] == [], r["events"]
