@@ -17,8 +17,10 @@ Two detectors are computed on the same windows and both are reported per node:
 * **The model** (Pharos): a robust z-score (scikit-learn ``RobustScaler``: median and IQR,
   scaled to a standard deviation) of the log of the node's *relative service time per
   byte* among its peers. For targets that is service time per byte (ns/B: the interval's
-  summed service time ``service_ns_sum`` / bytes; p50 latency x ops for rows without it)
-  times the target's configured rate (``max_perf_mb_s``): 1 = served exactly at its
+  summed service time ``service_ns_sum`` / bytes; p50 latency x ops for rows without it; of
+  the forwarding node that served the target fastest in the interval, so that a slow
+  forwarding node, whose stretched service times cover every target it serves, does not make
+  them look slow, while a slow target is slow through every forwarding node) times the target's configured rate (``max_perf_mb_s``): 1 = served exactly at its
   configured rate, whatever that rate is,
   so a 10 MB/s target is not an outlier for being configured slow. (When some target has
   no limit, the raw ns/B is compared: homogeneous targets assumed.) For forwarding nodes it
@@ -64,7 +66,8 @@ _MIN_LOG_SCALE = (
 #: of producers without it (service_ns_sum = 0) the p50 x ops estimate.
 _SERVICE_NS = "if(service_ns_sum > 0, service_ns_sum, latency_p50_ns * (read_ops + write_ops + metadata_ops))"
 
-#: Per target over one window: intervals are summed over forwarding nodes first.
+#: Per target over one window: intervals are summed over forwarding nodes first (service time per
+#: byte: the fastest forwarding node's in the interval).
 TARGET_WINDOW_SQL = """
 SELECT
     target                                              AS node,
@@ -75,7 +78,7 @@ SELECT
     sum(b) / greatest(sumIf(secs, o > 0), 1e-9)         AS bw_avg,
     max(b / secs)                                       AS bw_max,
     sum(svc) / greatest(sum(b), 1)                      AS svc_ns_per_byte,
-    quantileExactIf(0.5)(svc / b, b > 0)                AS svc_ns_per_byte_median,
+    quantileExactIf(0.5)(svc_b, b > 0)                  AS svc_ns_per_byte_median,
     quantileExactIf(0.5)(p99, o > 0)                    AS p99_ns,
     max(p99)                                            AS p99_max_ns,
     sum(b) / greatest(sum(o), 1)                        AS req_bytes,
@@ -88,31 +91,48 @@ SELECT
 FROM
 (
     SELECT target, time,
-           greatest(max(interval_ms), 1) / 1000                 AS secs,
-           sum(bytes_read + bytes_written)                      AS b,
-           sum(read_ops + write_ops + metadata_ops)             AS o,
-           sum({svc}) AS svc,
-           max(latency_p99_ns)                                  AS p99,
-           sum(queue_depth)                                     AS qd,
-           max(throttled)                                       AS thr,
-           max(max_perf_mb_s)                                   AS perf,
-           max(slowdown)                                        AS slow
-    FROM target_metrics FINAL
-    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+           max(secs_f) AS secs, sum(b_f) AS b, sum(o_f) AS o, sum(svc_f) AS svc,
+           -- the fastest forwarding node's ns/B on the target in the interval: a slow (CPU-starved)
+           -- forwarding node stretches the service times it reports, every forwarding node sees a
+           -- slow target slow
+           minIf(svc_f / b_f, b_f > 0) AS svc_b,
+           max(p99_f) AS p99, sum(qd_f) AS qd, max(thr_f) AS thr, max(perf_f) AS perf, max(slow_f) AS slow
+    FROM
+    (
+        SELECT target, time, forwarding_node,
+               greatest(max(interval_ms), 1) / 1000                 AS secs_f,
+               sum(bytes_read + bytes_written)                      AS b_f,
+               sum(read_ops + write_ops + metadata_ops)             AS o_f,
+               sum({svc}) AS svc_f,
+               max(latency_p99_ns)                                  AS p99_f,
+               sum(queue_depth)                                     AS qd_f,
+               max(throttled)                                       AS thr_f,
+               max(max_perf_mb_s)                                   AS perf_f,
+               max(slowdown)                                        AS slow_f
+        FROM target_metrics FINAL
+        WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+        GROUP BY target, time, forwarding_node
+    )
     GROUP BY target, time
 )
 GROUP BY target
 ORDER BY target
 """.replace("{svc}", _SERVICE_NS)
 
-#: Per target and interval (for the onset of a fault).
+#: Per target and interval (for the onset of a fault): the fastest forwarding node's ns/B, as in
+#: :data:`TARGET_WINDOW_SQL`.
 TARGET_INTERVALS_SQL = """
 SELECT target AS node, toUnixTimestamp64Nano(time) AS t_ns,
-       sum({svc}) / greatest(sum(bytes_read + bytes_written), 1) AS ns_per_byte,
-       sum(read_ops + write_ops + metadata_ops) AS ops,
-       max(max_perf_mb_s) AS perf
-FROM target_metrics FINAL
-WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+       ifNull(minIf(svc_f / b_f, b_f > 0), 0) AS ns_per_byte, sum(o_f) AS ops, max(perf_f) AS perf
+FROM
+(
+    SELECT target, time, forwarding_node,
+           sum({svc}) AS svc_f, sum(bytes_read + bytes_written) AS b_f,
+           sum(read_ops + write_ops + metadata_ops) AS o_f, max(max_perf_mb_s) AS perf_f
+    FROM target_metrics FINAL
+    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+    GROUP BY target, time, forwarding_node
+)
 GROUP BY target, time
 ORDER BY t_ns
 """.replace("{svc}", _SERVICE_NS)

@@ -83,6 +83,21 @@ def test_slow_forwarding_node(store):
     assert a.onset_ns is not None and a.onset_ns <= t0 + (DURATION - 59) * sim.NS
 
 
+
+def test_a_slow_forwarding_node_does_not_make_its_targets_look_slow(store):
+    """fwd2 slowed 4x (its service times stretched, as a CPU-starved daemon reports them) while
+    it carries one job's I/O to ost5 only, beside jobs on fwd0/fwd1 over every target: fwd2 is
+    named, ost5 is not (the suite of issue 24 found a target named for its slow forwarder)."""
+    cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1", "fwd2"])
+    t0 = (1_700_000_000 + 31 * 7200) * sim.NS
+    jobs = sim.proportionate_jobs("fwdonly", 0.5 * sum(cl.targets.values()), ["fwd0", "fwd1"])
+    jobs.append(sim.SimJob("fwdonly-ost5", ["fwd2"], 4, targets=["ost5"], name="one-target"))
+    sim.insert(store, sim.simulate(cl, jobs, t0, DURATION, seed=43, faults=[sim.Fault("forwarder", "fwd2", 4.0)]))
+    rep = detect_failslow(store, CFG, now_ns=t0 + DURATION * sim.NS)
+    assert {(a.kind, a.node) for a in rep.anomalies} <= {("fail_slow_forwarder", "fwd2")}
+    assert not [a for a in rep.anomalies if a.kind == "fail_slow_target"], rep.anomalies
+
+
 # The forwarder features as they were computed from raw records before the per-second rollup
 # (migration 009): the rollup must give the same numbers. The p99 is bfloat16's (migration 011:
 # a bounded histogram state; raw quantile(0.99) interpolates between the two largest of a
