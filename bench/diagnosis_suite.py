@@ -239,7 +239,11 @@ class Suite(StackAdmin):
                 now = time.time() - t0
                 for a in self.get("/v1/anomalies", since_s=120, limit=1000)["items"]:
                     on = _ts(a.get("onset")) or _ts(a.get("first_seen"))
-                    if on is not None and on >= t0 - 3.0 and a.get("job_id", "") in ([*jobs] if a["kind"] == "interference" or a.get("job_id") else [""]):
+                    if (
+                        on is not None
+                        and on >= t0 - 3.0
+                        and a.get("job_id", "") in ([*jobs] if a["kind"] == "interference" or a.get("job_id") else [""])
+                    ):
                         seen.setdefault(anomaly_finding(a).key(), now)
             time.sleep(1.0)
 

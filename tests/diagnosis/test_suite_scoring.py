@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from diagnosis_scoring import CaseResult, Finding, anomaly_finding, insight_finding, score  # noqa: E402
+from diagnosis_scoring import CaseResult, Finding, anomaly_finding, insight_finding, score
 
 pytestmark = pytest.mark.unit
 

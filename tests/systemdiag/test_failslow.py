@@ -83,7 +83,6 @@ def test_slow_forwarding_node(store):
     assert a.onset_ns is not None and a.onset_ns <= t0 + (DURATION - 59) * sim.NS
 
 
-
 def test_a_slow_forwarding_node_does_not_make_its_targets_look_slow(store):
     """fwd2 slowed 4x (its service times stretched, as a CPU-starved daemon reports them) while
     it carries one job's I/O to ost5 only, beside jobs on fwd0/fwd1 over every target: fwd2 is
