@@ -35,6 +35,11 @@ def _share(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
+def lost_text(seconds: float) -> str:
+    """Seconds lost as people read them: ``~12.3 s lost``, ``~0.0042 s lost``."""
+    return f"~{seconds:.1f} s lost" if seconds >= 0.1 else f"~{seconds:.2g} s lost"
+
+
 def describe_profile(p: dict) -> str:
     """One plain-words line for an access profile (the API's JSON)."""
     if p["reads"] + p["writes"] == 0:
@@ -76,17 +81,23 @@ def render_diagnosis(console: Console, d: dict) -> None:
     if not d["insights"]:
         console.print("[green]insights: nothing to flag[/green]")
     else:
-        console.print(f"[bold]insights[/bold] ({len(d['insights'])}):")
+        console.print(f"[bold]insights[/bold] ({len(d['insights'])}, by seconds lost):")
         for i in d["insights"]:
+            lost = i.get("seconds_lost")
+            code = f", Drishti {i['drishti_code']}" if i.get("drishti_code") else ""
             console.print(
                 Text.assemble(
                     ("  " + i["severity"].upper().ljust(5), _SEV_STYLE[i["severity"]]),
                     " ",
+                    (lost_text(lost).ljust(16) if lost is not None else "(not priced)".ljust(16), "bold"),
+                    " ",
                     (i["title"], "bold"),
-                    f" [{i['id']}, {i['source']}]",
+                    f" [{i['id']}, {i['source']}{code}]",
                 )
             )
             console.print(Text("        " + i["message"]))
+            if basis := i["evidence"].get("seconds_lost_basis"):
+                console.print(Text("        price: " + basis, style="dim"))
             for r in i["recommendations"]:
                 console.print(Text("        -> " + r))
     for n in d.get("notes", []):

@@ -29,6 +29,7 @@ from matplotlib.figure import Figure  # not pyplot: no global state, safe in the
 
 from pharos_analytics.coverage import gap_lines
 from pharos_analytics.insights import job_insights
+from pharos_analytics.insights.model import order_key
 from pharos_analytics.report_data import RankTime, rank_time_bytes, resource_bytes
 from pharos_analytics.summary import job_summary
 from pharos_analytics.summary_dxt import dxt_text
@@ -232,7 +233,7 @@ def render_report(store: Store, job_id: str, now: datetime | None = None, silenc
     out += _gaps_html(cov)
     if not ji.insights:
         out.append("<p>No rule fired: nothing in this job's I/O stands out.</p>")
-    for i in sorted(ji.insights, key=lambda i: ("high", "warn", "info").index(i.severity)):
+    for i in sorted(ji.insights, key=order_key):
         recs = "".join(f"<li>{_h(r)}</li>" for r in i.recommendations)
         out.append(
             f"<div class='ins' style='border-color:{_SEV_COLOR.get(i.severity, '#ccc')}'>"
