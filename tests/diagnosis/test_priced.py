@@ -128,6 +128,9 @@ def test_metadata_beyond_the_sites_median_latency(jobs):
     # 1000 stats of 2 ms against the site's opens of 0.1 ms (the job's one write is data).
     assert i.seconds_lost == pytest.approx(2.0 - 1000 * 0.0001, rel=1e-3)
     assert "site's median metadata latency" in i.evidence["seconds_lost_basis"]
+    # fsync time is no metadata time to price (it flushes data: fsync_storm prices it)
+    f = ins(jobs, "fsync", metadata_time_rank_s=0.1)["metadata_time"]
+    assert f.evidence["worst_s"] == pytest.approx(0.2) and f.seconds_lost == 0
 
 
 def test_rank_imbalance_is_the_slowest_minus_the_median(jobs):

@@ -94,8 +94,14 @@ SELECT
     sumIf(count, op IN ('fsync', 'fdatasync'))                            AS fsync_n,
     sumIf(duration_ns, op IN ('fsync', 'fdatasync'))                      AS fsync_ns,
     uniqExactIf(file, op IN ('fsync', 'fdatasync'))                       AS fsync_files,
-    sumIf(count, NOT is_data)                                             AS meta_n,
-    sumIf(duration_ns, NOT is_data)                                       AS meta_ns,
+    sumIf(count, NOT is_data AND op NOT IN ('fsync', 'fdatasync'))        AS meta_n,
+    sumIf(duration_ns, NOT is_data AND op NOT IN ('fsync', 'fdatasync'))  AS meta_ns,
+    sumIf(count, op = 'open')                                             AS open_n,
+    sumIf(duration_ns, op = 'open')                                       AS open_ns,
+    sumIf(count, op = 'close')                                            AS close_n,
+    sumIf(duration_ns, op = 'close')                                      AS close_ns,
+    sumIf(count, op = 'stat')                                             AS stat_n,
+    sumIf(duration_ns, op = 'stat')                                       AS stat_ns,
     sumIf(bytes, is_data)                                                 AS data_b,
     sumIf(duration_ns, is_data)                                           AS data_ns
 FROM phased
@@ -126,13 +132,17 @@ WHERE layer = {{layer:String}} AND job_id != {{job_id:String}}
   AND file_type = 'regular' AND op IN {sql_list(DATA_OPS)} AND size >= {{small:UInt64}} AND duration_ns > 0
 GROUP BY is_read
 """
-#: The site's median latency (ns) of one metadata operation (open, close, stat) of other jobs near the job.
+#: The site's median latency (ns) of one metadata operation of other jobs near the job, per
+#: operation (open, close, stat, other) and over all of them but fsync, which flushes data
+#: (the rollup row, ``op`` '').
 SITE_META_LATENCY_SQL = """
-SELECT quantile(0.5)(duration_ns / greatest(count, 1)) AS ns, count() AS n
+SELECT if(op IN ('open', 'close', 'stat'), op, 'other') AS op, quantile(0.5)(duration_ns / greatest(count, 1)) AS ns,
+       count() AS n
 FROM io_requests
 WHERE layer = {layer:String} AND job_id != {job_id:String}
   AND start >= {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
-  AND op IN ('open', 'close', 'stat') AND duration_ns > 0
+  AND op IN ('open', 'close', 'stat', 'unlink', 'mkdir', 'rename') AND duration_ns > 0
+GROUP BY op WITH ROLLUP
 """
 JOB_SPAN_SQL = """
 SELECT toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(end)) AS last_ns, count() AS n
@@ -219,18 +229,21 @@ class Pricer:
             }
         return self._site["bw"].get(direction)
 
-    def site_meta_s(self) -> tuple[float, str]:
-        """Seconds of one metadata operation at the site (median of other jobs' opens, closes
-        and stats near the job), or 1 / ``metadata_rate_ops_s`` (Beacon's metadata-heavy rate)
-        when none was traced; and where it comes from."""
+    def site_meta_s(self, op: str = "") -> tuple[float, str]:
+        """Seconds of one metadata operation ``op`` (``open``, ``close``, ``stat``; '': any but
+        fsync) at the site: the median of other jobs' near the job, else of all their metadata
+        operations, else 1 / ``metadata_rate_ops_s`` (Beacon's metadata-heavy rate); and where
+        it comes from."""
         if "meta" not in self._site:
             p = self._window()
             rows = self.t.store.query(SITE_META_LATENCY_SQL, p) if p else []
-            if rows and int(rows[0]["n"]) > 0:
-                self._site["meta"] = (float(rows[0]["ns"]) / 1e9, "the site's median metadata latency")
-            else:
-                self._site["meta"] = (1.0 / self.cfg.metadata_rate_ops_s, "Beacon's metadata rate")
-        return self._site["meta"]
+            self._site["meta"] = {r["op"]: float(r["ns"]) / 1e9 for r in rows if int(r["n"]) > 0}
+        site = self._site["meta"]
+        if op in site:
+            return site[op], f"the site's median {op or 'metadata'} latency"
+        if "" in site:
+            return site[""], "the site's median metadata latency"
+        return 1.0 / self.cfg.metadata_rate_ops_s, "Beacon's metadata rate"
 
     def reference_bw(self, direction: str, kind: str = "large") -> tuple[float | None, str]:
         """The bandwidth to price ``direction``'s defective requests against: the job's own
@@ -397,27 +410,35 @@ def price_fsync(p: Pricer, i: Insight) -> Price:
 
 
 def _meta_per_rank(p: Pricer) -> tuple[dict[int, tuple[float, float]], str]:
-    """rank -> (metadata seconds, metadata operations), from the trace or the counters."""
+    """rank -> (metadata seconds but fsync's, the same operations' seconds at the site's
+    latency), from the trace (opens, closes and stats each at the site's latency of that
+    operation) or the counters (POSIX_F_META_TIME; META_COUNTERS at the site's metadata latency)."""
     if p.t.present and p.per_rank():
-        return {k: (r["meta_ns"] / 1e9, r["meta_n"]) for k, r in p.per_rank().items()}, "trace"
+        out = {}
+        for k, r in p.per_rank().items():
+            base = sum(r[f"{op}_n"] * p.site_meta_s(op)[0] for op in ("open", "close", "stat"))
+            other = r["meta_n"] - r["open_n"] - r["close_n"] - r["stat_n"]
+            out[k] = (r["meta_ns"] / 1e9, base + other * p.site_meta_s()[0])
+        return out, "trace"
     per = counter_ranks(
         p.c,
         p.c.posix,
         lambda r: {"t": r.g("POSIX_F_META_TIME"), "n": sum(r.g(x) for x in META_COUNTERS)},
     )
-    return {k: (v["t"], v["n"]) for k, v in per.items()}, "counters"
+    return {k: (v["t"], v["n"] * p.site_meta_s()[0]) for k, v in per.items()}, "counters"
 
 
 def price_metadata(p: Pricer, i: Insight) -> Price:
     """Metadata time (Drishti P17) and metadata-heavy I/O (Beacon): per rank, its metadata
-    time minus its operations at the site's median metadata latency (1 / metadata_rate_ops_s
-    when the site has none traced); the worst rank."""
+    time (fsync excluded: it flushes data, priced by fsync_storm) minus the same operations at
+    the site's median latency of each (1 / metadata_rate_ops_s when the site has none traced);
+    the worst rank."""
     per, src = _meta_per_rank(p)
     if not per:
         return None, "no metadata operations"
+    s, k = worst({r: t - base for r, (t, base) in per.items()})
     op_s, what = p.site_meta_s()
-    s, k = worst({r: t - n * op_s for r, (t, n) in per.items()})
-    return s, f"metadata time of {on_rank(s, k)} minus its operations at {what} ({op_s * 1e3:.3g} ms) ({src})"
+    return s, f"metadata time of {on_rank(s, k)} but fsync minus its operations at {what} ({op_s * 1e3:.3g} ms) ({src})"
 
 
 def price_many_small_files(p: Pricer, i: Insight) -> Price:
@@ -437,7 +458,7 @@ def price_many_small_files(p: Pricer, i: Insight) -> Price:
         s, k = worst({r: v["t"] for r, v in per.items()})
         return s, f"metadata time of {on_rank(s, k)} on files that moved under {mib(p.cfg.small_file_bytes)} (counters)"
     per_t, _ = _meta_per_rank(p)
-    s, k = worst({r: t * share for r, (t, _) in per_t.items()})
+    s, k = worst({r: t * share for r, (t, _base) in per_t.items()})
     return s, f"metadata time of {on_rank(s, k)} x the share of small files (trace)"
 
 
