@@ -383,3 +383,28 @@ def forwarder_loads(store: Store, until: int, window_s: float) -> list[Forwarder
         )
         for r in store.query(FORWARDERS_SQL, _window_params(until, window_s))
     ]
+
+
+# ======================================================================================
+# System-side causes priced for one job (the insights catalogue's ``interference`` rule)
+
+
+def interference_price(event: dict[str, Any], windows: list[dict[str, Any]], ranks: int) -> tuple[float, str]:
+    """Seconds of a job's run time an interference event cost it, and how they were computed.
+
+    ``event``: one event of :func:`pharos_analytics.interference.job_interference` (its
+    ``start_ns``/``end_ns`` and ``baseline_latency_ms``, the latency per request of the job
+    without the culprit); ``windows``: that function's ``shared_windows`` (per window of the
+    job: ``start_ns``, ``requests``, ``latency_ms`` = mean queue wait + service per request at
+    the forwarding layer); ``ranks``: the job's ranks that issue requests side by side.
+    Price: over the event's windows, requests x (latency - baseline latency), divided by the
+    ranks (each rank waits for its own share of the requests). Source: Pharos (the
+    quiet-window baseline of :mod:`pharos_analytics.interference`)."""
+    base = float(event["baseline_latency_ms"])
+    ws = [w for w in windows if int(event["start_ns"]) <= int(w["start_ns"]) < int(event["end_ns"])]
+    excess_ms = sum(int(w["requests"]) * max(float(w["latency_ms"]) - base, 0.0) for w in ws)
+    r = max(ranks, 1)
+    return excess_ms / 1e3 / r, (
+        f"{sum(int(w['requests']) for w in ws)} requests x their latency above the baseline "
+        f"({base:.3g} ms, {event['baseline_source']}), over {r} rank(s)"
+    )

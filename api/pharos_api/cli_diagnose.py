@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from pharos_core.units import lost_text
+
 from .cli_jobs import ApiError, ApiOption, JsonOption, _api_url, _fail, api_get, api_request, human_bytes
 
 _SEV_STYLE = {"high": "bold red", "warn": "yellow", "info": "dim"}
@@ -76,17 +78,23 @@ def render_diagnosis(console: Console, d: dict) -> None:
     if not d["insights"]:
         console.print("[green]insights: nothing to flag[/green]")
     else:
-        console.print(f"[bold]insights[/bold] ({len(d['insights'])}):")
+        console.print(f"[bold]insights[/bold] ({len(d['insights'])}, by seconds lost):")
         for i in d["insights"]:
+            lost = i.get("seconds_lost")
+            code = f", Drishti {i['drishti_code']}" if i.get("drishti_code") else ""
             console.print(
                 Text.assemble(
                     ("  " + i["severity"].upper().ljust(5), _SEV_STYLE[i["severity"]]),
                     " ",
+                    (lost_text(lost).ljust(16) if lost is not None else "(not priced)".ljust(16), "bold"),
+                    " ",
                     (i["title"], "bold"),
-                    f" [{i['id']}, {i['source']}]",
+                    f" [{i['id']}, {i['source']}{code}]",
                 )
             )
             console.print(Text("        " + i["message"]))
+            if basis := i["evidence"].get("seconds_lost_basis"):
+                console.print(Text("        price: " + basis, style="dim"))
             for r in i["recommendations"]:
                 console.print(Text("        -> " + r))
     for n in d.get("notes", []):

@@ -39,12 +39,14 @@ from matplotlib.figure import Figure  # not pyplot: no global state, safe in the
 
 from pharos_analytics.coverage import gap_lines
 from pharos_analytics.insights import job_insights
+from pharos_analytics.insights.model import order_key
 from pharos_analytics.report_data import RankTime, rank_time_bytes, resource_bytes
 from pharos_analytics.summary import job_summary
 from pharos_analytics.summary_dxt import dxt_text
 from pharos_analytics.summary_sql import SIZE_BINS
 from pharos_analytics.summary_types import JobSummary
 from pharos_core.store import Store
+from pharos_core.units import lost_text
 
 _SEV_COLOR = {"high": "#b3261e", "warn": "#a15c00", "info": "#1a5fb4"}
 _CSS = """
@@ -244,16 +246,9 @@ def seconds_lost(i) -> float | None:
 
 
 def ordered_insights(insights: list) -> list:
-    """Insights by seconds lost, most first (those without an estimate last), then severity."""
-    sev = ("high", "warn", "info")
-    return sorted(
-        insights,
-        key=lambda i: (
-            seconds_lost(i) is None,
-            -(seconds_lost(i) or 0.0),
-            sev.index(i.severity) if i.severity in sev else len(sev),
-        ),
-    )
+    """Insights by seconds lost, most first (those without an estimate last), then severity, id
+    (:func:`pharos_analytics.insights.model.order_key`: the API's and ``pharos diagnose``'s order)."""
+    return sorted(insights, key=order_key)
 
 
 def insight_html(i) -> str:
@@ -265,7 +260,7 @@ def insight_html(i) -> str:
         f"<div class='ins' style='border-color:{_SEV_COLOR.get(i.severity, '#ccc')}'>"
         f"<span class='sev' style='color:{_SEV_COLOR.get(i.severity, '#333')}'>{_h(i.severity)}</span> "
         f"<b>{_h(i.title)}</b>"
-        + (f" <span class='lost'>~{lost:.1f} s lost</span>" if lost is not None else "")
+        + (f" <span class='lost'>{lost_text(lost)}</span>" if lost is not None else "")
         + f"<br>{_h(i.message)}"
         + (f"<ul>{recs}</ul>" if recs else "")
         + f"<span class='muted'>rule: {_h(i.rule_source)}</span></div>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pharos_darshan_corpus import log
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
@@ -52,3 +53,31 @@ def test_empty_log_has_no_insight(store):
     r = import_log(store, log("empty_log/empty_log.darshan"))
     ji = job_insights(store, r.job_id)
     assert ji.insights == [] and ji.phases.source == "none"
+
+
+def test_imbalanced_io_prices_its_straggler_from_the_logs_own_counters(store):
+    """The price of the shared-file straggler (Drishti P19) read back against the log itself
+    (PyDarshan, not the store): POSIX_F_SLOWEST_RANK_TIME minus the mean rank time of the one
+    shared record; every price within the job's run time, ordered by it."""
+    import darshan
+
+    path = log("imbalanced_io/imbalanced-io.darshan")
+    rep = darshan.DarshanReport(str(path), read_all=True)
+    df = rep.records["POSIX"].to_df()
+    c, f = df["counters"], df["fcounters"]
+    shared = c[c["rank"] == -1].merge(f[f["rank"] == -1], on=["id", "rank"])
+    assert len(shared) == 1
+    rec = shared.iloc[0]
+    nprocs = rep.metadata["job"]["nprocs"]
+    t = rec.POSIX_F_READ_TIME + rec.POSIX_F_WRITE_TIME + rec.POSIX_F_META_TIME
+    expect = rec.POSIX_F_SLOWEST_RANK_TIME - t / nprocs  # 583.1 s - 660.6 s / 496 ranks
+
+    r = import_log(store, path)
+    ins = job_insights(store, r.job_id).insights
+    got = {i.id: i for i in ins}
+    assert got["rank_imbalance_time"].seconds_lost == pytest.approx(expect, rel=1e-6)
+    assert got["rank_imbalance_time"].drishti_code == "P19"
+    run_time = rep.metadata["job"]["run_time"]  # 1479 s
+    priced = [i.seconds_lost for i in ins if i.seconds_lost is not None]
+    assert priced and all(0 <= s <= run_time for s in priced), (priced, run_time)
+    assert priced == sorted(priced, reverse=True) and ins[0].id in ("rank_imbalance_bytes", "rank_imbalance_time")

@@ -55,3 +55,17 @@ def start_event(job, ranks):
         "exit_code": 0,
         "cgroup": "",
     }
+
+
+def ctr(job, module, rank, rid, path, counter, value):
+    """One darshan_counters row of job ``job``'s log ``darshan:<job>``."""
+    return {
+        "job_id": job,
+        "log_id": f"darshan:{job}",
+        "module": module,
+        "rank": rank,
+        "record_id": rid,
+        "path": path,
+        "counter": counter,
+        "value": float(value),
+    }

@@ -79,7 +79,13 @@ def test_read_after_write_and_redundant_reads(jobs):
 
 def test_fsync_storm(jobs):
     i = ids(jobs, "fsync")["fsync_storm"]
-    assert i.evidence == {"fsyncs": 200, "writes": 200, "per_write": 1.0}
+    assert {k: i.evidence[k] for k in ("fsyncs", "writes", "per_write")} == {
+        "fsyncs": 200,
+        "writes": 200,
+        "per_write": 1.0,
+    }
+    # 200 fsyncs of 1 ms on one file: all but one are lost.
+    assert i.seconds_lost == pytest.approx(0.199) and "fsync" in i.evidence["seconds_lost_basis"]
     assert "fsync_storm" not in ids(jobs, "fsync", fsync_absolute=201)
 
 
@@ -112,8 +118,13 @@ def test_clean_job_has_no_insight(jobs):
 
 def test_insights_are_sorted_and_documented(jobs):
     ins = job_insights(jobs, "straggle").insights
+    # By seconds lost, largest first; unpriced ones last, by severity.
+    lost = [i.seconds_lost for i in ins if i.seconds_lost is not None]
+    assert lost == sorted(lost, reverse=True) and len(lost) >= 3
+    unpriced = [i for i in ins if i.seconds_lost is None]
+    assert ins[len(lost) :] == unpriced
     order = {"high": 0, "warn": 1, "info": 2}
-    assert [order[i.severity] for i in ins] == sorted(order[i.severity] for i in ins)
+    assert [order[i.severity] for i in unpriced] == sorted(order[i.severity] for i in unpriced)
     from pharos_analytics.insights.run import RULES
 
     for r in RULES:

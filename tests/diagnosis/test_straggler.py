@@ -13,6 +13,7 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 from pharos_diag_rows import T0, MiB, S, req, start_event
+from pharos_diag_rows import ctr as _ctr
 from pharos_testkit import DARSHAN_LOGS, need_darshan
 from rich.console import Console
 
@@ -165,19 +166,6 @@ def counter_rows(job, slow_ost, files=16, osts=8):
         for counter, value in (("LUSTRE_STRIPE_COUNT", 1), ("LUSTRE_OSTS", 1), (f"LUSTRE_OST_ID_{ost}", 1)):
             rows.append(_ctr(job, "LUSTRE", i, rid, f"/lus/out.{i}", counter, value))
     return rows
-
-
-def _ctr(job, module, rank, rid, path, counter, value):
-    return {
-        "job_id": job,
-        "log_id": f"darshan:{job}",
-        "module": module,
-        "rank": rank,
-        "record_id": rid,
-        "path": path,
-        "counter": counter,
-        "value": float(value),
-    }
 
 
 def test_counters_name_the_slow_ost(store):

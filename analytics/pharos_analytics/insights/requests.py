@@ -214,3 +214,41 @@ def random_access(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) ->
                 )
             )
     return out
+
+
+#: Independent MPI-IO operations of a direction above which a job without collective ones is
+#: flagged (Drishti ``collective_operations_absolute``, 1000).
+COLLECTIVE_ABSOLUTE = 1000
+
+
+def mpiio_independent(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -> list[Insight]:
+    """MPI-IO without collective calls. Source: Drishti M02 (reads) / M03 (writes).
+
+    Fires when a job of more than one rank uses MPI-IO, makes no collective (MPIIO_COLL_*) nor
+    split-collective (MPIIO_SPLIT_*) operation of a direction and more than
+    ``COLLECTIVE_ABSOLUTE`` (operations, default 1000, Drishti collective_operations_absolute)
+    independent ones (MPIIO_INDEP_* + MPIIO_NB_*). Counters only (the MPI-IO module)."""
+    out: list[Insight] = []
+    if not (c.present and c.mpiio) or max((c.nprocs(r) for r in c.mpiio), default=1) < 2:
+        return out
+    for d, D in (("read", "READS"), ("write", "WRITES")):
+        coll = sum(r.g(f"MPIIO_COLL_{D}") + r.g(f"MPIIO_SPLIT_{D}") for r in c.mpiio)
+        indep = sum(r.g(f"MPIIO_INDEP_{D}") + r.g(f"MPIIO_NB_{D}") for r in c.mpiio)
+        if coll > 0 or indep <= COLLECTIVE_ABSOLUTE:
+            continue
+        out.append(
+            Insight(
+                f"mpiio_independent_{d}s",
+                f"MPI-IO {d}s are all independent",
+                "high",
+                "counters",
+                f"the job uses MPI-IO but makes no collective {d}: {int(indep)} independent {d} calls",
+                {"independent": int(indep), "collective": 0, "absolute_threshold": COLLECTIVE_ABSOLUTE},
+                [
+                    f"Use collective calls (MPI_File_{d}_all / _at_all) so ROMIO's aggregators issue few large "
+                    "requests (two-phase I/O); tune cb_nodes / cb_buffer_size hints."
+                ],
+                f"Drishti {'M02' if d == 'read' else 'M03'}: collective_operations_absolute",
+            )
+        )
+    return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from pharos_core.store import Store
 
@@ -13,9 +14,10 @@ from .evidence import Counters, Trace
 from .files import many_small_files, read_after_write, redundant_reads, stdio_heavy
 from .imbalance import rank_imbalance, stragglers
 from .metadata import fsync_storm, metadata_rate, metadata_time
-from .model import SEVERITY_ORDER, Insight, JobInsights
-from .requests import misaligned, random_access, small_requests, small_shared
-from .targets import single_target, straggler_resource
+from .model import DRISHTI_CODES, Insight, JobInsights, order_key
+from .price import PRICES, Pricer, price
+from .requests import misaligned, mpiio_independent, random_access, small_requests, small_shared
+from .targets import interference, single_target, straggler_resource
 from .weigh import totals, weigh
 
 #: A rule takes (counters, trace, cfg, phases) and returns its insights.
@@ -35,15 +37,18 @@ RULES: list[Rule] = [
     fsync_storm,
     single_target,
     straggler_resource,
+    interference,
     stdio_heavy,
+    mpiio_independent,
     read_after_write,
 ]
 
 
 def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) -> JobInsights:
     """Run every rule on ``job_id`` (client layer), weigh each insight's severity by the bytes
-    and time it concerns (:func:`weigh`), sort by severity, then id. An unknown job or one
-    without I/O gives no insight (and its phases' source ``none``)."""
+    and time it concerns (:func:`weigh`), price it (``seconds_lost``, :mod:`.price`) and give
+    it its Drishti code; sort by seconds lost, largest first (unpriced last), then severity,
+    then id. An unknown job or one without I/O gives no insight (and its phases' source ``none``)."""
     cfg = cfg or DiagnosisConfig()
     counters = Counters(store, job_id)
     trace = Trace(store, job_id, cfg)
@@ -60,10 +65,67 @@ def job_insights(store: Store, job_id: str, cfg: DiagnosisConfig | None = None) 
     if out:
         tot = totals(counters, trace)
         out = [weigh(i, tot, cfg) for i in out]
-    out.sort(key=lambda i: (SEVERITY_ORDER[i.severity], i.id))
+        pricer = Pricer(counters, trace, cfg)
+        out = [priced(pricer, i) for i in out]
+    out.sort(key=order_key)
     return JobInsights(job_id=job_id, insights=out, phases=ph, notes=notes)
 
 
-def catalogue() -> list[dict[str, str]]:
-    """The rules with their docstrings (source, thresholds and units)."""
-    return [{"rule": r.__name__, "doc": (r.__doc__ or "").strip()} for r in RULES]
+def priced(p: Pricer, i: Insight) -> Insight:
+    """The insight with its ``seconds_lost`` (basis in ``evidence["seconds_lost_basis"]``) and
+    its Drishti code."""
+    s, basis = price(p, i)
+    return replace(
+        i, seconds_lost=s, evidence={**i.evidence, "seconds_lost_basis": basis}, drishti_code=DRISHTI_CODES.get(i.id)
+    )
+
+
+def catalogue() -> list[dict[str, str | list[str] | None]]:
+    """The rules with their docstrings (source, thresholds and units), the insight ids each
+    can give with their Drishti codes, and how each is priced."""
+    out: list[dict[str, str | list[str] | None]] = []
+    for r in RULES:
+        ids = [k for k, fn in PRICES.items() if _rule_of(k) == r.__name__]
+        out.append(
+            {
+                "rule": r.__name__,
+                "doc": (r.__doc__ or "").strip(),
+                "insights": ids,
+                "drishti_codes": sorted({DRISHTI_CODES[k] for k in ids if k in DRISHTI_CODES}),
+                "price": " ".join(sorted({(PRICES[k].__doc__ or "").split(".")[0].strip() for k in ids})) or None,
+            }
+        )
+    return out
+
+
+#: The rule that gives each insight id (for the catalogue).
+_RULE_OF = {
+    "small_reads": "small_requests",
+    "small_writes": "small_requests",
+    "small_reads_shared": "small_shared",
+    "small_writes_shared": "small_shared",
+    "misaligned_file": "misaligned",
+    "misaligned_memory": "misaligned",
+    "random_reads": "random_access",
+    "random_writes": "random_access",
+    "redundant_reads": "redundant_reads",
+    "rank_imbalance_bytes": "stragglers",
+    "rank_imbalance_time": "stragglers",
+    "rank_imbalance_bytes_per_rank": "rank_imbalance",
+    "rank_imbalance_time_per_rank": "rank_imbalance",
+    "metadata_time": "metadata_time",
+    "metadata_heavy": "metadata_rate",
+    "many_small_files": "many_small_files",
+    "fsync_storm": "fsync_storm",
+    "single_target_shared_file": "single_target",
+    "straggler_resource": "straggler_resource",
+    "interference": "interference",
+    "stdio_heavy": "stdio_heavy",
+    "mpiio_independent_reads": "mpiio_independent",
+    "mpiio_independent_writes": "mpiio_independent",
+    "read_after_write": "read_after_write",
+}
+
+
+def _rule_of(insight_id: str) -> str:
+    return _RULE_OF.get(insight_id, "")

@@ -129,3 +129,57 @@ def straggler_resource(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhase
             )
         )
     return out
+
+
+def interference(c: Counters, t: Trace, cfg: DiagnosisConfig, ph: JobPhases) -> list[Insight]:
+    """Another job slowed this one on a shared forwarding node or target. Source: Pharos
+    (:mod:`pharos_analytics.interference`: latency per request above the job's quiet-window
+    baseline by ``interference_latency_ratio`` (x, default 1.5), the culprit the
+    largest co-located job). Trace only (forwarder-layer requests); priced by
+    :func:`pharos_analytics.system_diag.interference_price`."""
+    if not t.present:
+        return []
+    from ..interference import job_interference
+    from ..system_diag import interference_price
+
+    rep = job_interference(t.store, t.job_id, cfg)
+    ranks = sum(1 for r in t.ranks if int(r["bytes"]) > 0) or 1
+    out = []
+    for e in rep["events"]:
+        if e["job_id"] != t.job_id:
+            continue
+        s, basis = interference_price(e, rep["shared_windows"], ranks)
+        kind = e["resource_type"].replace("_", " ")
+        out.append(
+            Insight(
+                "interference",
+                f"Slowed by job {e['culprit_job']} on {kind} {e['resource']}",
+                "high" if e["severity"] == "critical" else "warn",
+                "trace",
+                f"job {e['culprit_job']} moved {mib(e['culprit_bytes'])} through {kind} {e['resource']} while this job's "
+                f"requests there took {e['latency_ms']:.2f} ms instead of {e['baseline_latency_ms']:.2f} ms "
+                f"({e['latency_ratio']:.1f}x, {e['windows']} window(s))",
+                {
+                    k: e[k]
+                    for k in (
+                        "culprit_job",
+                        "resource_type",
+                        "resource",
+                        "windows",
+                        "latency_ms",
+                        "baseline_latency_ms",
+                        "latency_ratio",
+                        "baseline_source",
+                        "culprit_bytes",
+                    )
+                }
+                | {"seconds_lost_basis": basis},
+                [
+                    f"Ask the administrators to keep job {e['culprit_job']}'s I/O off {kind} {e['resource']} "
+                    "(forwarding-node mapping / target placement), or schedule the two apart."
+                ],
+                e.get("rule_source", "Pharos"),
+                seconds_lost=s,
+            )
+        )
+    return out

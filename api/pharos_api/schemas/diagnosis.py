@@ -78,6 +78,12 @@ class InsightOut(OutModel):
     evidence: dict[str, Any]
     recommendations: list[str]
     rule_source: str = Field(description="Paper, Drishti trigger or 'Pharos'.")
+    seconds_lost: float | None = Field(
+        default=None,
+        description="Seconds of the job's run time (critical path) the finding is estimated to have cost; null when "
+        "the rule cannot price it. How: evidence.seconds_lost_basis. Insights come sorted by it, largest first.",
+    )
+    drishti_code: str | None = Field(default=None, description="Drishti trigger code (S01, P05..P22, M02/M03), if any.")
 
 
 class JobInsightsOut(OutModel):
