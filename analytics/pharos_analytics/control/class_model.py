@@ -86,7 +86,7 @@ START_RANKS_SQL = """
 SELECT anyIf(ranks, kind = 'start') AS ranks FROM job_events FINAL WHERE job_id = {job_id:String} GROUP BY job_id
 """
 
-#: Profile numbers the regressor predicts (log1p each), in :class:`~.dfra.JobHistory` terms.
+#: Profile numbers the regressor predicts (log1p each): the numeric fields of :class:`~.dfra.JobHistory`.
 TARGETS = (
     "bandwidth_b_s",
     "bytes",
@@ -302,7 +302,7 @@ class ClassModel:
         probs = {str(c): float(p) for c, p in zip(self.classifier.classes_, proba, strict=True)}
         predicted: DfraClass = max(probs, key=lambda c: probs[c])  # type: ignore[assignment]
         conf = probs[predicted]
-        est = dict(zip(TARGETS, np.expm1(self.regressor.predict(x)[0]).clip(min=0.0), strict=True))
+        est = {k: float(v) for k, v in zip(TARGETS, np.expm1(self.regressor.predict(x)[0]).clip(min=0.0), strict=True)}
         sims = (self._x @ x.T).toarray().ravel()
         norms = np.sqrt(np.asarray(self._x.multiply(self._x).sum(axis=1)).ravel()) * max(
             math.sqrt(float(x.multiply(x).sum())), 1e-12
@@ -310,19 +310,7 @@ class ClassModel:
         cos = sims / np.maximum(norms, 1e-12)
         near = [int(i) for i in np.argsort(-cos, kind="stable")[: self.NEIGHBOURS]]
         pattern = self._pattern if isinstance(self._pattern, str) else str(self._pattern.predict(x)[0])
-        hist = JobHistory(
-            runs=0,
-            jobs=[self.jobs[i] for i in near],
-            pattern=pattern,
-            bytes=float(est["bytes"]),
-            data_requests=float(est["data_requests"]),
-            metadata_ops=float(est["metadata_ops"]),
-            metadata_ops_s=float(est["metadata_ops_s"]),
-            io_ranks=float(est["io_ranks"]),
-            bandwidth_b_s=float(est["bandwidth_b_s"]),
-            forwarding_nodes=float(est["forwarding_nodes"]),
-            span_s=float(est["span_s"]),
-        )
+        hist = JobHistory(runs=0, jobs=[self.jobs[i] for i in near], pattern=pattern, **est)
         need = self.cfg.dfra_model_min_confidence
         confident = conf >= need
         klass: DfraClass = predicted if confident else "default"
