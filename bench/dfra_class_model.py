@@ -34,7 +34,8 @@ error (|log10 predicted/true|). Before stopping, one job whose name and command 
 WITH its hint: the line ``pharos run`` prints (class, nodes, applied before its ranks start) and
 the forwarding nodes in the daemons' records of its requests.
 
-Run: ``sudo uv run python bench/dfra_class_model.py`` (about 3-5 minutes on 2 cores).
+Run: ``sudo uv run python bench/dfra_class_model.py`` (about 6 minutes on 2 cores: 1 to start the
+stack, 1 to import the corpus, 9 s per job).
 Nothing is written in the repository: the state dir is a temporary directory, removed at the end
 (``--keep`` keeps it).
 """
@@ -119,12 +120,13 @@ def plan(rounds: int) -> list[tuple[str, str, int, list[str]]]:
 
 
 def run_job(settings: Settings, job: str, name: str, ranks: int, command: list[str], data: Path, hint: bool) -> str:
-    """One ``pharos run``; returns its ``pharos run:`` lines. Exits on failure."""
+    """One ``pharos run``; returns its ``pharos run:`` lines. A job whose ranks fail is still a
+    job of the history (its events and records are stored): said, not fatal."""
     argv, env = pharos_run(settings, job, command, ranks, name)
     env |= {"PHAROS_DATA": str(data), "PHAROS_RUN_HINT": "true" if hint else "false"}
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if p.returncode:
-        sys.exit(f"pharos run {job} failed ({p.returncode}): {p.stderr[-2000:]}")
+        print(f"  {job}: exit {p.returncode}: {(p.stdout + p.stderr)[-1500:]}", flush=True)
     for f in data.iterdir():  # bound the disk: the records are what the history keeps
         f.unlink()
     return "; ".join(ln for ln in p.stderr.splitlines() if ln.startswith("pharos run:"))
@@ -150,7 +152,7 @@ def matrix(conf: list[list[int]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of the 7 job families (default 5)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of the 7 job families (default 4)")
     ap.add_argument("--train-share", type=float, default=0.6, help="oldest share of the jobs that trains")
     ap.add_argument("--min-confidence", type=float, default=None, help="[control] dfra_model_min_confidence")
     ap.add_argument("--darshan", type=Path, default=DARSHAN_LOGS, help="Darshan logs (default: the corpus)")
@@ -164,6 +166,15 @@ def main() -> None:
     if a.min_confidence is not None:
         os.environ["PHAROS_CONTROL_DFRA_MODEL_MIN_CONFIDENCE"] = str(a.min_confidence)
     state = Path(tempfile.mkdtemp(prefix="pharos-classes-"))
+    try:
+        report(a, state)
+    finally:
+        if not a.keep:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def report(a: argparse.Namespace, state: Path) -> None:
+    """Make the history in ``state``, evaluate, print (module doc)."""
     settings = stack_settings(state, "pharos-bench-classes")
     t0 = time.monotonic()
     demo: dict = {}
@@ -252,8 +263,6 @@ def main() -> None:
         out["unseen_job"] = demo
     if a.json:
         a.json.write_text(json.dumps(out, indent=1, default=str))
-    if not a.keep:
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

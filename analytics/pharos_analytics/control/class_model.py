@@ -250,9 +250,9 @@ def label_of(m: JobMetrics, cfg: ControlConfig, diag: DiagnosisConfig | None = N
 
 
 def _classifier(kind: str):
-    if kind == "forest":
-        return RandomForestClassifier(n_estimators=200, min_samples_leaf=1, random_state=0, n_jobs=1)
-    return LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced")
+    if kind == "logistic":
+        return LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced")
+    return RandomForestClassifier(n_estimators=200, min_samples_leaf=1, random_state=0, n_jobs=1)
 
 
 class ClassModel:
