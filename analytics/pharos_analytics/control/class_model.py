@@ -252,7 +252,9 @@ def label_of(m: JobMetrics, cfg: ControlConfig, diag: DiagnosisConfig | None = N
 def _classifier(kind: str):
     if kind == "logistic":
         return LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced")
-    return RandomForestClassifier(n_estimators=200, min_samples_leaf=1, random_state=0, n_jobs=1)
+    # every feature at every split (bagged trees): the few numeric features (ranks, sizes) that part
+    # one command's classes are offered to each split, not 1 in sqrt(n) of ~100 tokens (the bench)
+    return RandomForestClassifier(n_estimators=200, max_features=None, random_state=0, n_jobs=1)
 
 
 class ClassModel:

@@ -166,7 +166,8 @@ class ControlConfig(PharosSettings):
         default="forest",
         description="Pharos (bench/dfra_class_model.py: the forest 1.000 on the time-ordered split, logistic "
         "regression 0.778, too unsure to tell a 2-rank run from a 4-rank run of one command). scikit-learn "
-        "classifier of the class: a random forest (200 trees) or logistic regression (balanced class weights).",
+        "classifier of the class: a random forest (200 bagged trees, every feature at every split) or logistic "
+        "regression (balanced class weights).",
     )
     reserved_nodes: list[str] = Field(
         default=["fwd2", "fwd3"],
