@@ -111,18 +111,24 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def request_hint(settings: Settings, job_id: str, name: str, user: str, command: list[str]) -> tuple[dict | None, str]:
+def request_hint(
+    settings: Settings, job_id: str, name: str, user: str, command: list[str], ranks: int = 0
+) -> tuple[dict | None, str]:
     """Ask the API for the DFRA decision of ``job_id`` and have it applied before the first I/O.
 
     ``GET {settings.api_url}/v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
     (one ``command`` parameter per argv word: the history is matched by name, user and exact
-    command; see :mod:`pharos_analytics.control.dfra`), waiting at most
+    command; see :mod:`pharos_analytics.control.dfra`), ``&ranks=N`` when ``ranks`` > 0 (a feature
+    of the learned class of a job without exact history, :mod:`pharos_analytics.control.class_model`),
+    waiting at most
     ``settings.run_hint_timeout_s`` seconds. Returns (the decision as the API gives it:
     ``class``, ``nodes`` primary first, ``reserved``, ``status`` applied | failed | recorded,
     ``reason``, ...; '') or (None, a one-line reason it could not be had: unreachable, timeout,
     HTTP error, not JSON). Never raises for the API's sake."""
     url = f"{settings.api_url}/v1/hints/jobs/{job_id}"
-    params = {"apply": "true", "name": name, "user": user, "command": command}
+    params: dict = {"apply": "true", "name": name, "user": user, "command": command}
+    if ranks > 0:  # the job's ranks: a feature of the learned class when it has no exact history
+        params["ranks"] = ranks
     try:  # the API token (settings api_token / PHAROS_API_TOKEN, api_token_file): roles admin or scheduler
         token = settings.api_token_value()
     except OSError as exc:
@@ -168,6 +174,7 @@ def job_hint(
     hint: bool | None = None,
     quiet: bool = False,
     report: Callable[[str], None] = _stderr,
+    ranks: int = 0,
 ) -> dict | None:
     """The hint step of :func:`run_job`: when ``hint`` (None: ``settings.run_hint``), ask for and
     apply the job's DFRA decision (:func:`request_hint`) and say it in one line on ``report``
@@ -175,7 +182,7 @@ def job_hint(
     ``quiet``) and None: the job runs with the mount's default mapping. Never raises."""
     if not (settings.run_hint if hint is None else hint):
         return None
-    decision, why = request_hint(settings, job_id, name, user, command)
+    decision, why = request_hint(settings, job_id, name, user, command, ranks)
     if decision is None:
         report(f"pharos run: warning: no forwarding hint for job {job_id}, default mapping: {why}")
     elif not quiet:
@@ -223,7 +230,7 @@ def run_job(
     host = socket.gethostname()
     name = name or Path(command[0]).name
     job_ranks = ranks * (launcher_world_size(command) or 1)  # the MPI world size when launched
-    decision = job_hint(settings, job_id, name, _user(), command, hint, quiet, report)
+    decision = job_hint(settings, job_id, name, _user(), command, hint, quiet, report, job_ranks)
 
     def job_event(kind: int, time_ns: int, **fields) -> JobEvent:
         """The job's start or end event: what both carry, plus ``fields`` (the end's exit code)."""

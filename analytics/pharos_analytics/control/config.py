@@ -29,6 +29,7 @@ Sources of the defaults:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -130,6 +131,44 @@ class ControlConfig(PharosSettings):
     )
     dfra_more_nodes_min: int = Field(
         default=2, ge=2, description="Pharos. 'More forwarding nodes' means at least this many."
+    )
+    # -- learned job classes when there is no exact history (Pharos; DFRA FAST'19 §3-4 history) -
+    dfra_model_enabled: bool = Field(
+        default=True,
+        description="Pharos. A job without exact history (same name, user, command) gets the class a model "
+        "trained on the stored history predicts (control/class_model.py), when it is confident enough.",
+    )
+    dfra_model_min_confidence: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="Pharos. The model's probability of its class below which the job keeps the default "
+        "(the model is unsure).",
+    )
+    dfra_model_min_jobs: int = Field(
+        default=20,
+        ge=2,
+        description="Pharos. Finished jobs with I/O the history needs before the model is used.",
+    )
+    dfra_model_max_jobs: int = Field(
+        default=5000, ge=2, description="Pharos. Newest finished jobs the model is trained on."
+    )
+    dfra_model_lookback_s: float = Field(
+        default=90 * 86400.0, gt=0, description="Pharos. Jobs started this long ago (s) or later train the model."
+    )
+    dfra_model_retrain_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Pharos. The model is retrained from the store when older than this (s); 0 = for every "
+        "decision without exact history.",
+    )
+    dfra_model_classifier: Literal["logistic", "forest"] = Field(
+        default="forest",
+        description="Pharos (bench/dfra_class_model.py, docs/papers.md: exact match then the forest 0.889 on the "
+        "time-ordered split, exact match alone 0.667; logistic regression is less sure: 6 of 18 jobs below 0.7). "
+        "scikit-learn "
+        "classifier of the class: a random forest (200 bagged trees, every feature at every split) or logistic "
+        "regression (balanced class weights).",
     )
     reserved_nodes: list[str] = Field(
         default=["fwd2", "fwd3"],

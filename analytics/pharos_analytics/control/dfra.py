@@ -24,7 +24,9 @@ Decision classes:
   nodes not held by another job; they are held by this job until it ends. When none is free
   the job falls back to ``more_nodes`` (reason says so).
 
-A job without history gets ``default``. Fail-slow nodes, and nodes whose daemon does not
+A job without history gets ``default``, unless the learned job-class model
+(:mod:`.class_model`, ``[control] dfra_model_*``) predicts another class confidently from the
+jobs it resembles. Fail-slow nodes, and nodes whose daemon does not
 answer, are never chosen.
 """
 
@@ -33,13 +35,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pharos_core.store import Store
 
 from ..diagnosis_config import DiagnosisConfig
 from ..profiles import job_metrics
 from .config import ControlConfig
+
+if TYPE_CHECKING:
+    from .class_model import LearnedClass
 
 DfraClass = Literal["default", "more_nodes", "dedicated"]
 
@@ -265,13 +270,20 @@ def decide(
     capacity_b_s: float,
     cfg: ControlConfig,
     diag: DiagnosisConfig | None = None,
+    learned: LearnedClass | None = None,
 ) -> DfraDecision:
     """The DFRA decision of ``job_id`` (see the module doc). ``nodes``: every forwarding node that
     exists; ``default_node``: the mount's default (None: unknown); ``diag`` as in
-    :func:`classify`. Never names a fail-slow node, a reserved node held by another job, or more
-    nodes than exist. Pure (given ``diag``)."""
+    :func:`classify`; ``learned``: the class model's prediction
+    (:mod:`.class_model`), used only when ``history`` is None: its class (``default`` when it is
+    unsure) and its estimated profile for the sizing. Never names a fail-slow node, a reserved node
+    held by another job, or more nodes than exist. Pure (given ``diag``)."""
     diag = diag or DiagnosisConfig()
     klass, reason, ev = classify(history, cfg, diag)
+    if history is None and learned is not None:
+        klass, history = learned.klass, learned.history
+        reason += "; " + learned.reason
+        ev = {"runs": 0, "jobs": learned.history.jobs, "learned": learned.evidence}
     healthy = [n for n in nodes if n.usable]
     shared = _by_load([n for n in healthy if not n.reserved])
     free_reserved = _by_load([n for n in healthy if n.reserved and n.holder in ("", job_id)])

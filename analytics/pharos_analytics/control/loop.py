@@ -9,7 +9,8 @@ detection loop of :mod:`pharos_analytics.alerts`):
    within ``reservation_start_grace_s``) are returned (``release`` rows).
 2. **DFRA** (:mod:`.dfra`) for every active job without a decision yet: the history of its
    earlier runs decides its forwarding nodes (``dfra_*`` rows). :meth:`ControlLoop.hint`
-   takes the same decision on demand, before the job's first I/O.
+   takes the same decision on demand, before the job's first I/O. A job without exact history
+   gets the class of the learned job-class model when it is confident (:mod:`.class_model`).
 3. **Remapping** (:mod:`.remap`) on the detection loop's active interference events on a
    forwarding node (``remap`` rows).
 4. **Mapping push**: the mount's whole job table (``GET``/``PUT /mapping`` of pharos-mount,
@@ -51,6 +52,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from ..diagnosis_config import DiagnosisConfig
 from ..periodic import PeriodicLoop
 from .audit import Audit, ControlError, nodes_text
+from .class_model import ClassModel, JobIdentity, LearnedClass, start_ranks, training_samples
 from .config import ControlConfig
 from .dfra import DfraDecision, decide, job_history
 from .placement import measure_targets, plan_placement
@@ -100,6 +102,8 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         self._lock = threading.RLock()
         self._backoff: dict[str, _Backoff] = {}
         self._dry_seen: dict[tuple[str, str], str] = {}
+        #: (monotonic time trained, config key, model or None, why None)
+        self._class_model: tuple[float, str, ClassModel | None, str] | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
     def _reload(self) -> None:
@@ -122,12 +126,18 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         now_ns: int,
         record: bool,
         anomalies: list[dict] | None = None,
+        ranks: int | None = None,
     ) -> DfraDecision:
         cfg = self.cfg
         hist = job_history(self.store, name, user, command, cfg, job_id=job_id)
+        learned, why_not = None, ""
+        if hist is None and name and cfg.dfra_model_enabled:
+            learned, why_not = self._learned_class(job_id, name, user, command, ranks, now_ns)
         nodes = self._node_states(view, now_ns, anomalies)
         cap, cap_src = self.node_capacity(now_ns)
-        d = decide(job_id, hist, nodes, view.default_node, cap, cfg, self.diag)
+        d = decide(job_id, hist, nodes, view.default_node, cap, cfg, self.diag, learned)
+        if why_not:
+            d.evidence["learned"] = {"model": why_not}
         # A job the mount already maps (set there by an admin, the scheduler or a test, not by this
         # loop: the job has no decision yet) keeps that entry when DFRA has nothing better than the
         # default: "default" means no allocation of ours, not "undo someone else's".
@@ -148,6 +158,27 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         if record and job_id and d.reserved:
             self._hold(d.reserved, job_id, f"DFRA {d.klass}", now_ns)
         return d
+
+    def _learned_class(
+        self, job_id: str, name: str, user: str, command: list[str] | None, ranks: int | None, now_ns: int
+    ) -> tuple[LearnedClass | None, str]:
+        """The class model's prediction for a job without exact history, or (None, why not). The
+        model is trained from the store when there is none yet, when the thresholds changed, or
+        when it is older than ``dfra_model_retrain_s``; ``ranks`` None: from the job's start event
+        (0 = unknown)."""
+        cfg = self.cfg
+        key = cfg.model_dump_json() + self.diag.model_dump_json()
+        cached = self._class_model
+        if cached is None or cached[1] != key or time.monotonic() - cached[0] >= cfg.dfra_model_retrain_s:
+            samples = training_samples(self.store, cfg, self.diag, now_ns, exclude=job_id)
+            model, why = ClassModel.fit(samples, cfg, now_ns)
+            self._class_model = cached = (time.monotonic(), key, model, why)
+        model, why = cached[2], cached[3]
+        if model is None:
+            return None, why
+        if ranks is None:
+            ranks = start_ranks(self.store, job_id) if job_id else 0
+        return model.predict(JobIdentity(name, user, tuple(command or ()), ranks)), ""
 
     def _release(self, now_ns: int) -> list[dict]:
         """Return reserved nodes held by ended jobs, or by hinted jobs that never started."""
@@ -457,12 +488,15 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         command: list[str] | None = None,
         apply: bool = False,
         now_ns: int | None = None,
+        ranks: int | None = None,
     ) -> dict:
         """The DFRA decision of ``job_id``, taken now if it has none (recorded, reserved nodes held),
         else the stored one (a later remap shows as ``current``). The job's name, user and command
         come from its start event, else from the arguments (a job not started yet); ``apply``
-        pushes the mapping at once (before the job's first I/O). Raises ControlError when the job
-        is unknown and no name is given, StoreError."""
+        pushes the mapping at once (before the job's first I/O); ``ranks`` (None: from the start
+        event, else unknown) is a feature of the learned class of a job without exact history
+        (:mod:`.class_model`). Raises ControlError when the job is unknown and no name is given,
+        StoreError."""
         with self._lock:
             self._reload()
             now_ns = time.time_ns() if now_ns is None else now_ns
@@ -490,7 +524,7 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
                 }
             else:
                 view = self._view()
-                d = self._decide_job(job_id, name, user, command, view, now_ns, True)
+                d = self._decide_job(job_id, name, user, command, view, now_ns, True, ranks=ranks)
                 status = "recorded"
                 err = ""
                 urls: list[str] = []
@@ -522,14 +556,22 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
             out["dry_run"] = self.cfg.dry_run
             return out
 
-    def preview(self, name: str, user: str = "", command: list[str] | None = None, now_ns: int | None = None) -> dict:
-        """The decision a job not started yet would get (nothing recorded, nothing held)."""
+    def preview(
+        self,
+        name: str,
+        user: str = "",
+        command: list[str] | None = None,
+        now_ns: int | None = None,
+        ranks: int | None = None,
+    ) -> dict:
+        """The decision a job not started yet would get (nothing recorded, nothing held); ``ranks``
+        (None: unknown) is a feature of the learned class when there is no exact history."""
         if not name:
             raise ControlError("name is required: the history is matched by job name, user and command")
         with self._lock:
             self._reload()
             now_ns = time.time_ns() if now_ns is None else now_ns
-            d = self._decide_job("", name, user, command, self._view(), now_ns, False)
+            d = self._decide_job("", name, user, command, self._view(), now_ns, False, ranks=ranks or 0)
             out = d.to_dict() | {"class": d.klass, "decided": False, "new": False, "dry_run": self.cfg.dry_run}
             out.pop("klass", None)
             return out

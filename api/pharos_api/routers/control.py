@@ -69,12 +69,15 @@ def get_job_hint(
     user: Annotated[str | None, Query(max_length=256)] = None,
     command: Annotated[list[str] | None, Query(max_length=256, description="argv, one parameter per word.")] = None,
     apply: Annotated[bool, Query(description="Push the mapping to the mount now.")] = False,
+    ranks: Annotated[
+        int | None, Query(ge=1, description="The job's ranks, for a job without a start event (learned class).")
+    ] = None,
 ) -> dict[str, Any]:
     """Records the decision and may hold reserved nodes, so a control action: roles admin and
     scheduler (the Slurm plugin's prolog, ``pharos run`` with such a token). 404: no start event
     and no ``name``."""
     try:
-        return get_loop(request, store, settings).hint(job_id, name, user, command, apply=apply)
+        return get_loop(request, store, settings).hint(job_id, name, user, command, apply=apply, ranks=ranks)
     except ControlError as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -94,6 +97,7 @@ def get_hint(
     name: Annotated[str, Query(min_length=1, max_length=NAME_MAX)],
     user: Annotated[str, Query(max_length=NAME_MAX)] = "",
     command: Annotated[list[str] | None, Query(max_length=256)] = None,
+    ranks: Annotated[int | None, Query(ge=1, description="The job's ranks (learned class).")] = None,
 ) -> dict[str, Any]:
     """Nothing recorded. A ``user`` token previews its own jobs only (``user`` is its name; 403
     for another user)."""
@@ -101,7 +105,7 @@ def get_hint(
         if user not in ("", principal.user):
             raise HTTPException(403, "a user token previews the hints of its own user only")
         user = principal.user
-    return get_loop(request, store, settings).preview(name, user, command)
+    return get_loop(request, store, settings).preview(name, user, command, ranks=ranks)
 
 
 @router.get(
