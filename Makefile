@@ -122,11 +122,13 @@ lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@cargo fmt --all --check
 	@cargo clippy --release --quiet --workspace --all-targets -- -D warnings
 
-evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only); the cluster rig with its fault schedule, and the forwarding optimisations on it
+evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only); the cluster rig with its fault schedule, and the forwarding optimisations on it; the labelled diagnosis suite (100 cases); learned DFRA classes vs exact match
 	@$(RUN) pytest -q -s tests/live
 	@$(RUN) pytest -q -s -m evaluation tests
 	@$(RUN) python bench/cluster.py --faults
 	@$(RUN) python bench/cluster_forwarding.py
+	@$(RUN) python bench/diagnosis_suite.py --cases 100 --seed 1 --json build/diagnosis_suite.json
+	@$(RUN) python bench/dfra_class_model.py
 
 bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
 	@$(RUN) python bench/agent_overhead.py

@@ -291,6 +291,14 @@ class DiagnosisConfig(PharosSettings):
     failslow_min_ops: int = Field(
         default=20, ge=1, description="Pharos. Requests a node must have served in a window to be judged (load guard)."
     )
+    failslow_min_utilization: float = Field(
+        default=0.5,
+        ge=0,
+        le=100,
+        description="Pharos. A node with fewer than failslow_min_ops requests in a window is still judged when "
+        "its summed service time is at least this share of the window (a target slowed 8x serves a few "
+        "requests per second, each in service for a long time).",
+    )
     failslow_min_busy_share: float = Field(
         default=0.3,
         ge=0,
@@ -338,6 +346,13 @@ class DiagnosisConfig(PharosSettings):
         "for it to be named: queue wait at a forwarding node (its workers held by another job), service time at a "
         "target (its bandwidth taken). A rise in service time alone (the job's own slow target) blames no "
         "forwarding node.",
+    )
+    interference_min_occupancy: float = Field(
+        default=0.1,
+        ge=0,
+        description="Pharos. A culprit's requests must have been in service on the shared resource for at least "
+        "this share of the window (summed service time / window: its mean requests in service), so that a few "
+        "requests of another job or of no job are not blamed.",
     )
     # -- alerts and the periodic detection of the server (Pharos) -------------------------------
     alertmanager_url: str = Field(

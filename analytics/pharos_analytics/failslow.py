@@ -17,10 +17,11 @@ Two detectors are computed on the same windows and both are reported per node:
 * **The model** (Pharos): a robust z-score (scikit-learn ``RobustScaler``: median and IQR,
   scaled to a standard deviation) of the log of the node's *relative service time per
   byte* among its peers. For targets that is service time per byte (ns/B: the interval's
-  summed service time ``service_ns_sum`` / bytes; p50 latency x ops for rows without it; of
-  the forwarding node that served the target fastest in the interval, so that a slow
-  forwarding node, whose stretched service times cover every target it serves, does not make
-  them look slow, while a slow target is slow through every forwarding node) times the target's configured rate (``max_perf_mb_s``): 1 = served exactly at its
+  summed service time ``service_ns_sum`` / bytes; p50 latency x ops for rows without it; the
+  median over the window's intervals of each forwarding node that served the target, and of
+  those the fastest, so that a slow forwarding node, whose stretched service times cover every
+  target it serves, does not make them look slow, while a slow target is slow through every
+  forwarding node) times the target's configured rate (``max_perf_mb_s``): 1 = served exactly at its
   configured rate, whatever that rate is,
   so a 10 MB/s target is not an outlier for being configured slow. (When some target has
   no limit, the raw ns/B is compared: homogeneous targets assumed.) For forwarding nodes it
@@ -31,8 +32,9 @@ Two detectors are computed on the same windows and both are reported per node:
   a short burst does not flag a long window: that is what separates persistent from transient.
 
 **Which decides**: the model, with a load guard taken from Beacon's idea that a node is only
-judged under load (``failslow_min_ops`` requests and ``failslow_min_busy_share`` of the
-intervals busy), and an effect-size guard (``failslow_min_ratio`` x the peers' median).
+judged under load (``failslow_min_ops`` requests, or fewer that kept it in service at least
+``failslow_min_utilization`` of the window, as a very slow target does; and
+``failslow_min_busy_share`` of the intervals busy), and an effect-size guard (``failslow_min_ratio`` x the peers' median).
 Beacon's rule alone misses slow nodes whose degraded bandwidth is still comparable to
 slower-configured peers (a 50 MB/s target slowed 4x still moves 12.5 MB/s, more than the
 10 and 20 MB/s targets), and its volume clause fails once clients block on the slow node
@@ -58,6 +60,7 @@ from .diagnosis_config import DiagnosisConfig
 
 NodeKind = Literal["target", "forwarder", "broker", "compute_node"]
 KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
+MIN_FWD_OPS = 3  # requests a forwarding node needs on a target in a window to speak for the target
 _MIN_LOG_SCALE = (
     0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
 )
@@ -66,8 +69,8 @@ _MIN_LOG_SCALE = (
 #: of producers without it (service_ns_sum = 0) the p50 x ops estimate.
 _SERVICE_NS = "if(service_ns_sum > 0, service_ns_sum, latency_p50_ns * (read_ops + write_ops + metadata_ops))"
 
-#: Per target over one window: intervals are summed over forwarding nodes first (service time per
-#: byte: the fastest forwarding node's in the interval).
+#: Per target over one window: intervals are summed over forwarding nodes first (the model's service
+#: time per byte is then replaced by the fastest forwarding node's, TARGET_FWD_MEDIANS_SQL).
 TARGET_WINDOW_SQL = """
 SELECT
     target                                              AS node,
@@ -78,7 +81,8 @@ SELECT
     sum(b) / greatest(sumIf(secs, o > 0), 1e-9)         AS bw_avg,
     max(b / secs)                                       AS bw_max,
     sum(svc) / greatest(sum(b), 1)                      AS svc_ns_per_byte,
-    quantileExactIf(0.5)(svc_b, b > 0)                  AS svc_ns_per_byte_median,
+    sum(svc)                                            AS svc_ns,
+    quantileExactIf(0.5)(svc / b, b > 0)                AS svc_ns_per_byte_median,
     quantileExactIf(0.5)(p99, o > 0)                    AS p99_ns,
     max(p99)                                            AS p99_max_ns,
     sum(b) / greatest(sum(o), 1)                        AS req_bytes,
@@ -91,32 +95,36 @@ SELECT
 FROM
 (
     SELECT target, time,
-           max(secs_f) AS secs, sum(b_f) AS b, sum(o_f) AS o, sum(svc_f) AS svc,
-           -- the fastest forwarding node's ns/B on the target in the interval: a slow (CPU-starved)
-           -- forwarding node stretches the service times it reports, every forwarding node sees a
-           -- slow target slow
-           minIf(svc_f / b_f, b_f > 0) AS svc_b,
-           max(p99_f) AS p99, sum(qd_f) AS qd, max(thr_f) AS thr, max(perf_f) AS perf, max(slow_f) AS slow
-    FROM
-    (
-        SELECT target, time, forwarding_node,
-               greatest(max(interval_ms), 1) / 1000                 AS secs_f,
-               sum(bytes_read + bytes_written)                      AS b_f,
-               sum(read_ops + write_ops + metadata_ops)             AS o_f,
-               sum({svc}) AS svc_f,
-               max(latency_p99_ns)                                  AS p99_f,
-               sum(queue_depth)                                     AS qd_f,
-               max(throttled)                                       AS thr_f,
-               max(max_perf_mb_s)                                   AS perf_f,
-               max(slowdown)                                        AS slow_f
-        FROM target_metrics FINAL
-        WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
-        GROUP BY target, time, forwarding_node
-    )
+           greatest(max(interval_ms), 1) / 1000                 AS secs,
+           sum(bytes_read + bytes_written)                      AS b,
+           sum(read_ops + write_ops + metadata_ops)             AS o,
+           sum({svc}) AS svc,
+           max(latency_p99_ns)                                  AS p99,
+           sum(queue_depth)                                     AS qd,
+           max(throttled)                                       AS thr,
+           max(max_perf_mb_s)                                   AS perf,
+           max(slowdown)                                        AS slow
+    FROM target_metrics FINAL
+    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
     GROUP BY target, time
 )
 GROUP BY target
 ORDER BY target
+""".replace("{svc}", _SERVICE_NS)
+
+#: Per (target, forwarding node) over one window: the median over intervals of the service time per
+#: byte the forwarding node saw on the target, and its requests.
+TARGET_FWD_MEDIANS_SQL = """
+SELECT target AS node, forwarding_node AS fwd, quantileExactIf(0.5)(svc / b, b > 0) AS med, sum(o) AS ops
+FROM
+(
+    SELECT target, time, forwarding_node, sum({svc}) AS svc, sum(bytes_read + bytes_written) AS b,
+           sum(read_ops + write_ops + metadata_ops) AS o
+    FROM target_metrics FINAL
+    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
+    GROUP BY target, time, forwarding_node
+)
+GROUP BY target, forwarding_node
 """.replace("{svc}", _SERVICE_NS)
 
 #: Per target and interval (for the onset of a fault): the fastest forwarding node's ns/B, as in
@@ -284,10 +292,17 @@ def _judge(
     n_intervals: float,
 ) -> list[NodeVerdict]:
     """Model + rule for every node of one kind in one window."""
+
+    def busy_enough(f: dict) -> bool:  # many requests, or few that kept it busy (a very slow node)
+        if f["ops"] >= cfg.failslow_min_ops:
+            return True
+        util = f.get("svc_ns", 0.0) / (window_s * 1e9)
+        return f["ops"] >= 2 and util >= cfg.failslow_min_utilization
+
     loaded = {
         n
         for n, f in feats.items()
-        if n in rel and f["ops"] >= cfg.failslow_min_ops and f["busy"] >= cfg.failslow_min_busy_share * n_intervals
+        if n in rel and busy_enough(f) and f["busy"] >= cfg.failslow_min_busy_share * n_intervals
     }
     z = _robust_z({n: rel[n] for n in loaded}) if len(loaded) >= cfg.failslow_min_peers else {}
     med = float(np.median([rel[n] for n in loaded])) if loaded else 1.0
@@ -310,6 +325,19 @@ def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str
         }
         for r in rows
     }
+    # the model's feature: the fastest forwarding node's median ns/B on the target (of those with
+    # MIN_FWD_OPS requests): a slow forwarding node stretches the service times it reports on
+    # every target it serves, while every forwarding node sees a slow target slow
+    per_fwd: dict[str, list[float]] = {}
+    for r in store.query(
+        TARGET_FWD_MEDIANS_SQL, {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
+    ):
+        if int(r["ops"]) >= MIN_FWD_OPS and float(r["med"]) > 0:
+            per_fwd.setdefault(r["node"], []).append(float(r["med"]))
+    for n, f in feats.items():
+        if per_fwd.get(n):
+            f["svc_ns_per_byte_median"] = min(per_fwd[n])
+            f["forwarding_nodes_judged"] = len(per_fwd[n])
     limited = feats and all(f["max_perf_mb_s"] > 0 for f in feats.values())
     rel = {}
     for n, f in feats.items():

@@ -19,7 +19,9 @@ job is not blamed for a newcomer), and that resource is named. Only resources wh
 carries the rise are candidates (``interference_mechanism_share`` of it, 0.5): queue wait for a
 forwarding node (another job holds its workers), service time for a target (another job's bytes
 take its bandwidth); a job slowed by its own slow target (service time up, no queue wait) blames
-no forwarding node it happens to share. Interfered windows with the
+no forwarding node it happens to share. And the culprit must have occupied the resource: the sum of its
+requests' service times there is at least ``interference_min_occupancy`` (0.1) of the window
+(on average 0.1 of its requests in service): a few metadata requests cannot hold a node. Interfered windows with the
 same culprit, consecutive or one window apart, merge into one event; its resource is the one
 where the culprit moved the most over the event.
 
@@ -212,6 +214,7 @@ def _usage(
         by_w.setdefault(int(r["w"]), {}).setdefault((r["rtype"], r["res"]), {})[r["job_id"]] = {
             "n": int(r["n"]),
             "bytes": int(r["bytes"]),
+            "svc_ns": int(r["svc_ns"]),
         }
     jobw = {(r["job_id"], int(r["w"])): {k: int(r[k]) for k in ("n", "bytes", "svc_ns", "qw_ns")} for r in own}
     return by_w, jobw
@@ -411,8 +414,8 @@ def _events_for(
             if res[0] not in kinds:
                 continue
             for o, st in by_w[w][res].items():
-                if o == job:
-                    continue
+                if o == job or st["svc_ns"] < cfg.interference_min_occupancy * win_ns:
+                    continue  # it barely used the resource in the window
                 cand = (st["bytes"] - usual.get((o, res), 0.0), st["n"], o, res)
                 if res[0] == "target" and cand[0] <= 0:
                     continue  # a target's bandwidth is taken by bytes

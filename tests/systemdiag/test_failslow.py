@@ -97,6 +97,19 @@ def test_a_slow_forwarding_node_does_not_make_its_targets_look_slow(store):
     assert not [a for a in rep.anomalies if a.kind == "fail_slow_target"], rep.anomalies
 
 
+def test_a_very_slow_target_is_judged_on_its_few_requests(store):
+    """ost5 (10 MB/s) slowed 10x serves about one 1 MiB request a second: fewer than
+    failslow_min_ops in the 5 s window, but in service all the time. It is judged (utilisation
+    guard) and flagged in the shortest window too: active (issue 24's suite: targets slowed 8x were
+    only named after the job)."""
+    _, rep = _run(store, 22, 33, [sim.Fault("target", "ost5", 10.0)])
+    (a,) = [a for a in rep.anomalies if a.node == "ost5"]
+    five = [v for v in rep.verdicts if v.node == "ost5" and v.window_s == 5]
+    assert five and five[0].features["ops"] < CFG.failslow_min_ops, five
+    assert a.active and 5 in a.windows_flagged
+    assert {x.node for x in rep.anomalies} == {"ost5"}
+
+
 # The forwarder features as they were computed from raw records before the per-second rollup
 # (migration 009): the rollup must give the same numbers. The p99 is bfloat16's (migration 011:
 # a bounded histogram state; raw quantile(0.99) interpolates between the two largest of a

@@ -120,3 +120,19 @@ def test_own_slow_target_blames_no_co_located_job(store):
     quiet = [w["latency_ms"] for w in r["shared_windows"] if not w["shared"]]
     assert quiet and min(shared) > 2 * max(quiet), "ost0's slowdown must raise the job's latency"
     assert r["events"] == [], r["events"]
+
+
+def test_a_job_that_barely_used_the_node_is_not_blamed(store):
+    """fwd0 turns slow at 30 s (queue wait up for every job on it) as a tiny job (0.5 MB/s, a few
+    requests in service per window) joins: the tiny job did not hold the node, no event names it."""
+    cl = sim.Cluster(fwd_nodes=["fwd0", "fwd1"], fwd_capacity_mb_s=60)
+    t0 = (1_710_000_000 + 10 * 7200) * sim.NS
+    jobs = [
+        sim.SimJob("busy", ["fwd0"], 40, req_bytes=256 << 10, targets=["ost0", "ost2"], name="busy"),
+        sim.SimJob("tiny", ["fwd0"], 0.5, req_bytes=64 << 10, targets=["ost6"], start_s=30, name="tiny"),
+    ]
+    sim.insert(store, sim.simulate(cl, jobs, t0, 90, seed=12, faults=[sim.Fault("forwarder", "fwd0", 3.0, start_s=30)]))
+    r = job_interference(store, "busy", CFG)
+    qw = [w["queue_wait_ms"] for w in r["shared_windows"] if w["shared"]]
+    assert qw and min(qw) > 1.0, "the slow node must raise the busy job's queue wait"
+    assert r["events"] == [], r["events"]
