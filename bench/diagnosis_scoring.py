@@ -97,6 +97,13 @@ def insight_finding(item: dict[str, Any], job_id: str) -> Finding | None:
     if item.get("severity") != "high":
         return None
     iid = str(item["id"])
+    if iid == "interference":  # the job's interference events, as an insight
+        ev = item.get("evidence") or {}
+        f = anomaly_finding(
+            {"resource_type": ev.get("resource_type"), "resource": ev.get("resource"), "job_id": job_id}
+        )
+        f.source = "insight:interference"
+        return f
     if iid == "straggler_resource":
         ev = item.get("evidence") or {}
         rt = str(ev.get("resource_type", ""))

@@ -511,7 +511,7 @@ def case_interference_target(s: Suite, idx: int, rng: random.Random) -> CaseResu
     t, limit, heavy_ranks = rng.randrange(N_TARGETS), rng.choice([8, 12]), rng.choice([2, 3])
     k_light, k_heavy = rng.sample(range(FWD_NODES), 2)
     fs = s.target_files(N_TARGETS)
-    light = f"exec {FIO} --rw=write --bs=256k --size=8m --time_based --runtime=14 --rate=1m --filename={fs[t][N_TARGETS - 1]}"
+    light = f"exec {FIO} --rw=write --bs=256k --size=8m --time_based --runtime=14 --rate=2m --filename={fs[t][N_TARGETS - 1]}"
     heavy_f = " ".join(str(fs[t][i]) for i in range(heavy_ranks))
     heavy = f"set -- {heavy_f}; shift $PHAROS_RANK; exec {FIO} --rw=write --bs=1m --size=32m --time_based --runtime=7 --filename=$1"
     ids = [_job(s, idx, "interference_target", x) for x in ("-light", "-heavy")]

@@ -34,6 +34,8 @@ def test_mapping_of_insights_and_anomalies():
     stored = {"kind": "interference", "node": "fwd0", "node_type": "forwarding_node", "job_id": "light"}
     assert anomaly_finding(stored).key() == ("interference_forwarding_node", "fwd0")
     assert anomaly_finding({"kind": "network_slow", "node": "cn1"}).cls == "other:network_slow"
+    ins = {"id": "interference", "severity": "high", "evidence": {"resource_type": "target", "resource": "ost2"}}
+    assert insight_finding(ins, "j").key() == ("interference_target", "ost2")
 
 
 def test_scores_class_resource_and_also_true():
