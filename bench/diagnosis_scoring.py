@@ -154,6 +154,17 @@ class CaseResult:
     also_true: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     error: str = ""
+    #: What Pharos named from a Darshan log of the same workload (client-side cases with
+    #: ``--darshan-lib``), None when there is none.
+    log_findings: list[Finding] | None = None
+
+    def as_log(self) -> CaseResult | None:
+        """The case scored on its Darshan log's findings instead of the trace's (None: no log)."""
+        if self.log_findings is None:
+            return None
+        return CaseResult(
+            self.case, self.label, self.resource, self.job_id, self.params, self.log_findings, self.also_true
+        )
 
     def matches(self, f: Finding) -> bool:
         return f.cls == self.label and (self.label not in SYSTEM_CLASSES or f.resource == self.resource)
@@ -189,6 +200,13 @@ class CaseResult:
             "detect_s": self.detect_s(),
             "false_positives": [f.__dict__ for f in self.false_positives()],
             "findings": [f.__dict__ for f in self.findings],
+            "log": None
+            if self.log_findings is None
+            else {
+                "detected": self.as_log().detected,
+                "false_positives": [f.__dict__ for f in self.as_log().false_positives()],
+                "findings": [f.__dict__ for f in self.log_findings],
+            },
             "wall_s": round(self.wall_s, 2),
             "error": self.error,
         }

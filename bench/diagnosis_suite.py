@@ -63,7 +63,7 @@ from pharos_testkit import StackAdmin, pharos_run, stack_settings  # noqa: E402
 MiB = 1 << 20
 N_TARGETS = 8
 FWD_NODES = 4
-FIO = "fio --ioengine=psync --disk_util=0 --output-format=terse --name=c"
+FIO = "fio --ioengine=psync --disk_util=0 --output-format=terse --thread --name=c"  # one process per rank
 #: The server's detection on the suite's scale (as tests/live/test_live_diagnosis.py): fail-slow
 #: windows 5/20/60 s judged every 5 s, interference windows of 2 s; 2 worker threads per daemon
 #: so that a heavy job on a node queues a light one; the control loop off.
@@ -85,9 +85,10 @@ def _ts(iso: str | None) -> float | None:
 class Suite(StackAdmin):
     """The running stack and the suite's helpers: jobs, waits, target limits, CPU caps, files."""
 
-    def __init__(self, settings, seed: int, log: Callable[[str], None]) -> None:
+    def __init__(self, settings, seed: int, log: Callable[[str], None], darshan_lib: Path | None = None) -> None:
         super().__init__(settings)
         self.seed = seed
+        self.darshan_lib = darshan_lib
         self.log = log
         self.root = settings.mount_point / f"suite-{seed}-{os.getpid()}"
         self.root.mkdir()
@@ -272,7 +273,46 @@ def client_case(
         res.findings = s.findings([job], t0, time.time(), {})
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    if s.darshan_lib:
+        res.log_findings = darshan_findings(s, job, ranks, rank_cmd, setup)
     return res
+
+
+def darshan_findings(s: Suite, job: str, ranks: int, rank_cmd: str, setup=None) -> list[Finding]:
+    """The same workload again, each rank a process under Darshan's runtime (``LD_PRELOAD`` of
+    ``s.darshan_lib``, non-MPI mode: one log per process), the logs imported as job
+    ``<job>-log`` (``POST /v1/import/darshan/upload``, ranks numbered in turn) and its insights
+    (from the counters, and DXT when the log has it) mapped to findings."""
+    d = s.root / f"{job}-darshan"
+    d.mkdir()
+    logs = s.out / f"{job}-darshan-logs"
+    logs.mkdir(parents=True)
+    if setup:
+        setup(d)
+    env = dict(os.environ, LD_PRELOAD=str(s.darshan_lib), DARSHAN_ENABLE_NONMPI="1", DARSHAN_LOGPATH=str(logs))
+    try:
+        procs = [
+            subprocess.Popen(
+                ["sh", "-c", rank_cmd.format(d=d)],
+                env=env | {"PHAROS_RANK": str(r)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for r in range(ranks)
+        ]
+        for p in procs:
+            s.finish(p, 120)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    paths = sorted(logs.rglob("*.darshan"))
+    if not paths:
+        raise RuntimeError(f"Darshan wrote no log in {logs} (is {s.darshan_lib} the runtime library?)")
+    from pharos_api.cli_diagnose import _import_via_api
+
+    got = _import_via_api(s.api, paths, f"{job}-log", job) or []
+    if bad := [r for r in got if r["status"] == "failed"]:
+        raise RuntimeError(f"Darshan import failed: {bad[0].get('error')}")
+    return [f for it in s.get(f"/v1/jobs/{job}-log/insights")["insights"] if (f := insight_finding(it, f"{job}-log"))]
 
 
 def sparse(d: Path, name: str, size: int) -> None:
@@ -565,10 +605,17 @@ def plan(n: int, seed: int, classes: list[str] | None = None) -> list[str]:
 
 
 def run_suite(
-    settings, n: int, seed: int, classes: list[str] | None = None, log=print, progress=None
+    settings,
+    n: int,
+    seed: int,
+    classes: list[str] | None = None,
+    log=print,
+    progress=None,
+    darshan_lib: Path | None = None,
 ) -> list[CaseResult]:
-    """Run the cases on the running stack of ``settings``; ``progress(i, result)`` after each."""
-    s = Suite(settings, seed, log)
+    """Run the cases on the running stack of ``settings``; ``progress(i, result)`` after each.
+    With ``darshan_lib``, every client-side case also runs under Darshan and is scored on its log."""
+    s = Suite(settings, seed, log, darshan_lib)
     rng = random.Random(seed)
     out = []
     try:
@@ -612,14 +659,14 @@ def running_suite_stack(state: Path) -> Iterator[Any]:
                     os.environ[k] = v
 
 
-def table(summary: dict, results: list[CaseResult]) -> Any:
+def table(summary: dict, results: list[CaseResult], what: str = "diagnosis suite") -> Any:
     from rich.table import Table
 
     def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
 
     tb = Table(
-        title=f"diagnosis suite: {len(results)} cases, precision {f(summary['precision'])}, recall {f(summary['recall'])}, "
+        title=f"{what}: {len(results)} cases, precision {f(summary['precision'])}, recall {f(summary['recall'])}, "
         f"median detect {f(summary['median_detect_s'], '{:.1f} s')}"
     )
     for c in ("class", "cases", "TP", "FP", "FN", "precision", "recall", "median detect s"):
@@ -649,11 +696,19 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here (cases, precision, recall, per_class)")
     ap.add_argument("--classes", help="comma-separated subset of: " + ",".join(CLASSES))
     ap.add_argument("--state-dir", type=Path, help="the stack's state dir (default: a new temporary one, removed)")
+    ap.add_argument(
+        "--darshan-lib",
+        type=Path,
+        help="Darshan's runtime library (libdarshan.so of a darshan-runtime built without MPI, see Darshan's own "
+        "docs: darshan-runtime/README): the client-side cases run again under it and are scored on their logs too",
+    )
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("the suite needs root: the eBPF agent, job cgroups and the FUSE mount")
     if shutil.which("fio") is None:
         sys.exit("fio missing: apt-get install fio (make setup installs it)")
+    if a.darshan_lib and not a.darshan_lib.is_file():
+        sys.exit(f"--darshan-lib {a.darshan_lib}: no such file")
     classes = a.classes.split(",") if a.classes else None
     if classes and (bad := set(classes) - set(CLASSES)):
         sys.exit(f"unknown classes {sorted(bad)}; known: {', '.join(CLASSES)}")
@@ -682,11 +737,19 @@ def main() -> None:
             )
             bar.advance(task)
 
-        results = run_suite(settings, a.cases, a.seed, classes, log=con.print, progress=progress)
+        results = run_suite(
+            settings, a.cases, a.seed, classes, log=con.print, progress=progress, darshan_lib=a.darshan_lib
+        )
     if not a.state_dir:
         shutil.rmtree(state, ignore_errors=True)
     summary = score(results)
     con.print(table(summary, results))
+    logs = [x for r in results if (x := r.as_log()) is not None]
+    if logs:  # the client-side cases scored on the trace and on Darshan logs of the same workloads
+        traced = [r for r in results if r.log_findings is not None]
+        summary["trace_vs_log"] = {"trace": score(traced), "log": score(logs)}
+        for side, sm in summary["trace_vs_log"].items():
+            con.print(table(sm, logs, f"client-side cases from the {side}"))
     if a.json:
         a.json.write_text(
             json.dumps(
