@@ -412,8 +412,10 @@ def _onset_target(
 
 def _onset(by_t: dict[int, dict[str, float]], node: str, cfg: DiagnosisConfig) -> int | None:
     """Start of the last run of intervals in which ``node`` was >= min_ratio x the other nodes'
-    median (idle intervals of the node do not break the run)."""
-    onset = None
+    median (idle intervals of the node do not break the run), also when that run has ended
+    (the window still judges the node slow while its newest intervals are not): None only when
+    no interval was slow."""
+    onset = run = None
     for t in sorted(by_t):
         vals = by_t[t]
         if node not in vals:
@@ -421,11 +423,11 @@ def _onset(by_t: dict[int, dict[str, float]], node: str, cfg: DiagnosisConfig) -
         others = [v for n, v in vals.items() if n != node]
         if not others:
             continue
-        slow = vals[node] >= cfg.failslow_min_ratio * float(np.median(others))
-        if slow and onset is None:
-            onset = t
-        elif not slow:
-            onset = None
+        if vals[node] >= cfg.failslow_min_ratio * float(np.median(others)):
+            run = t if run is None else run
+            onset = run
+        else:
+            run = None
     return onset
 
 
@@ -435,17 +437,17 @@ def _onset_forwarder(
     rows = store.query(
         FWD_INTERVALS_SQL, {"node": node, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
     )
-    onset = None
+    onset = run = None  # as _onset: the start of the last run of slow intervals, ended or not
     per_t: dict[int, list[float]] = {}
     for r in rows:
         if r["target"] in med and med[r["target"]] > 0:
             per_t.setdefault(int(r["t_ns"]), []).append(float(r["ns_per_byte"]) / med[r["target"]])
     for t in sorted(per_t):
-        slow = float(np.median(per_t[t])) >= cfg.failslow_min_ratio
-        if slow and onset is None:
-            onset = t
-        elif not slow:
-            onset = None
+        if float(np.median(per_t[t])) >= cfg.failslow_min_ratio:
+            run = t if run is None else run
+            onset = run
+        else:
+            run = None
     return onset
 
 
@@ -532,14 +534,14 @@ def detect_failslow(
             continue
         first = vs[flagged[0]]
         active = flagged[0] == windows[0]
-        onset = None
-        if active:  # the run of slow intervals may have begun before the longest flagged window
-            longest = max(w for w in windows if (kind, w) in ctx)
-            since = now_ns - int(longest * 1e9)
-            if kind == "target":
-                onset = _onset_target(store, node, since, now_ns, cfg, ctx[("target", longest)])
-            else:
-                onset = _onset_forwarder(store, node, since, now_ns, ctx[("forwarder", longest)], cfg)
+        # when its slowness began (also for a node flagged only in the longer windows: when a
+        # fault is named late, its onset still places it); it may predate the longest window
+        longest = max(w for w in windows if (kind, w) in ctx)
+        since = now_ns - int(longest * 1e9)
+        if kind == "target":
+            onset = _onset_target(store, node, since, now_ns, cfg, ctx[("target", longest)])
+        else:
+            onset = _onset_forwarder(store, node, since, now_ns, ctx[("forwarder", longest)], cfg)
         anomalies.append(
             Anomaly(
                 kind=KIND_NAME[kind],

@@ -110,6 +110,15 @@ def test_a_very_slow_target_is_judged_on_its_few_requests(store):
     assert {x.node for x in rep.anomalies} == {"ost5"}
 
 
+def test_a_fault_that_has_ended_keeps_its_onset(store):
+    """ost0 slowed 4x until 8 s before the judgement: flagged in the long windows only (not
+    active), with the onset of its slow run (the suite places late findings by onset)."""
+    t0, rep = _run(store, 23, 34, [sim.Fault("target", "ost0", 4.0, end_s=DURATION - 8)])
+    (a,) = [a for a in rep.anomalies if a.node == "ost0"]
+    assert not a.active and 60 in a.windows_flagged
+    assert a.onset_ns is not None and a.onset_ns <= t0 + 15 * sim.NS
+
+
 # The forwarder features as they were computed from raw records before the per-second rollup
 # (migration 009): the rollup must give the same numbers. The p99 is bfloat16's (migration 011:
 # a bounded histogram state; raw quantile(0.99) interpolates between the two largest of a
