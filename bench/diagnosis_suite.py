@@ -74,6 +74,9 @@ DIAG_ENV = {
     "PHAROS_DIAGNOSIS_INTERFERENCE_LOOKBACK_S": "120",
     "PHAROS_FWD_WORKERS": "2",
     "PHAROS_CONTROL_PERIOD_S": "0",
+    # nor `pharos run`'s DFRA hint: it maps a job by its class (learned from the suite's earlier
+    # cases), over the mapping a case sets
+    "PHAROS_RUN_HINT": "false",
 }
 DETECT_GRACE_S = 7.0  # after a system-side fault's job ends: one detection period and its store
 
@@ -642,8 +645,8 @@ def running_suite_stack(state: Path) -> Iterator[Any]:
     """The embedded stack of the suite (4 forwarding nodes, 8 targets), stopped after."""
     from pharos_api import stack
 
-    settings = stack_settings(
-        state, "pharos-suite", fwd_nodes=FWD_NODES, fwd_targets=N_TARGETS, fwd_target_limits_mb_s=[]
+settings = stack_settings(
+        state, "pharos-suite", fwd_nodes=FWD_NODES, fwd_targets=N_TARGETS, fwd_target_limits_mb_s=[], run_hint=False
     )
     old = {k: os.environ.get(k) for k in DIAG_ENV}
     os.environ.update(DIAG_ENV)
