@@ -645,7 +645,7 @@ def running_suite_stack(state: Path) -> Iterator[Any]:
     """The embedded stack of the suite (4 forwarding nodes, 8 targets), stopped after."""
     from pharos_api import stack
 
-settings = stack_settings(
+    settings = stack_settings(
         state, "pharos-suite", fwd_nodes=FWD_NODES, fwd_targets=N_TARGETS, fwd_target_limits_mb_s=[], run_hint=False
     )
     old = {k: os.environ.get(k) for k in DIAG_ENV}
