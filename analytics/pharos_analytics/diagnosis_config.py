@@ -259,6 +259,13 @@ class DiagnosisConfig(PharosSettings):
         description="Pharos. The outlier must also be this many times slower (service time per byte, against "
         "the peers' median) so that a tight peer group does not turn small differences into alerts.",
     )
+    failslow_min_added_ms: float = Field(
+        default=1.0,
+        ge=0,
+        description="Pharos. A target must also take at least this many ms longer per request (at its mean "
+        "request size) than its peers' median: a 2-3x difference between sub-millisecond requests of a "
+        "RAM- or cache-backed target is CPU scheduling noise, not a failing device.",
+    )
     forwarder_silence_s: float = Field(
         default=10.0,
         gt=0,

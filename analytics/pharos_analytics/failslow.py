@@ -34,7 +34,8 @@ Two detectors are computed on the same windows and both are reported per node:
 **Which decides**: the model, with a load guard taken from Beacon's idea that a node is only
 judged under load (``failslow_min_ops`` requests, or fewer that kept it in service at least
 ``failslow_min_utilization`` of the window, as a very slow target does; and
-``failslow_min_busy_share`` of the intervals busy), and an effect-size guard (``failslow_min_ratio`` x the peers' median).
+``failslow_min_busy_share`` of the intervals busy), and effect-size guards (``failslow_min_ratio`` x the peers' median, and for targets at least
+``failslow_min_added_ms`` more per request than the peers' median).
 Beacon's rule alone misses slow nodes whose degraded bandwidth is still comparable to
 slower-configured peers (a 50 MB/s target slowed 4x still moves 12.5 MB/s, more than the
 10 and 20 MB/s targets), and its volume clause fails once clients block on the slow node
@@ -306,11 +307,17 @@ def _judge(
     }
     z = _robust_z({n: rel[n] for n in loaded}) if len(loaded) >= cfg.failslow_min_peers else {}
     med = float(np.median([rel[n] for n in loaded])) if loaded else 1.0
+    # targets: the absolute effect, ms per request at the node's mean request size
+    raw = [feats[n]["svc_ns_per_byte_median"] for n in loaded if "svc_ns_per_byte_median" in feats[n]]
+    raw_med = float(np.median(raw)) if raw else None
     out = []
     for n, f in feats.items():
         judged = n in z
         r = rel.get(n) / med if n in rel and med > 0 else None
         model = judged and z[n] >= cfg.failslow_z and r is not None and r >= cfg.failslow_min_ratio
+        if model and raw_med is not None and "svc_ns_per_byte_median" in f:
+            added_ms = (f["svc_ns_per_byte_median"] - raw_med) * f.get("req_bytes", 0.0) / 1e6
+            model = added_ms >= cfg.failslow_min_added_ms
         out.append(NodeVerdict(kind, n, window_s, judged, r, z.get(n), bool(model), beacon_rule(n, feats, cfg), f))
     return out
 
