@@ -19,7 +19,7 @@ cases):
   or N-1: no fault);
 * system-side (the fault is injected under a well-behaved job): ``slow_target`` (one target slowed
   4-8x through the daemons' fault interface, ``PUT /targets/ostK {"slowdown"}``, under an 8-rank
-  job writing on every target), ``slow_forwarding_node`` (one daemon's CPU capped at 0.5-1% of a core
+  job writing on every target), ``slow_forwarding_node`` (one daemon's CPU capped at 0.25-0.5% of a core
   (below what it uses to serve its share of the job: the cgroup CPU controller's quota, a forwarding
   node starved of CPU), under an 8-rank job mapped
   to all four), ``interference_forwarding_node`` (a heavy job mapped to the light job's forwarding
@@ -166,7 +166,7 @@ class Suite(StackAdmin):
         pid = stack.pid_of(self.settings, fwd)
         if pid is None:
             raise RuntimeError(f"{fwd} is not running")
-        period = 200_000  # us: the kernel's smallest quota is 1 ms, 0.5% of a core
+        period = 400_000  # us (the largest is 1 s): the smallest quota, 1 ms, is 0.25% of a core
         v1 = Path("/sys/fs/cgroup/cpu")
         if (v1 / "cpu.cfs_quota_us").exists():
             cg = v1 / f"pharos-suite-{os.getpid()}"
@@ -492,7 +492,7 @@ def case_slow_target(s: Suite, idx: int, rng: random.Random) -> CaseResult:
 
 
 def case_slow_forwarding_node(s: Suite, idx: int, rng: random.Random) -> CaseResult:
-    k, share, runtime = rng.randrange(FWD_NODES), rng.choice([0.005, 0.0075, 0.01]), rng.randint(20, 24)
+    k, share, runtime = rng.randrange(FWD_NODES), rng.choice([0.0025, 0.00375, 0.005]), rng.randint(20, 24)
     fs = s.target_files(N_TARGETS)  # rank r writes its own file on every target, round robin
     per_rank = [":".join(str(fs[t][r]) for t in range(N_TARGETS)) for r in range(N_TARGETS)]
     cmd = (
