@@ -49,7 +49,7 @@ import math
 import re
 import shlex
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
@@ -63,7 +63,7 @@ from pharos_core.store import Store
 from ..diagnosis_config import DiagnosisConfig
 from ..profiles import JobMetrics, job_metrics
 from .config import ControlConfig
-from .dfra import DfraClass, JobHistory, classify, history_from_metrics
+from .dfra import DfraClass, JobHistory, LearnedClass, classify, history_from_metrics
 
 #: The DFRA classes, in the order of confusion matrices (rows: true class, columns: predicted).
 CLASSES: tuple[DfraClass, ...] = ("default", "more_nodes", "dedicated")
@@ -135,23 +135,6 @@ class Sample:
     start_ns: int
     metrics: JobMetrics
     label: DfraClass
-
-
-@dataclass
-class LearnedClass:
-    """A prediction for one job. ``klass``: the class the decision uses (``default`` when not
-    ``confident``); ``predicted``: the classifier's class; ``confidence``: its probability (0-1);
-    ``history``: the estimated profile (runs 0; ``jobs``: the most similar training jobs;
-    bandwidth in B/s) that sizes the allocation; ``reason`` and ``evidence`` for the action row."""
-
-    klass: DfraClass
-    predicted: DfraClass
-    confidence: float
-    confident: bool
-    probabilities: dict[str, float]
-    history: JobHistory
-    reason: str
-    evidence: dict = field(default_factory=dict)
 
 
 # -- features -----------------------------------------------------------------------------------

@@ -35,16 +35,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pharos_core.store import Store
 
 from ..diagnosis_config import DiagnosisConfig
 from ..profiles import job_metrics
 from .config import ControlConfig
-
-if TYPE_CHECKING:
-    from .class_model import LearnedClass
 
 DfraClass = Literal["default", "more_nodes", "dedicated"]
 
@@ -328,3 +325,20 @@ def decide(
         got.insert(0, default_node)
     note = "" if len(got) == want else f" (wanted {want}, {len(got)} exist)"
     return DfraDecision(job_id, "more_nodes", got, [], f"{reason}; {len(got)} shared node(s){note}", ev)
+
+
+@dataclass
+class LearnedClass:
+    """A prediction for one job. ``klass``: the class the decision uses (``default`` when not
+    ``confident``); ``predicted``: the classifier's class; ``confidence``: its probability (0-1);
+    ``history``: the estimated profile (runs 0; ``jobs``: the most similar training jobs;
+    bandwidth in B/s) that sizes the allocation; ``reason`` and ``evidence`` for the action row."""
+
+    klass: DfraClass
+    predicted: DfraClass
+    confidence: float
+    confident: bool
+    probabilities: dict[str, float]
+    history: JobHistory
+    reason: str
+    evidence: dict = field(default_factory=dict)
