@@ -157,7 +157,7 @@ class Settings(PharosSettings):
     import_dir: Path | None = Field(
         default=None,
         description="Server: the only folder `POST /v1/import/darshan` reads logs from (paths relative to it, "
-        "symlinks leading out refused). None: path imports are refused; upload the log instead "
+        "no symbolic link followed). None: path imports are refused; upload the log instead "
         "(POST /v1/import/darshan/upload).",
     )
     import_max_bytes: int = Field(
@@ -171,6 +171,19 @@ class Settings(PharosSettings):
         gt=0,
         le=86400,
         description="Longest time (s) one import may spend reading a log's bytes (hash or upload).",
+    )
+    import_parse_cpu_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86400,
+        description="CPU seconds parsing one Darshan log may use (PyDarshan runs in a child process; a "
+        "failed import beyond). Wall time: twice this plus 10 s.",
+    )
+    import_parse_memory_bytes: int = Field(
+        default=4 * 2**30,
+        ge=2**20,
+        le=2**42,
+        description="Bytes of memory (RLIMIT_DATA) parsing one Darshan log may allocate (a failed import beyond).",
     )
     api_timeout_s: float = Field(
         default=30.0,

@@ -78,8 +78,8 @@ from .darshan_log import (
     S,
     fd_sha256,
     open_regular,
-    read_log,
 )
+from .darshan_parse import ParseLimits, read_log_bounded
 
 #: Earlier logs of an existing job must start within this window to share its id.
 SAME_JOB_WINDOW_NS = 24 * 3600 * S
@@ -189,6 +189,7 @@ def import_log(
     max_bytes: int = MAX_LOG_BYTES,
     timeout_s: float = READ_TIMEOUT_S,
     label: str | None = None,
+    limits: ParseLimits | None = None,
 ) -> LogImport:
     """Import one Darshan log into ``store`` (migrated). Never raises for a bad log: the
     result's ``status`` is ``failed`` and ``error`` says why (no ``log_id``: nothing of a failed
@@ -197,7 +198,9 @@ def import_log(
     Only a regular file of at most ``max_bytes`` bytes is read (a FIFO or device such as
     /dev/zero fails at once), its bytes within ``timeout_s`` seconds; the parser reads the very
     file that was checked (``/proc/self/fd``), so a path swapped meanwhile changes nothing.
-    ``label`` is the name results and errors give (default: ``path``; an upload's file name)."""
+    ``label`` is the name results and errors give (default: ``path``; an upload's file name).
+    The parse runs in a child process within ``limits`` (CPU time, memory, wall time:
+    :func:`pharos_pipeline.darshan_parse.read_log_bounded`)."""
     path = Path(path)
     label = label or str(path)
     try:
@@ -207,21 +210,26 @@ def import_log(
     except DarshanImportError as exc:
         return LogImport(path=label, status="failed", error=str(exc).replace(str(path), label, 1))
     try:
-        return _import_fd(store, fd, path, label, job_id, name, max_bytes, timeout_s)
+        return import_fd(store, fd, label, job_id, name, max_bytes=max_bytes, timeout_s=timeout_s, limits=limits)
     finally:
         os.close(fd)
 
 
-def _import_fd(
+def import_fd(
     store: Store,
     fd: int,
-    path: Path,
     label: str,
-    job_id: str | None,
-    name: str | None,
-    max_bytes: int,
-    timeout_s: float,
+    job_id: str | None = None,
+    name: str | None = None,
+    *,
+    max_bytes: int = MAX_LOG_BYTES,
+    timeout_s: float = READ_TIMEOUT_S,
+    limits: ParseLimits | None = None,
 ) -> LogImport:
+    """Import the Darshan log open on ``fd`` (a regular file the caller checked, e.g. with
+    :func:`~pharos_pipeline.darshan_log.open_regular` or
+    :func:`~pharos_pipeline.darshan_log.open_beneath`; read from its start, not closed here),
+    as :func:`import_log` does. ``label`` names it in the result."""
     try:
         sha = fd_sha256(fd, max_bytes, timeout_s, label)
     except OSError as exc:
@@ -240,7 +248,7 @@ def _import_fd(
                 warnings=[f"already imported as job {done[0]['job_id']} ({log_id})"],
             )
         try:
-            log = read_log(Path(f"/proc/self/fd/{fd}"), label)
+            log = read_log_bounded(fd, label, limits)
         except DarshanImportError as exc:
             return LogImport(path=label, status="failed", error=str(exc))
         jid = job_id or _choose_job_id(store, log, sha)
@@ -376,14 +384,17 @@ def import_logs(
     max_bytes: int = MAX_LOG_BYTES,
     timeout_s: float = READ_TIMEOUT_S,
     labels: list[str] | None = None,
+    limits: ParseLimits | None = None,
 ) -> list[LogImport]:
     """Import several logs in order (``job_id`` given: all into that job); each as
-    :func:`import_log` with ``max_bytes``, ``timeout_s`` and its label (``labels[i]``, default
+    :func:`import_log` with ``max_bytes``, ``timeout_s``, ``limits`` and its label (``labels[i]``, default
     the path). ``on_done`` is called after each log (progress bars)."""
     out = []
     for i, p in enumerate(paths):
         label = labels[i] if labels else None
-        r = import_log(store, p, job_id=job_id, name=name, max_bytes=max_bytes, timeout_s=timeout_s, label=label)
+        r = import_log(
+            store, p, job_id=job_id, name=name, max_bytes=max_bytes, timeout_s=timeout_s, label=label, limits=limits
+        )
         out.append(r)
         if on_done:
             on_done(r)

@@ -7,6 +7,7 @@ LUSTRE layouts). No store here."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -33,22 +34,75 @@ class DarshanImportError(RuntimeError):
     """A log could not be read (not a Darshan log, truncated, unsupported)."""
 
 
-def open_regular(path: Path, max_bytes: int = MAX_LOG_BYTES) -> int:
-    """Open ``path`` for reading and return the descriptor, if it is a regular file of at most
-    ``max_bytes`` bytes. Never blocks on a FIFO (opened non-blocking, then refused) and never
-    reads a device (/dev/zero). Raises DarshanImportError (not regular, too large) or OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def _checked_regular(fd: int, label: str, max_bytes: int) -> int:
+    """``fd`` if it is a regular file of at most ``max_bytes`` bytes, set blocking; else closes
+    it and raises DarshanImportError."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise DarshanImportError(f"{path}: not a regular file")
+            raise DarshanImportError(f"{label}: not a regular file")
         if st.st_size > max_bytes:
-            raise DarshanImportError(f"{path}: {st.st_size} bytes, over the import limit of {max_bytes} bytes")
+            raise DarshanImportError(f"{label}: {st.st_size} bytes, over the import limit of {max_bytes} bytes")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_regular(path: Path, max_bytes: int = MAX_LOG_BYTES) -> int:
+    """Open ``path`` for reading and return the descriptor, if it is a regular file of at most
+    ``max_bytes`` bytes. Never blocks on a FIFO (opened non-blocking, then refused) and never
+    reads a device (/dev/zero). Raises DarshanImportError (not regular, too large) or OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    return _checked_regular(fd, str(path), max_bytes)
+
+
+def open_beneath(base: Path, rel: str, max_bytes: int = MAX_LOG_BYTES) -> int:
+    """Open ``rel`` inside the directory ``base`` without following any symbolic link, and
+    return the descriptor of the regular file it names (at most ``max_bytes`` bytes).
+
+    Each component is opened relative to the descriptor of the one before it (``openat``,
+    ``O_NOFOLLOW``; directories as ``O_PATH``), so what is opened is the file beneath ``base``
+    at the moment of the open: there is no check-then-open window in which a component could be
+    swapped for a link leading out (the effect of ``openat2``'s ``RESOLVE_BENEATH |
+    RESOLVE_NO_SYMLINKS``). ``base`` itself is the administrator's setting and may be a link.
+    Raises ValueError for an empty or absolute ``rel``, a ``..`` component or a NUL byte;
+    DarshanImportError for a symbolic link on the way ("symbolic link"), a file that is not
+    regular or too large; OSError otherwise (ENOENT, EACCES)."""
+    if "\0" in rel:
+        raise ValueError("a NUL byte in the path")
+    parts = [c for c in rel.split("/") if c not in ("", ".")]
+    if not parts or rel.startswith("/") or ".." in parts:
+        raise ValueError("give a path relative to the import directory, without '..'")
+    dfd = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, comp in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_NOFOLLOW | os.O_CLOEXEC
+            flags |= os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY if last else os.O_PATH | os.O_DIRECTORY
+            try:
+                fd = os.open(comp, flags, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(comp, dfd)):
+                    raise DarshanImportError(
+                        f"{rel}: {'/'.join(parts[: i + 1])} is a symbolic link (not followed in the import directory)"
+                    ) from None
+                raise
+            if last:
+                return _checked_regular(fd, rel, max_bytes)
+            os.close(dfd)
+            dfd = fd
+    finally:
+        os.close(dfd)
+    raise AssertionError("unreachable")
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def fd_sha256(fd: int, max_bytes: int = MAX_LOG_BYTES, timeout_s: float = READ_TIMEOUT_S, label: str = "") -> str:

@@ -1,5 +1,5 @@
 """Darshan import without server paths (issue 14, item 2): the API opens no path outside the
-configured import directory (``../``, absolute paths, symlinks out of it; checked with a Python
+configured import directory (``../``, absolute paths, symbolic links (none is followed); checked with a Python
 audit hook that records every file the process opens), refuses path imports when no directory is
 configured, bounds uploads (413) and reads only regular files (/dev/zero, a FIFO: failed at once,
 no hash returned); ``pharos import darshan`` uploads the log to the API with the token."""
@@ -56,7 +56,8 @@ def dirs(tmp_path_factory):
     os.symlink(outside / "secret.darshan", inside / "out.darshan")  # leads out: refused
     os.symlink("../private", inside / "escape")  # a folder symlink out: refused
     os.symlink("/dev/zero", inside / "zero")  # a device out of the folder: refused
-    os.symlink(inside / "junk.darshan", inside / "sub" / "in.darshan")  # stays inside: fine
+    (inside / "sub" / "in.darshan").write_bytes(b"junk")  # a file in a sub-folder: fine
+    os.symlink(inside / "junk.darshan", inside / "sub" / "link.darshan")  # stays inside, still a link: refused
     os.mkfifo(inside / "fifo.darshan")  # inside, not a regular file: failed at once
     return inside, outside
 
@@ -88,6 +89,7 @@ def test_paths_out_of_the_import_dir_are_never_opened(store, admin, tmp_path, di
         "out.darshan",
         "escape/secret.darshan",
         "zero",
+        "sub/link.darshan",
         "/dev/zero",
         ".",
         "",

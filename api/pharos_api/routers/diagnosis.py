@@ -70,49 +70,90 @@ def get_insights(job_id: JobIdPath, store: StoreDep, principal: Reader) -> JobIn
     return JobInsightsOut.model_validate(job_insights(store, job_id, DiagnosisConfig()))
 
 
-def import_path(import_dir: FsPath | None, rel: str) -> FsPath:
-    """``rel`` inside ``import_dir``, symlinks resolved. Raises HTTPException 403 when no import
-    directory is configured, and for an absolute path, a ``..`` component, a NUL byte or a
-    path that resolves outside the directory (nothing is opened)."""
+def _no_import_dir() -> HTTPException:
+    return HTTPException(
+        403,
+        "no import directory is configured (import_dir in pharos.toml, PHAROS_IMPORT_DIR): the server reads "
+        "no path; upload the log instead (POST /v1/import/darshan/upload, what `pharos import darshan` does)",
+    )
+
+
+def check_import_path(import_dir: FsPath | None, rel: str) -> None:
+    """Lexical checks of a path to import, before anything is opened. Raises HTTPException 403
+    when no import directory is configured, and for an empty or absolute path, a ``..``
+    component or a NUL byte."""
     if import_dir is None:
-        raise HTTPException(
-            403,
-            "no import directory is configured (import_dir in pharos.toml, PHAROS_IMPORT_DIR): the server reads "
-            "no path; upload the log instead (POST /v1/import/darshan/upload, what `pharos import darshan` does)",
-        )
-    p = FsPath(rel)
-    if "\0" in rel or p.is_absolute() or ".." in p.parts:
+        raise _no_import_dir()
+    p = FsPath(rel.replace("\0", ""))
+    if "\0" in rel or not rel.strip("/.") or p.is_absolute() or ".." in p.parts:
         raise HTTPException(403, f"{rel!r}: give a path relative to the import directory, without '..'")
-    base = import_dir.resolve()
-    full = (base / p).resolve()
-    if not full.is_relative_to(base) or full == base:
-        raise HTTPException(403, f"{rel!r} leads outside the import directory")
-    return full
+
+
+def open_import(import_dir: FsPath, rel: str, max_bytes: int) -> int | str:
+    """Open ``rel`` beneath ``import_dir`` once, following no symbolic link
+    (:func:`pharos_pipeline.darshan_log.open_beneath`): the descriptor of the regular file, or
+    the error (str) of a path that cannot be opened (missing, not regular, too large: a failed
+    result). Raises HTTPException 403 when a component is a symbolic link."""
+    from pharos_pipeline.darshan_log import DarshanImportError, open_beneath
+
+    try:
+        return open_beneath(import_dir, rel, max_bytes)
+    except DarshanImportError as exc:
+        if "symbolic link" in str(exc):
+            raise HTTPException(403, str(exc)) from None
+        return str(exc)
+    except OSError as exc:
+        return f"{rel}: {exc.strerror or exc}"
 
 
 @router.post(
     "/import/darshan",
     operation_id="import_darshan",
     response_model=DarshanImportOut,
-    responses={403: {"model": ErrorOut, "description": "No import directory, or a path outside it."}},
+    responses={403: {"model": ErrorOut, "description": "No import directory, a path outside it or a symbolic link."}},
     summary="Import Darshan logs from the server's import directory (idempotent per log)",
 )
 def post_import(body: DarshanImportIn, store: StoreDep, settings: SettingsDep, _: Admin) -> DarshanImportOut:
-    """Results in the order of ``paths`` (``path`` as given). 403: no import directory, or a
-    path outside it (every path is checked before any is read)."""
-    from pharos_pipeline.darshan_import import import_logs
+    """Results in the order of ``paths`` (``path`` as given). 403: no import directory, a path
+    outside it (every path is checked before any is opened) or with a symbolic link on the way
+    (every file is opened, once, before any is read; the import reads the descriptor opened)."""
+    from pharos_pipeline.darshan_import import LogImport, import_fd
 
-    full = [import_path(settings.import_dir, p) for p in body.paths]
-    results = import_logs(
-        store,
-        full,
-        job_id=body.job_id,
-        name=body.name,
-        max_bytes=settings.import_max_bytes,
-        timeout_s=settings.import_timeout_s,
-        labels=list(body.paths),
-    )
+    for p in body.paths:
+        check_import_path(settings.import_dir, p)
+    opened: list[int | str] = []
+    try:
+        for p in body.paths:
+            opened.append(open_import(settings.import_dir, p, settings.import_max_bytes))
+        results = []
+        for p, fd in zip(body.paths, opened, strict=True):
+            if isinstance(fd, str):
+                results.append(LogImport(path=p, status="failed", error=fd))
+                continue
+            results.append(
+                import_fd(
+                    store,
+                    fd,
+                    p,
+                    body.job_id,
+                    body.name,
+                    max_bytes=settings.import_max_bytes,
+                    timeout_s=settings.import_timeout_s,
+                    limits=parse_limits(settings),
+                )
+            )
+    finally:
+        for fd in opened:
+            if isinstance(fd, int):
+                os.close(fd)
     return DarshanImportOut(results=[LogImportOut.model_validate(r) for r in results])
+
+
+def parse_limits(settings):
+    """The Darshan parse limits of ``settings`` (``import_parse_cpu_s``, ``import_parse_memory_bytes``)."""
+    from pharos_pipeline.darshan_parse import ParseLimits
+
+    return ParseLimits(cpu_s=settings.import_parse_cpu_s, memory_bytes=settings.import_parse_memory_bytes)
 
 
 UPLOAD_BODY = {
@@ -179,5 +220,6 @@ async def post_upload(
             max_bytes=settings.import_max_bytes,
             timeout_s=settings.import_timeout_s,
             label=label,
+            limits=parse_limits(settings),
         )
     return DarshanImportOut(results=[LogImportOut.model_validate(result)])
