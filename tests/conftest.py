@@ -47,7 +47,7 @@ _TESTS = Path(__file__).resolve().parent
 if str(_TESTS) not in sys.path:
     sys.path.append(str(_TESTS))
 
-from pharos_testkit import free_port, kafka_jars, open_migrated_store, served  # noqa: E402
+from pharos_testkit import open_migrated_store, served, start_kafka_broker  # noqa: E402
 
 from pharos_core.settings import Settings  # noqa: E402
 from pharos_core.store import Store  # noqa: E402
@@ -164,17 +164,7 @@ def monkeypatch_module():
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory) -> KafkaBroker:
-    kafka_home = kafka_jars()
-    port, ctl = free_port(), free_port()
-    while ctl == port:
-        ctl = free_port()
-    settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_home=kafka_home,
-        state_dir=tmp_path_factory.mktemp("pharos-state"),
-    )
-    broker = KafkaBroker(settings, tmp_path_factory.mktemp("kafka"), controller_port=ctl)
-    broker.start(timeout=90)
+    broker = start_kafka_broker(lambda: tmp_path_factory.mktemp("kafka"), tmp_path_factory.mktemp("pharos-state"))
     yield broker
     broker.stop()
 

@@ -6,6 +6,7 @@ loopback port, Prometheus expositions parsed, a job cgroup to run a command in a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -17,9 +18,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
+
+log = logging.getLogger("pharos.testkit")
+T = TypeVar("T")
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 PROMETHEUS = "/usr/bin/prometheus"
@@ -125,20 +130,55 @@ def open_migrated_store(settings):
     return store
 
 
+#: What a server that lost the race for its port says (Kafka's pre-check, the JVM's BindException,
+#: Go and Python servers): the caller picks new ports and starts again.
+PORT_CLASH = ("already in use", "Address already in use", "BindException", "bind: address")
+
+
+def is_port_clash(exc: BaseException) -> bool:
+    """True when ``exc`` (its message, e.g. with a server's log tail) says a port was taken."""
+    return any(s in str(exc) for s in PORT_CLASH)
+
+
+def start_on_free_ports(start: Callable[[], T], attempts: int = 5, what: str = "server") -> T:
+    """``start()`` until it does not fail with a port clash (:func:`is_port_clash`), at most
+    ``attempts`` times; ``start`` picks fresh ports at each call (a server that cannot bind port 0
+    and report the port, e.g. Kafka's KRaft controller: another process may take a port between
+    :func:`free_port` and the server's bind). Re-raises any other error, and the last clash."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except Exception as exc:
+            if not is_port_clash(exc) or attempt == attempts:
+                raise
+            log.warning("%s: a port was taken before it bound (attempt %d of %d), new ports", what, attempt, attempts)
+    raise AssertionError("unreachable")
+
+
+def loopback_listener() -> socket.socket:
+    """A TCP socket bound to 127.0.0.1 port 0 (the kernel's free port, no race), not listening yet."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
 @contextlib.contextmanager
 def served(app) -> Iterator[str]:
-    """Serve the ASGI ``app`` with uvicorn on a free loopback port in a thread; yields its base
-    URL (``http://127.0.0.1:PORT``); stops it on exit. Raises RuntimeError when it has not
-    started within 10 s."""
+    """Serve the ASGI ``app`` with uvicorn in a thread on a socket bound to loopback port 0 (no
+    port race); yields its base URL (``http://127.0.0.1:PORT``); stops it on exit. Raises
+    RuntimeError when it has not started within 10 s."""
     import uvicorn
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
+    sock = loopback_listener()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     th.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not th.is_alive():
+            sock.close()
             raise RuntimeError("uvicorn did not start within 10 s")
         time.sleep(0.02)
     try:
@@ -146,6 +186,29 @@ def served(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         th.join(10)
+        sock.close()
+
+
+def start_kafka_broker(data_dir: Callable[[], Path], state_dir: Path, attempts: int = 5, bootstrap=None):
+    """The real Kafka broker of a test session on fresh loopback ports (client port p, KRaft
+    controller p + 1: :func:`kafka_bootstrap`), started and answering; retried on new ports when
+    a port was taken before the JVM bound it (:func:`start_on_free_ports`). ``data_dir()`` gives a
+    fresh directory per attempt; ``bootstrap()`` picks the address (default
+    :func:`kafka_bootstrap`). Returns the started KafkaBroker (the caller stops it)."""
+    from pharos_core.settings import Settings
+    from pharos_pipeline.broker import KafkaBroker
+
+    kafka_home = kafka_jars()
+
+    def start():
+        settings = Settings(
+            kafka_bootstrap=(bootstrap or kafka_bootstrap)(), kafka_home=kafka_home, state_dir=state_dir
+        )
+        broker = KafkaBroker(settings, data_dir())
+        broker.start(timeout=90)
+        return broker
+
+    return start_on_free_ports(start, attempts, "kafka broker")
 
 
 def stack_settings(state_dir: Path, cgroup_parent: str, **overrides):
@@ -287,9 +350,16 @@ def running_stack(state_dir: Path, cgroup_parent: str, env: dict[str, str], **ov
     os.environ.update(env)
     settings = None
     try:
-        settings = stack_settings(state_dir, cgroup_parent, **overrides)
-        stack.start(settings)
-        yield settings
+
+        def start():
+            nonlocal settings
+            if settings is not None:  # an attempt that lost a port race: stop what it started
+                stack.stop(settings)
+            settings = stack_settings(state_dir, cgroup_parent, **overrides)
+            stack.start(settings)
+            return settings
+
+        yield start_on_free_ports(start, 3, "embedded stack")
     finally:
         if settings is not None:
             stack.stop(settings)
