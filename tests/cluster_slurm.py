@@ -6,7 +6,10 @@ compute node, the Pharos SPANK plugin on each.
 * **munged** on the host, with a private key and socket (tests/slurm_testkit.py): its socket is
   a file, reached from every node's namespaces (network namespaces do not separate path sockets).
 * **slurmctld** in the server node's namespaces, on the server's address (``SlurmctldHost=
-  HOST(ADDR)``: the nodes share the host's UTS namespace, hence its name).
+  HOST(ADDR)``: the nodes share the host's UTS namespace, hence its name). Its port and the
+  slurmd ports are fixed (:data:`SLURMCTLD_PORT`, :data:`SLURMD_PORT_BASE`): each node has a
+  network namespace of its own where the rig binds fixed ports only, so no other process can take
+  them between choice and start (the one-host fixture, tests/slurm_testkit.py, retries instead).
 * **one slurmd per compute node** ``cn<i>``, started through :meth:`Node.enter` (the node's
   network and mount namespaces, so its job steps and tasks see that node's FUSE mount at
   :attr:`Rig.mount_dir` and reach the others over the rig's network), as ``slurmd -N cn<i>``

@@ -164,6 +164,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(
             f"optional {PLUGIN} api={_api_url(api)} cgroup_parent={s.cgroup_parent} statedir={statedir} timeout=2"
         )
+        typer.echo("# on the API's own host, instead of a token: socket=<the API's state_dir>/api.sock (root is admin)")
         typer.echo("# slurm.conf")
         typer.echo("PlugStackConfig=/etc/slurm/plugstack.conf")
         typer.echo(f"JobSubmitPlugins=lua   # copy {JOB_SUBMIT_LUA} next to slurm.conf")

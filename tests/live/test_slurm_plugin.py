@@ -75,7 +75,7 @@ def test_fixture_comes_up_when_its_port_is_taken(monkeypatch):
             asides = sorted(p.name for p in cluster.dir.glob("slurmctld.*.attempt*"))
             assert asides, "the fixture did not have to start again: the port was not taken"
             assert slurm_testkit.PORT_TAKEN in "".join((cluster.dir / a).read_text() for a in asides)
-            job = cluster.run("sbatch", "--parsable", "--wrap", "true").strip()
+            job = cluster.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true").strip()
             assert cluster.wait(job, 60)["JobState"] == "COMPLETED"
             print(f"\n[slurm] port {taken[0].getsockname()[1]} taken: up on {port} in {took:.1f} s")
     finally:
