@@ -274,6 +274,7 @@ def running_slurm(
     finally:
         for p in reversed(procs):
             _stop(p)
+        _kill_left(d, grace_s=10)  # a job's slurmstepd outlives slurmd: a test that failed mid-job
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -282,6 +283,36 @@ def _override(lines: list[str], extra: list[str]) -> list[str]:
     keys = {x.split("=", 1)[0]: x for x in extra}
     out = [keys.pop(ln.split("=", 1)[0], ln) for ln in lines]
     return out + list(keys.values())
+
+
+NUL = b"\0"
+
+
+def slurm_processes(d: Path) -> list[str]:
+    """Processes of the Slurm in folder ``d``: its daemons (their command lines name ``d``) and
+    everything whose environment has its slurm.conf (steps, tasks, srun, the plugin's prolog,
+    epilog and delayed cgroup removal: Slurm sets SLURM_CONF for all of them)."""
+    conf = f"SLURM_CONF={d / 'slurm.conf'}".encode()
+    out, me = [], os.getpid()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == me:
+            continue
+        with contextlib.suppress(OSError):
+            cmd = (p / "cmdline").read_bytes()
+            if str(d).encode() in cmd or conf in (p / "environ").read_bytes().split(NUL):
+                out.append(f"{p.name} {cmd.replace(NUL, b' ')[:120]!r}")
+    return out
+
+
+def _kill_left(d: Path, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the Slurm's processes to end (a job's epilog, the plugin's
+    cgroup removal 5 s after it); SIGKILL what is left."""
+    deadline = time.monotonic() + grace_s
+    while (left := slurm_processes(d)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    for line in left:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
 def _set_logs_aside(d: Path, attempt: int) -> None:

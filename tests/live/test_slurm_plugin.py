@@ -17,6 +17,9 @@ job_submit.lua's class table, and where the SPANK plugin leaves a task when Slur
   compiled here with a small driver) on real processes in a real v2 tree named like Slurm's
   cgroup/v2 plugin's (``system.slice/slurmstepd.scope/job_<id>/step_<n>/user/task_<t>``), made
   in a folder of the test's own under the v2 mount and removed afterwards: such a task stays.
+  Then the plugin itself in a real slurmstepd whose tasks start in such a cgroup (Slurm 22.05's
+  cgroup/v2 plugin does not run on this hybrid host, so slurmd is put there by the test): it
+  leaves them there.
 
 Needs root (slurmd, cgroups), Slurm and munge; gcc for the driver.
 """
@@ -266,6 +269,60 @@ def test_v2_task_in_slurms_job_cgroup_stays_there(tmp_path: Path):
         for p in procs:
             p.send_signal(signal.SIGKILL)
             p.wait(10)
+        remove_tree(cg2 / top)
+    assert not (cg2 / top).exists()
+
+
+@pytest.mark.timeout(300)
+def test_v2_task_in_slurms_job_cgroup_stays_there_live(tmp_path: Path):
+    """The plugin in a real slurmstepd: the job's tasks start in a v2 cgroup named as Slurm's
+    cgroup/v2 plugin names its job's (slurmd, hence every slurmstepd and task it forks, is put in
+    ``<top>/system.slice/slurmstepd.scope/job_<id>/step_0/slurm`` of the job id Slurm will give);
+    the plugin leaves every task there and counts it, and makes no cgroup of its own."""
+    cg2 = cgroup2_mount()
+    top = f"pharos-test-{uuid.uuid4().hex[:8]}"
+    job = 40000 + int.from_bytes(os.urandom(2), "big") % 20000
+    slurm_cg = cg2 / top / "system.slice" / "slurmstepd.scope" / f"job_{job}" / "step_0" / "slurm"
+    options = {**CLOSED_API, "cgroup_parent": f"{top}/pharos"}
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(tmp_path, 0o755)
+    slurm_cg.mkdir(parents=True)
+    try:
+        with running_slurm(options, extra_conf=[f"FirstJobId={job}"]) as cluster:
+            slurmd = int((cluster.dir / "slurmd.pid").read_text())
+            (slurm_cg / "cgroup.procs").write_text(str(slurmd))
+            got = cluster.run(
+                "sbatch",
+                "--parsable",
+                "-n",
+                "2",
+                "--overcommit",
+                f"--output={out / 'job.out'}",
+                "--wrap",
+                f"cat /proc/self/cgroup > {out}/batch; "
+                f"srun -n 2 --overcommit sh -c 'cat /proc/self/cgroup > {out}/task.$SLURM_PROCID'",
+            ).strip()
+            assert got == str(job)
+            info = cluster.wait(got, 120)
+            assert info["JobState"] == "COMPLETED", (info, (out / "job.out").read_text())
+            counters = dict(ln.split() for ln in (cluster.statedir / "counters").read_text().splitlines())
+            where = {f.name: cgroup_lines(f.read_text())[""] for f in sorted(out.glob("[bt]*"))}
+            print(f"\n[slurm] job {job}: {where}; counters {counters}")
+            assert where == dict.fromkeys(["batch", "task.0", "task.1"], f"/{slurm_cg.relative_to(cg2)}"), where
+            assert counters["tasks_in_slurm_cgroup"] == "3" and counters["tasks_placed"] == "0", counters
+            assert not (cg2 / top / "pharos").exists(), "the plugin made a cgroup of its own"
+    finally:
+        # what is left in the tree is this Slurm's: the plugin's delayed cgroup removal (5 s)
+        procs = slurm_cg / "cgroup.procs"
+        deadline = time.monotonic() + 15
+        while procs.exists() and procs.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in procs.read_text().split() if procs.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        while procs.exists() and procs.read_text().split() and time.monotonic() < deadline + 5:
+            time.sleep(0.2)
         remove_tree(cg2 / top)
     assert not (cg2 / top).exists()
 
