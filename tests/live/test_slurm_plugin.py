@@ -18,8 +18,8 @@ job_submit.lua's class table, and where the SPANK plugin leaves a task when Slur
   cgroup/v2 plugin's (``system.slice/slurmstepd.scope/job_<id>/step_<n>/user/task_<t>``), made
   in a folder of the test's own under the v2 mount and removed afterwards: such a task stays.
   Then the plugin itself in a real slurmstepd whose tasks start in such a cgroup (Slurm 22.05's
-  cgroup/v2 plugin does not run on this hybrid host, so slurmd is put there by the test): it
-  leaves them there.
+  cgroup/v2 plugin refuses a hybrid host, ``slurmd: fatal: Hybrid mode is not supported``, so
+  the test puts slurmd there): it leaves them there.
 
 Needs root (slurmd, cgroups), Slurm and munge; gcc for the driver.
 """
