@@ -32,9 +32,11 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import pytest
 import slurm_testkit
@@ -325,6 +327,58 @@ def test_v2_task_in_slurms_job_cgroup_stays_there_live(tmp_path: Path):
             time.sleep(0.2)
         remove_tree(cg2 / top)
     assert not (cg2 / top).exists()
+
+
+@pytest.mark.timeout(300)
+def test_plugin_reaches_the_api_over_its_unix_socket_and_claims_the_hint_with_post(store, tmp_path: Path):
+    """``socket=PATH``: the plugin's requests reach the Pharos API served on a Unix socket (the
+    URL's host, which does not resolve, is ignored), and it claims the hint with
+    ``POST /v1/hints/jobs/{id}`` and the query of the former GET. The API's Kafka is a closed
+    port here, so the events are not accepted (and spooled): what is checked is what arrived."""
+    import uvicorn
+
+    from pharos_api.app import create_app
+    from pharos_core.settings import Settings
+
+    with socket.socket() as s:  # a closed port for the API's Kafka: nothing is produced anywhere
+        s.bind(("127.0.0.1", 0))
+        kafka = f"127.0.0.1:{s.getsockname()[1]}"
+    api = create_app(store, Settings(state_dir=tmp_path, kafka_bootstrap=kafka))
+    seen: list[tuple[str, str, str]] = []
+
+    async def recorded(scope, receive, send):  # what reached the API, as its ASGI server saw it
+        if scope["type"] == "http":
+            seen.append((scope["method"], scope["path"], scope["query_string"].decode()))
+        await api(scope, receive, send)
+
+    sock = Path("/run/pharos-test") / f"api-{uuid.uuid4().hex[:8]}.sock"
+    server = uvicorn.Server(uvicorn.Config(recorded, uds=str(sock), log_level="warning", lifespan="off"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and th.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        options = {"api": "http://pharos-api.invalid", "socket": str(sock), "timeout": "2", "hint": "yes"}
+        with running_slurm(options) as cluster:
+            job = cluster.run(
+                "sbatch", "--parsable", "--job-name=over-socket", "--output=/dev/null", "--wrap", "true"
+            ).strip()
+            assert cluster.wait(job, 90)["JobState"] == "COMPLETED"
+        print(f"\n[slurm] over {sock}: {seen}")
+        assert ("POST", f"/v1/jobs/{job}/events", "") in seen, seen
+        hints = [(m, dict(parse_qsl(q))) for m, path, q in seen if path == f"/v1/hints/jobs/{job}"]
+        want = {"apply": "true", "name": "over-socket", "user": "root"}
+        assert len(hints) == 1 and hints[0][0] == "POST", seen
+        assert {k: hints[0][1].get(k) for k in want} == want and hints[0][1].get("ranks", "1") == "1", seen
+    finally:
+        server.should_exit = True
+        th.join(10)
+        sock.unlink(missing_ok=True)
+        producer = getattr(api.state, "job_events", None)
+        if producer is not None:
+            producer.close()
 
 
 def test_counters_listed_by_pharos_slurm_status(tmp_path: Path):
