@@ -45,9 +45,10 @@ build: deps build/slurm/pharos_spank.so ## Build the eBPF agent, forwarding daem
 	@cargo build --release --quiet -p pharos-agent -p pharos-fwd -p pharos-mount
 
 # The Pharos SPANK plugin (agents/slurm), against Debian's slurm/spank.h; libcurl talks to the API.
-build/slurm/pharos_spank.so: agents/slurm/pharos_spank.c $(STAMPS)/apt
+SPANK_SRC := $(wildcard agents/slurm/*.c)
+build/slurm/pharos_spank.so: $(SPANK_SRC) $(wildcard agents/slurm/*.h) $(STAMPS)/apt
 	@mkdir -p $(@D)
-	@gcc -O2 -g -Wall -Wextra -Werror -Wno-format-truncation -shared -fPIC -o $@ $< -lcurl
+	@gcc -O2 -g -Wall -Wextra -Werror -Wno-format-truncation -shared -fPIC -o $@ $(SPANK_SRC) -lcurl
 
 kafka: deps ## Fetch the pinned Kafka jars with Maven into build/kafka (git-ignored)
 	@bash pipeline/kafka/fetch.sh build/kafka

@@ -6,7 +6,10 @@ compute node, the Pharos SPANK plugin on each.
 * **munged** on the host, with a private key and socket (tests/slurm_testkit.py): its socket is
   a file, reached from every node's namespaces (network namespaces do not separate path sockets).
 * **slurmctld** in the server node's namespaces, on the server's address (``SlurmctldHost=
-  HOST(ADDR)``: the nodes share the host's UTS namespace, hence its name).
+  HOST(ADDR)``: the nodes share the host's UTS namespace, hence its name). Its port and the
+  slurmd ports are fixed (:data:`SLURMCTLD_PORT`, :data:`SLURMD_PORT_BASE`): each node has a
+  network namespace of its own where the rig binds fixed ports only, so no other process can take
+  them between choice and start (the one-host fixture, tests/slurm_testkit.py, retries instead).
 * **one slurmd per compute node** ``cn<i>``, started through :meth:`Node.enter` (the node's
   network and mount namespaces, so its job steps and tasks see that node's FUSE mount at
   :attr:`Rig.mount_dir` and reach the others over the rig's network), as ``slurmd -N cn<i>``
@@ -31,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -41,6 +43,7 @@ from pathlib import Path
 from cluster_testkit import Rig
 from slurm_testkit import (
     SlurmCluster,
+    _kill_left,
     _start,
     _stop,
     _wait_for,
@@ -49,38 +52,11 @@ from slurm_testkit import (
     munged_argv,
     plugstack_line,
     prepare_dir,
+    slurm_processes,
 )
 
 SLURMCTLD_PORT = 6817
 SLURMD_PORT_BASE = 6818  # cn<i>: SLURMD_PORT_BASE + i (each node has its own address anyway)
-NUL = b"\0"
-
-
-def slurm_processes(d: Path) -> list[str]:
-    """Processes of the Slurm in folder ``d``: its daemons (their command lines name ``d``) and
-    everything whose environment has its slurm.conf (steps, tasks, srun, the plugin's prolog,
-    epilog and delayed cgroup removal: Slurm sets SLURM_CONF for all of them)."""
-    conf = f"SLURM_CONF={d / 'slurm.conf'}".encode()
-    out, me = [], os.getpid()
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == me:
-            continue
-        with contextlib.suppress(OSError):
-            cmd = (p / "cmdline").read_bytes()
-            if str(d).encode() in cmd or conf in (p / "environ").read_bytes().split(NUL):
-                out.append(f"{p.name} {cmd.replace(NUL, b' ')[:120]!r}")
-    return out
-
-
-def _kill_left(d: Path, grace_s: float) -> None:
-    """Wait up to ``grace_s`` for the Slurm's processes to end (a job's epilog, the plugin's
-    cgroup removal 5 s after it); SIGKILL what is left."""
-    deadline = time.monotonic() + grace_s
-    while (left := slurm_processes(d)) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    for line in left:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
 @contextlib.contextmanager

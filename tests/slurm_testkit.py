@@ -188,60 +188,151 @@ def check_tools() -> None:
         pytest.fail(f"{PLUGIN} missing: `make build` builds the Pharos SPANK plugin")
 
 
+#: Attempts at starting slurmctld and slurmd on fresh ports when a port was taken meanwhile.
+PORT_ATTEMPTS = 4
+#: What slurmctld and slurmd log when their port is taken (bind(2)'s EADDRINUSE).
+PORT_TAKEN = "Address already in use"
+
+
+def pick_ports() -> tuple[int, int]:
+    """Two free loopback ports (slurmctld's, slurmd's). Slurm cannot bind port 0 and report the
+    port, so they are free when chosen and may be taken before the daemons bind them: the
+    caller retries on :data:`PORT_TAKEN`."""
+    ctld = free_port()
+    slurmd = free_port()
+    while slurmd == ctld:
+        slurmd = free_port()
+    return ctld, slurmd
+
+
 @contextlib.contextmanager
-def running_slurm(plugin_options: dict[str, str], job_submit: bool = False) -> Iterator[SlurmCluster]:
+def running_slurm(
+    plugin_options: dict[str, str],
+    job_submit: bool = False,
+    extra_conf: list[str] | None = None,
+    cgroup_conf: list[str] | None = None,
+) -> Iterator[SlurmCluster]:
     """munged + slurmctld + slurmd (see the module doc) in a fresh directory under /run, a system
     path like a site's /etc/slurm and /var/spool/slurmd, so that what Slurm's own processes in the
     job (srun, the batch shell) read there is not the job's data I/O; the plugin is copied there
     as a site installs it under Slurm's PluginDir. ``plugin_options``: the SPANK plugin's options
-    (statedir= is set to the cluster's). Fails the test when something is missing or a daemon
-    does not come up within 60 s; stops all three and removes the directory on exit."""
+    (statedir= is set to the cluster's); ``extra_conf``: slurm.conf lines that override the
+    generated ones with the same key (e.g. ``ProctrackType=proctrack/cgroup``); ``cgroup_conf``:
+    the lines of a cgroup.conf beside slurm.conf (Slurm's cgroup plugins read it). The ports are
+    chosen free; when one was taken before slurmctld or slurmd bound it (their log says
+    :data:`PORT_TAKEN`), both are stopped and started again on new ports, up to
+    :data:`PORT_ATTEMPTS` times. Fails the test when something is missing or a daemon does not
+    come up within 60 s; stops all three and removes the directory on exit."""
     check_tools()
     d = Path("/run/pharos-test") / f"slurm-{uuid.uuid4().hex[:8]}"
     plugin, sock, key = prepare_dir(d)
     node = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = free_port(), free_port()
     plugstack = d / "plugstack.conf"
     statedir, classes = d / "pharos-state", d / "pharos-state" / "classes.tsv"
     plugstack.write_text(plugstack_line(plugin, {**plugin_options, "statedir": str(statedir)}))
     conf = d / "slurm.conf"
-    lines = [
-        *conf_lines(d, f"{node}(127.0.0.1)", ctld_port, slurmd_port, sock, plugstack),
-        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
-    ]
     if job_submit:
         shutil.copy(JOB_SUBMIT_LUA, d / "job_submit.lua")
-        lines.append("JobSubmitPlugins=lua")
-    conf.write_text("\n".join(lines) + "\n")
+    if cgroup_conf is not None:
+        (d / "cgroup.conf").write_text("\n".join(cgroup_conf) + "\n")
     denv = dict(os.environ, SLURM_CONF=str(conf), PHAROS_SLURM_CLASSES=str(classes))
     procs: list[subprocess.Popen] = []
+
+    def node_idle() -> bool:
+        try:  # what holds a taken port may accept and never answer
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=denv, capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            return False
+        return r.returncode == 0 and r.stdout.strip() == "idle"
+
     try:
         procs.append(_start(munged_argv(d, sock, key), d / "munged.out", denv))
         _wait_for(lambda: sock.exists(), procs, d, "munged")
-        procs.append(_start(["slurmctld", "-D", "-i", "-f", str(conf)], d / "slurmctld.out", denv))
-        procs.append(_start(["slurmd", "-D", "-f", str(conf), "-N", node], d / "slurmd.out", denv))
-        cluster = SlurmCluster(d, node, denv, plugstack, plugin, statedir, classes)
-
-        def node_idle() -> bool:
-            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=denv, capture_output=True, text=True, timeout=10)
-            return r.returncode == 0 and r.stdout.strip() == "idle"
-
-        _wait_for(node_idle, procs, d, "slurmctld/slurmd")
-        yield cluster
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            ctld_port, slurmd_port = pick_ports()
+            lines = [
+                *conf_lines(d, f"{node}(127.0.0.1)", ctld_port, slurmd_port, sock, plugstack),
+                f"NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
+                *(["JobSubmitPlugins=lua"] if job_submit else []),
+            ]
+            conf.write_text("\n".join(_override(lines, extra_conf or [])) + "\n")
+            daemons = [
+                _start(["slurmctld", "-D", "-i", "-f", str(conf)], d / "slurmctld.out", denv),
+                _start(["slurmd", "-D", "-f", str(conf), "-N", node], d / "slurmd.out", denv),
+            ]
+            procs += daemons
+            if _wait_for(node_idle, procs, d, "slurmctld/slurmd", retry_if=PORT_TAKEN):
+                break
+            for p in reversed(daemons):  # a port was taken: both again on new ports
+                _stop(p)
+                procs.remove(p)
+            _set_logs_aside(d, attempt)
+            if attempt == PORT_ATTEMPTS:
+                pytest.fail(f"slurmctld/slurmd: a port was taken at each of {PORT_ATTEMPTS} attempts ({d})")
+        yield SlurmCluster(d, node, denv, plugstack, plugin, statedir, classes)
     finally:
         for p in reversed(procs):
             _stop(p)
+        _kill_left(d, grace_s=10)  # a job's slurmstepd outlives slurmd: a test that failed mid-job
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _wait_for(ok, procs: list[subprocess.Popen], d: Path, what: str, timeout_s: float = 60) -> None:
+def _override(lines: list[str], extra: list[str]) -> list[str]:
+    """``lines`` with each ``Key=`` of ``extra`` replaced by extra's line (appended if new)."""
+    keys = {x.split("=", 1)[0]: x for x in extra}
+    out = [keys.pop(ln.split("=", 1)[0], ln) for ln in lines]
+    return out + list(keys.values())
+
+
+NUL = b"\0"
+
+
+def slurm_processes(d: Path) -> list[str]:
+    """Processes of the Slurm in folder ``d``: its daemons (their command lines name ``d``) and
+    everything whose environment has its slurm.conf (steps, tasks, srun, the plugin's prolog,
+    epilog and delayed cgroup removal: Slurm sets SLURM_CONF for all of them)."""
+    conf = f"SLURM_CONF={d / 'slurm.conf'}".encode()
+    out, me = [], os.getpid()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == me:
+            continue
+        with contextlib.suppress(OSError):
+            cmd = (p / "cmdline").read_bytes()
+            if str(d).encode() in cmd or conf in (p / "environ").read_bytes().split(NUL):
+                out.append(f"{p.name} {cmd.replace(NUL, b' ')[:120]!r}")
+    return out
+
+
+def _kill_left(d: Path, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the Slurm's processes to end (a job's epilog, the plugin's
+    cgroup removal 5 s after it); SIGKILL what is left."""
+    deadline = time.monotonic() + grace_s
+    while (left := slurm_processes(d)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    for line in left:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def _set_logs_aside(d: Path, attempt: int) -> None:
+    """Rename the daemons' logs of a failed start (so the next attempt's are read alone)."""
+    for f in [*d.glob("slurm*.log"), *d.glob("slurm*.out")]:
+        f.rename(f.with_name(f"{f.name}.attempt{attempt}"))
+
+
+def _wait_for(ok, procs: list[subprocess.Popen], d: Path, what: str, timeout_s: float = 60, retry_if: str = "") -> bool:
+    """Wait until ``ok()``; True then. Fails the test when one of ``procs`` exits or ``timeout_s``
+    passes, showing the logs in ``d``, unless ``retry_if`` is given and a daemon's log in ``d``
+    contains it: False then (the caller starts again)."""
     deadline = time.monotonic() + timeout_s
     while not ok():
         dead = [p.args[0] for p in procs if p.poll() is not None]
+        logs = {f.name: f.read_text(errors="replace") for f in [*d.glob("*.out"), *d.glob("*.log")]}
+        if retry_if and any(retry_if in text for text in logs.values()):
+            return False
         if dead or time.monotonic() > deadline:
-            logs = {f.name: f.read_text()[-1500:] for f in d.glob("*.out")} | {
-                f.name: f.read_text()[-1500:] for f in d.glob("*.log")
-            }
-            pytest.fail(f"{what} did not come up ({'exited: ' + ', '.join(dead) if dead else 'timeout'}): {logs}")
+            tails = {name: text[-1500:] for name, text in logs.items()}
+            pytest.fail(f"{what} did not come up ({'exited: ' + ', '.join(dead) if dead else 'timeout'}): {tails}")
         time.sleep(0.3)
+    return True

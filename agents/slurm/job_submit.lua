@@ -6,39 +6,40 @@ operators see in `scontrol show job` (AdminComment=) and `squeue -O AdminComment
 
 slurmctld runs job_submit with its locks held, so this never calls the network: it reads the
 table that `pharos slurm classes --out FILE` writes (user, job name, DFRA class, usual pattern,
-runs; from GET /v1/hints/classes), re-read when the file changes. FILE is
+runs; from GET /v1/hints/classes), parsed again whenever its content changes. FILE is
 $PHAROS_SLURM_CLASSES in slurmctld's environment, else /var/lib/pharos/slurm/classes.tsv.
 A job with no history, or no table, is submitted untouched; an admin_comment someone else set
 is kept (the tag is appended).
 ]]
 
 local CLASSES = os.getenv("PHAROS_SLURM_CLASSES") or "/var/lib/pharos/slurm/classes.tsv"
-local cache = { stamp = nil, rows = {} }
+local cache = { text = nil, rows = {} }
 
--- The file's size and first line, a cheap change check (Lua has no stat).
-local function stamp_of(path)
-	local f = io.open(path, "r")
+-- The file's whole content (nil when it cannot be read): the table is parsed again whenever any
+-- byte of it changes, even within the same second and at the same size (Lua has no stat; the
+-- file is small and read once per submission).
+local function read_all(path)
+	local f = io.open(path, "rb")
 	if not f then
 		return nil
 	end
-	local size = f:seek("end")
-	f:seek("set", 0)
-	local head = f:read("*l") or ""
+	local text = f:read("*a")
 	f:close()
-	return tostring(size) .. "|" .. head
+	return text
 end
 
 local function load_classes()
-	local st = stamp_of(CLASSES)
-	if st == nil then
-		cache = { stamp = nil, rows = {} }
+	local text = read_all(CLASSES)
+	if text == nil then
+		cache = { text = nil, rows = {} }
 		return cache.rows
 	end
-	if st == cache.stamp then
+	if text == cache.text then
 		return cache.rows
 	end
 	local rows, n = {}, 0
-	for line in io.lines(CLASSES) do
+	for line in text:gmatch("[^\n]+") do
+		line = line:gsub("\r$", "")
 		if line:sub(1, 1) ~= "#" then
 			local user, name, class, pattern, runs = line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$")
 			if user then
@@ -47,7 +48,7 @@ local function load_classes()
 			end
 		end
 	end
-	cache = { stamp = st, rows = rows }
+	cache = { text = text, rows = rows }
 	slurm.log_info("pharos: %d I/O classes read from %s", n, CLASSES)
 	return rows
 end

@@ -1,29 +1,40 @@
 /*
- * pharos_spank.so: the Pharos SPANK plugin for Slurm (spank(8), slurm/spank.h).
+ * pharos_spank.so: the Pharos SPANK plugin for Slurm (spank(8), slurm/spank.h). This file holds
+ * Slurm's hooks, the options and the counters; pharos_api.c the API calls and the event spool;
+ * pharos_cgroup.c the cgroup v2 paths (pharos_spank.h, pharos_cgroup.h).
  *
  * What it does, and where Slurm runs it:
  *  - slurm_spank_job_prolog (slurmd, as root, before the job's first step on the node, so before
  *    its first I/O), on the allocation's first node only (the batch host, which starts the job's
  *    steps): records the job's start on Pharos (POST {api}/v1/jobs/{id}/events: Slurm job id,
- *    name, user, node list, task count) and asks for the job's DFRA forwarding-node decision with
- *    apply=true (GET {api}/v1/hints/jobs/{id}), which the Pharos control loop pushes to every
- *    compute node's FUSE mount at once (Ji et al., FAST'19: decided at dispatch from the job's
- *    history). A job on N nodes costs the API one start, one hint and one end, not N of each.
+ *    name, user, node list, task count, time) and claims the job's DFRA forwarding-node decision
+ *    with apply=true (POST {api}/v1/hints/jobs/{id}), which the Pharos control loop pushes to
+ *    every compute node's FUSE mount at once (Ji et al., FAST'19: decided at dispatch from the
+ *    job's history). A job on N nodes costs the API one start, one hint and one end, not N.
  *  - slurm_spank_task_post_fork (slurmstepd, as root, after it forked each task and before the
- *    task may exec; the plugin's own I/O stays out of the job): moves the task into <cgroup2>/<cgroup_parent>/job_<id>/step_<step>/rank_<global task id> (the batch
- *    script into job_<id>/batch), the cgroup layout from which the eBPF agent and the mount take
- *    the job id and (for ranks that already exited) the rank; see proto/attribution for the rule.
+ *    task may exec; the plugin's own I/O stays out of the job): a task that Slurm's cgroup/v2
+ *    plugin already put in its job's cgroup (.../job_<id>/step_<n>/...) stays there (Slurm's
+ *    limits and accounting; the agent traces it there); any other task is moved into
+ *    <cgroup2>/<cgroup_parent>/job_<id>/step_<step>/rank_<global task id> (the batch script into
+ *    job_<id>/batch), the cgroup layout from which the eBPF agent and the mount take the job id
+ *    and (for ranks that already exited) the rank; see proto/attribution for the rule.
  *  - slurm_spank_job_epilog (slurmd, as root, after the job): on the first node, records the job's
  *    end (which makes the control loop release the job's reserved forwarding nodes); on every
  *    node, removes the job's cgroups 5 s later (the agent resolves the cgroups of the job's last
  *    records first).
+ *  Every job prolog and epilog first sends again the job events spooled on its node.
  *
- * Pharos never fails a job: when the API is down or slow (bounded by timeout=), the hint or the
- * event is skipped, logged in slurmd's log and counted in <statedir>/counters (read it with
- * `pharos slurm status`); a task that cannot be moved into its cgroup runs untraced, counted.
+ * Pharos never fails a job: when the API is down or slow (bounded by timeout=), the hint is
+ * skipped and a job event is spooled in <statedir>/spool, to be sent again, with its own time, by
+ * the plugin's next job prolog or epilog on the node; all of it is logged in slurmd's log and
+ * counted in <statedir>/counters (read it with `pharos slurm status`); a task that cannot be
+ * moved into its cgroup runs untraced, counted.
  *
  * plugstack.conf options (all optional):
  *   api=URL            Pharos API (default http://127.0.0.1:8400)
+ *   socket=PATH        reach the API over its Unix socket (e.g. <API state dir>/api.sock; the
+ *                      URL's host is then ignored): the listener takes root's peer credentials
+ *                      as the admin identity, no token needed (default: TCP)
  *   cgroup_parent=DIR  cgroup under the cgroup v2 mount that the agent watches (default pharos);
  *                      %n stands for the Slurm node name (SLURMD_NODENAME, which slurmd sets for
  *                      the job prolog and epilog and slurmstepd in its own environment; else the
@@ -32,7 +43,7 @@
  *                      slurmd on one host, as multiple-slurmd or a test rig runs them)
  *   timeout=SECONDS    bound on each API request (default 2)
  *   hint=yes|no        ask for and apply the DFRA hint (default yes)
- *   statedir=DIR       where the counters file lives (default /var/lib/pharos/slurm)
+ *   statedir=DIR       where the counters file and the spool live (default /var/lib/pharos/slurm)
  *   token=FILE         file holding an API token sent as "Authorization: Bearer" (default none)
  */
 #define _GNU_SOURCE
@@ -49,22 +60,27 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+#include "pharos_cgroup.h"
+#include "pharos_spank.h"
+
 SPANK_PLUGIN(pharos, 1);
 
-#define PH_LOG "pharos: "
-
-static char opt_api[512] = "http://127.0.0.1:8400";
-static char opt_parent[256] = "pharos";
-static char opt_statedir[PATH_MAX] = "/var/lib/pharos/slurm";
-static char opt_token[PATH_MAX] = "";
-static long opt_timeout_ms = 2000;
-static int opt_hint = 1;
+struct ph_options ph_opt = {
+    .api = "http://127.0.0.1:8400",
+    .socket = "",
+    .parent = "pharos",
+    .statedir = "/var/lib/pharos/slurm",
+    .token = "",
+    .timeout_ms = 2000,
+    .hint = 1,
+};
 
 int slurm_spank_init(spank_t sp, int ac, char **av);
 int slurm_spank_job_prolog(spank_t sp, int ac, char **av);
@@ -77,32 +93,34 @@ static int parse_options(int ac, char **av) {
     for (int i = 0; i < ac; i++) {
         const char *a = av[i];
         if (!strncmp(a, "api=", 4)) {
-            snprintf(opt_api, sizeof opt_api, "%s", a + 4);
-            size_t n = strlen(opt_api);
-            while (n && opt_api[n - 1] == '/') opt_api[--n] = 0;
+            snprintf(ph_opt.api, sizeof ph_opt.api, "%s", a + 4);
+            size_t n = strlen(ph_opt.api);
+            while (n && ph_opt.api[n - 1] == '/') ph_opt.api[--n] = 0;
         } else if (!strncmp(a, "cgroup_parent=", 14)) {
-            snprintf(opt_parent, sizeof opt_parent, "%s", a + 14);
-            for (const char *p = strchr(opt_parent, '%'); p; p = strchr(p + 2, '%')) {
+            snprintf(ph_opt.parent, sizeof ph_opt.parent, "%s", a + 14);
+            for (const char *p = strchr(ph_opt.parent, '%'); p; p = strchr(p + 2, '%')) {
                 if (p[1] != 'n' && p[1] != '%') {
                     slurm_error(PH_LOG "bad option %s (placeholders: %%n the node name, %%%% a '%%')", a);
                     return -1;
                 }
             }
         } else if (!strncmp(a, "statedir=", 9)) {
-            snprintf(opt_statedir, sizeof opt_statedir, "%s", a + 9);
+            snprintf(ph_opt.statedir, sizeof ph_opt.statedir, "%s", a + 9);
+        } else if (!strncmp(a, "socket=", 7)) {
+            snprintf(ph_opt.socket, sizeof ph_opt.socket, "%s", a + 7);
         } else if (!strncmp(a, "token=", 6)) {
-            snprintf(opt_token, sizeof opt_token, "%s", a + 6);
+            snprintf(ph_opt.token, sizeof ph_opt.token, "%s", a + 6);
         } else if (!strncmp(a, "timeout=", 8)) {
             double s = atof(a + 8);
             if (s <= 0) {
                 slurm_error(PH_LOG "bad option %s (seconds > 0)", a);
                 return -1;
             }
-            opt_timeout_ms = (long)(s * 1000);
+            ph_opt.timeout_ms = (long)(s * 1000);
         } else if (!strncmp(a, "hint=", 5)) {
-            opt_hint = !strcmp(a + 5, "yes") || !strcmp(a + 5, "1") || !strcmp(a + 5, "true");
+            ph_opt.hint = !strcmp(a + 5, "yes") || !strcmp(a + 5, "1") || !strcmp(a + 5, "true");
         } else {
-            slurm_error(PH_LOG "unknown option %s (api=, cgroup_parent=, timeout=, hint=, statedir=, token=)", a);
+            slurm_error(PH_LOG "unknown option %s (api=, socket=, cgroup_parent=, timeout=, hint=, statedir=, token=)", a);
             return -1;
         }
     }
@@ -116,29 +134,17 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
 
 /* ---- counters: <statedir>/counters, "name value" lines, updated under flock ---------------- */
 
-static const char *COUNTERS[] = {"events_sent",  "events_failed",  "hints_applied", "hints_skipped",
-                                 "tasks_placed", "tasks_unplaced", NULL};
+static const char *COUNTERS[] = {"events_sent",   "events_failed", "spooled",        "resent",
+                                 "dropped",       "hints_applied", "hints_skipped",  "tasks_placed",
+                                 "tasks_unplaced", "tasks_in_slurm_cgroup", NULL};
 
-static int mkdirs(const char *path) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    }
-    return (mkdir(buf, 0755) && errno != EEXIST) ? -1 : 0;
-}
-
-static void count(const char *name) {
+void ph_count(const char *name) {
     char path[PATH_MAX + 16];
-    if (mkdirs(opt_statedir)) {
-        slurm_error(PH_LOG "cannot create statedir %s: %m", opt_statedir);
+    if (ph_mkdirs(ph_opt.statedir, 0755)) {
+        slurm_error(PH_LOG "cannot create statedir %s: %m", ph_opt.statedir);
         return;
     }
-    snprintf(path, sizeof path, "%s/counters", opt_statedir);
+    snprintf(path, sizeof path, "%s/counters", ph_opt.statedir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
         slurm_error(PH_LOG "cannot open %s: %m", path);
@@ -165,90 +171,6 @@ static void count(const char *name) {
     close(fd);
 }
 
-/* ---- HTTP to the Pharos API (libcurl) ------------------------------------------------------- */
-
-struct body {
-    char buf[2048];
-    size_t len;
-};
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *userp) {
-    struct body *b = userp;
-    size_t n = size * nmemb, room = sizeof b->buf - 1 - b->len;
-    memcpy(b->buf + b->len, data, n < room ? n : room);
-    b->len += n < room ? n : room;
-    b->buf[b->len] = 0;
-    return n;
-}
-
-/* Returns the HTTP status (0: no answer); the reply's first bytes (or curl's error) in `reply`. */
-static long http(const char *method, const char *url, const char *json, char *reply, size_t reply_len) {
-    CURL *c = curl_easy_init();
-    struct body b = {.len = 0};
-    struct curl_slist *h = NULL;
-    long status = 0;
-    char auth[600];
-    if (!c) {
-        snprintf(reply, reply_len, "curl_easy_init failed");
-        return 0;
-    }
-    b.buf[0] = 0;
-    if (opt_token[0]) {
-        FILE *f = fopen(opt_token, "r");
-        char tok[512] = "";
-        if (f && fgets(tok, sizeof tok, f)) {
-            tok[strcspn(tok, "\r\n")] = 0;
-            snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
-            h = curl_slist_append(h, auth);
-        }
-        if (f) fclose(f);
-    }
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-    }
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, opt_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, opt_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK) {
-        snprintf(reply, reply_len, "%s", curl_easy_strerror(rc));
-    } else {
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        snprintf(reply, reply_len, "%s", b.buf);
-    }
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    return status;
-}
-
-/* JSON string body of `s` (quotes, backslashes and control characters escaped). */
-static void json_str(char *dst, size_t n, const char *s) {
-    size_t o = 0;
-    for (; s && *s && o + 7 < n; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            dst[o++] = '\\';
-            dst[o++] = ch;
-        } else if (ch < 0x20) {
-            o += snprintf(dst + o, n - o, "\\u%04x", ch);
-        } else {
-            dst[o++] = ch;
-        }
-    }
-    dst[o] = 0;
-}
-
-static const char *env_or(const char *name, const char *dflt) {
-    const char *v = getenv(name);
-    return v && *v ? v : dflt;
-}
-
 /* The job's user name: SLURM_JOB_USER, else the passwd entry of the job's uid. */
 static void job_user(spank_t sp, char *out, size_t n) {
     uid_t uid;
@@ -262,63 +184,18 @@ static void job_user(spank_t sp, char *out, size_t n) {
     }
 }
 
-static void send_event(uint32_t job, const char *kind, const char *name, const char *user, const char *nodes,
-                       long tasks, long exit_code) {
-    char url[700], body[4096], reply[512], jname[600], juser[300], jnodes[1200];
-    json_str(jname, sizeof jname, name);
-    json_str(juser, sizeof juser, user);
-    json_str(jnodes, sizeof jnodes, nodes);
-    snprintf(url, sizeof url, "%s/v1/jobs/%u/events", opt_api, job);
-    snprintf(body, sizeof body,
-             "{\"kind\":\"%s\",\"name\":\"%s\",\"user\":\"%s\",\"host\":\"%s\",\"ranks\":%ld,\"exit_code\":%ld}",
-             kind, jname, juser, jnodes, tasks, exit_code);
-    long st = http("POST", url, body, reply, sizeof reply);
-    if (st / 100 == 2) {
-        count("events_sent");
-    } else {
-        slurm_error(PH_LOG "job %u: %s event not recorded (%s: HTTP %ld %.200s)", job, kind, url, st, reply);
-        count("events_failed");
-    }
+static const char *env_or(const char *name, const char *dflt) {
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
 }
 
-static void ask_hint(uint32_t job, const char *name, const char *user) {
-    char url[1400], reply[1024];
-    CURL *c = curl_easy_init();
-    char *ename = c ? curl_easy_escape(c, name, 0) : NULL;
-    char *euser = c ? curl_easy_escape(c, user, 0) : NULL;
-    snprintf(url, sizeof url, "%s/v1/hints/jobs/%u?apply=true&name=%s&user=%s", opt_api, job, ename ? ename : "",
-             euser ? euser : "");
-    curl_free(ename);
-    curl_free(euser);
-    if (c) curl_easy_cleanup(c);
-    long st = http("GET", url, NULL, reply, sizeof reply);
-    if (st == 200 && !strstr(reply, "\"status\":\"failed\"")) {
-        slurm_info(PH_LOG "job %u: forwarding hint %.300s", job, reply);
-        count("hints_applied");
-    } else {
-        slurm_error(PH_LOG "job %u: hint skipped, default mapping (%s: HTTP %ld %.200s)", job, url, st, reply);
-        count("hints_skipped");
-    }
+static long long wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* ---- cgroups -------------------------------------------------------------------------------- */
-
-/* The cgroup v2 mount point from /proc/mounts (hybrid: /sys/fs/cgroup/unified). */
-static int cgroup2_mount(char *out, size_t n) {
-    FILE *f = fopen("/proc/mounts", "r");
-    char dev[256], dir[PATH_MAX], type[64];
-    int found = -1;
-    if (!f) return -1;
-    while (fscanf(f, "%255s %4095s %63s %*[^\n]", dev, dir, type) == 3) {
-        if (!strcmp(type, "cgroup2")) {
-            snprintf(out, n, "%s", dir);
-            found = 0;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
-}
 
 /* The Slurm name of this node: SLURMD_NODENAME (slurmd sets it in the job prolog's and epilog's
  * environment, slurmstepd in its own), else the host name up to its first dot. */
@@ -353,12 +230,12 @@ static int first_node(void) {
 static int cgroup_parent(char *out, size_t n) {
     char node[256] = "";
     size_t o = 0;
-    for (const char *p = opt_parent; *p; p++) {
+    for (const char *p = ph_opt.parent; *p; p++) {
         const char *add = p;
         size_t len = 1;
         if (p[0] == '%' && (p[1] == 'n' || p[1] == '%')) {
             if (p[1] == 'n' && !*node && node_name(node, sizeof node)) {
-                slurm_error(PH_LOG "cgroup_parent=%s: this node's name is unknown", opt_parent);
+                slurm_error(PH_LOG "cgroup_parent=%s: this node's name is unknown", ph_opt.parent);
                 return -1;
             }
             add = p[1] == 'n' ? node : "%";
@@ -373,9 +250,10 @@ static int cgroup_parent(char *out, size_t n) {
     return 0;
 }
 
-static int job_cgroup(uint32_t job, char *out, size_t n) {
-    char root[PATH_MAX], parent[PATH_MAX];
-    if (cgroup2_mount(root, sizeof root) || cgroup_parent(parent, sizeof parent)) return -1;
+/* <cgroup2 mount>/<cgroup_parent>/job_<job> in `out`, the expanded cgroup_parent in `parent`. */
+static int job_cgroup(uint32_t job, char *out, size_t n, char *parent, size_t pn) {
+    char root[PATH_MAX];
+    if (ph_cgroup2_mount(root, sizeof root) || cgroup_parent(parent, pn)) return -1;
     if ((size_t)snprintf(out, n, "%s/%s/job_%u", root, parent, job) >= n) return -1;
     return 0;
 }
@@ -385,14 +263,21 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
     (void)av;
     uint32_t job, step, rank;
     pid_t pid;
-    char dir[PATH_MAX], procs[PATH_MAX + 32], text[32];
+    char dir[PATH_MAX], parent[PATH_MAX], now[PATH_MAX], procs[PATH_MAX + 32], text[32];
     if (!spank_remote(sp)) return 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
         spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
         spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS ||
-        spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || job_cgroup(job, dir, sizeof dir)) {
+        spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS ||
+        job_cgroup(job, dir, sizeof dir, parent, sizeof parent)) {
         slurm_error(PH_LOG "task not placed: no job/step/task id or pid, no cgroup v2 mount or no cgroup_parent");
-        count("tasks_unplaced");
+        ph_count("tasks_unplaced");
+        return 0;
+    }
+    /* Slurm's cgroup/v2 plugin placed it already: leave it (limits, accounting); traced there */
+    if (ph_proc_cgroup_v2(pid, now, sizeof now) == 0 && ph_in_slurm_cgroup(now, job, parent)) {
+        slurm_info(PH_LOG "job %u task %u (pid %d) stays in Slurm's cgroup %s", job, rank, (int)pid, now);
+        ph_count("tasks_in_slurm_cgroup");
         return 0;
     }
     size_t l = strlen(dir);
@@ -403,12 +288,12 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av) {
     snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
     int n = snprintf(text, sizeof text, "%d", (int)pid);
     int fd = -1;
-    if (mkdirs(dir) == 0) fd = open(procs, O_WRONLY | O_CLOEXEC);
+    if (ph_mkdirs(dir, 0755) == 0) fd = open(procs, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, text, n) != n) {
         slurm_error(PH_LOG "job %u task %u (pid %d) not placed in %s: %m (it runs untraced)", job, rank, (int)pid, dir);
-        count("tasks_unplaced");
+        ph_count("tasks_unplaced");
     } else {
-        count("tasks_placed");
+        ph_count("tasks_placed");
     }
     if (fd >= 0) close(fd);
     return 0;
@@ -434,18 +319,22 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av) {
     char user[256], name[256];
     if (parse_options(ac, av)) return 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
-    if (!first_node()) return 0; /* the first node speaks for the job */
+    long long t = wall_ns();
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (!first_node()) { /* the first node speaks for the job; this one only sends its spool */
+        ph_resend_spool();
+        return 0;
+    }
     job_user(sp, user, sizeof user);
     job_name(job, name, sizeof name);
     long tasks = atol(env_or("SLURM_JOB_NTASKS", "0"));
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    send_event(job, "start", name, user, env_or("SLURM_NODELIST", ""), tasks, 0);
-    if (!opt_hint) return 0;
+    ph_send_event(job, "start", name, user, env_or("SLURM_NODELIST", ""), tasks, 0, t);
+    if (!ph_opt.hint) return 0;
     if (!*name) {
         slurm_error(PH_LOG "job %u: hint skipped: the job's name is unknown", job);
-        count("hints_skipped");
+        ph_count("hints_skipped");
     } else {
-        ask_hint(job, name, user);
+        ph_ask_hint(job, name, user, tasks);
     }
     return 0;
 }
@@ -479,17 +368,20 @@ static void remove_later(const char *dir, unsigned delay_s) {
 
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
     uint32_t job;
-    char user[256], name[256], dir[PATH_MAX];
+    char user[256], name[256], dir[PATH_MAX], parent[PATH_MAX];
     if (parse_options(ac, av)) return 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+    long long t = wall_ns();
+    curl_global_init(CURL_GLOBAL_DEFAULT);
     if (first_node()) {
         job_user(sp, user, sizeof user);
         job_name(job, name, sizeof name); /* the end event names the job too: history matches on it */
         long exit_code = atol(env_or("SLURM_JOB_EXIT_CODE2", "0"));
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-        send_event(job, "end", name, user, env_or("SLURM_NODELIST", ""), atol(env_or("SLURM_JOB_NTASKS", "0")),
-                   exit_code);
+        ph_send_event(job, "end", name, user, env_or("SLURM_NODELIST", ""), atol(env_or("SLURM_JOB_NTASKS", "0")),
+                      exit_code, t);
+    } else {
+        ph_resend_spool();
     }
-    if (job_cgroup(job, dir, sizeof dir) == 0) remove_later(dir, 5);
+    if (job_cgroup(job, dir, sizeof dir, parent, sizeof parent) == 0) remove_later(dir, 5);
     return 0;
 }

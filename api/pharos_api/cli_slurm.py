@@ -4,8 +4,9 @@
   history (``GET /v1/hints/classes``), as a table or as the tab-separated file the
   ``job_submit.lua`` reads (written atomically: a temporary file renamed over FILE).
 * ``pharos slurm status [--statedir DIR]``: the SPANK plugin's counters on this node (events
-  sent/failed, hints applied/skipped, tasks placed/unplaced): how many jobs ran without their
-  hint because the API was down.
+  sent/failed, spooled/resent/dropped, hints applied/skipped, tasks placed/unplaced/left in
+  Slurm's cgroup) and its spool's backlog: how many jobs ran without their hint because the API
+  was down, and how many of their events are still to be sent.
 * ``pharos slurm config``: the plugstack.conf and slurm.conf lines for this installation.
 """
 
@@ -26,7 +27,19 @@ from .cli_jobs import ApiError, ApiOption, JsonOption, _api_url, _fail, api_get,
 STATE_DIR = Path("/var/lib/pharos/slurm")
 PLUGIN = Path(__file__).resolve().parents[2] / "build" / "slurm" / "pharos_spank.so"
 JOB_SUBMIT_LUA = Path(__file__).resolve().parents[2] / "agents" / "slurm" / "job_submit.lua"
-COUNTERS = ("events_sent", "events_failed", "hints_applied", "hints_skipped", "tasks_placed", "tasks_unplaced")
+#: The plugin's counters (agents/slurm/pharos_spank.c, COUNTERS), in its order.
+COUNTERS = (
+    "events_sent",
+    "events_failed",
+    "spooled",
+    "resent",
+    "dropped",
+    "hints_applied",
+    "hints_skipped",
+    "tasks_placed",
+    "tasks_unplaced",
+    "tasks_in_slurm_cgroup",
+)
 
 
 def read_counters(statedir: Path) -> dict[str, int]:
@@ -41,6 +54,18 @@ def read_counters(statedir: Path) -> dict[str, int]:
         if len(parts) == 2 and parts[0] in out and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out
+
+
+def spool_pending(statedir: Path) -> int | None:
+    """Job events waiting in the plugin's spool (``<statedir>/spool/*.json``, root-only: None when
+    it cannot be read); 0 when there is no spool."""
+    spool = statedir / "spool"
+    try:
+        return sum(1 for p in spool.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
 
 
 def classes_tsv(items: list[dict]) -> str:
@@ -113,7 +138,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The SPANK plugin's counters on this node (a skipped hint: the job ran on the default mapping)."""
         try:
-            counts = read_counters(statedir)
+            counts: dict[str, int | None] = {**read_counters(statedir), "spool_pending": spool_pending(statedir)}
         except OSError as exc:
             _fail(f"pharos slurm status: {exc}")
         if as_json:
@@ -122,8 +147,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(counts))
             return
         t = Table("counter", "value", title=f"Pharos SPANK plugin ({statedir})")
+        bad = ("failed", "skipped", "unplaced", "dropped", "pending")
         for k, v in counts.items():
-            t.add_row(k, str(v), style="bold red" if k.endswith(("failed", "skipped", "unplaced")) and v else "")
+            t.add_row(
+                k, "unreadable (root only)" if v is None else str(v), style="bold red" if k.endswith(bad) and v else ""
+            )
         Console().print(t)
 
     @slurm.command("config")
@@ -136,6 +164,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(
             f"optional {PLUGIN} api={_api_url(api)} cgroup_parent={s.cgroup_parent} statedir={statedir} timeout=2"
         )
+        typer.echo("# on the API's own host, instead of a token: socket=<the API's state_dir>/api.sock (root is admin)")
         typer.echo("# slurm.conf")
         typer.echo("PlugStackConfig=/etc/slurm/plugstack.conf")
         typer.echo(f"JobSubmitPlugins=lua   # copy {JOB_SUBMIT_LUA} next to slurm.conf")

@@ -18,8 +18,13 @@ in which each rank writes 32 MiB at its own offset of ONE file on the Pharos mou
    same name (AdminComment ``pharos:class=dedicated,...``); its plugin's hint gives it a reserved
    node before its first I/O, and the daemons' records of all its requests carry that node only.
 3. With the API unreachable (a closed port; then a port that accepts but never answers), the same
-   job completes, its I/O is still traced (the plugin's cgroup placement is local), and the
-   skipped hint and the failed events are counted (``pharos slurm status``).
+   job completes, its I/O is still traced (the plugin's cgroup placement is local), the skipped
+   hint and the failed events are counted (``pharos slurm status``) and the events are spooled;
+   with the API back, the next job's prolog sends them again and Pharos has those jobs' start
+   and end at the times they happened.
+4. Spool and resend (issue 26): the API goes down while a job runs; its epilog spools the job's
+   end (one root-only file); the API comes back; the next job's prolog sends it again and Pharos
+   records the first job's end, with the time of its epilog.
 
 The classifier's thresholds are lowered by configuration for this machine's size, as in
 tests/control/test_control_dfra_live.py. Needs root (eBPF, cgroups, FUSE, slurmd), MPICH, Slurm.
@@ -184,35 +189,67 @@ def test_sbatch_srun_mpi_job_with_hint(site, writer: Path, tmp_path: Path):
     print(f"[slurm] job {job_b}: {time.monotonic() - t0:.1f} s, {info_b['AdminComment']}, hint {hinted}, {nodes_b}")
 
 
+def status_argv(cluster: SlurmCluster) -> list[str]:
+    return [sys.executable, "-m", "pharos_api.cli", "slurm", "status", "--statedir", str(cluster.statedir)]
+
+
+def counters(cluster: SlurmCluster) -> dict[str, int]:
+    """The plugin's counters and spool backlog (``pharos slurm status --json``)."""
+    r = subprocess.run([*status_argv(cluster), "--json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def job_times(api: str, job_id: str, timeout_s: float = 60) -> dict:
+    """The job's summary once Pharos has its end (the pipeline stores the job events from Kafka)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.get(f"{api}/v1/jobs/{job_id}", timeout=10)
+        doc = r.json() if r.status_code == 200 else {}
+        if doc.get("end") or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.5)
+
+
+def ns(t: str) -> int:
+    return int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1e9)
+
+
+def trivial_job(cluster: SlurmCluster, out_dir: Path, name: str) -> str:
+    """sbatch of a job that does nothing; waits for it; its id."""
+    job = cluster.run("sbatch", "--parsable", f"--job-name={name}", f"--output={out_dir / name}.out", "--wrap", "true")
+    info = cluster.wait(job.strip(), 60)
+    assert info["JobState"] == "COMPLETED", info
+    return job.strip()
+
+
 @pytest.mark.timeout(600)
 def test_job_runs_when_pharos_api_is_down(site, writer: Path, tmp_path: Path):
     settings, cluster = site
     d = settings.mount_point / "slurm-down"
     d.mkdir(exist_ok=True)
-    status = [sys.executable, "-m", "pharos_api.cli", "slurm", "status", "--statedir", str(cluster.statedir)]
-
-    def counters() -> dict[str, int]:
-        r = subprocess.run([*status, "--json"], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+    os.chmod(tmp_path, 0o755)
 
     hung = socket.socket()  # accepts connections (the kernel's backlog) and never answers
     hung.bind(("127.0.0.1", 0))
     hung.listen(16)
     urls = {"closed port": f"http://127.0.0.1:{free_port()}", "no answer": f"http://127.0.0.1:{hung.getsockname()[1]}"}
     base = {"cgroup_parent": settings.cgroup_parent, "timeout": "1"}
+    down: dict[str, tuple[int, int]] = {}  # job -> wall-clock ns before its submission and after its end
     try:
         for i, (why, url) in enumerate(urls.items()):
-            before = counters()
+            before = counters(cluster)
             cluster.set_plugin_options({"api": url, **base})
-            t0 = time.monotonic()
+            t0, w0 = time.monotonic(), time.time_ns()
             job, info, _ = submit(cluster, writer, d / f"{i}.dat", tmp_path, f"down{i}")
             took = time.monotonic() - t0
-            after = counters()
+            down[job] = (w0, time.time_ns())
+            after = counters(cluster)
             diff = {k: after[k] - before[k] for k in after}
             print(f"[slurm] API {why}: job {job} {info['JobState']} in {took:.1f} s; counters {diff}")
             assert diff["hints_skipped"] == 1 and diff["hints_applied"] == 0, diff
             assert diff["events_failed"] == 2 and diff["events_sent"] == 0, diff  # start and end
+            assert diff["spooled"] == 2 and diff["spool_pending"] == 2 and diff["dropped"] == 0, diff
             assert diff["tasks_placed"] == RANKS + 1 and diff["tasks_unplaced"] == 0, diff  # + the batch script
             # still traced: the agent's records reach the store under Slurm's job id
             deadline = time.monotonic() + 90
@@ -225,5 +262,66 @@ def test_job_runs_when_pharos_api_is_down(site, writer: Path, tmp_path: Path):
     finally:
         hung.close()
         cluster.set_plugin_options({"api": settings.api_url, **base})
-    shown = subprocess.run(status, capture_output=True, text=True, timeout=30)
-    assert shown.returncode == 0 and "hints_skipped" in shown.stdout, shown.stderr
+    # the API is back: the next job's prolog sends the spooled events again, oldest first
+    before = counters(cluster)
+    trivial_job(cluster, tmp_path, "after-down")
+    after = counters(cluster)
+    diff = {k: after[k] - before[k] for k in after}
+    print(f"[slurm] API back: counters {diff}")
+    assert diff["resent"] == 4 and after["spool_pending"] == 0 and diff["dropped"] == 0, diff
+    for job, (w0, w1) in down.items():
+        s = job_times(settings.api_url, job)
+        assert s.get("end"), f"job {job}: its end never reached Pharos: {s}"
+        assert w0 <= ns(s["start"]) <= ns(s["end"]) <= w1, (job, s["start"], s["end"], w0, w1)  # their own times
+        assert s["name"] == NAME and s["state"] == "finished", s
+    shown = subprocess.run(status_argv(cluster), capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0 and "hints_skipped" in shown.stdout and "resent" in shown.stdout, shown.stderr
+
+
+@pytest.mark.timeout(300)
+def test_end_event_spooled_while_api_down_is_sent_by_the_next_prolog(site, tmp_path: Path):
+    """The API goes down while a job runs: its end is spooled, then sent by the next job's prolog."""
+    settings, cluster = site
+    os.chmod(tmp_path, 0o755)
+    base = {"cgroup_parent": settings.cgroup_parent, "timeout": "1", "hint": "no"}
+    cluster.set_plugin_options({"api": settings.api_url, **base})
+    gate = tmp_path / "go"
+    out = tmp_path / "spool-a.out"
+    c0 = counters(cluster)
+    job_a = cluster.run(
+        "sbatch",
+        "--parsable",
+        "--job-name=spool-a",
+        f"--output={out}",
+        "--wrap",
+        f"while [ ! -e {gate} ]; do sleep 0.2; done",
+    ).strip()
+    deadline = time.monotonic() + 60
+    while cluster.job(job_a).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, cluster.job(job_a)
+        time.sleep(0.3)
+    try:
+        cluster.set_plugin_options({"api": f"http://127.0.0.1:{free_port()}", **base})  # the API is down
+        w0 = time.time_ns()
+        gate.touch()
+        assert cluster.wait(job_a, 60)["JobState"] == "COMPLETED"
+        w1 = time.time_ns()
+    finally:
+        cluster.set_plugin_options({"api": settings.api_url, **base})
+    c1 = counters(cluster)
+    spool = cluster.statedir / "spool"
+    files = sorted(p.name for p in spool.glob("*.json"))
+    print(f"\n[slurm] job {job_a}: end spooled {files}; counters {c1}")
+    assert c1["events_sent"] - c0["events_sent"] == 1 and c1["spooled"] - c0["spooled"] == 1, (c0, c1)
+    assert len(files) == 1 and files[0].endswith(f"-{job_a}-end.json"), files
+    assert (spool.stat().st_mode & 0o777, (spool / files[0]).stat().st_mode & 0o777) == (0o700, 0o600)
+    assert not httpx.get(f"{settings.api_url}/v1/jobs/{job_a}", timeout=10).json().get("end")
+
+    trivial_job(cluster, tmp_path, "spool-b")  # the API is back: job B's prolog sends A's end
+    c2 = counters(cluster)
+    assert c2["resent"] - c1["resent"] == 1 and c2["spool_pending"] == 0, (c1, c2)
+    s = job_times(settings.api_url, job_a)
+    assert s.get("end"), f"job {job_a}: its end never reached Pharos: {s}"
+    assert w0 <= ns(s["end"]) <= w1, (s["end"], w0, w1)  # the time of A's epilog, not of B's prolog
+    assert s["name"] == "spool-a" and s["state"] == "finished" and s["exit_code"] == 0, s
+    print(f"[slurm] job {job_a}: end recorded at {s['end']} (sent again by the next job's prolog)")
