@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, HTTPException, Request, Security
@@ -120,9 +121,10 @@ class Peer:
     gid: int
 
 
+@lru_cache(maxsize=4096)
 def login_name(uid: int) -> str:
-    """The login name of ``uid`` (the passwd database), else the uid as text (as Darshan
-    imports name their owner)."""
+    """The login name of ``uid`` (the passwd database, through NSS: remembered per process, since
+    a site's may be LDAP), else the uid as text (as Darshan imports name their owner)."""
     try:
         name = pwd.getpwuid(uid).pw_name
     except KeyError:
