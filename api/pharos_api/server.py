@@ -10,6 +10,7 @@ the same process works unchanged.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 
 from pharos_analytics.alerts import DetectionLoop
@@ -25,10 +26,18 @@ from .unix_socket import api_server
 log = logging.getLogger("pharos.serve")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT: migrate the store, consume Kafka, serve the API. Raises
     UnixSocketError when the API's Unix socket cannot be made (the store is closed again)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the SIGTERM it stopped on once it has shut down: as SystemExit, so the
+        # clean-up below runs (the socket file removed, the store closed) instead of a default death
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if settings.api_auth == "none":
         log.warning(
             "api_auth = 'none': the API's TCP port %s is OPEN, every local user acts as admin. A development "

@@ -213,11 +213,14 @@ def serve_stack(tmp_path):
         kafka_bootstrap=f"127.0.0.1:{free_port()}",
         agent_metrics_addr="",
     )
+    said: list[str] = []
     try:
         stack.start(settings, only={"serve"})
         yield settings
     finally:
-        stack.stop_component(settings, "serve", grace_s=20)
+        stack.stop_component(settings, "serve", grace_s=30, progress=said.append)
+    assert not any("SIGKILL" in line for line in said), said  # it stopped on SIGTERM
+    assert not settings.api_socket_path.exists()  # and removed its socket file
 
 
 def _cli(settings: Settings, *args: str, token: str = "") -> subprocess.CompletedProcess:

@@ -42,7 +42,7 @@ def api(store, tmp_path_factory):
 
 def settings_for(url: str, **kw) -> Settings:
     host, port = url.removeprefix("http://").split(":")
-    return Settings(api_host=host, api_port=int(port), **kw)
+    return Settings(api_host=host, api_port=int(port), api_socket="", **kw)  # this server's TCP port, no socket
 
 
 def actions(api: str, job: str) -> list[dict]:
