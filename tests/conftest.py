@@ -134,7 +134,7 @@ def app(store, tmp_path_factory):
     """The API (``pharos_api.app.create_app``) on ``store``, state in the session's tmp dir."""
     from pharos_api.app import create_app
 
-    return create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp()))
+    return create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp(), api_auth="none"))
 
 
 @pytest.fixture(scope="module")

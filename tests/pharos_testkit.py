@@ -219,6 +219,7 @@ def stack_settings(state_dir: Path, cgroup_parent: str, **overrides):
 
     fields = {
         "state_dir": state_dir,
+        "api_auth": "none",  # loopback; the suite's clients send no token (tests/api test the default)
         "kafka_bootstrap": kafka_bootstrap(),
         "api_port": free_port(),
         "cgroup_parent": cgroup_parent,

@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 from confluent_kafka import KafkaException, Producer
 
+from pharos_core import api_client
 from pharos_core.settings import Settings
 from pharos_pipeline.wire import SCHEMA_VERSION, JobEvent, io_pb2
 
@@ -116,16 +117,17 @@ def request_hint(
 ) -> tuple[dict | None, str]:
     """Ask the API for the DFRA decision of ``job_id`` and have it applied before the first I/O.
 
-    ``GET {settings.api_url}/v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
+    ``GET /v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
     (one ``command`` parameter per argv word: the history is matched by name, user and exact
     command; see :mod:`pharos_analytics.control.dfra`), ``&ranks=N`` when ``ranks`` > 0 (a feature
     of the learned class of a job without exact history, :mod:`pharos_analytics.control.class_model`),
     waiting at most
-    ``settings.run_hint_timeout_s`` seconds. Returns (the decision as the API gives it:
+    ``settings.run_hint_timeout_s`` seconds, at :func:`pharos_core.api_client.client_url` (the
+    API's Unix socket on its host when no token is configured, else ``settings.api_url``). Returns (the decision as the API gives it:
     ``class``, ``nodes`` primary first, ``reserved``, ``status`` applied | failed | recorded,
     ``reason``, ...; '') or (None, a one-line reason it could not be had: unreachable, timeout,
     HTTP error, not JSON). Never raises for the API's sake."""
-    url = f"{settings.api_url}/v1/hints/jobs/{job_id}"
+    base = api_client.client_url(settings)  # the API's Unix socket on its host without a token, else TCP
     params: dict = {"apply": "true", "name": name, "user": user, "command": command}
     if ranks > 0:  # the job's ranks: a feature of the learned class when it has no exact history
         params["ranks"] = ranks
@@ -135,9 +137,11 @@ def request_hint(
         return None, f"cannot read the API token file: {exc}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.get(url, params=params, headers=headers, timeout=settings.run_hint_timeout_s)
+        r = api_client.request(
+            base, "GET", f"/v1/hints/jobs/{job_id}", params=params, headers=headers, timeout=settings.run_hint_timeout_s
+        )
     except httpx.HTTPError as exc:
-        return None, f"{settings.api_url} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
+        return None, f"{base} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
     if r.status_code != 200:
         return None, f"GET /v1/hints/jobs/{job_id}: HTTP {r.status_code} {r.text[:160]}"
     try:

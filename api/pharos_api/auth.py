@@ -1,11 +1,21 @@
 """API tokens and roles (docs/security.md), in the conventions of FastAPI's security utilities.
 
-With ``api_auth = "token"`` every endpoint but ``GET /v1/health`` needs ``Authorization:
-Bearer <token>`` (:data:`bearer_scheme`, an ``HTTPBearer`` security scheme in the OpenAPI
-document). A missing, unknown or revoked token is ``401`` (with ``WWW-Authenticate: Bearer``),
-a role lacking the right ``403``, and a ``user`` token asking for another user's job ``404``
-(the job's existence is not revealed). With ``api_auth = "none"`` (development on loopback)
-every request acts as ``admin``.
+Who a request acts for (:func:`get_principal`), by the listener it came through:
+
+* **The Unix socket** (``api_socket``, :mod:`pharos_api.unix_socket`): the caller's uid as the
+  kernel gives it (``SO_PEERCRED``, read when the connection is made and put in the ASGI
+  scope's ``state`` under :data:`PEER_STATE`; nothing the client sends can set it):
+  :func:`peer_principal`: uid 0 and the server's own uid are ``admin``, any other uid is a
+  ``user`` named by its login (``pwd``; the uid as text when it has none). A Bearer token sent
+  on the socket is verified and wins (a scheduler token keeps its smaller role).
+* **The TCP port** with ``api_auth = "token"`` (the default): every endpoint but
+  ``GET /v1/health`` needs ``Authorization: Bearer <token>`` (:data:`bearer_scheme`, an
+  ``HTTPBearer`` security scheme in the OpenAPI document). With ``api_auth = "none"``
+  (development on loopback) every TCP request acts as ``admin``.
+
+A missing, unknown or revoked token is ``401`` (with ``WWW-Authenticate: Bearer``), a role
+lacking the right ``403``, and a ``user`` asking for another user's job ``404`` (the job's
+existence is not revealed).
 
 Roles:
 
@@ -30,12 +40,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import pwd
 import re
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, HTTPException, Request, Security
@@ -76,11 +89,13 @@ class TokenError(ValueError):
 @dataclass(frozen=True)
 class Principal:
     """Who a request acts for: ``role``, ``user`` (a ``user`` token's name, else the token's
-    user as given at creation) and ``token_id`` (None when authentication is off)."""
+    user as given at creation; a socket peer's login name), ``token_id`` (None without a token)
+    and ``uid`` (a socket peer's uid, else None)."""
 
     role: Role
     user: str = ""
     token_id: str | None = None
+    uid: int | None = None
 
     @property
     def sees_all(self) -> bool:
@@ -88,8 +103,40 @@ class Principal:
         return self.role != "user"
 
 
-#: The principal of every request when ``api_auth = "none"``.
+#: The principal of every TCP request when ``api_auth = "none"``.
 OPEN = Principal(role="admin", user="", token_id=None)
+
+#: The key of the socket peer's :class:`Peer` in the ASGI scope's ``state`` (set per connection
+#: by :mod:`pharos_api.unix_socket`, never from the request).
+PEER_STATE = "pharos_peer"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a Unix socket connection, from ``SO_PEERCRED`` (the
+    kernel's record of it at ``connect()``): ``pid``, ``uid``, ``gid``."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@lru_cache(maxsize=4096)
+def login_name(uid: int) -> str:
+    """The login name of ``uid`` (the passwd database, through NSS: remembered per process, since
+    a site's may be LDAP), else the uid as text (as Darshan imports name their owner)."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+    return name if USER_RE.match(name) else str(uid)
+
+
+def peer_principal(peer: Peer) -> Principal:
+    """The principal of a socket peer: ``admin`` for uid 0 and for the server's own uid (who
+    owns the store anyway), else ``user`` named :func:`login_name` (its own jobs only)."""
+    role: Role = "admin" if peer.uid in (0, os.geteuid()) else "user"
+    return Principal(role=role, user=login_name(peer.uid), uid=peer.uid)
 
 
 def _digest(salt_hex: str, secret: str) -> str:
@@ -224,12 +271,21 @@ def unauthorized(detail: str) -> HTTPException:
 def get_principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
 ) -> Principal:
-    """Who the request acts for. Raises 401 when ``api_auth = "token"`` and the Bearer token is
-    missing, malformed, unknown or revoked."""
-    if request.app.state.settings.api_auth == "none":
+    """Who the request acts for (the module docstring): on the Unix socket the Bearer token
+    when one is sent, else the peer's uid (:func:`peer_principal`); on TCP :data:`OPEN` with
+    ``api_auth = "none"``, else the token's principal. Raises 401 for a bad token, or on TCP
+    with ``api_auth = "token"`` for a missing one."""
+    peer = (request.scope.get("state") or {}).get(PEER_STATE)
+    peer = peer if isinstance(peer, Peer) else None
+    if peer is not None and credentials is None:
+        return peer_principal(peer)
+    if peer is None and request.app.state.settings.api_auth == "none":
         return OPEN
     if credentials is None:
-        raise unauthorized("authentication required: send Authorization: Bearer <token> (pharos token create)")
+        raise unauthorized(
+            "authentication required: send Authorization: Bearer <token> (pharos token create), or on the API "
+            "host use its Unix socket (api_socket), where your login is your identity"
+        )
     p = token_cache(request).verify(request.app.state.store, credentials.credentials)
     if p is None:
         raise unauthorized("invalid or revoked API token")

@@ -9,8 +9,10 @@ Parts:   pharos broker · pharos agent · pharos serve (what `pharos up` starts)
 Deploy:  pharos topics (create the Kafka topics on an existing broker; docs/operations.md)
 
 Configuration: pharos.toml (or the file in PHAROS_CONFIG) and PHAROS_* environment
-variables; see `pharos config`. With api_auth = "token" the commands that ask the API send a
-token: `pharos --token TOKEN ...`, PHAROS_API_TOKEN, or api_token_file (docs/security.md).
+variables; see `pharos config`. On the API host the commands that ask the API use its Unix
+socket (api_socket: your login is your identity, root's is admin); elsewhere, or with a URL
+(--api, PHAROS_API_URL) or a token given, its TCP port with a token: `pharos --token TOKEN
+...`, PHAROS_API_TOKEN, or api_token_file (docs/security.md).
 """
 
 from __future__ import annotations
@@ -117,7 +119,13 @@ def up(
         start(settings, progress=lambda s: console.print(f"  {s}"))
     except StackError as exc:
         fail(str(exc))
-    console.print(f"[green]Pharos is up.[/] API: {settings.api_url}  (OpenAPI: {settings.api_url}/docs)")
+    sock = settings.api_socket_path
+    console.print(
+        f"[green]Pharos is up.[/] API: {settings.api_url}  (OpenAPI: {settings.api_url}/docs)"
+        + (f"; local commands use its socket {sock}" if sock else "")
+    )
+    if settings.api_auth == "none":
+        console.print(f"[bold yellow]api_auth = 'none': {settings.api_url} is open, every local user is admin[/]")
     if detach:
         return
     console.print("Press Ctrl-C to stop.")
@@ -152,15 +160,16 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Machine-readab
     dead: its process is gone (crashed, killed) or its pid was reused: `pharos up` starts it
     again. stale: alive, but not ready, or (agent, forwarding daemons) no heartbeat stored for
     more than heartbeat_missed x heartbeat_interval_s seconds."""
-    from .cli_jobs import ApiError, api_get
+    from .cli_jobs import ApiError, _api_url, api_get
     from .stack import status as stack_status
 
     settings = get_settings()
     pipeline = producers = None
+    url = _api_url(None)
     with contextlib.suppress(ApiError, ValueError):
-        pipeline = api_get(settings.api_url, "/v1/pipeline", timeout=3).json()
+        pipeline = api_get(url, "/v1/pipeline", timeout=3).json()
     with contextlib.suppress(ApiError, ValueError):
-        producers = api_get(settings.api_url, "/v1/producers", timeout=3).json()["items"]
+        producers = api_get(url, "/v1/producers", timeout=3).json()["items"]
     rows = stack_status(settings, producers)
     if json_out:
         print(json.dumps({"components": rows, "pipeline": pipeline, "producers": producers}, indent=2))
@@ -490,10 +499,14 @@ def mount(
 def serve() -> None:
     """Run the pipeline, analytics and API in one process (what `pharos up` starts)."""
     from .server import serve as serve_
+    from .unix_socket import UnixSocketError
 
     settings = get_settings()
     check_exposure(settings)
-    serve_(settings)
+    try:
+        serve_(settings)
+    except UnixSocketError as exc:
+        fail(str(exc), 2)
 
 
 @app.command()

@@ -1,9 +1,12 @@
 """``pharos jobs`` and ``pharos job ID``: the job list and a job's I/O report, over HTTP.
 
 The CLI never opens the store (chDB allows one process per data directory): it asks the
-API that ``pharos up`` serves. The base URL is ``--api URL``, else ``PHAROS_API_URL``, else
-``Settings.api_url`` (http://127.0.0.1:8400). When the API does not answer, the commands
-print one error line to stderr and exit with code 1.
+API that ``pharos up`` serves. The base URL is ``--api URL``, else ``PHAROS_API_URL``, else,
+when no token is configured and the API's Unix socket exists (``api_socket``, default
+``<state_dir>/api.sock``: the API host), ``unix:<socket>``, where the server knows the caller
+by uid; else ``Settings.api_url`` (http://127.0.0.1:8400) (:func:`pharos_core.api_client.client_url`).
+``--api unix:/path/api.sock`` names a socket explicitly. When the API does not answer, the
+commands print one error line to stderr and exit with code 1.
 
 Every request carries the API token, when there is one (:func:`api_headers`): ``pharos --token
 TOKEN ...``, else ``PHAROS_API_TOKEN``, else the settings' ``api_token`` / ``api_token_file``
@@ -28,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pharos_analytics.summary_sql import LAYERS
+from pharos_core import api_client
 
 Layer = Enum("Layer", {name: name for name in LAYERS}, type=str)
 
@@ -38,7 +42,8 @@ ApiOption = Annotated[
     typer.Option(
         "--api",
         envvar="PHAROS_API_URL",
-        help="Base URL of the Pharos API (default: Settings.api_url, http://127.0.0.1:8400).",
+        help="Base URL of the Pharos API, http://HOST:PORT or unix:SOCKET (default: the API's Unix socket when it "
+        "exists here and no token is given, else Settings.api_url, http://127.0.0.1:8400).",
         show_default=False,
     ),
 ]
@@ -87,7 +92,10 @@ def api_error(r: httpx.Response) -> ApiError:
     if not isinstance(detail, str):
         detail = json.dumps(detail)
     if r.status_code == 401:
-        detail += " (give a token: pharos --token TOKEN, PHAROS_API_TOKEN or api_token_file; docs/security.md)"
+        detail += (
+            " (give a token: pharos --token TOKEN, PHAROS_API_TOKEN or api_token_file; or, on the API host, no URL "
+            "and no token: the CLI then uses the API's Unix socket (api_socket); docs/security.md)"
+        )
     return ApiError(f"Pharos API error {r.status_code}: {detail}")
 
 
@@ -101,7 +109,7 @@ def api_request(api_url: str, method: str, path: str, *, timeout: float | None =
 
         timeout = get_settings().api_timeout_s
     try:
-        r = httpx.request(method, api_url + path, headers=headers, timeout=timeout, **kwargs)
+        r = api_client.request(api_url, method, path, headers=headers, timeout=timeout, **kwargs)
     except httpx.TimeoutException:
         raise ApiError(
             f"Pharos API at {api_url} did not answer {method} {path} within {timeout:g} s "
@@ -115,11 +123,16 @@ def api_request(api_url: str, method: str, path: str, *, timeout: float | None =
 
 
 def _api_url(api: str | None) -> str:
+    """The base URL of the CLI's requests: ``api`` (``--api``, PHAROS_API_URL) when given, else
+    :func:`pharos_core.api_client.client_url` (the Unix socket on the API host without a token,
+    else the TCP URL)."""
     if api:
         return api.rstrip("/")
     from pharos_core.settings import get_settings
 
-    return get_settings().api_url
+    if TOKEN_OVERRIDE:
+        return get_settings().api_url
+    return api_client.client_url(get_settings())
 
 
 def api_get(

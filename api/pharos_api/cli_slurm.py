@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
         s = get_settings()
         typer.echo(f"# plugstack.conf (every compute node; the plugin is built by `make build`: {PLUGIN})")
         typer.echo(
-            f"optional {PLUGIN} api={_api_url(api)} cgroup_parent={s.cgroup_parent} statedir={statedir} timeout=2"
+            f"optional {PLUGIN} api={(api or s.api_url).rstrip('/')} cgroup_parent={s.cgroup_parent} statedir={statedir} timeout=2"
         )
         typer.echo("# on the API's own host, instead of a token: socket=<the API's state_dir>/api.sock (root is admin)")
         typer.echo("# slurm.conf")

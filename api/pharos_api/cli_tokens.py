@@ -1,12 +1,13 @@
 """``pharos token create|list|revoke``: API tokens (docs/security.md).
 
 Like ``pharos import darshan``, these work with or without the stack: when an API answers
-(``--api URL``, ``PHAROS_API_URL``, else ``Settings.api_url``) they go through it
-(``/v1/tokens``, which needs an admin token once ``api_auth = "token"``); otherwise they open
-the store themselves (the chDB directory is free when ``pharos serve`` is not running: how the
-first admin token is made). With a ClickHouse server (``PHAROS_CLICKHOUSE_URL``) they always
-open the store directly (whoever holds its credentials manages the tokens). ``--direct``
-forces the store.
+(``--api URL``, ``PHAROS_API_URL``, else on the API host without a token its Unix socket,
+else ``Settings.api_url``: :func:`pharos_api.cli_jobs._api_url`) they go through it
+(``/v1/tokens``: role admin, which root (or the server's own user) has on the Unix socket, so
+root on the API host mints the first admin token while the stack runs); otherwise they open
+the store themselves (the chDB directory is free when ``pharos serve`` is not running). With a
+ClickHouse server (``PHAROS_CLICKHOUSE_URL``) they always open the store directly (whoever
+holds its credentials manages the tokens). ``--direct`` forces the store.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from pharos_core import api_client
+
 from .cli_jobs import ApiError, ApiOption, _api_url, _fail, api_request
 
 DirectOption = Annotated[bool, typer.Option("--direct", help="Open the store directly, never the API.")]
 
 
 def api_answers(url: str) -> bool:
-    """True when ``GET url/v1/health`` answers (any status): the API holds the store."""
+    """True when ``GET url/v1/health`` answers (any status): the API holds the store. ``url``:
+    ``http://host:port`` or ``unix:<socket>``."""
     try:
-        httpx.get(url + "/v1/health", timeout=2)
+        api_client.request(url, "GET", "/v1/health", timeout=2)
     except httpx.TransportError:
         return False
     return True
@@ -54,7 +58,8 @@ def with_store(fn: Callable[[Any], Any]) -> Any:
     except Exception:  # chDB refuses a directory another process holds
         raise ApiError(
             f"cannot open the store at {settings.chdb_path}: another process holds it (pharos serve?); go "
-            "through its API (--api URL) or stop that process"
+            "through its API: as root on its host through its Unix socket (api_socket), else --api URL with an "
+            "admin token"
         ) from None
     try:
         migrate(store)

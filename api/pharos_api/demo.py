@@ -22,6 +22,7 @@ import httpx
 from rich.console import Console
 
 from pharos_agents.runner import run_job
+from pharos_core import api_client
 from pharos_core.settings import Settings
 
 from . import stack
@@ -94,14 +95,17 @@ def fio_totals(outputs: list[Path]) -> dict[str, int]:
 def wait_for_summary(
     api_url: str, job_id: str, expect_bytes: int, timeout_s: float = 60.0, layer: str = "client"
 ) -> dict | None:
-    """Poll ``GET /v1/jobs/{job_id}?layer=...`` until the job is finished and its bytes_written has
+    """Poll ``GET /v1/jobs/{job_id}?layer=...`` at ``api_url`` (``http://host:port`` or
+    ``unix:<socket>``) until the job is finished and its bytes_written has
     reached ``expect_bytes`` and stayed unchanged for a second (late records settle), or
     until the timeout. Returns the last summary seen, or None if the job never appeared."""
     deadline = time.monotonic() + timeout_s
     last, stable_since = None, None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{api_url}/v1/jobs/{job_id}", params={"layer": layer}, headers=api_headers(), timeout=5)
+            r = api_client.request(
+                api_url, "GET", f"/v1/jobs/{job_id}", params={"layer": layer}, headers=api_headers(), timeout=5
+            )
         except httpx.HTTPError:
             r = None
         if r is not None and r.status_code == 200:
@@ -152,8 +156,9 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
             results.append((job, job_id, None, None, None))
             continue
         fio = fio_totals(res.outputs)
-        summary = wait_for_summary(settings.api_url, job_id, fio["bytes_written"])
-        fwd = wait_for_summary(settings.api_url, job_id, fio["bytes_written"], layer="forwarder") if on_mount else None
+        url = api_client.client_url(settings)  # the Unix socket here: no token needed
+        summary = wait_for_summary(url, job_id, fio["bytes_written"])
+        fwd = wait_for_summary(url, job_id, fio["bytes_written"], layer="forwarder") if on_mount else None
         results.append((job, job_id, fio, summary, fwd))
         shutil.rmtree(data_dir, ignore_errors=True)
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
+from pharos_core import api_client
 from pharos_core.settings import Settings
 
 
@@ -87,8 +88,12 @@ def _file_ready(name: str) -> Callable[[Settings], bool]:
 
 
 def api_ready(settings: Settings) -> bool:
+    """True when the API answers ``GET /v1/health`` on its TCP port and on its Unix socket (when
+    ``api_socket`` is not '')."""
+    sock = settings.api_socket_path
+    urls = [settings.api_url] + ([api_client.UNIX_PREFIX + str(sock)] if sock is not None else [])
     try:
-        return httpx.get(f"{settings.api_url}/v1/health", timeout=2).status_code == 200
+        return all(api_client.request(u, "GET", "/v1/health", timeout=2).status_code == 200 for u in urls)
     except httpx.HTTPError:
         return False
 

@@ -135,15 +135,23 @@ class Settings(PharosSettings):
     )
     api_host: str = Field(
         default="127.0.0.1",
-        description="Address the API binds. Anything but loopback (127.0.0.0/8, ::1, localhost) needs "
-        "api_auth = 'token': `pharos serve` refuses to start otherwise.",
+        description="Address the API's TCP port binds. Anything but loopback (127.0.0.0/8, ::1, localhost) "
+        "needs api_auth = 'token': `pharos serve` refuses to start otherwise.",
     )
     api_port: int = Field(default=8400, ge=1, le=65535)
     api_auth: Literal["none", "token"] = Field(
-        default="none",
-        description="Server: 'token' = every endpoint but /v1/health needs `Authorization: Bearer <token>` "
-        "(tokens made by `pharos token create`, roles admin | operator | user | scheduler; docs/security.md); "
-        "'none' = open (development on loopback only).",
+        default="token",
+        description="Server, the TCP port: 'token' = every endpoint but /v1/health needs `Authorization: Bearer "
+        "<token>` (tokens made by `pharos token create`, roles admin | operator | user | scheduler; "
+        "docs/security.md); 'none' = open, every request acts as admin (a development setting, on loopback "
+        "only, logged loudly). The Unix socket (api_socket) always authenticates by peer credentials.",
+    )
+    api_socket: str | None = Field(
+        default=None,
+        description="Server and local clients: the API's Unix socket (mode 0666), where the caller's uid from "
+        "the kernel (SO_PEERCRED) is its identity: root and the server's own uid act as admin, any other uid "
+        "as role 'user' named by its login, seeing its own jobs. None: <state_dir>/api.sock; '' = no socket. "
+        "The CLI uses it when it exists and no --api URL, PHAROS_API_URL or token is given.",
     )
     api_token: SecretStr = Field(
         default=SecretStr(""),
@@ -376,7 +384,16 @@ class Settings(PharosSettings):
 
     @property
     def api_url(self) -> str:
+        """The API's TCP base URL, ``http://<api_host>:<api_port>``."""
         return f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def api_socket_path(self) -> Path | None:
+        """The API's Unix socket: ``api_socket``, else <state_dir>/api.sock; None when
+        ``api_socket`` is '' (no socket)."""
+        if self.api_socket is None:
+            return self.state_dir / "api.sock"
+        return Path(self.api_socket).expanduser().absolute() if self.api_socket.strip() else None
 
     def api_token_value(self) -> str:
         """The client's API token: ``api_token``, else the first line of ``api_token_file``,

@@ -237,7 +237,9 @@ def test_summary_carries_the_coverage(store):
 
 @pytest.fixture(scope="module")
 def client(store, tmp_path_factory):
-    app = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api"), heartbeat_interval_s=2.0))
+    app = create_app(
+        store, Settings(state_dir=tmp_path_factory.mktemp("api"), heartbeat_interval_s=2.0, api_auth="none")
+    )
     with TestClient(app) as c:
         yield c
 

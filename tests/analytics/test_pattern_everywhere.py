@@ -90,7 +90,7 @@ def world(tmp_path_factory):
     store.insert_rows("io_requests", rows)
     store.insert_rows("job_events", events)
     print(f"\n[patterns] {len(logs)} Darshan logs imported in {time.monotonic() - t0:.1f} s")
-    app = create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp()))
+    app = create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp(), api_auth="none"))
     with served(app) as url:
         yield url, darshan_jobs, expected
     store.close()

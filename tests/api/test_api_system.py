@@ -51,7 +51,7 @@ class _BrokenStore(Store):
 def test_store_failure_is_503(tmp_path):
     from fastapi.testclient import TestClient
 
-    c = TestClient(create_app(_BrokenStore(), Settings(state_dir=tmp_path)))
+    c = TestClient(create_app(_BrokenStore(), Settings(state_dir=tmp_path, api_auth="none")))
     assert c.get("/v1/health").status_code == 503
     r = c.get("/v1/jobs/mix")
     assert r.status_code == 503 and r.json()["detail"] == "store error: boom"

@@ -285,12 +285,13 @@ def test_auth_off_is_loopback_only(store, tmp_path):
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("login01")
     for host in ("0.0.0.0", "10.1.2.3", "::"):
         with pytest.raises(ExposureError, match="api_auth"):
-            create_app(store, Settings(state_dir=tmp_path, api_host=host))
+            create_app(store, Settings(state_dir=tmp_path, api_host=host, api_auth="none"))
         create_app(store, Settings(state_dir=tmp_path, api_host=host, api_auth="token"))
+        create_app(store, Settings(state_dir=tmp_path, api_host=host))  # the default: tokens
     from pharos_api.cli import check_exposure
 
     with pytest.raises(typer.Exit):
-        check_exposure(Settings(state_dir=tmp_path, api_host="0.0.0.0"))
-    # open mode on loopback: everything acts as admin, as the existing tests assume
-    with TestClient(create_app(store, Settings(state_dir=tmp_path))) as c:
+        check_exposure(Settings(state_dir=tmp_path, api_host="0.0.0.0", api_auth="none"))
+    # open mode on loopback (explicit: no longer the default): everything acts as admin
+    with TestClient(create_app(store, Settings(state_dir=tmp_path, api_auth="none"))) as c:
         assert c.get("/v1/tokens").status_code == 200

@@ -40,7 +40,7 @@ def read_events(settings, n: int, timeout_s: float = 30) -> list:
 
 
 def test_job_events_reach_the_jobs_topic(store, kafka_broker, tmp_path):
-    settings = topic_settings(kafka_broker, tmp_path)
+    settings = topic_settings(kafka_broker, tmp_path, api_auth="none")
     with TestClient(create_app(store, settings)) as client:
         start = {"kind": "start", "name": "cfd", "user": "alice", "host": "cn[1-2]", "ranks": 64}
         r = client.post("/v1/jobs/4242/events", json=start)
@@ -58,7 +58,7 @@ def test_job_events_reach_the_jobs_topic(store, kafka_broker, tmp_path):
 
 
 def test_job_event_without_kafka_is_503(store, tmp_path):
-    settings = Settings(state_dir=tmp_path, kafka_bootstrap=f"127.0.0.1:{free_port()}")
+    settings = Settings(state_dir=tmp_path, kafka_bootstrap=f"127.0.0.1:{free_port()}", api_auth="none")
     with TestClient(create_app(store, settings)) as client:
         r = client.post("/v1/jobs/7/events", json={"kind": "start", "name": "x"})
     assert r.status_code == 503 and "Kafka not reachable" in r.json()["detail"], r.text

@@ -27,7 +27,9 @@ def app(store, tmp_path_factory, monkeypatch_module):
     store.insert_rows("job_events", cr.job_events("w-prev", T, T + 20 * cr.NS, "wave", ranks=8))
     store.insert_rows("io_requests", cr.requests("w-prev", T, 8, 64))
     # fwd_nodes=2 on closed ports: nodes fwd0/fwd1 exist by name, their daemons do not answer
-    s = Settings(state_dir=tmp_path_factory.mktemp("api"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9)
+    s = Settings(
+        state_dir=tmp_path_factory.mktemp("api"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9, api_auth="none"
+    )
     return create_app(store, s)
 
 

@@ -32,7 +32,9 @@ def api(store, tmp_path_factory):
     )
     store.insert_rows("io_requests", cr.requests("rh-prev", T, 8, 64))
     # two forwarding nodes by name whose daemons and mount do not answer (closed port 9)
-    s = Settings(state_dir=tmp_path_factory.mktemp("rh"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9)
+    s = Settings(
+        state_dir=tmp_path_factory.mktemp("rh"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9, api_auth="none"
+    )
     with served(create_app(store, s)) as url:
         yield url
     mp.undo()
@@ -40,7 +42,7 @@ def api(store, tmp_path_factory):
 
 def settings_for(url: str, **kw) -> Settings:
     host, port = url.removeprefix("http://").split(":")
-    return Settings(api_host=host, api_port=int(port), **kw)
+    return Settings(api_host=host, api_port=int(port), api_socket="", **kw)  # this server's TCP port, no socket
 
 
 def actions(api: str, job: str) -> list[dict]:

@@ -24,7 +24,7 @@ CLI = "import sys, typer; from pharos_api.cli_diagnose import register; app = ty
 @pytest.fixture(scope="module")
 def app(store, tmp_path_factory):
     need_darshan(IMB)
-    a = create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp()))
+    a = create_app(store, Settings(state_dir=tmp_path_factory.getbasetemp(), api_auth="none"))
     if not any(getattr(r, "path", "") == "/v1/jobs/{job_id}/insights" for r in a.routes):
         a.include_router(diagnosis.router)
     return a

@@ -137,7 +137,7 @@ def test_slow_target_is_stored_once_and_listed_in_anomalies(live_jobs, tmp_path)
     assert rows[0]["start"] is not None and rows[0]["end"] is not None and rows[0]["start"] < rows[0]["end"]
     ev = json.loads(rows[0]["evidence"])
     assert ev["n_files"] == 2 and ev["ranks"] == [5, 13] and ev["verdict"]["blamed"]
-    app = create_app(live_jobs, Settings(state_dir=tmp_path))
+    app = create_app(live_jobs, Settings(state_dir=tmp_path, api_auth="none"))
     with TestClient(app) as c:
         items = c.get("/v1/anomalies", params={"kind": "straggler_resource", "since_s": 10**7}).json()["items"]
     assert [(i["node"], i["job_id"], i["node_type"]) for i in items] == [("ost5", "strag-ost5", "target")]

@@ -36,7 +36,7 @@ def app(store, tmp_path_factory, monkeypatch_module):
     ]
     rows = sim.simulate(cl, jobs, T0, 90, seed=4, faults=[sim.Fault("target", "ost6", 4.0)])
     sim.insert(store, rows)
-    a = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api")))
+    a = create_app(store, Settings(state_dir=tmp_path_factory.mktemp("api"), api_auth="none"))
     a.include_router(system_diag.router)  # what app.py gets
     return a
 
