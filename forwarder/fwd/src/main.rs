@@ -295,7 +295,8 @@ fn run(cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-fn main() {
+/// The daemon's entry point (also of `pharos-fwd-hooks`, the test build: `src/bin/`).
+pub fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     daemon::exit_on_error("pharos-fwd", run(Cli::parse()));
 }
