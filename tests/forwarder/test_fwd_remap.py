@@ -64,20 +64,21 @@ def served(d) -> int:
     return c["served_metadata"] + c["served_small"] + c["served_large"]
 
 
-def put_mapping(m, jobs: dict) -> None:
-    http("PUT", m.admin + "/mapping", {"jobs": jobs})
+def put_mapping(m, jobs: dict) -> dict:
+    return http("PUT", m.admin + "/mapping", {"jobs": jobs})
 
 
-def write_while_remapped(m, job: str, to, verify: list[str]) -> None:
+def write_while_remapped(m, job: str, to, verify: list[str]) -> dict:
     """fio writes ``f`` as ``job`` at 4 MiB/s (4 s) and reads every block back; after 1 s the
-    job is moved to daemon ``to`` (the mount's PUT /mapping), which serves the rest and the reads."""
+    job is moved to daemon ``to`` (the mount's PUT /mapping), which serves the rest and the
+    reads. Returns the answer of the PUT."""
     before = served(to)
     err: list[BaseException] = []
 
     def run() -> None:
         try:
             fio(f"--directory={m.path}", *fio_args(*verify, "--rate=4m"), job=job)
-        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+        except BaseException as e:  # reported by the test thread
             err.append(e)
 
     t = threading.Thread(target=run)
@@ -85,12 +86,13 @@ def write_while_remapped(m, job: str, to, verify: list[str]) -> None:
     try:
         time.sleep(1.0)
         assert t.is_alive(), "fio ended before the remap"
-        put_mapping(m, {job: [to.name]})
+        got = put_mapping(m, {job: [to.name]})
         assert wait_for(lambda: served(to) > before, 10), f"no request of the job reached {to.name}"
     finally:
         t.join(120)
     assert not t.is_alive()
     assert not err, err[0]
+    return got
 
 
 @pytest.mark.timeout(300)
@@ -103,16 +105,20 @@ def test_a_job_remapped_mid_write_loses_and_stales_no_byte(cluster, option):
     job = "rm"
     # 1. A new file written through fwd0, then fwd1; read back through fwd1: the blocks fwd0
     #    gathered reached the targets at the switch.
-    write_while_remapped(m, job, d1, CRC)
+    moves = [write_while_remapped(m, job, d1, CRC)]
+    if option == "gas":
+        assert d0.status()["gas"]["flushes"]["remap"] == 1 and d0.status()["gas"]["buffered_bytes"] == 0
     # 2. Back on fwd0, every block read through it (with the cache on, fwd0 now holds its pages).
     put_mapping(m, {job: ["fwd0"]})
     fio(f"--directory={m.path}", *fio_args(*CRC, "--verify_only"), job=job)
     # 3. Rewritten with other bytes through fwd0, then fwd1 (which cached pages of the file in
     #    step 1); read back through fwd1.
-    write_while_remapped(m, job, d1, PATTERN)
+    moves.append(write_while_remapped(m, job, d1, PATTERN))
     # 4. Back on fwd0: the blocks written through fwd1 are not served from fwd0's old pages.
     put_mapping(m, {job: ["fwd0"]})
     fio(f"--directory={m.path}", *fio_args(*PATTERN, "--verify_only"), job=job)
+    # each time, the node the job left (fwd0) flushed this compute node's writes before the switch
+    assert moves == [{"jobs": {job: ["fwd1"]}, "flushed": [{"node": "fwd0"}]}] * 2, moves
 
 
 def run_as(job: str, code: str, *args: str, stdin: bytes = b"") -> bytes:
@@ -134,7 +140,12 @@ READ = (
     "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
     "sys.stdout.buffer.write(b''.join(os.pread(fd, 4096, o) for o in range(0, 64 << 10, 4096)))"
 )
-WRITE = "import sys; f = open(sys.argv[1], 'r+b'); f.write(sys.stdin.buffer.read()); f.close()"
+# fsync: the gathered write is on the targets when the writer is done (a close does it too, but
+# the kernel sends the release after close(2) returns)
+WRITE = (
+    "import os, sys; f = open(sys.argv[1], 'r+b'); f.write(sys.stdin.buffer.read()); f.flush(); "
+    "os.fsync(f.fileno()); f.close()"
+)
 
 
 @pytest.mark.timeout(120)
@@ -155,3 +166,22 @@ def test_a_file_served_by_two_daemons_is_read_fresh(cluster, options):
         new = os.urandom(64 << 10)
         run_as("wb", WRITE, str(p), stdin=new)  # through fwd1, closed there
         assert run_as("ra", READ, str(p)) == new, f"round {k}: fwd0 served bytes fwd1 overwrote"
+
+
+@pytest.mark.timeout(120)
+def test_a_close_flushes_where_the_writes_were_gathered(cluster):
+    """The kernel sends a file's release with no process (no job): it goes where the opener's
+    job goes, so the forwarding node that gathered the writes flushes them at close (before,
+    it went to the mount's default node and the writes waited for the time flush)."""
+    gas = OPTIONS["gas"]
+    d0, d1 = cluster.start_daemon("fwd0", *gas), cluster.start_daemon("fwd1", *gas)
+    m = cluster.start_mount([d0, d1], 1, "--job-map", "w=fwd0", "--job-map", "r=fwd1")  # default fwd1
+    p = m.path / "g"
+    p.write_bytes(b"")
+    data = os.urandom(256 << 10)
+    run_as("w", "import sys; open(sys.argv[1], 'r+b').write(sys.stdin.buffer.read())", str(p), stdin=data)
+    # read through fwd1 (whole-file read: 256 KiB plus one byte past the end)
+    assert wait_for(
+        lambda: run_as("r", "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())", str(p)) == data, 10
+    )
+    assert d0.status()["gas"]["flushes"]["close"] >= 1

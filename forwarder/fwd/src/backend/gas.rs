@@ -61,6 +61,7 @@ use super::{Backend, IoInfo, Res};
 mod index;
 mod pool;
 mod queue;
+mod remap;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -93,10 +94,11 @@ pub enum Reason {
     Read = 4,
     Overlap = 5,
     Shutdown = 6,
+    Remap = 7,
 }
 
 /// Names of [`Reason`]s, in order.
-pub const REASONS: [&str; 7] = ["size", "time", "fsync", "close", "read_or_stat", "overlap", "shutdown"];
+pub const REASONS: [&str; 8] = ["size", "time", "fsync", "close", "read_or_stat", "overlap", "shutdown", "remap"];
 
 /// Counters of Gather-Arrange-Scatter since the start (GET /metrics).
 #[derive(Default)]
@@ -112,7 +114,7 @@ pub struct GasStats {
     /// Bytes written by flushes.
     pub bytes: AtomicU64,
     /// Flushes, by [`Reason`].
-    pub flushes: [AtomicU64; 7],
+    pub flushes: [AtomicU64; 8],
     /// Runs whose write failed (the error goes to the file's next fsync or release).
     pub deferred_errors: AtomicU64,
 }

@@ -175,7 +175,7 @@ impl Server {
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
-            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } => {
+            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } | Op::Flush => {
                 (WOp::Unspecified, "", 0, FileType::Unspecified)
             }
             Op::WriteShm { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
@@ -333,6 +333,10 @@ impl Server {
                 Body::Ok
             }
             Op::Statfs => Body::Statfs(b.statfs()?),
+            Op::Flush => {
+                b.gas_flush_node(&c.compute_node)?; // before a remap (issue 26, item 6)
+                Body::Ok
+            }
         })
     }
 }
