@@ -48,7 +48,8 @@
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
 //! Writes buffered here are not seen by *other* daemons until flushed (at most
-//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
+//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default. A
+//! mount moving a job to another daemon has this one flush its compute node first (`remap.rs`).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, Weak};
