@@ -100,7 +100,7 @@ def write_while_remapped(m, job: str, to, verify: list[str]) -> dict:
 def test_a_job_remapped_mid_write_loses_and_stales_no_byte(cluster, option):
     d0 = cluster.start_daemon("fwd0", *OPTIONS[option])
     d1 = cluster.start_daemon("fwd1", *OPTIONS[option])
-    # node index 1: requests of no job (the kernel's release of a file, pid 0) go to fwd1
+    # node index 1: the default node (requests of no job) is fwd1, not the job's first node
     m = cluster.start_mount([d0, d1], 1, "--job-map", "rm=fwd0")
     job = "rm"
     # 1. A new file written through fwd0, then fwd1; read back through fwd1: the blocks fwd0
