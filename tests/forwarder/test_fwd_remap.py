@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from forwarder_testkit import fio, http, wait_for
@@ -68,11 +67,15 @@ def put_mapping(m, jobs: dict) -> dict:
     return http("PUT", m.admin + "/mapping", {"jobs": jobs})
 
 
-def write_while_remapped(m, job: str, to, verify: list[str]) -> dict:
-    """fio writes ``f`` as ``job`` at 4 MiB/s (4 s) and reads every block back; after 1 s the
-    job is moved to daemon ``to`` (the mount's PUT /mapping), which serves the rest and the
-    reads. Returns the answer of the PUT."""
-    before = served(to)
+def written(d) -> int:
+    return d.status()["counters"]["bytes_written"]
+
+
+def write_while_remapped(m, job: str, frm, to, verify: list[str]) -> dict:
+    """fio writes ``f`` as ``job`` at 4 MiB/s (4 s) and reads every block back; once daemon
+    ``frm`` got 2 MiB of it, the job is moved to daemon ``to`` (the mount's PUT /mapping), which
+    serves the rest and the reads. Returns the answer of the PUT."""
+    before, started = served(to), written(frm)
     err: list[BaseException] = []
 
     def run() -> None:
@@ -84,7 +87,7 @@ def write_while_remapped(m, job: str, to, verify: list[str]) -> dict:
     t = threading.Thread(target=run)
     t.start()
     try:
-        time.sleep(1.0)
+        assert wait_for(lambda: written(frm) >= started + (2 << 20), 60), f"fio wrote nothing through {frm.name}"
         assert t.is_alive(), "fio ended before the remap"
         got = put_mapping(m, {job: [to.name]})
         assert wait_for(lambda: served(to) > before, 10), f"no request of the job reached {to.name}"
@@ -105,7 +108,7 @@ def test_a_job_remapped_mid_write_loses_and_stales_no_byte(cluster, option):
     job = "rm"
     # 1. A new file written through fwd0, then fwd1; read back through fwd1: the blocks fwd0
     #    gathered reached the targets at the switch.
-    moves = [write_while_remapped(m, job, d1, CRC)]
+    moves = [write_while_remapped(m, job, d0, d1, CRC)]
     if option == "gas":
         assert d0.status()["gas"]["flushes"]["remap"] == 1 and d0.status()["gas"]["buffered_bytes"] == 0
     # 2. Back on fwd0, every block read through it (with the cache on, fwd0 now holds its pages).
@@ -113,7 +116,7 @@ def test_a_job_remapped_mid_write_loses_and_stales_no_byte(cluster, option):
     fio(f"--directory={m.path}", *fio_args(*CRC, "--verify_only"), job=job)
     # 3. Rewritten with other bytes through fwd0, then fwd1 (which cached pages of the file in
     #    step 1); read back through fwd1.
-    moves.append(write_while_remapped(m, job, d1, PATTERN))
+    moves.append(write_while_remapped(m, job, d0, d1, PATTERN))
     # 4. Back on fwd0: the blocks written through fwd1 are not served from fwd0's old pages.
     put_mapping(m, {job: ["fwd0"]})
     fio(f"--directory={m.path}", *fio_args(*PATTERN, "--verify_only"), job=job)
