@@ -30,13 +30,19 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("PHAROS_FWD_BIN_DIR", REPO / "target" / "release"))
 
 
+# The daemon built with the test-only fault hooks (cargo feature ``test-hooks``): the tests that
+# inject faults run it; the release ``pharos-fwd`` has none (forwarder/README.md).
+HOOKS_FWD = "pharos-fwd-hooks"
+
+
 def build_binaries() -> None:
-    subprocess.run(
-        ["cargo", "build", "--release", "-p", "pharos-fwd", "-p", "pharos-mount"],
-        cwd=REPO,
-        check=True,
-        timeout=1800,
-    )
+    """The release daemon and mount, and the daemon with the test hooks (same target dir: only
+    the pharos-fwd crate is built a second time, with the feature)."""
+    for args in (
+        ["-p", "pharos-fwd", "-p", "pharos-mount"],
+        ["-p", "pharos-fwd", "--features", "test-hooks", "--bin", HOOKS_FWD],
+    ):
+        subprocess.run(["cargo", "build", "--release", *args], cwd=REPO, check=True, timeout=1800)
 
 
 def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
@@ -142,6 +148,8 @@ class Mount:
 class Cluster:
     root: Path
     n_targets: int = 8
+    # The daemon binary in BIN: "pharos-fwd" (release), or HOOKS_FWD for the fault-injection tests.
+    fwd_bin: str = "pharos-fwd"
     daemons: list[Daemon] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
 
@@ -183,7 +191,7 @@ class Cluster:
         ready = self.root / f"{name}.ready"
         log = self.root / f"{name}.log"
         args = [
-            str(BIN / "pharos-fwd"),
+            str(BIN / self.fwd_bin),
             "--node-name",
             name,
             "--listen",

@@ -494,10 +494,10 @@ def test_directory_larger_than_a_frame_is_listed_whole(mnt):
 
 
 def test_a_panicking_request_is_answered_and_the_worker_goes_on(binaries, tmp_path, monkeypatch):
-    from forwarder_testkit import Cluster
+    from forwarder_testkit import HOOKS_FWD, Cluster
 
     monkeypatch.setenv("PHAROS_FWD_FAULT_PANIC_PATH", "boom")
-    c = Cluster(tmp_path, n_targets=1)
+    c = Cluster(tmp_path, n_targets=1, fwd_bin=HOOKS_FWD)  # the fault hook: a test build only
     try:
         d = c.start_daemon("fwd0", "--workers", "2")
         m = c.start_mount([d])

@@ -97,6 +97,12 @@ pub enum Op {
     /// [`Op::Read`] whose data the daemon reads into the attached region at `slot` (a byte
     /// offset, room for `size` bytes); the reply is [`crate::Body::ShmData`].
     ReadShm { path: String, cap: Cap, offset: u64, size: u32, slot: u64 },
+    // v6, later (appended): remapping with Gather-Arrange-Scatter (issue 26, item 6)
+    /// Write the writes gathered from this request's compute node (`ctx.compute_node`) to the
+    /// targets and wait for the flushes under way, before the mount moves a job to another
+    /// forwarding node. Answer `Ok`, or a write error of those files (the error is also kept
+    /// for their next fsync or close on this daemon). A no-op where GAS is off.
+    Flush,
 }
 
 impl Op {
@@ -128,6 +134,7 @@ impl Op {
             Op::ShmAttach { .. } => "shm_attach",
             Op::WriteShm { .. } => "write",
             Op::ReadShm { .. } => "read",
+            Op::Flush => "flush",
         }
     }
 

@@ -137,6 +137,9 @@ pub struct Backend {
     pub cache: OnceLock<cache::PageCache>,
     /// Gather-Arrange-Scatter buffers of client writes, when enabled (`backend/gas.rs`).
     pub gas: OnceLock<gas::Gas>,
+    /// The data generations shared by the site's daemons (`<mdt>/data-gens`): page caches see
+    /// other daemons' writes through them ([`cache::DataGens`]).
+    pub gens: cache::DataGens,
     /// This daemon instance's id (open handles, liveness lock): [`Opens::daemon_id`].
     pub daemon_id: u64,
 }
@@ -167,6 +170,7 @@ impl Backend {
             data: DataPath::default(),
             cache: OnceLock::new(),
             gas: OnceLock::new(),
+            gens: cache::DataGens::open(mdt)?,
         })
     }
 
@@ -428,6 +432,15 @@ impl Backend {
     pub fn gas_flush_all(&self) {
         if let Some(g) = self.gas.get() {
             g.drain(self);
+        }
+    }
+
+    /// Before the mount moves a job of compute node `node` to another forwarding node: the
+    /// node's gathered writes go to the targets ([`gas::Gas::flush_node`]); a no-op without GAS.
+    pub fn gas_flush_node(&self, node: &str) -> Res<()> {
+        match self.gas.get() {
+            Some(g) => g.flush_node(self, node),
+            None => Ok(()),
         }
     }
 

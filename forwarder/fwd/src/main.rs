@@ -67,8 +67,8 @@ struct Cli {
     /// Data requests up to this many bytes are "small".
     #[arg(long, env = "PHAROS_FWD_SMALL_MAX", default_value_t = 65536)]
     small_max: u64,
-    /// Page cache of file data on this forwarding node, MiB (0: off). Coherent for writes
-    /// through this daemon only: see forwarder/fwd/src/backend/cache.rs.
+    /// Page cache of file data on this forwarding node, MiB (0: off). Sees the writes of the
+    /// site's other daemons through the shared data generations: see backend/cache.rs.
     #[arg(long, env = "PHAROS_FWD_CACHE_MB", default_value_t = 0)]
     cache_mb: u64,
     /// Replacement policy of the page cache: fgf-lru (fine-grained-first LRU, Li & Sun) or
@@ -188,11 +188,7 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     if cli.cache_mb > 0 {
         let _ = backend.cache.set(PageCache::new(cli.cache_mb, policy, cli.cache_fine_max));
-        log::warn!(
-            "page cache on ({} MiB, {}): reads do not see writes other daemons make to the targets",
-            cli.cache_mb,
-            policy.name()
-        );
+        log::info!("page cache on ({} MiB, {})", cli.cache_mb, policy.name());
     }
     // Opens of daemons that died are dropped; unlinked files nobody holds open go.
     let gc = backend.gc();
@@ -295,7 +291,8 @@ fn run(cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-fn main() {
+/// The daemon's entry point (also of `pharos-fwd-hooks`, the test build: `src/bin/`).
+pub fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     daemon::exit_on_error("pharos-fwd", run(Cli::parse()));
 }

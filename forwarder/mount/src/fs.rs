@@ -59,13 +59,18 @@ struct Open {
     /// the next write the kernel flags `FUSE_WRITE_KILL_PRIV` (a writer without
     /// `CAP_FSETID`; set on every direct-I/O write of such a caller) clears them first.
     suidgid: AtomicBool,
+    /// The job and rank that opened it: the release, which the kernel often sends with no
+    /// process (pid 0, no job), goes where that job's requests go, so the forwarding node that
+    /// gathered the open's writes flushes them at close.
+    job: (String, i32),
 }
 
 impl Open {
-    /// The open of inode `ino` with attributes `attr` at open and capability `cap`.
-    fn new(attr: Attr, ino: u64, cap: Cap) -> Open {
+    /// The open of inode `ino` with attributes `attr` at open and capability `cap`, made by
+    /// a request with context `ctx`.
+    fn new(attr: Attr, ino: u64, cap: Cap, ctx: &Ctx) -> Open {
         let suidgid = AtomicBool::new(attr.perm & SUIDGID != 0);
-        Open { attr, ino, cap, suidgid }
+        Open { attr, ino, cap, suidgid, job: (ctx.job_id.clone(), ctx.rank) }
     }
 }
 

@@ -206,8 +206,12 @@ async fn put_mapping(
     Json(m): Json<Mapping>,
 ) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
     a.sh.rpc.validate(&m).map_err(|e| (StatusCode::BAD_REQUEST, Json(json!({"error": e}))))?;
-    a.sh.rpc.mapping.store(Arc::new(m.clone()));
-    Ok(Json(json!(m)))
+    // The nodes the moved jobs leave flush this compute node's gathered writes first (rpc/remap.rs).
+    let (sh, jobs) = (a.sh.clone(), m.jobs.clone());
+    let flushed = tokio::task::spawn_blocking(move || sh.rpc.remap(m))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": format!("remap: {e}")}))))?;
+    Ok(Json(json!({"jobs": jobs, "flushed": flushed})))
 }
 
 fn run(cli: Cli) -> Result<(), String> {

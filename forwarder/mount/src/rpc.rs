@@ -7,8 +7,11 @@
 //! them (rank -1, unknown, starts at the first) — else to the static default node, the
 //! `node_index mod s`-th of the `s` shared (not reserved) nodes. The job's other nodes, then
 //! the shared nodes in ring order, then the reserved ones follow as failover candidates:
-//! reserved (dedicated) nodes serve only the jobs mapped to them unless nothing else is up. The order is chosen once per request, so a mapping change (arc-swap) never
-//! moves a request already in flight. A node that fails (connect error, reset, EOF,
+//! reserved (dedicated) nodes serve only the jobs mapped to them unless nothing else is up.
+//! The order is chosen once per request. A mapping change ([`Rpc::remap`], `remap.rs`) waits
+//! for the requests in flight, has the nodes the moved jobs leave write this compute node's
+//! gathered writes to the targets (`Flush`), then swaps the table: a job's next request reads,
+//! on its new node, every write its old node answered. A node that fails (connect error, reset, EOF,
 //! timeout) is marked down for `DOWN_FOR` and skipped while another candidate is up.
 //! The failed request is replayed on the next candidate when that is safe: always when
 //! it was never sent, otherwise only when [`Op::idempotent`] (reads, writes at explicit
@@ -38,7 +41,7 @@
 //! frame's data segment, so failover and replay work the same either way.
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufReader;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -49,6 +52,8 @@ use pharos_fwd_proto::auth::{self, SiteKey};
 use pharos_fwd_proto::region::{self, Region};
 use pharos_fwd_proto::{self as proto, errno, Body, BufPool, Ctx, Frame, Op, Reply, Request};
 use serde::{Deserialize, Serialize};
+
+mod remap;
 
 const DOWN_FOR: Duration = Duration::from_secs(2);
 
@@ -166,8 +171,11 @@ pub struct Rpc {
     pub nodes: Vec<Node>,
     /// Index in `nodes` of this mount's default node (jobs without a mapping entry).
     pub default_idx: usize,
-    /// The live job mapping (replaced whole by `PUT /mapping`).
+    /// The live job mapping (replaced whole by `PUT /mapping`, through [`Rpc::remap`]).
     pub mapping: ArcSwap<Mapping>,
+    /// Held shared by every request from its routing to its answer, and exclusively by a
+    /// remap ([`Rpc::remap`]): while the old forwarding nodes flush, no request is in flight.
+    switch: RwLock<()>,
     /// Time a node may take to answer a request.
     pub timeout: Duration,
     /// This compute node's name (in every request's context).
@@ -244,6 +252,7 @@ impl Rpc {
                 })
                 .collect(),
             mapping: ArcSwap::from_pointee(Mapping::default()),
+            switch: RwLock::new(()),
             timeout,
             compute_node,
             next_id: AtomicU64::new(first_request_id()),
@@ -321,7 +330,9 @@ impl Rpc {
     /// through the region returns `Body::ShmData`, one answered on the socket `Body::Data`.
     pub fn call_slot(&self, conns: &mut Conns, ctx: &Ctx, op: Op, slot: Option<(u32, u32)>) -> Result<Body, i32> {
         let mut req = Request { id: self.next_id.fetch_add(1, Relaxed), ctx: ctx.clone(), op, replay: false };
+        let switch = self.switch.read().unwrap_or_else(|e| e.into_inner());
         let r = self.call_req(conns, &mut req, slot);
+        drop(switch);
         if let Op::Write { data, .. } = req.op {
             self.bufs.put(data);
         }
@@ -553,7 +564,7 @@ mod tests {
 
     use super::*;
 
-    fn rpc(reserved: &[&str], node_index: usize) -> Result<Rpc, String> {
+    pub(super) fn rpc(reserved: &[&str], node_index: usize) -> Result<Rpc, String> {
         let nodes = (0..4).map(|i| (format!("fwd{i}"), format!("127.0.0.1:{}", 9000 + i))).collect();
         let reserved: Vec<String> = reserved.iter().map(|s| s.to_string()).collect();
         Rpc::new(nodes, &reserved, node_index, Duration::from_secs(1), "cn".into(), SiteKey::new(&[1; 32]))

@@ -25,9 +25,10 @@
 //! page it extends; truncate and object removal invalidate every page of the file. A read
 //! that fetched pages inserts them only if no invalidation of that file happened since it
 //! started (a per-file generation), so a racing write never leaves stale pages. Writes that
-//! reach the targets through *another* daemon are not seen: enable the cache only where this
-//! daemon is the one forwarding node of the files it serves (the I/O forwarding model of the
-//! paper); it is off by default.
+//! reach the targets through *another* daemon (a job moved to another forwarding node, a file
+//! served by two) are seen through the site's shared data generations ([`DataGens`],
+//! `cache/gens.rs`): a file's pages remember the generation they were read at and are dropped
+//! when a read finds it changed.
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -35,6 +36,9 @@ use std::sync::Mutex;
 use pharos_fwd_proto::Layout;
 
 use super::{Backend, IoInfo, Res};
+
+mod gens;
+pub use gens::DataGens;
 
 /// Page size of the cache, bytes.
 pub const PAGE: u64 = 4096;
@@ -96,6 +100,8 @@ struct Inner {
     by_oid: HashMap<u64, BTreeSet<u64>>,
     /// Invalidation generations, by object id modulo [`GENS`].
     gens: Vec<u64>,
+    /// The shared data generation ([`DataGens`]) each cached file's pages are valid at.
+    seen: HashMap<u64, u64>,
 }
 
 impl Inner {
@@ -147,6 +153,7 @@ impl Inner {
             s.remove(&key.1);
             if s.is_empty() {
                 self.by_oid.remove(&key.0);
+                self.seen.remove(&key.0);
             }
         }
         self.free.push(i);
@@ -224,6 +231,33 @@ impl PageCache {
         self.inner.lock().unwrap().gens[(oid % GENS as u64) as usize]
     }
 
+    /// Before a read of `oid`, whose shared data generation is `shared` now: drops its pages
+    /// when they were cached at another one (a daemon changed the file since). Returns the
+    /// file's invalidation generation for [`PageCache::insert`].
+    pub fn revalidate(&self, oid: u64, shared: u64) -> u64 {
+        let mut g = self.inner.lock().unwrap();
+        if g.seen.get(&oid).is_some_and(|&s| s != shared) {
+            self.drop_file(&mut g, oid);
+        }
+        g.gens[(oid % GENS as u64) as usize]
+    }
+
+    /// This daemon changed the data of `oid` (`range`: a write of `[off, off+len)`; `None`:
+    /// a truncate or removal), now on the targets: bumps the shared generation and drops the
+    /// pages the change touched (the file's others stay valid at the new generation, unless
+    /// another daemon changed the file too).
+    pub fn changed(&self, oid: u64, range: Option<(u64, u64)>, gens: &DataGens) {
+        let mut g = self.inner.lock().unwrap();
+        let before = gens.bump(oid);
+        if let Some(s) = g.seen.get_mut(&oid).filter(|s| **s == before) {
+            *s = before + 1;
+        }
+        match range {
+            Some((off, len)) => self.drop_range(&mut g, oid, off, len),
+            None => self.drop_file(&mut g, oid),
+        }
+    }
+
     /// Copies pages `first..first+n` of `oid` into `out` (appended) if every one of them is
     /// cached; a partial page ends the copy (the end of the file). Counts the pages and the
     /// request, and refreshes the pages by the policy. Returns whether it was a hit.
@@ -284,13 +318,15 @@ impl PageCache {
     /// Inserts the pages of `data`, which holds the bytes of `oid` from page `first` on (the
     /// last page may be partial: the end of the file; empty pages are not cached), fetched by
     /// a request of the given grain, unless the file was invalidated since generation `gen`.
-    /// Pages already cached are left as they are (they were refreshed by the lookup).
-    pub fn insert(&self, oid: u64, first: u64, data: &[u8], fine: bool, gen: u64) {
+    /// Pages already cached are left as they are (they were refreshed by the lookup). `shared`:
+    /// the file's shared data generation before the bytes were read.
+    pub fn insert(&self, oid: u64, first: u64, data: &[u8], fine: bool, gen: u64, shared: u64) {
         let mut g = self.inner.lock().unwrap();
         if g.gens[(oid % GENS as u64) as usize] != gen {
             self.stats.stale_fills.fetch_add(data.len().div_ceil(PAGE as usize) as u64, Relaxed);
             return;
         }
+        g.seen.entry(oid).or_insert(shared);
         for (k, chunk) in data.chunks(PAGE as usize).enumerate() {
             let key = (oid, first + k as u64);
             if g.map.contains_key(&key) {
@@ -335,6 +371,10 @@ impl PageCache {
     /// pages it overlaps and a partial last page it extends; bumps the file's generation.
     pub fn invalidate_range(&self, oid: u64, off: u64, len: u64) {
         let mut g = self.inner.lock().unwrap();
+        self.drop_range(&mut g, oid, off, len);
+    }
+
+    fn drop_range(&self, g: &mut Inner, oid: u64, off: u64, len: u64) {
         g.gens[(oid % GENS as u64) as usize] += 1;
         let Some(set) = g.by_oid.get(&oid) else { return };
         let end = off + len;
@@ -360,6 +400,10 @@ impl PageCache {
     /// Drops every page of `oid` (truncate, object removal) and bumps its generation.
     pub fn invalidate_file(&self, oid: u64) {
         let mut g = self.inner.lock().unwrap();
+        self.drop_file(&mut g, oid);
+    }
+
+    fn drop_file(&self, g: &mut Inner, oid: u64) {
         g.gens[(oid % GENS as u64) as usize] += 1;
         let Some(set) = g.by_oid.get(&oid) else { return };
         let pages: Vec<u64> = set.iter().copied().collect();
@@ -508,7 +552,8 @@ impl PageCache {
         let (first, last) = (off / PAGE, end.div_ceil(PAGE));
         let fine = self.is_fine(size as u64);
         let skip = (off - first * PAGE) as usize;
-        let gen = self.generation(l.oid);
+        let shared = b.gens.get(l.oid);
+        let gen = self.revalidate(l.oid, shared);
         info.oid = l.oid;
         FILL.with(|fill| {
             let mut fill = fill.borrow_mut();
@@ -517,7 +562,7 @@ impl PageCache {
                 fill.clear();
                 let span = ((last - first) * PAGE).min(u32::MAX as u64) as u32;
                 b.data.read_direct(b, l, first * PAGE, span, info, &mut fill)?;
-                self.insert(l.oid, first, &fill, fine, gen);
+                self.insert(l.oid, first, &fill, fine, gen, shared);
             }
             // A hit touches no target: the request's record names none, and the targets'
             // metrics (which placement reads) do not count it.

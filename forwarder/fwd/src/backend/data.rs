@@ -60,6 +60,19 @@ fn settle_read(b: &Backend, oid: u64, off: u64, len: u64) -> u64 {
     }
 }
 
+/// The data of `oid` changed through this daemon and is on the targets (`range`: a write of
+/// `[off, off+len)`; `None`: a truncate or removal): the site's shared data generation moves on,
+/// so every daemon's page cache drops what it holds of the file, and this one's cache drops the
+/// pages the change touched ([`super::cache::DataGens`]).
+fn changed(b: &Backend, oid: u64, range: Option<(u64, u64)>) {
+    match b.cache.get() {
+        Some(c) => c.changed(oid, range, &b.gens),
+        None => {
+            b.gens.bump(oid);
+        }
+    }
+}
+
 /// Before a stat or truncate of `oid`: its gathered writes go to the targets.
 fn settle(b: &Backend, oid: u64, why: Reason) {
     if let Some(g) = b.gas.get() {
@@ -131,9 +144,6 @@ impl DataPath {
             log::warn!("objects of {:016x}: {}", l.oid, e.msg);
             Vec::new()
         });
-        if let Some(c) = b.cache.get() {
-            c.invalidate_file(l.oid);
-        }
         let mut fds = self.fds.lock().unwrap();
         for &(idx, ti) in &objs {
             fds.remove(&(ti, l.oid, idx));
@@ -142,6 +152,7 @@ impl DataPath {
         for (idx, ti) in objs {
             let _ = fs::remove_file(b.targets[ti as usize].obj_path(l.oid, idx));
         }
+        changed(b, l.oid, None);
         if l.is_progressive() {
             b.placement.forget(l.oid);
         }
@@ -150,9 +161,7 @@ impl DataPath {
     pub(super) fn truncate(&self, b: &Backend, l: &Layout, size: u64) -> Res<()> {
         settle(b, l.oid, Reason::Read);
         let r = self.truncate_objects(b, l, size);
-        if let Some(c) = b.cache.get() {
-            c.invalidate_file(l.oid);
-        }
+        changed(b, l.oid, None);
         r
     }
 
@@ -435,9 +444,7 @@ impl DataPath {
         let r = self.write_pieces(b, l, h, off, data, info);
         // After the bytes are on the targets (or some of them, on an error): a read that
         // fetched the old bytes meanwhile sees the generation change and does not cache them.
-        if let Some(c) = b.cache.get() {
-            c.invalidate_range(l.oid, off, data.len() as u64);
-        }
+        changed(b, l.oid, Some((off, data.len() as u64)));
         r
     }
 
@@ -454,9 +461,7 @@ impl DataPath {
     ) -> Res<u32> {
         let len: u64 = chunks.iter().map(|c| c.len() as u64).sum();
         let r = self.write_chunk_pieces(b, l, h, off, len, chunks, info);
-        if let Some(c) = b.cache.get() {
-            c.invalidate_range(l.oid, off, len);
-        }
+        changed(b, l.oid, Some((off, len)));
         r.map(|()| len as u32)
     }
 

@@ -48,7 +48,8 @@
 //! Errors of a deferred write (ENOSPC, EIO, a file removed meanwhile) are kept per file and
 //! returned by the next fsync or release of it, as the kernel reports writeback errors.
 //! Writes buffered here are not seen by *other* daemons until flushed (at most
-//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default.
+//! `MAX_AGE_FACTOR x flush_after` later, or at the writer's fsync/close): off by default. A
+//! mount moving a job to another daemon has this one flush its compute node first (`remap.rs`).
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -61,6 +62,7 @@ use super::{Backend, IoInfo, Res};
 mod index;
 mod pool;
 mod queue;
+mod remap;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -93,10 +95,11 @@ pub enum Reason {
     Read = 4,
     Overlap = 5,
     Shutdown = 6,
+    Remap = 7,
 }
 
 /// Names of [`Reason`]s, in order.
-pub const REASONS: [&str; 7] = ["size", "time", "fsync", "close", "read_or_stat", "overlap", "shutdown"];
+pub const REASONS: [&str; 8] = ["size", "time", "fsync", "close", "read_or_stat", "overlap", "shutdown", "remap"];
 
 /// Counters of Gather-Arrange-Scatter since the start (GET /metrics).
 #[derive(Default)]
@@ -112,7 +115,7 @@ pub struct GasStats {
     /// Bytes written by flushes.
     pub bytes: AtomicU64,
     /// Flushes, by [`Reason`].
-    pub flushes: [AtomicU64; 7],
+    pub flushes: [AtomicU64; 8],
     /// Runs whose write failed (the error goes to the file's next fsync or release).
     pub deferred_errors: AtomicU64,
 }

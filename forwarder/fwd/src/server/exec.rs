@@ -13,7 +13,9 @@ use super::{write_len, Class, Server, Work};
 use crate::backend::IoInfo;
 
 /// Fault injection for tests: a lookup of this namespace path panics in the worker
-/// (`PHAROS_FWD_FAULT_PANIC_PATH`, read once; unset in production).
+/// (`PHAROS_FWD_FAULT_PANIC_PATH`, read once). Only in a build with the `test-hooks` feature
+/// (the `pharos-fwd-hooks` binary); a release build has no such hook and ignores the variable.
+#[cfg(feature = "test-hooks")]
 fn fault_panic_path() -> Option<&'static str> {
     static P: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     P.get_or_init(|| std::env::var("PHAROS_FWD_FAULT_PANIC_PATH").ok().filter(|p| !p.is_empty())).as_deref()
@@ -173,7 +175,7 @@ impl Server {
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
-            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } => {
+            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } | Op::Flush => {
                 (WOp::Unspecified, "", 0, FileType::Unspecified)
             }
             Op::WriteShm { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
@@ -232,6 +234,7 @@ impl Server {
         let c = &req.ctx;
         Ok(match &mut req.op {
             Op::Ping => Body::Ok,
+            #[cfg(feature = "test-hooks")]
             Op::Lookup { path } if fault_panic_path() == Some(path.as_str()) => {
                 panic!("injected fault: lookup of {path}")
             }
@@ -330,6 +333,10 @@ impl Server {
                 Body::Ok
             }
             Op::Statfs => Body::Statfs(b.statfs()?),
+            Op::Flush => {
+                b.gas_flush_node(&c.compute_node)?; // before a remap (issue 26, item 6)
+                Body::Ok
+            }
         })
     }
 }

@@ -204,7 +204,7 @@ impl Filesystem for PharosFs {
                 Ok(Body::Opened { attr, cap }) => {
                     let ino = sh.learn(attr.ino, &path);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
-                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap)));
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
                     reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
                 }
                 Ok(_) => reply.error(errno::EIO),
@@ -222,7 +222,7 @@ impl Filesystem for PharosFs {
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
             Ok(Body::Opened { attr, cap }) => {
                 let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap)));
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap, &ctx)));
                 reply.opened(fh, sh.open_flags)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -284,8 +284,11 @@ impl Filesystem for PharosFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let ctx = self.sh.ctx(req);
+        let mut ctx = self.sh.ctx(req);
         let Some(f) = self.sh.files.lock().unwrap().remove(&fh) else { return reply.error(errno::EBADF) };
+        if ctx.job_id.is_empty() {
+            (ctx.job_id, ctx.rank) = f.job.clone(); // routed as the opener's requests
+        }
         let path = self.sh.path(ino).unwrap_or_default();
         self.spawn(move |sh, c| {
             // close(2) does not report release errors; the daemon counts failures.

@@ -13,10 +13,10 @@ fn get(c: &PageCache, oid: u64, p: u64, fine: bool) -> Option<Vec<u8>> {
 fn fgf_lru_evicts_coarse_pages_first() {
     // 4 pages: two fine pages stay while coarse pages stream through.
     let c = PageCache { capacity: 4, ..PageCache::new(1, Policy::FgfLru, 4096) };
-    c.insert(1, 0, &page(0), true, 0);
-    c.insert(1, 1, &page(1), true, 0);
+    c.insert(1, 0, &page(0), true, 0, 0);
+    c.insert(1, 1, &page(1), true, 0, 0);
     for p in 10..20 {
-        c.insert(1, p, &page(p as u8), false, 0);
+        c.insert(1, p, &page(p as u8), false, 0, 0);
     }
     assert_eq!(get(&c, 1, 0, true).unwrap(), page(0));
     assert_eq!(get(&c, 1, 1, true).unwrap(), page(1));
@@ -24,7 +24,7 @@ fn fgf_lru_evicts_coarse_pages_first() {
     assert!(get(&c, 1, 19, false).is_some());
     // The coarse pages go first, then the least recently used fine page.
     for p in 30..33 {
-        c.insert(1, p, &page(0), true, 0);
+        c.insert(1, p, &page(0), true, 0, 0);
     }
     assert!(get(&c, 1, 19, false).is_none());
     assert!(get(&c, 1, 0, true).is_none() && get(&c, 1, 1, true).is_some());
@@ -34,16 +34,16 @@ fn fgf_lru_evicts_coarse_pages_first() {
 #[test]
 fn lru_baseline_streams_evict_unreferenced_fine_pages() {
     let c = PageCache { capacity: 4, ..PageCache::new(1, Policy::Lru, 4096) };
-    c.insert(1, 0, &page(0), true, 0);
+    c.insert(1, 0, &page(0), true, 0, 0);
     for p in 10..14 {
-        c.insert(1, p, &page(p as u8), false, 0);
+        c.insert(1, p, &page(p as u8), false, 0, 0);
     }
     assert!(get(&c, 1, 0, true).is_none(), "LRU does not favour fine pages");
     // A second reference promotes to the active list (at most half the cache).
-    c.insert(1, 0, &page(0), true, 0);
+    c.insert(1, 0, &page(0), true, 0, 0);
     assert!(get(&c, 1, 0, true).is_some());
     for p in 20..30 {
-        c.insert(1, p, &page(p as u8), false, 0);
+        c.insert(1, p, &page(p as u8), false, 0, 0);
     }
     assert!(get(&c, 1, 0, true).is_some(), "the active page survives a scan");
     assert_eq!(c.view().pages_high, 1);
@@ -54,7 +54,7 @@ fn invalidation_and_generations() {
     let c = PageCache::new(1, Policy::FgfLru, 4096);
     let mut data = page(7);
     data.extend_from_slice(&[8; 100]); // page 1 is partial: the end of the file
-    c.insert(5, 0, &data, true, c.generation(5));
+    c.insert(5, 0, &data, true, c.generation(5), 0);
     let mut out = Vec::new();
     assert!(c.lookup(5, 0, 2, true, &mut out));
     assert_eq!(out, data);
@@ -64,10 +64,10 @@ fn invalidation_and_generations() {
     // A fill that started before an invalidation is not inserted.
     let g = c.generation(5);
     c.invalidate_range(5, 0, 1);
-    c.insert(5, 0, &page(1), true, g);
+    c.insert(5, 0, &page(1), true, g, 0);
     assert!(get(&c, 5, 0, true).is_none());
     assert_eq!(c.view().stale_fills, 1);
-    c.insert(5, 3, &page(3), false, c.generation(5));
+    c.insert(5, 3, &page(3), false, c.generation(5), 0);
     c.invalidate_file(5);
     assert_eq!(c.view().pages, 0);
     let v = c.view();
@@ -113,4 +113,36 @@ fn backend_reads_through_the_cache_see_writes_and_truncates() {
         b.release(&l, h).unwrap();
         assert_eq!(b.cache.get().unwrap().view().pages, 0, "{policy:?}: removal drops the pages");
     }
+}
+
+/// Issue 26, item 6: two daemons of a site (two backends on the same directories), both with a
+/// page cache: a read through one sees what the other wrote since it cached the file (the shared
+/// data generations), while its own writes leave its other pages of the file cached.
+#[test]
+fn a_cache_sees_writes_through_another_daemon() {
+    use crate::backend::testutil::*;
+    use pharos_fwd_proto::{Ctx, SetAttr};
+    let (d, b0) = backend(1);
+    let b1 = backend_on(&d, 1);
+    for b in [&b0, &b1] {
+        let _ = b.cache.set(PageCache::new(1, Policy::FgfLru, 65536));
+    }
+    let (_, l, h) = b0.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+    let mut info = IoInfo::default();
+    b0.write(&l, h, 0, &[1u8; 4 * PAGE as usize], &mut info).unwrap();
+    let hits = |b: &Backend| b.cache.get().unwrap().view().page_hits;
+    for _ in 0..2 {
+        assert_eq!(b0.read(&l, 0, 4096, &mut info).unwrap(), vec![1u8; 4096]);
+        assert_eq!(b0.read(&l, 8192, 4096, &mut info).unwrap(), vec![1u8; 4096]);
+    }
+    assert_eq!(hits(&b0), 2);
+    // Its own write: the page written is dropped, the others still hit.
+    b0.write(&l, h, 0, &[3u8; 4096], &mut info).unwrap();
+    assert_eq!(b0.read(&l, 8192, 4096, &mut info).unwrap(), vec![1u8; 4096]);
+    assert_eq!(hits(&b0), 3);
+    // Another daemon's write, truncate: the next read through b0 sees them.
+    b1.write(&l, h, 8192, &[2u8; 4096], &mut info).unwrap();
+    assert_eq!(b0.read(&l, 8192, 4096, &mut info).unwrap(), vec![2u8; 4096]);
+    b1.setattr("f", &SetAttr { size: Some(4096), ..Default::default() }, None, &Ctx::default()).unwrap();
+    assert_eq!(b0.read(&l, 0, 16384, &mut info).unwrap(), vec![3u8; 4096]);
 }

@@ -219,3 +219,24 @@ fn chunked_runs_write_across_stripes() {
     assert_eq!(b.read(&l, 777, 100_000, &mut info).unwrap(), want);
     assert_eq!(b.data.data_writes.load(Relaxed), pieces(&l, 777, 79_097).len() as u64);
 }
+
+/// Issue 26, item 6: before a remap, the node's gathered writes reach the targets, where
+/// another daemon of the site (a second backend on the same directories) reads them; other
+/// nodes' buffers stay.
+#[test]
+fn a_remap_flush_puts_a_nodes_writes_where_another_daemon_reads_them() {
+    let (d, b0) = gas_backend(1, 8 << 20, 60_000);
+    let b1 = backend_on(&d, 1);
+    let (_, l, h) = b0.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+    let mut info = IoInfo::default();
+    b0.write_from("cn0", &l, h, 0, &[1u8; 8192], &mut info).unwrap();
+    b0.write_from("cn1", &l, h, 65536, &[2u8; 4096], &mut info).unwrap();
+    assert!(b1.read(&l, 0, 8192, &mut info).unwrap().is_empty(), "gathered: not on the target yet");
+    b0.gas_flush_node("cn9").unwrap(); // nothing of that node
+    b0.gas_flush_node("cn0").unwrap();
+    assert_eq!(b1.read(&l, 0, 8192, &mut info).unwrap(), vec![1u8; 8192]);
+    let g = b0.gas.get().unwrap();
+    assert_eq!(g.buffered(), 4096, "cn1's write stays gathered");
+    assert_eq!(g.stats.flushes[Reason::Remap as usize].load(Relaxed), 1);
+    assert!(backend(1).1.gas_flush_node("cn0").is_ok(), "a no-op without GAS");
+}
