@@ -99,7 +99,7 @@ def test_slurm_renews_the_lease_of_a_running_job_without_io(store, tmp_path, mon
     with running_slurm({"api": f"http://127.0.0.1:{free_port()}", "timeout": "1"}) as slurm:
         monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
         script = tmp_path / "sleep.sh"
-        script.write_text("#!/bin/sh\nsleep 300\n")
+        script.write_text("#!/bin/sh\n#SBATCH --output=/dev/null\nsleep 300\n")
         job = slurm.sbatch(Path(script))
         deadline = time.monotonic() + 60
         while slurm.job(job).get("JobState") != "RUNNING":
