@@ -86,9 +86,10 @@ class ControlConfig(PharosSettings):
     liveness_timeout_s: float = Field(
         default=0.5,
         gt=0,
-        description="Pharos. Timeout (s) of the liveness checks (GET /status of each daemon, GET /mapping of each "
-        "mount, all at once) and of a claimed hint's pushes: a hint answers within the Slurm plugin's 2 s "
-        "even when an admin interface accepts connections and never answers.",
+        description="Pharos. Timeout (s) of the background liveness checks hints read (GET /status of each "
+        "daemon, GET /mapping of each mount, all at once) and of a claimed hint's calls to the mounts: a hint "
+        "answers within the Slurm plugin's 2 s even when an admin interface accepts connections and never "
+        "answers. The control cycle's own checks use http_timeout_s.",
     )
     liveness_max_age_s: float = Field(
         default=5.0,

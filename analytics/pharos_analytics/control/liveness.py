@@ -14,7 +14,8 @@ timeout per call. So:
   (``liveness_timeout_s``, 0.5 s, one refresh at a time). Only the very first call, with no
   view yet, waits for one (at most ``liveness_timeout_s``).
 * The control cycle refreshes the view at its start (:meth:`Liveness.refresh_view`, outside the
-  lock hints take), mounts with ``http_timeout_s``, daemons with ``liveness_timeout_s``.
+  lock hints take) with ``http_timeout_s`` (3 s): a daemon slow to answer under load is not
+  taken for down by the cycle (placement, DFRA); hints may see the shorter timeout's view.
 
 A daemon that does not answer is ``down`` (no decision names it, no placement call goes to it);
 a mount that does not answer has no table (``mount_maps`` None: a push to it fails at once,
@@ -67,11 +68,11 @@ class Liveness:
         down = {n for (n, _), (got, _) in zip(daemons, status, strict=True) if got is None}
         return View(names, default, maps, errors, down, mount_nodes)
 
-    def refresh_view(self, mount_timeout_s: float | None = None) -> View:
-        """Fetch the view now (mounts: ``mount_timeout_s``, default ``liveness_timeout_s``;
-        daemons: ``liveness_timeout_s``) and keep it for :meth:`live_view`."""
-        cfg = self.cfg
-        view = self.fetch_view(mount_timeout_s or cfg.liveness_timeout_s, cfg.liveness_timeout_s)
+    def refresh_view(self, timeout_s: float | None = None) -> View:
+        """Fetch the view now (each call bounded by ``timeout_s``, default ``liveness_timeout_s``)
+        and keep it for :meth:`live_view`."""
+        t = timeout_s or self.cfg.liveness_timeout_s
+        view = self.fetch_view(t, t)
         with self._live_lock:
             self._live = (time.monotonic(), view)
         return view
