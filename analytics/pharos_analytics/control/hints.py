@@ -180,6 +180,7 @@ class Hints:
         (the kept view, :mod:`.liveness`). A name whose runs never finished gets ``default``
         (no learned-class prediction here: that is per job, at its hint). Jobs without a name
         are left out."""
+        self._reload()
         cfg = self.cfg
         now_ns = time.time_ns()
         groups: dict[tuple[str, str], list] = defaultdict(list)
