@@ -10,7 +10,7 @@ number of copies started, times the MPI world size when the command is an MPI la
 (``pharos run -- mpiexec -n 4 prog`` is a 4-rank job: :mod:`pharos_agents.launchers`).
 
 Before the ranks start (and before the start event), the job asks the API for its DFRA
-forwarding-node decision (:func:`request_hint`: ``GET /v1/hints/jobs/{id}?apply=true`` with
+forwarding-node decision (:func:`request_hint`: ``POST /v1/hints/jobs/{id}?apply=true`` with
 the job's name, user and command; Ji et al., FAST'19: decided at dispatch from the job's
 earlier runs), which the control loop pushes to the FUSE mount at once, so the job's first
 I/O already goes to the nodes decided. An unreachable or failing API never fails the job: one
@@ -115,9 +115,9 @@ def _stderr(line: str) -> None:
 def request_hint(
     settings: Settings, job_id: str, name: str, user: str, command: list[str], ranks: int = 0
 ) -> tuple[dict | None, str]:
-    """Ask the API for the DFRA decision of ``job_id`` and have it applied before the first I/O.
+    """Claim the DFRA decision of ``job_id`` and have it applied before the first I/O.
 
-    ``GET /v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
+    ``POST /v1/hints/jobs/{job_id}?apply=true&name=..&user=..&command=..``
     (one ``command`` parameter per argv word: the history is matched by name, user and exact
     command; see :mod:`pharos_analytics.control.dfra`), ``&ranks=N`` when ``ranks`` > 0 (a feature
     of the learned class of a job without exact history, :mod:`pharos_analytics.control.class_model`),
@@ -138,18 +138,18 @@ def request_hint(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = api_client.request(
-            base, "GET", f"/v1/hints/jobs/{job_id}", params=params, headers=headers, timeout=settings.run_hint_timeout_s
+            base, "POST", f"/v1/hints/jobs/{job_id}", params=params, headers=headers, timeout=settings.run_hint_timeout_s
         )
     except httpx.HTTPError as exc:
         return None, f"{base} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
     if r.status_code != 200:
-        return None, f"GET /v1/hints/jobs/{job_id}: HTTP {r.status_code} {r.text[:160]}"
+        return None, f"POST /v1/hints/jobs/{job_id}: HTTP {r.status_code} {r.text[:160]}"
     try:
         doc = r.json()
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or "class" not in doc or not isinstance(doc.get("nodes"), list):
-        return None, f"GET /v1/hints/jobs/{job_id}: not a hint: {r.text[:160]}"
+        return None, f"POST /v1/hints/jobs/{job_id}: not a hint: {r.text[:160]}"
     return doc, ""
 
 

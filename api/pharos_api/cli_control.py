@@ -1,7 +1,9 @@
 """``pharos hint`` and ``pharos control ...``: the control loop over HTTP.
 
 * ``pharos hint JOB`` (or ``--name/--user/--command`` for a job not started yet): the DFRA
-  decision, i.e. which forwarding nodes and why.
+  decision, i.e. which forwarding nodes and why; reading it changes nothing (``GET
+  /v1/hints/jobs/{id}``). ``--claim`` (and ``--apply``, which also pushes the mapping) takes
+  and records it, holding reserved nodes (``POST``; an admin or scheduler token).
 * ``pharos control actions``: the audit trail (decisions, pushes, failures).
 * ``pharos control pins``, ``pharos control pin job JOB NODE...``, ``pharos control pin pool
   POOL TARGET... [--max-perf ost0=50]``, ``pharos control unpin job|pool NAME``.
@@ -127,11 +129,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("hint")
     def hint_cmd(
-        job: Annotated[str | None, typer.Argument(help="Job id (decided and recorded if new).")] = None,
+        job: Annotated[str | None, typer.Argument(help="Job id (its recorded decision, else a preview).")] = None,
         name: Annotated[str | None, typer.Option(help="Job name (for a job that has not started).")] = None,
         user: Annotated[str | None, typer.Option(help="User (with --name).")] = None,
         command: Annotated[str | None, typer.Option(help="Command line (with --name), e.g. 'fio job.fio'.")] = None,
-        apply: Annotated[bool, typer.Option("--apply", help="Push the mapping to the mount now (JOB only).")] = False,
+        claim: Annotated[
+            bool, typer.Option("--claim", help="Take and record the decision, holding reserved nodes (JOB only).")
+        ] = False,
+        apply: Annotated[
+            bool, typer.Option("--apply", help="Claim, and push the mapping to the mounts now (JOB only).")
+        ] = False,
         api: ApiOption = None,
         as_json: JsonOption = False,
     ) -> None:
@@ -145,11 +152,21 @@ def register(app: typer.Typer) -> None:
             params["user"] = user
         if command:
             params["command"] = shlex.split(command)
-        if job is not None:
-            path, params = f"/v1/hints/jobs/{quote(job, safe='')}", params | {"apply": str(apply).lower()}
+        if job is None:
+            show(_api_url(api), "/v1/hints", params, as_json=as_json, render_to=render_hint)
+            return
+        path = f"/v1/hints/jobs/{quote(job, safe='')}"
+        if not (claim or apply):
+            show(_api_url(api), path, params, as_json=as_json, render_to=render_hint)
+            return
+        try:
+            r = api_request(_api_url(api), "POST", path, params=params | {"apply": str(apply).lower()})
+        except ApiError as exc:
+            _fail(str(exc))
+        if as_json:
+            typer.echo(r.text)
         else:
-            path = "/v1/hints"
-        show(_api_url(api), path, params, as_json=as_json, render_to=render_hint)
+            render_hint(Console(), r.json())
 
     @control.command("actions")
     def actions_cmd(
@@ -157,7 +174,8 @@ def register(app: typer.Typer) -> None:
         kind: Annotated[
             str | None,
             typer.Option(
-                help="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release | placement | sync | pin | unpin"
+                help="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release | lease_expired | placement | "
+                "sync | pin | unpin"
             ),
         ] = None,
         since: Annotated[float, typer.Option(help="Recorded in the last SECONDS.", min=1)] = 86400.0,

@@ -309,7 +309,7 @@ class Settings(PharosSettings):
     )
     run_hint: bool = Field(
         default=True,
-        description="`pharos run` asks the API for the job's DFRA forwarding-node decision (GET "
+        description="`pharos run` asks the API for the job's DFRA forwarding-node decision (POST "
         "/v1/hints/jobs/{id}?apply=true) before starting the ranks; false (or --no-hint): the mount's default.",
     )
     run_hint_timeout_s: float = Field(

@@ -40,10 +40,14 @@ def test_hints(client):
     new = client.get("/v1/hints", params={"name": "never-ran"}).json()
     assert new["reason"].startswith("no earlier run with this name, user and command")
     assert client.get("/v1/hints/jobs/unknown-job").status_code == 404
-    h = client.get("/v1/hints/jobs/w1", params={"name": "wave", "user": "alice", "command": ["wave"]}).json()
+    ident = {"name": "wave", "user": "alice", "command": ["wave"]}
+    read = client.get("/v1/hints/jobs/w1", params=ident).json()
+    assert not read["decided"] and not read["new"]  # reading records nothing
+    h = client.post("/v1/hints/jobs/w1", params=ident).json()
     assert h["decided"] and h["new"] and h["status"] == "recorded"
     again = client.get("/v1/hints/jobs/w1").json()
-    assert not again["new"] and again["class"] == h["class"]
+    assert again["decided"] and not again["new"] and again["class"] == h["class"]
+    assert not client.post("/v1/hints/jobs/w1").json()["new"]
     assert client.get("/v1/hints", params={"name": ""}).status_code == 422
 
 
@@ -90,7 +94,9 @@ def test_cli(api_url):
     assert r.exit_code == 0, r.output
     assert "a new job: default" in r.output and "io_ranks" in r.output
     r = run("hint", "w2", "--name", "wave", "--json")
-    assert r.exit_code == 0 and json.loads(r.output)["job_id"] == "w2"
+    assert r.exit_code == 0 and json.loads(r.output)["job_id"] == "w2" and not json.loads(r.output)["decided"]
+    r = run("hint", "w2", "--name", "wave", "--claim", "--json")  # recorded: the actions below show it
+    assert r.exit_code == 0 and json.loads(r.output)["decided"] and json.loads(r.output)["new"]
     r = CliRunner().invoke(_cli(), ["hint", "--api", api_url])
     assert r.exit_code == 1 and "give a JOB id" in r.output
     r = run("control", "pin", "job", "w2", "fwd0", "--reason", "cli")

@@ -37,7 +37,7 @@ def nodes_text(nodes: list[str] | None) -> str:
 
 class Audit:
     """The recording half of :class:`~pharos_analytics.control.loop.ControlLoop`: action rows,
-    pins, the audit trail. Uses the loop's ``store``, ``cfg``, ``_lock`` and ``_view``."""
+    pins, the audit trail. Uses the loop's ``store``, ``cfg``, ``_lock`` and ``live_view``."""
 
     def _record(
         self,
@@ -126,7 +126,7 @@ class Audit:
             nodes = list(value or [])
             if not nodes:
                 raise ControlError("a job pin needs at least one forwarding node")
-            known = self._view().node_names
+            known = self.live_view().node_names
             unknown = [n for n in nodes if known and n not in known]
             if unknown:
                 raise ControlError(f"unknown forwarding node(s) {', '.join(unknown)}; known: {', '.join(known)}")

@@ -83,6 +83,37 @@ class ControlConfig(PharosSettings):
         "require (sent as a Bearer token). None: Settings.fwd_admin_token_file (by default "
         "<state_dir>/fwd-admin.token, the one `pharos up` makes).",
     )
+    liveness_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="Pharos. Timeout (s) of the background liveness checks hints read (GET /status of each "
+        "daemon, GET /mapping of each mount, all at once) and of a claimed hint's calls to the mounts: a hint "
+        "answers within the Slurm plugin's 2 s even when an admin interface accepts connections and never "
+        "answers. The control cycle's own checks use http_timeout_s.",
+    )
+    liveness_max_age_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Pharos. A hint reads the liveness view of the forwarding layer as it is; one older than this "
+        "(s) is refreshed in the background (the control cycle refreshes it too).",
+    )
+    lease_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Pharos. Lease (s) of a reserved forwarding node held by a started job: renewed by the job's "
+        "start event, its newest stored I/O record and, with lease_slurm, Slurm saying the job is pending or "
+        "running; a lease not renewed for this long expires and the node is returned (a 'lease_expired' "
+        "action): an end event that never arrived does not hold a node forever. Default: 60 control periods.",
+    )
+    lease_slurm: bool = Field(
+        default=False,
+        description="Pharos. Ask Slurm (squeue, when slurm_squeue is on PATH) which holders of reserved nodes "
+        "are pending or running, every cycle: their leases are renewed even without I/O.",
+    )
+    slurm_squeue: str = Field(
+        default="squeue", description="Pharos. The squeue command lease_slurm runs (name on PATH, or a path)."
+    )
+    slurm_timeout_s: float = Field(default=5.0, gt=0, description="Pharos. Timeout (s) of one squeue call.")
     active_job_max_age_s: float = Field(
         default=7 * 86400.0,
         gt=0,

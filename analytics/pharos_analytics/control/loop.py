@@ -4,21 +4,26 @@ to the forwarding layer's admin interfaces, and records every action.
 One :meth:`ControlLoop.cycle` (every ``[control] period_s`` in ``pharos serve``, beside the
 detection loop of :mod:`pharos_analytics.alerts`):
 
-1. **Jobs**: active jobs (``job_events`` start without end), and jobs hinted but not started
-   yet. Reserved forwarding nodes held by ended jobs (or by hinted jobs that never started
-   within ``reservation_start_grace_s``) are returned (``release`` rows).
+0. **View** (:mod:`.liveness`): every mount and daemon asked at once, outside the lock hints
+   take; with ``lease_slurm``, Slurm's view of the jobs holding reserved nodes (``squeue``).
+1. **Jobs and leases** (:mod:`.lease`): active jobs (``job_events`` start without end), and jobs
+   hinted but not started yet. Leases of reserved forwarding nodes are renewed (start event,
+   newest I/O record, Slurm); nodes held by ended jobs, by hinted jobs that never started
+   within ``reservation_start_grace_s`` (``release`` rows) and by jobs whose lease expired
+   (``lease_expired`` rows, their mapping entries dropped) are returned.
 2. **DFRA** (:mod:`.dfra`) for every active job without a decision yet: the history of its
    earlier runs decides its forwarding nodes (``dfra_*`` rows). :meth:`ControlLoop.hint`
-   takes the same decision on demand, before the job's first I/O. A job without exact history
+   takes the same decision on demand (a claimed hint, :mod:`.hints`), before the job's first I/O. A job without exact history
    gets the class of the learned job-class model when it is confident (:mod:`.class_model`).
 3. **Remapping** (:mod:`.remap`) on the detection loop's active interference events on a
    forwarding node (``remap`` rows).
 4. **Mapping push**: the mount's whole job table (``GET``/``PUT /mapping`` of pharos-mount,
    ``{"jobs": {"42": ["fwd2", "fwd3"]}}``, primary first) gets each managed job's entry; pinned
    jobs get their pin. Entries of other jobs are kept; entries of ended jobs are dropped.
-5. **Placement** (:mod:`.placement`): the pool document to every daemon's ``PUT /placement``.
+5. **Placement** (:mod:`.placement`): the pool document to every daemon's ``PUT /placement``
+   (outside the lock; daemons that did not answer the view are not called).
 
-Safety: ``dry_run`` records (status ``recorded``) and pushes nothing. A push that fails
+Safety: ``dry_run`` records (status ``recorded``), pushes nothing and holds no reserved node. A push that fails
 (unreachable, timeout, HTTP error) changes nothing on that side: the mount and the daemons
 swap their tables atomically only on success, so the previous mapping or placement keeps
 serving; the row says ``failed`` with the error, and the loop re-pushes the same decision
@@ -32,8 +37,10 @@ carries the admin token (``[control] admin_token_file``, else ``fwd_admin_token_
 admin interfaces answer 401 without it (a failed push, recorded and retried).
 
 Where each part lives: :mod:`.state` (what the loop reads from the store, and its SQL),
-:mod:`.push` (the admin interfaces: HTTP, token, back-off), :mod:`.audit` (action rows, pins,
-the audit trail); this module holds the cycle, the decisions and the on-demand calls.
+:mod:`.push` (the admin interfaces: HTTP, token, back-off), :mod:`.liveness` (the kept view),
+:mod:`.lease` (reserved nodes: hold, renew, return), :mod:`.audit` (action rows, pins, the
+audit trail), :mod:`.hints` (the on-demand calls of the API); this module holds the cycle and
+the decisions.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from collections.abc import Callable
 import httpx
 
 from pharos_core.settings import Settings
-from pharos_core.store import Store, ns_to_datetime64
+from pharos_core.store import Store
 
 from ..diagnosis_config import DiagnosisConfig
 from ..periodic import PeriodicLoop
@@ -55,6 +62,9 @@ from .audit import Audit, ControlError, nodes_text
 from .class_model import ClassModel, JobIdentity, LearnedClass, start_ranks, training_samples
 from .config import ControlConfig
 from .dfra import DfraDecision, decide, job_history
+from .hints import Hints
+from .lease import Leases
+from .liveness import Liveness
 from .placement import measure_targets, plan_placement
 from .push import AdminPush, Endpoints, PushResult, View, _Backoff, _canon
 from .remap import InterferenceHint, Move, plan_moves
@@ -65,7 +75,7 @@ log = logging.getLogger("pharos.control")
 __all__ = ["ControlError", "ControlLoop", "Endpoints", "PushResult"]
 
 
-class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
+class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, PeriodicLoop):
     """The control loop on one store (see the module doc); a daemon thread once started
     (:class:`~pharos_analytics.periodic.PeriodicLoop`, every ``[control] period_s``).
 
@@ -99,7 +109,11 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         self.detector = detector
         self.client = client or httpx.Client(timeout=self.cfg.http_timeout_s)
         self._endpoints = endpoints
+        #: held while reserved nodes are handed out or returned and mappings pushed (a cycle's
+        #: decisions, a claimed hint); ``_cycle_lock``: one cycle at a time
         self._lock = threading.RLock()
+        self._cycle_lock = threading.Lock()
+        self._init_liveness()
         self._backoff: dict[str, _Backoff] = {}
         self._dry_seen: dict[tuple[str, str], str] = {}
         #: (monotonic time trained, config key, model or None, why None)
@@ -155,7 +169,7 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
             "nodes": [n.__dict__ for n in nodes],
             "decision": {"class": d.klass, "nodes": d.nodes, "reserved": d.reserved},
         }
-        if record and job_id and d.reserved:
+        if record and job_id and d.reserved and not cfg.dry_run:
             self._hold(d.reserved, job_id, f"DFRA {d.klass}", now_ns)
         return d
 
@@ -180,45 +194,6 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
             ranks = start_ranks(self.store, job_id) if job_id else 0
         return model.predict(JobIdentity(name, user, tuple(command or ()), ranks)), ""
 
-    def _release(self, now_ns: int) -> list[dict]:
-        """Return reserved nodes held by ended jobs, or by hinted jobs that never started."""
-        holders = {n: j for n, j in self._holders().items() if j}
-        if not holders:
-            return []
-        jobs = sorted(set(holders.values()))
-        ended = self._ended(jobs)
-        started = self._started(jobs)
-        since = self._allocated_since()
-        grace = int(self.cfg.reservation_start_grace_s * 1e9)
-        rows = []
-        for node, job in sorted(holders.items()):
-            why = None
-            if job in ended:
-                why = f"job {job} ended"
-            elif job not in started and now_ns - since.get(node, now_ns) > grace:
-                why = f"job {job} did not start within {self.cfg.reservation_start_grace_s:g} s of its hint"
-            if why is None:
-                continue
-            self._hold([node], "", why, now_ns)
-            rows.append(self._record(now_ns, "release", job, f"node:{node}", node, "", why, {"node": node}, "recorded"))
-        return rows
-
-    def _hold(self, nodes: list[str], job_id: str, reason: str, now_ns: int) -> None:
-        """Reservation rows: ``nodes`` held by ``job_id`` from ``now_ns`` ('' : returned)."""
-        self.store.insert_rows(
-            "control_allocations",
-            [
-                {
-                    "node": n,
-                    "job_id": job_id,
-                    "since": ns_to_datetime64(now_ns),
-                    "reason": reason,
-                    "updated": ns_to_datetime64(now_ns),
-                }
-                for n in nodes
-            ],
-        )
-
     def _desired_entries(self, jobs: list[str], pins: dict, view: View) -> dict[str, list[str] | None]:
         """job -> nodes of its mapping entry, or None (no entry: the mount's default)."""
         known = set(view.node_names)
@@ -234,28 +209,49 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
 
     # -- one cycle --------------------------------------------------------------------------------
     def cycle(self, now_ns: int | None = None) -> dict:
-        """One control cycle (see the module doc); returns a summary. Raises StoreError."""
-        with self._lock:
+        """One control cycle (see the module doc); returns a summary. Raises StoreError. The
+        view and Slurm are asked, and the placement pushed, outside the lock claimed hints take."""
+        with self._cycle_lock:
             self._reload()
-            return self._cycle(time.time_ns() if now_ns is None else now_ns)
+            cfg = self.cfg
+            now_ns = time.time_ns() if now_ns is None else now_ns
+            t0 = time.monotonic()
+            view = self.refresh_view(cfg.http_timeout_s)
+            slurm = self._slurm_view()
+            with self._lock:
+                rows, pins, anomalies, summary = self._cycle(now_ns, view, slurm)
+            placement = self._placement(now_ns, pins, anomalies, view) if cfg.placement_enabled else None
+            if placement:
+                rows.append(placement)
+            self.last = summary | {
+                "time_ns": now_ns,
+                "duration_s": self.cycle_done(t0),
+                "actions": len(rows),
+                "failed": sum(1 for r in rows if r["status"] == "failed"),
+                "dry_run": cfg.dry_run,
+            }
+            return self.last
 
-    def _cycle(self, now_ns: int) -> dict:
-        cfg = self.cfg
-        t0 = time.monotonic()
+    def _cycle(
+        self, now_ns: int, view: View, slurm: tuple[set[str] | None, str]
+    ) -> tuple[list[dict], dict, list[dict], dict]:
+        """Leases, DFRA, remapping, the mapping push: (action rows, pins, anomalies, summary)."""
         rows: list[dict] = []
-        view = self._view()
         pins = self.pins()
         anomalies = self._anomalies(now_ns)
-        rows += self._release(now_ns)
+        rows += self._release(now_ns, slurm)
         active = self._active_jobs(now_ns)
         pending = self._pending_jobs(now_ns)
-        managed = sorted(set(active) | pending)
-        decided = self._stored_decisions(managed)
+        jobs = sorted(set(active) | pending)
+        decided = self._stored_decisions(jobs)
+        expired = self._lease_expired(jobs)
+        managed = [j for j in jobs if j not in expired]
+        running = {j: r for j, r in active.items() if j not in expired}
         # DFRA for active jobs without a decision
         undecided = sorted(set(active) - set(decided) - set(pins["job"]))
         new_rows = self._dfra_rows(undecided, active, view, now_ns, anomalies)
         # live remapping
-        moves, skipped = self._remap(anomalies, managed, pins, view, new_rows, active, now_ns)
+        moves, skipped = self._remap(anomalies, managed, pins, view, new_rows, running, now_ns)
         new_rows += [
             (
                 dict(
@@ -273,23 +269,15 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         ]
         # the mapping: new decisions are recorded first so that the desired table includes them
         rows += self._apply_mapping(new_rows, managed, pins, view, now_ns)
-        # placement
-        placement = self._placement(now_ns, pins, anomalies) if cfg.placement_enabled else None
-        if placement:
-            rows.append(placement)
-        self.last = {
-            "time_ns": now_ns,
-            "duration_s": self.cycle_done(t0),
+        summary = {
             "active_jobs": len(active),
             "pending_jobs": len(pending),
+            "lease_expired_jobs": len(expired),
             "decisions": len([a for a, _ in new_rows if a["kind"].startswith("dfra_")]),
             "moves": len(moves),
             "skipped_moves": skipped,
-            "actions": len(rows),
-            "failed": sum(1 for r in rows if r["status"] == "failed"),
-            "dry_run": cfg.dry_run,
         }
-        return self.last
+        return rows, pins, anomalies, summary
 
     def _dfra_rows(
         self, jobs: list[str], active: dict[str, dict], view: View, now_ns: int, anomalies: list[dict]
@@ -385,8 +373,8 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
         for args, job in new_rows:
             nodes = [n for n in args["after"].split(",") if n]
             desired[job] = None if not nodes or nodes == [view.default_node] else nodes
-        ended = self._ended(sorted({j for m in view.mount_maps.values() if m for j in m}))
-        drop = ended - set(pins["job"])
+        mapped = sorted({j for m in view.mount_maps.values() if m for j in m})
+        drop = (self._ended(mapped) | self._lease_expired(mapped)) - set(pins["job"])
         job_nodes = self._job_nodes(sorted(j for j, v in desired.items() if v and len(v) > 1))
         results = self._push_mapping(view, desired, drop, now_ns, force=bool(new_rows), job_nodes=job_nodes)
         failed = [r for r in results if not r.ok]
@@ -407,8 +395,8 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
                         "mapping",
                         "",
                         json.dumps({j: v for j, v in desired.items()}, separators=(",", ":")),
-                        "re-push of the decided mapping (earlier push failed, an ended job's entry dropped, "
-                        "a pin changed, or a mount restarted)",
+                        "re-push of the decided mapping (earlier push failed, an ended or lease-expired job's "
+                        "entry dropped, a pin changed, or a mount restarted)",
                         {"dropped": sorted(drop)},
                         "failed" if failed else "applied",
                         err,
@@ -417,12 +405,12 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
                 )
         return rows
 
-    def _placement(self, now_ns: int, pins: dict, anomalies: list[dict]) -> dict | None:
+    def _placement(self, now_ns: int, pins: dict, anomalies: list[dict], view: View) -> dict | None:
         cfg = self.cfg
         eps = self.endpoints
         if not eps.daemons:
             return None
-        docs, errors, targets = self._daemon_placements(eps)
+        docs, errors, targets = self._daemon_placements(eps, view.down)
         if not targets:
             targets = self._targets_seen(now_ns - int(cfg.placement_window_s * 1e9))
         if not targets:
@@ -478,103 +466,6 @@ class ControlLoop(ControlState, AdminPush, Audit, PeriodicLoop):
             "; ".join(f"{r.url}: {r.error}" for r in failed),
             [r.url for r in results],
         )
-
-    # -- on demand (API) --------------------------------------------------------------------------
-    def hint(
-        self,
-        job_id: str,
-        name: str | None = None,
-        user: str | None = None,
-        command: list[str] | None = None,
-        apply: bool = False,
-        now_ns: int | None = None,
-        ranks: int | None = None,
-    ) -> dict:
-        """The DFRA decision of ``job_id``, taken now if it has none (recorded, reserved nodes held),
-        else the stored one (a later remap shows as ``current``). The job's name, user and command
-        come from its start event, else from the arguments (a job not started yet); ``apply``
-        pushes the mapping at once (before the job's first I/O); ``ranks`` (None: from the start
-        event, else unknown) is a feature of the learned class of a job without exact history
-        (:mod:`.class_model`). Raises ControlError when the job is unknown and no name is given,
-        StoreError."""
-        with self._lock:
-            self._reload()
-            now_ns = time.time_ns() if now_ns is None else now_ns
-            ident = self._job_identity(job_id)
-            if ident and int(ident["started"]):
-                name, user, command = ident["name"], ident["user"], list(ident["command"] or [])
-            user = user or ""
-            stored = self._stored_decisions([job_id], ("dfra_default", "dfra_more_nodes", "dfra_dedicated"))
-            if job_id not in stored and not name:
-                raise ControlError(f"job {job_id}: no start event and no name given: cannot look up its history")
-            current = self._stored_decisions([job_id]).get(job_id)
-            pin = self.pins()["job"].get(job_id)
-            if job_id in stored:
-                r = stored[job_id]
-                e = json.loads(r["evidence"] or "{}")
-                out = {
-                    "job_id": job_id,
-                    "class": r["kind"].removeprefix("dfra_"),
-                    "nodes": [n for n in r["to_state"].split(",") if n],
-                    "reserved": e.get("decision", {}).get("reserved", []),
-                    "reason": r["reason"],
-                    "evidence": e,
-                    "decided": True,
-                    "new": False,
-                }
-            else:
-                view = self._view()
-                d = self._decide_job(job_id, name, user, command, view, now_ns, True, ranks=ranks)
-                status = "recorded"
-                err = ""
-                urls: list[str] = []
-                if apply and not self.cfg.dry_run and pin is None:
-                    entry = None if not d.nodes or d.nodes == [view.default_node] else d.nodes
-                    res = self._push_mapping(view, {job_id: entry}, set(), now_ns, force=True)
-                    status = "failed" if any(not r.ok for r in res) else "applied"
-                    err = "; ".join(f"{r.url}: {r.error}" for r in res if not r.ok)
-                    urls = [r.url for r in res]
-                self._record(
-                    now_ns,
-                    f"dfra_{d.klass}",
-                    job_id,
-                    "mapping",
-                    view.default_node or "",
-                    nodes_text(d.nodes),
-                    d.reason,
-                    d.evidence | {"via": "hint"},
-                    status,
-                    err,
-                    urls,
-                )
-                out = d.to_dict() | {"class": d.klass, "decided": True, "new": True, "status": status, "error": err}
-                out.pop("klass", None)
-            out["current_nodes"] = [
-                n for n in (current or {}).get("to_state", nodes_text(out["nodes"])).split(",") if n
-            ]
-            out["pinned"] = pin["value"] if pin else None
-            out["dry_run"] = self.cfg.dry_run
-            return out
-
-    def preview(
-        self,
-        name: str,
-        user: str = "",
-        command: list[str] | None = None,
-        now_ns: int | None = None,
-        ranks: int | None = None,
-    ) -> dict:
-        """The decision a job not started yet would get (nothing recorded, nothing held); ``ranks``
-        (None: unknown) is a feature of the learned class when there is no exact history."""
-        if not name:
-            raise ControlError("name is required: the history is matched by job name, user and command")
-        with self._lock:
-            self._reload()
-            now_ns = time.time_ns() if now_ns is None else now_ns
-            d = self._decide_job("", name, user, command, self._view(), now_ns, False, ranks=ranks or 0)
-            out = d.to_dict() | {"class": d.klass, "decided": False, "new": False, "dry_run": self.cfg.dry_run}
-            out.pop("klass", None)
-            return out
 
     def status(self) -> dict:
         return {

@@ -20,13 +20,31 @@ admin_token_file``, else ``fwd_admin_token_file``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
 from pharos_core.settings import Settings, admin_headers
 
 from .config import ControlConfig
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: At most this many admin calls in flight at once per batch.
+MAX_PARALLEL = 32
+
+
+def concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``[fn(x) for x in items]``, the calls in parallel threads (at most :data:`MAX_PARALLEL`);
+    ``fn`` must not raise (the admin calls return their error instead)."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items)), thread_name_prefix="control-http") as ex:
+        return list(ex.map(fn, items))
 
 
 @dataclass
@@ -134,11 +152,15 @@ class AdminPush:
             return admin_headers(self.cfg.admin_token_file)
         return self.settings.fwd_admin_headers()
 
-    def _http(self, method: str, url: str, body=None) -> tuple[dict | list | None, str]:
-        """(JSON reply, '') or (None, one-line error)."""
+    def _http(self, method: str, url: str, body=None, timeout: float | None = None) -> tuple[dict | list | None, str]:
+        """(JSON reply, '') or (None, one-line error); ``timeout`` (s) None: ``http_timeout_s``."""
         try:
             r = self.client.request(
-                method, url, json=body, timeout=self.cfg.http_timeout_s, headers=self._admin_headers()
+                method,
+                url,
+                json=body,
+                timeout=self.cfg.http_timeout_s if timeout is None else timeout,
+                headers=self._admin_headers(),
             )
         except httpx.HTTPError as exc:
             return None, f"{method} {url}: {type(exc).__name__}: {str(exc)[:200]}"
@@ -148,28 +170,6 @@ class AdminPush:
             return r.json(), ""
         except ValueError:
             return None, f"{method} {url}: reply is not JSON"
-
-    def _view(self) -> View:
-        eps = self.endpoints
-        maps: dict[str, dict | None] = {}
-        names: list[str] = []
-        default = None
-        errors = {}
-        mount_nodes = {}
-        for url in eps.mounts:
-            got, err = self._http("GET", url + "/mapping")
-            if got is None or not isinstance(got, dict):
-                maps[url], errors[url] = None, err or "bad reply"
-                continue
-            maps[url] = {k: list(v) for k, v in (got.get("jobs") or {}).items()}
-            mount_nodes[url] = str(got.get("compute_node") or "")
-            if not names:
-                names = [n["name"] for n in got.get("nodes") or []]
-                default = got.get("default")
-        if not names:
-            names = sorted(eps.daemons)
-        down = {n for n, url in eps.daemons.items() if self._http("GET", url + "/status")[0] is None}
-        return View(names, default, maps, errors, down, mount_nodes)
 
     # -- pushing ----------------------------------------------------------------------------------
     def _backoff_ok(self, key: str, now_ns: int) -> bool:
@@ -193,16 +193,19 @@ class AdminPush:
         now_ns: int,
         force: bool,
         job_nodes: dict[str, list[str]] | None = None,
+        timeout: float | None = None,
     ) -> list[PushResult]:
         """Make each mount's job table hold ``desired`` (and not ``drop``), per compute node when
         the mounts are on several compute nodes (:func:`compute_node_entry`, ``job_nodes``: job -> its compute
-        nodes so far); PUT only on a change."""
-        out = []
+        nodes so far); PUT only on a change, to every mount at once (``timeout`` s each, None:
+        ``http_timeout_s``)."""
+        out: dict[str, PushResult] = {}
+        puts: list[tuple[str, dict]] = []
         named = [u for u in view.mount_maps if view.mount_nodes.get(u)]  # the mounts that said their node
         several = len({view.mount_nodes[u] for u in named}) > 1
         for url, cur in view.mount_maps.items():
             if cur is None:  # a new decision fails there; otherwise it is re-pushed once the mount answers
-                out.append(PushResult(url, False, view.mount_errors.get(url, "unreachable"), changed=force))
+                out[url] = PushResult(url, False, view.mount_errors.get(url, "unreachable"), changed=force)
                 continue
             new = {k: v for k, v in cur.items() if k not in drop}
             for job, nodes in desired.items():
@@ -218,29 +221,36 @@ class AdminPush:
                 else:
                     new[job] = nodes
             if new == cur:
-                out.append(PushResult(url, True, changed=False))
-                continue
-            if not force and not self._backoff_ok("mount:" + url, now_ns):
-                out.append(PushResult(url, False, "in back-off after a failed push"))
-                continue
-            _, err = self._http("PUT", url + "/mapping", {"jobs": new})
+                out[url] = PushResult(url, True, changed=False)
+            elif not force and not self._backoff_ok("mount:" + url, now_ns):
+                out[url] = PushResult(url, False, "in back-off after a failed push")
+            else:
+                puts.append((url, new))
+        errs = concurrently(lambda un: self._http("PUT", un[0] + "/mapping", {"jobs": un[1]}, timeout)[1], puts)
+        for (url, _), err in zip(puts, errs, strict=True):
             self._note_push("mount:" + url, not err, now_ns)
-            out.append(PushResult(url, not err, err))
-        return out
+            out[url] = PushResult(url, not err, err)
+        return [out[u] for u in view.mount_maps]
 
-    def _daemon_placements(self, eps: Endpoints) -> tuple[dict[str, dict | None], dict[str, str], list[str]]:
+    def _daemon_placements(
+        self, eps: Endpoints, down: set[str]
+    ) -> tuple[dict[str, dict | None], dict[str, str], list[str]]:
         """(node -> its placement document, None when it did not answer; node -> error; the
-        targets the first daemon that answers knows)."""
+        targets the first daemon that answers knows). Daemons ``down`` (no answer to the
+        liveness check) are not asked; the others at once."""
+        nodes = sorted(eps.daemons)
+        up = [n for n in nodes if n not in down]
+        got = dict(zip(up, concurrently(lambda n: self._http("GET", eps.daemons[n] + "/placement"), up), strict=True))
         docs: dict[str, dict | None] = {}
         errors: dict[str, str] = {}
         targets: list[str] = []
-        for node, url in sorted(eps.daemons.items()):
-            got, err = self._http("GET", url + "/placement")
-            docs[node] = got if isinstance(got, dict) else None
+        for node in nodes:
+            doc, err = got.get(node, (None, "no answer to the liveness check (GET /status)"))
+            docs[node] = doc if isinstance(doc, dict) else None
             if err:
                 errors[node] = err
-            if not targets and got is not None:
-                t, _ = self._http("GET", url + "/targets")
+            if not targets and doc is not None:
+                t, _ = self._http("GET", eps.daemons[node] + "/targets")
                 targets = [x["name"] for x in t] if isinstance(t, list) else []
         return docs, errors, targets
 

@@ -73,7 +73,7 @@ SELECT max(p) AS cap FROM (
     GROUP BY node)
 """
 TARGETS_SEEN_SQL = "SELECT DISTINCT target FROM target_metrics WHERE time > {since:DateTime64(9)} ORDER BY target"
-ALLOCATIONS_SQL = "SELECT node, job_id, toUnixTimestamp64Nano(since) AS since_ns FROM control_allocations FINAL"
+ALLOCATIONS_SQL = "SELECT node, job_id FROM control_allocations FINAL"
 
 
 class ControlState:
@@ -127,11 +127,8 @@ class ControlState:
         """Storage targets with metrics since ``since_ns``, by name."""
         return [r["target"] for r in self._q(TARGETS_SEEN_SQL, since=ns_to_datetime64(since_ns))]
 
-    def _allocated_since(self) -> dict[str, int]:
-        """Node -> since when (ns) its reservation row holds."""
-        return {r["node"]: int(r["since_ns"]) for r in self._q(ALLOCATIONS_SQL)}
-
     def _holders(self) -> dict[str, str]:
+        """Reserved node -> the job holding it ('' = free), every node with an allocation row."""
         return {r["node"]: r["job_id"] for r in self._q(ALLOCATIONS_SQL)}
 
     def _anomalies(self, now_ns: int) -> list[dict]:

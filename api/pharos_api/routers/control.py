@@ -1,16 +1,29 @@
 """The control loop over HTTP: DFRA hints, the audit trail of actions, admins' pins.
 
-* ``GET /v1/hints/jobs/{job_id}``: the job's DFRA decision (forwarding nodes, class, reason,
-  evidence), taken now if it has none (and recorded; reserved nodes are held for the job),
-  before its first I/O: what a Slurm prolog or ``pharos run`` asks. ``apply=true`` also pushes
-  the mapping to the mount at once. A job with no start event needs ``name`` (and ``user``,
-  ``command``): 404 otherwise.
+* ``POST /v1/hints/jobs/{job_id}`` (claim; roles admin, scheduler): the job's DFRA decision
+  (forwarding nodes, class, reason, evidence), taken now if it has none: recorded, reserved
+  nodes held for the job (leased: returned when it ends or its lease expires, docs/security.md
+  "Leases"; dry run: none held), ``apply=true`` also pushes the mapping to every mount at once.
+  What the Slurm plugin's prolog and ``pharos run`` call, before the job's first I/O. A job
+  with no start event needs ``name`` (and ``user``, ``command``; ``ranks``): 404 otherwise.
+* ``GET /v1/hints/jobs/{job_id}`` (read; admin, operator, scheduler, and a ``user`` token for
+  its own job: 404 for another's): the recorded decision (``decided`` true), else the decision
+  the job would get now (``decided`` false). The same query parameters as the claim; records
+  nothing, holds nothing, pushes nothing (``apply`` is accepted and ignored).
 * ``GET /v1/hints?name=&user=&command=``: the decision a job not started yet would get
   (nothing recorded, nothing held).
-* ``GET /v1/control/actions``: every decision and push (``control_actions``), newest first.
+* ``GET /v1/hints/classes``: the class of every (user, job name) with history, from data at
+  hand (no call to a mount or daemon per item), at most 10,000 items.
+* ``GET /v1/control/actions``: every decision and push (``control_actions``), newest first,
+  among them ``release`` and ``lease_expired`` (reserved nodes returned).
 * ``GET /v1/control/pins``, ``PUT``/``DELETE /v1/control/pins/jobs/{job_id}`` (a job's
   forwarding nodes) and ``/v1/control/pins/pools/{pool}`` (a placement pool): the loop never
   changes what is pinned.
+
+No hint route waits on an admin interface that does not answer: they read the kept view of the
+forwarding layer (pharos_analytics.control.liveness), and a claim's pushes are bounded by
+``[control] liveness_timeout_s`` (0.5 s), so a hint answers within the Slurm plugin's 2 s with
+a daemon that accepts connections and never answers.
 
 The loop is ``app.state.control`` (``pharos serve``); without it (tests, a stand-alone API) a
 loop that is never started serves the requests with the same code.
@@ -19,21 +32,24 @@ loop that is never started serves the requests with the same code.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from pharos_analytics.control.loop import ControlError, ControlLoop
-from pharos_analytics.profiles import job_profiles
 
-from ..auth import Admin, HintReader, SchedulerCall, Staff
+from ..auth import Admin, HintReader, SchedulerCall, Staff, check_job
 from ..deps import SettingsDep, StoreDep, require_found
 from ..schemas.common import MAX_WINDOW_S, NAME_MAX, NOT_FOUND, ErrorOut, JobIdPath
 from ..schemas.control import KINDS, ActionsOut, HintOut, IoClassesOut, JobPinIn, PinOut, PinsOut, PoolName, PoolPinIn
 from . import V1
 
 router = APIRouter(prefix=V1, tags=["control"])
+
+#: At most this many items of ``GET /v1/hints/classes``.
+CLASSES_MAX = 10000
 
 
 def _iso(ns: int) -> datetime:
@@ -51,33 +67,60 @@ def get_loop(request: Request, store, settings) -> ControlLoop:
     return loop
 
 
+@dataclass
+class HintQuery:
+    """The query parameters of a job's hint, the same for the claim (POST) and the read (GET)."""
+
+    name: Annotated[str | None, Query(max_length=256, description="Job name, for a job without a start event.")] = None
+    user: Annotated[str | None, Query(max_length=256)] = None
+    command: Annotated[list[str] | None, Query(max_length=256, description="argv, one parameter per word.")] = None
+    apply: Annotated[bool, Query(description="Claim: push the mapping to the mounts now. Read: ignored.")] = False
+    ranks: Annotated[
+        int | None, Query(ge=1, description="The job's ranks, for a job without a start event (learned class).")
+    ] = None
+
+
+HintParams = Annotated[HintQuery, Depends()]
+
+
+@router.post(
+    "/hints/jobs/{job_id}",
+    operation_id="claim_job_hint",
+    response_model=HintOut,
+    response_model_by_alias=True,
+    responses=NOT_FOUND,
+    summary="Claim a job's DFRA decision: recorded, reserved nodes held, mapping pushed (apply), before its first I/O",
+)
+def claim_job_hint(
+    job_id: JobIdPath, request: Request, store: StoreDep, settings: SettingsDep, _: SchedulerCall, q: HintParams
+) -> dict[str, Any]:
+    """Records the decision and may hold reserved nodes, so a control action: roles admin and
+    scheduler (the Slurm plugin's prolog, ``pharos run``). A second claim returns the recorded
+    decision (``new`` false). 404: no decision, no start event and no ``name``."""
+    try:
+        loop = get_loop(request, store, settings)
+        return loop.hint(job_id, q.name, q.user, q.command, apply=q.apply, ranks=q.ranks)
+    except ControlError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
 @router.get(
     "/hints/jobs/{job_id}",
     operation_id="get_job_hint",
     response_model=HintOut,
     response_model_by_alias=True,
     responses=NOT_FOUND,
-    summary="DFRA decision for a job: its forwarding nodes, before its first I/O",
+    summary="A job's DFRA decision (recorded, else what it would get now): reading changes nothing",
 )
 def get_job_hint(
-    job_id: JobIdPath,
-    request: Request,
-    store: StoreDep,
-    settings: SettingsDep,
-    _: SchedulerCall,
-    name: Annotated[str | None, Query(max_length=256, description="Job name, for a job without a start event.")] = None,
-    user: Annotated[str | None, Query(max_length=256)] = None,
-    command: Annotated[list[str] | None, Query(max_length=256, description="argv, one parameter per word.")] = None,
-    apply: Annotated[bool, Query(description="Push the mapping to the mount now.")] = False,
-    ranks: Annotated[
-        int | None, Query(ge=1, description="The job's ranks, for a job without a start event (learned class).")
-    ] = None,
+    job_id: JobIdPath, request: Request, store: StoreDep, settings: SettingsDep, principal: HintReader, q: HintParams
 ) -> dict[str, Any]:
-    """Records the decision and may hold reserved nodes, so a control action: roles admin and
-    scheduler (the Slurm plugin's prolog, ``pharos run`` with such a token). 404: no start event
-    and no ``name``."""
+    """Records nothing, holds nothing, pushes nothing. Roles admin, operator, scheduler; a
+    ``user`` token for its own job only (404 for another's, as other job routes). 404: no
+    decision, no start event and no ``name``."""
+    check_job(principal, store, job_id)
     try:
-        return get_loop(request, store, settings).hint(job_id, name, user, command, apply=apply, ranks=ranks)
+        return get_loop(request, store, settings).read_hint(job_id, q.name, q.user, q.command, ranks=q.ranks)
     except ControlError as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -123,20 +166,17 @@ def list_io_classes(
     since_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="History of the last seconds.")] = (
         30 * 86400.0
     ),
-    limit: Annotated[int, Query(ge=1, le=100000)] = 10000,
+    limit: Annotated[int, Query(ge=1, le=CLASSES_MAX)] = CLASSES_MAX,
 ) -> dict[str, Any]:
     """The DFRA class (default | more_nodes | dedicated; Ji et al., FAST'19 §3) a job of each
     (user, name) in the history would get now, and its usual pattern: read by the Slurm
-    job_submit.lua (agents/slurm) through the file ``pharos slurm classes`` writes. A ``user``
-    token gets its own (user, name) pairs only."""
-    loop = get_loop(request, store, settings)
+    job_submit.lua (agents/slurm) through the file ``pharos slurm classes`` writes. Bounded:
+    computed from the stored metrics and the kept view of the forwarding layer, no call to a
+    mount or daemon per item, at most ``limit`` (10,000) items, largest total bytes first. A
+    ``user`` token gets its own (user, name) pairs only."""
     since = max(0, time.time_ns() - int(since_s * 1e9))
-    items = []
-    mine = lambda p: principal.sees_all or p.user == principal.user  # noqa: E731
-    for p in [p for p in job_profiles(store, since_ns=since) if p.name and mine(p)][:limit]:
-        d = loop.preview(p.name, p.user)
-        items.append({"user": p.user, "name": p.name, "class": d["class"], "pattern": p.pattern, "runs": p.runs})
-    return {"items": items}
+    user = None if principal.sees_all else principal.user
+    return {"items": get_loop(request, store, settings).io_classes(since, user, limit)}
 
 
 @router.get(

@@ -13,7 +13,18 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 PoolName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")]
-KINDS = ("dfra_default", "dfra_more_nodes", "dfra_dedicated", "remap", "release", "placement", "sync", "pin", "unpin")
+KINDS = (
+    "dfra_default",
+    "dfra_more_nodes",
+    "dfra_dedicated",
+    "remap",
+    "release",
+    "lease_expired",
+    "placement",
+    "sync",
+    "pin",
+    "unpin",
+)
 
 
 class HintOut(BaseModel):
@@ -29,8 +40,10 @@ class HintOut(BaseModel):
     reserved: list[str] = Field(description="Those of nodes held by this job alone until it ends.")
     reason: str
     evidence: dict[str, Any] = Field(description="History criteria and values, node states, sizing.")
-    decided: bool = Field(description="A decision of this job (recorded), not a preview.")
-    new: bool = Field(description="Taken by this request.")
+    decided: bool = Field(
+        description="A decision of this job (recorded), not a preview (a read of a job without one, or by identity)."
+    )
+    new: bool = Field(description="Taken by this request (a claim).")
     current_nodes: list[str] | None = Field(None, description="Nodes now, after any live remap.")
     pinned: list[str] | None = Field(None, description="An admin's pin, which wins over the decision.")
     status: str | None = Field(None, description="Push status of a new decision: applied | failed | recorded.")
@@ -43,7 +56,9 @@ class ActionOut(BaseModel):
     action_id: str
     job_id: str
     kind: str = Field(
-        description="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release | placement | sync | pin | unpin"
+        description="dfra_default | dfra_more_nodes | dfra_dedicated | remap | release (a reserved node returned: "
+        "its job ended or never started) | lease_expired (returned: the job's lease was not renewed) | placement | "
+        "sync | pin | unpin"
     )
     resource: str = Field(description="mapping | pool:<name> | node:<name>")
     from_state: str = Field(description="Nodes (comma-separated, primary first) or the pool as JSON.")
