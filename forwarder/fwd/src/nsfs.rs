@@ -86,9 +86,7 @@ pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Res
 /// The object `name` of `dir` itself (`O_PATH | O_NOFOLLOW`: a symlink is not followed), for
 /// the calls below that act on it by fd.
 pub fn open_obj(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    let fd = cvt(unsafe {
-        libc::openat(dir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-    })?;
+    let fd = cvt(unsafe { libc::openat(dir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -96,7 +94,8 @@ pub fn open_obj(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
 /// fd (an [`open_obj`]) with the thread's file-system credentials; no lookup, so no search
 /// permission on its directory is needed.
 pub fn access_fd(fd: RawFd, mode: libc::c_int) -> io::Result<()> {
-    let r = unsafe { libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode, libc::AT_EACCESS | libc::AT_EMPTY_PATH) };
+    let r =
+        unsafe { libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode, libc::AT_EACCESS | libc::AT_EMPTY_PATH) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
