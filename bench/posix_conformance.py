@@ -6,14 +6,17 @@ pjdfstest (https://github.com/pjd/pjdfstest) is fetched and built outside the re
 its own README says; this bench takes the directory of that build as its argument. Then, as
 root (FUSE, allow_other, and pjdfstest switches uids):
 
-    uv run python bench/posix_conformance.py PJDFSTEST_DIR [--only rename,link] [--keep]
+    uv run python bench/posix_conformance.py PJDFSTEST_DIR [--only rename,link] [--modes 0700] [--keep]
 
 Starts one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (the release binaries,
 built first) in a tmp dir, runs `prove -r <pjdfstest>/tests` (or the groups of `--only`)
 inside a directory of the mount and inside a local directory on the backend's file system,
-and prints, for each, the test files, tests and failed tests, then the failing files per
-syscall group (the first-level directories of pjdfstest's tests) and, with --verbose, the
-failed test numbers of each file on the mount.
+once per mode of `--modes` (default both 0755 and 0700: the directory the suite runs in is
+root's with that mode; 0700 is what `mktemp -d` gives, and the suite's uids then work below
+a directory they cannot search, relative to their working directory), and prints, for each
+run, the test files, tests and failed tests, then the failing files per syscall group (the
+first-level directories of pjdfstest's tests) and, with --verbose, the failed test numbers
+of each file on the mount.
 """
 
 from __future__ import annotations
@@ -83,8 +86,14 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list of syscall groups (e.g. rename,link)")
     ap.add_argument("--keep", action="store_true", help="keep the stack's tmp dir")
     ap.add_argument("--verbose", action="store_true", help="failed test numbers per file on the mount")
+    ap.add_argument(
+        "--modes",
+        default="0755,0700",
+        help="comma list of modes (octal) of the root-owned directory each run is in (default 0755,0700)",
+    )
     ap.add_argument("--timeout", type=float, default=3600)
     a = ap.parse_args()
+    modes = [int(x, 8) for x in a.modes.split(",") if x]
     pjd = a.pjdfstest.resolve()
     if not (pjd / "pjdfstest").is_file() or not (pjd / "tests").is_dir():
         sys.exit(f"{pjd}: no pjdfstest binary or tests/ (build it first, see --help)")
@@ -99,20 +108,20 @@ def main() -> None:
         local = root / "local"
         local.mkdir()
         local.chmod(0o755)
-        on_mount = m.path / "pjd"
-        on_mount.mkdir()
-        on_mount.chmod(0o755)
-        res = {
-            "local": prove(pjd, local, groups, a.timeout),
-            "mount": prove(pjd, on_mount, groups, a.timeout),
-        }
+        res = {}
+        for mode in modes:
+            for where, base in (("local", local), ("mount", m.path)):
+                run = base / f"pjd-{mode:04o}"
+                run.mkdir()
+                run.chmod(mode)
+                res[f"{where} {mode:04o}"] = prove(pjd, run, groups, a.timeout)
     finally:
         c.close()
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"{'':8} {'files':>6} {'tests':>7} {'failed':>7} {'files failing':>14}")
+    print(f"{'':10} {'files':>6} {'tests':>7} {'failed':>7} {'files failing':>14}")
     for k, r in res.items():
-        print(f"{k:8} {r['files']:>6} {r['tests']:>7} {r['failed']:>7} {len(r['bad']):>14}")
+        print(f"{k:10} {r['files']:>6} {r['tests']:>7} {r['failed']:>7} {len(r['bad']):>14}")
     for k, r in res.items():
         per = groups_of(r["bad"])
         print(f"{k} files with failures per group: " + (", ".join(f"{g} {n}" for g, n in per.most_common()) or "none"))
@@ -122,8 +131,9 @@ def main() -> None:
         for f, notes in sorted(r["todo_passed"].items()):
             print(f"{k} {f}: not a failure ({'; '.join(notes)}: tests pjdfstest expects to fail here passed)")
     if a.verbose:
-        for f, b in sorted(res["mount"]["bad"].items()):
-            print(f"  mount {f}: failed {b['failed']} (wstat {b['wstat']}): {b['tests']} {'; '.join(b['notes'])}")
+        for k, r in res.items():
+            for f, b in sorted(r["bad"].items()) if k.startswith("mount") else ():
+                print(f"  {k} {f}: failed {b['failed']} (wstat {b['wstat']}): {b['tests']} {'; '.join(b['notes'])}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@
 //! * [`Caller`] switches the thread's file-system uid and gid (`setfsuid`/`setfsgid`, per
 //!   thread) and its supplementary groups (the raw `setgroups` system call, which is per
 //!   thread; glibc's wrapper would change every thread) to the caller's, so the kernel of
-//!   the forwarding node applies POSIX's permission rules (search and write permission,
-//!   sticky directories, chown/chmod/utimensat rules, setgid inheritance and clearing) the
-//!   way a network file system's server does. A non-zero fsuid drops the file-system
+//!   the forwarding node applies POSIX's permission rules (search and write permission on
+//!   the directory of a name operation, sticky directories, open access modes,
+//!   chown/chmod/utimensat rules, setgid inheritance and clearing) the way a network file
+//!   system's server does. The directories on the way are resolved as the daemon, and an
+//!   object's own checks are made by its `O_PATH` fd ([`open_obj`]): search permission on
+//!   the way is checked by the client's kernel, on the components the process walks. A non-zero fsuid drops the file-system
 //!   capabilities (`CAP_CHOWN`, `CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_FSETID`, `CAP_MKNOD`)
 //!   for that thread only; they come back when the guard restores fsuid 0. Only a daemon
 //!   running as root switches (otherwise the daemon's own credentials apply).
@@ -80,16 +83,48 @@ pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Res
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// `faccessat2(.., AT_EACCESS | AT_SYMLINK_NOFOLLOW)`: the access check with the thread's
-/// file-system credentials (the caller's inside a [`Caller`] guard).
-pub fn access(dir: RawFd, name: &CStr, mode: libc::c_int) -> io::Result<()> {
-    let r = unsafe {
-        libc::syscall(libc::SYS_faccessat2, dir, name.as_ptr(), mode, libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW)
-    };
+/// The object `name` of `dir` itself (`O_PATH | O_NOFOLLOW`: a symlink is not followed), for
+/// the calls below that act on it by fd.
+pub fn open_obj(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    let fd = cvt(unsafe { libc::openat(dir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `faccessat2(fd, "", .., AT_EACCESS | AT_EMPTY_PATH)`: the access check of the object of
+/// fd (an [`open_obj`]) with the thread's file-system credentials; no lookup, so no search
+/// permission on its directory is needed.
+pub fn access_fd(fd: RawFd, mode: libc::c_int) -> io::Result<()> {
+    let r =
+        unsafe { libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode, libc::AT_EACCESS | libc::AT_EMPTY_PATH) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `/proc/self/fd/<fd>`: the object of an [`open_obj`] fd for the calls that take no
+/// `AT_EMPTY_PATH` (the magic link lands on the object itself, a symlink included, and a
+/// process may always resolve its own fds).
+fn fd_path(fd: RawFd) -> io::Result<CString> {
+    cstr(&format!("/proc/self/fd/{fd}"))
+}
+
+/// chmod of the object of an [`open_obj`] fd.
+pub fn fchmod_obj(fd: RawFd, mode: u32) -> io::Result<()> {
+    let p = fd_path(fd)?;
+    cvt(unsafe { libc::chmod(p.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// chown of the object of an [`open_obj`] fd (a symlink itself, as `lchown`).
+pub fn fchown_obj(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+    cvt(unsafe { libc::fchownat(fd, c"".as_ptr(), u, g, libc::AT_EMPTY_PATH) }).map(drop)
+}
+
+/// utimensat of the object of an [`open_obj`] fd (a symlink itself).
+pub fn utimens_obj(fd: RawFd, times: &[libc::timespec; 2]) -> io::Result<()> {
+    let p = fd_path(fd)?;
+    cvt(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) }).map(drop)
 }
 
 pub fn mkdirat(dir: RawFd, name: &CStr, mode: u32) -> io::Result<()> {
@@ -135,11 +170,6 @@ pub fn mknodat(dir: RawFd, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> 
 
 pub fn fchmodat(dir: RawFd, name: &CStr, mode: u32) -> io::Result<()> {
     cvt(unsafe { libc::fchmodat(dir, name.as_ptr(), mode as libc::mode_t, 0) }).map(drop)
-}
-
-pub fn fchownat(dir: RawFd, name: &CStr, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-    let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
-    cvt(unsafe { libc::fchownat(dir, name.as_ptr(), u, g, libc::AT_SYMLINK_NOFOLLOW) }).map(drop)
 }
 
 pub fn utimensat(dir: RawFd, name: &CStr, times: &[libc::timespec; 2]) -> io::Result<()> {

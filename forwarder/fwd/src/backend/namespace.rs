@@ -1,8 +1,24 @@
 //! The namespace (MDT): lookup and attributes, readdir, directories, symbolic and hard
 //! links, special files, unlink and rename, create/open/release of regular files, setattr
-//! and the setuid/setgid clearing of writes. Every name is resolved from the namespace
-//! root's fd with the caller's credentials ([`crate::nsfs`]), so the forwarding node's
-//! kernel applies POSIX's permission rules.
+//! and the setuid/setgid clearing of writes. The forwarding node's kernel applies POSIX's
+//! permission rules with the caller's credentials ([`crate::nsfs`]) where the client's
+//! kernel checks them, and nowhere else:
+//!
+//! * A request path's directories are resolved from the namespace root's fd as the daemon
+//!   ([`Namespace::parent`]): search permission on the components a lookup walks is checked
+//!   by the client's kernel, on the components the calling process really walks (a process
+//!   whose working directory or `*at` directory fd is inside a directory works relative to
+//!   it, whatever its ancestors' modes, as on a local file system).
+//! * A name operation (create, mkdir, mknod, symlink, link, unlink, rmdir, rename) is an
+//!   `*at` call relative to the parent directory, with the caller's credentials: search and
+//!   write permission on that directory, sticky-directory and hard-link rules are checked
+//!   by the forwarding node's kernel, as the client's kernel checks them on its lookup of the
+//!   last component.
+//! * An operation on an object itself (getattr, readlink, readdir, open, setattr) reaches it
+//!   as the daemon (`O_PATH`) and checks, with the caller's credentials, what the kernel
+//!   checks on the object (read/write permission of an open, a readdir and a truncate;
+//!   ownership for chmod, chown and given times), by its fd: no search permission on its
+//!   directory, which a process may not have (`stat(".")`, `ls` in its working directory).
 //!
 //! Regular files are created, opened and released in `namespace/files.rs`.
 //!
@@ -82,8 +98,9 @@ impl Namespace {
     }
 
     /// The directory holding `path` (an `O_PATH` fd; the namespace root itself for the root)
-    /// and the last component (`.` for the root). Resolved with the thread's credentials
-    /// (search permission), never through a symlink nor out of the namespace.
+    /// and the last component (`.` for the root). Resolved as the daemon (call it outside a
+    /// [`Caller`] guard): the client's kernel checked search permission on the components the
+    /// caller walked (see the module docs). Never through a symlink nor out of the namespace.
     fn parent(&self, path: &str) -> Res<(OwnedFd, CString)> {
         let comps = validate_path(path)?;
         let Some((last, dirs)) = comps.split_last() else {
@@ -172,22 +189,23 @@ impl Namespace {
     }
 
     /// Attributes of `path` (lookup and getattr), with the caller's search permissions.
-    pub fn getattr(&self, b: &Backend, path: &str, ctx: &Ctx) -> Res<Attr> {
-        let g = caller(ctx);
+    /// A stat needs no permission on the object; the search permission of the lookup that
+    /// reached it is the client kernel's (see the module docs).
+    pub fn getattr(&self, b: &Backend, path: &str, _ctx: &Ctx) -> Res<Attr> {
         let (d, name) = self.parent(path)?;
         let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
-        drop(g);
         self.attr_at(b, &d, &name, &st)
     }
 
     /// One page of the directory `path` from `cookie` (0 = start; else an entry's `next`),
     /// at most [`READDIR_PAGE_BYTES`] of names; `true` = the end was reached. `.` and `..`
-    /// come as the file system lists them.
+    /// come as the file system lists them. Needs read permission on the directory.
     pub fn readdir(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<DirEntry>, bool)> {
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
         let f = nsfs::openat(d.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
             .map_err(werr)?;
+        let g = caller(ctx);
+        nsfs::access_fd(f.as_raw_fd(), libc::R_OK).map_err(werr)?;
         drop(g);
         let dir = unsafe { libc::fdopendir(f.as_raw_fd()) };
         if dir.is_null() {
@@ -243,11 +261,11 @@ impl Namespace {
             return Err(eno(errno::EEXIST, "namespace root"));
         }
         nsfs::private_umask();
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
+        let g = caller(ctx);
         nsfs::mkdirat(d.as_raw_fd(), &name, mode & 0o7777).map_err(werr)?;
-        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         drop(g);
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         self.attr_at(b, &d, &name, &st)
     }
 
@@ -255,8 +273,8 @@ impl Namespace {
         if validate_path(path)?.is_empty() {
             return Err(eno(errno::EBUSY, "namespace root"));
         }
-        let _g = caller(ctx);
         let (d, name) = self.parent(path)?;
+        let _g = caller(ctx);
         nsfs::unlinkat(d.as_raw_fd(), &name, libc::AT_REMOVEDIR).map_err(werr)
     }
 
@@ -266,16 +284,16 @@ impl Namespace {
             return Err(eno(errno::EEXIST, "namespace root"));
         }
         let target = nsfs::cstr(target).map_err(werr)?;
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
+        let g = caller(ctx);
         nsfs::symlinkat(&target, d.as_raw_fd(), &name).map_err(werr)?;
-        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         drop(g);
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         self.attr_at(b, &d, &name, &st)
     }
 
-    pub fn readlink(&self, path: &str, ctx: &Ctx) -> Res<String> {
-        let _g = caller(ctx);
+    /// Reading a symlink needs no permission on it (see [`Namespace::getattr`]).
+    pub fn readlink(&self, path: &str, _ctx: &Ctx) -> Res<String> {
         let (d, name) = self.parent(path)?;
         let b = nsfs::readlinkat(d.as_raw_fd(), &name).map_err(werr)?;
         String::from_utf8(b).map_err(|_| eno(errno::EIO, "symlink target is not UTF-8"))
@@ -286,12 +304,12 @@ impl Namespace {
         if validate_path(to)?.is_empty() {
             return Err(eno(errno::EEXIST, "namespace root"));
         }
-        let g = caller(ctx);
         let (a, an) = self.parent(from)?;
         let (d, dn) = self.parent(to)?;
+        let g = caller(ctx);
         nsfs::linkat(a.as_raw_fd(), &an, d.as_raw_fd(), &dn, 0).map_err(werr)?;
-        let st = nsfs::lstat(d.as_raw_fd(), &dn).map_err(werr)?;
         drop(g);
+        let st = nsfs::lstat(d.as_raw_fd(), &dn).map_err(werr)?;
         self.attr_at(b, &d, &dn, &st)
     }
 
@@ -307,11 +325,11 @@ impl Namespace {
             return Ok(a);
         }
         nsfs::private_umask();
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
+        let g = caller(ctx);
         nsfs::mknodat(d.as_raw_fd(), &name, mode, rdev).map_err(werr)?;
-        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         drop(g);
+        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
         self.attr_at(b, &d, &name, &st)
     }
 
@@ -337,9 +355,7 @@ impl Namespace {
         if validate_path(path)?.is_empty() {
             return Err(eno(errno::EISDIR, "namespace root"));
         }
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
-        drop(g);
         let file = self.file_at(&d, &name);
         let g = caller(ctx);
         nsfs::unlinkat(d.as_raw_fd(), &name, 0).map_err(werr)?;
@@ -354,10 +370,8 @@ impl Namespace {
         if validate_path(from)?.is_empty() || validate_path(to)?.is_empty() {
             return Err(eno(errno::EBUSY, "namespace root"));
         }
-        let g = caller(ctx);
         let (a, an) = self.parent(from)?;
         let (d, dn) = self.parent(to)?;
-        drop(g);
         let replaced = self.file_at(&d, &dn);
         let flags = if noreplace { libc::RENAME_NOREPLACE } else { 0 };
         let g = caller(ctx);
@@ -381,21 +395,19 @@ impl Namespace {
     /// with the size. That mode is the truncate's side effect, not a chmod: it is applied
     /// as the daemon once the size change is allowed (the caller need not own the file), as
     /// the local kernel does (`ATTR_FORCE`). Any other mode is a chmod with the caller's
-    /// rights.
+    /// rights. Each check is on the object itself, by its fd (see the module docs).
     pub fn setattr(&self, b: &Backend, path: &str, set: &SetAttr, by_fd: Option<u64>, ctx: &Ctx) -> Res<Attr> {
-        let mut g = caller(ctx);
         let (d, name) = self.parent(path)?;
-        let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+        let obj = nsfs::open_obj(d.as_raw_fd(), &name).map_err(werr)?;
+        let obj = obj.as_raw_fd();
+        let st = nsfs::fstat(obj).map_err(werr)?;
         let fmt = st.st_mode & libc::S_IFMT;
         let by_fd = match by_fd {
-            Some(oid) if fmt == libc::S_IFREG => {
-                drop(g); // the sidecar is read as the daemon
-                let same = self.layout_at(&d, &name)?.0.oid == oid;
-                g = caller(ctx);
-                same
-            }
+            // The sidecar is read as the daemon.
+            Some(oid) if fmt == libc::S_IFREG => self.layout_at(&d, &name)?.0.oid == oid,
             _ => false,
         };
+        let g = caller(ctx);
         let cur = st.st_mode & 0o7777;
         let kill_mode = match (set.size, set.mode.map(|m| m & 0o7777)) {
             (Some(_), Some(m)) if m != cur && m | (cur & SUIDGID) == cur => Some(m),
@@ -408,23 +420,23 @@ impl Namespace {
                 _ => return Err(eno(errno::EINVAL, "not a regular file")),
             }
             if !by_fd {
-                nsfs::access(d.as_raw_fd(), &name, libc::W_OK).map_err(werr)?;
+                nsfs::access_fd(obj, libc::W_OK).map_err(werr)?;
             }
         }
         // Only for a chown: chown(-1, -1) is not a no-op (it clears setuid, and a non-owner
         // gets EPERM on such a file).
         if set.uid.is_some() || set.gid.is_some() {
-            nsfs::fchownat(d.as_raw_fd(), &name, set.uid, set.gid).map_err(werr)?;
+            nsfs::fchown_obj(obj, set.uid, set.gid).map_err(werr)?;
         }
         if let Some(mode) = set.mode.filter(|_| kill_mode.is_none()) {
             if fmt == libc::S_IFLNK {
                 return Err(eno(libc::EOPNOTSUPP, "mode of a symbolic link"));
             }
-            nsfs::fchmodat(d.as_raw_fd(), &name, mode & 0o7777).map_err(werr)?;
+            nsfs::fchmod_obj(obj, mode & 0o7777).map_err(werr)?;
         }
         drop(g);
         if let Some(mode) = kill_mode {
-            nsfs::fchmodat(d.as_raw_fd(), &name, mode).map_err(werr)?;
+            nsfs::fchmod_obj(obj, mode).map_err(werr)?;
         }
         let layout = if fmt == libc::S_IFREG { Some(self.layout_at(&d, &name)?.0) } else { None };
         if let (Some(size), Some(l)) = (set.size, &layout) {
@@ -440,7 +452,7 @@ impl Namespace {
             // Through an open file, "now" needs no permission (ftruncate's time update).
             let now_only = set.atime.is_none_or(|t| t.is_none()) && set.mtime.is_none_or(|t| t.is_none());
             let g = if by_fd && now_only { None } else { Some(caller(ctx)) };
-            nsfs::utimensat(d.as_raw_fd(), &name, &times).map_err(werr)?;
+            nsfs::utimens_obj(obj, &times).map_err(werr)?;
             drop(g);
             if let Some(l) = &layout {
                 for (idx, ti) in b.placement.objects(&b.targets, l)? {

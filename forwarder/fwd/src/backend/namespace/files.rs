@@ -42,8 +42,8 @@ impl Namespace {
         }
         nsfs::private_umask();
         // Permission to create there first (search and write), before anything is placed.
-        let g = caller(ctx);
         let (d, name) = self.parent(path)?;
+        let g = caller(ctx);
         let staged = nsfs::openat(d.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, mode & 0o7777);
         drop(g);
         let mut staged = staged.map_err(werr)?;
@@ -125,25 +125,29 @@ impl Namespace {
         }
     }
 
-    /// Opens an existing regular file with open(2) `flags` (access checked with the caller's
-    /// credentials; `O_TRUNC` truncates): returns attr, layout and open handle, and counts it
-    /// open. The open is recorded (marker) before it is reported, so a later unlink keeps
-    /// the data until [`Backend::release`].
+    /// Opens an existing regular file with open(2) `flags` (access checked on the file with
+    /// the caller's credentials; `O_TRUNC` truncates): returns attr, layout and open handle,
+    /// and counts it open. The open is recorded (marker) before it is reported, so a later
+    /// unlink keeps the data until [`Backend::release`].
     pub fn open(&self, b: &Backend, path: &str, flags: i32, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
         let truncate = flags & libc::O_TRUNC != 0;
         for _ in 0..16 {
-            let g = caller(ctx);
             let (d, name) = self.parent(path)?;
-            let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
+            let obj = nsfs::open_obj(d.as_raw_fd(), &name).map_err(werr)?;
+            let st = nsfs::fstat(obj.as_raw_fd()).map_err(werr)?;
             match st.st_mode & libc::S_IFMT {
                 libc::S_IFDIR => return Err(eno(errno::EISDIR, "is a directory")),
                 libc::S_IFLNK => return Err(eno(errno::ELOOP, "a symbolic link")),
                 libc::S_IFREG => {}
                 _ => return Err(eno(errno::EINVAL, "not a regular file")),
             }
-            nsfs::access(d.as_raw_fd(), &name, Self::access_mode(flags)).map_err(werr)?;
+            let g = caller(ctx);
+            nsfs::access_fd(obj.as_raw_fd(), Self::access_mode(flags)).map_err(werr)?;
             drop(g);
-            let (l, _, _) = self.layout_at(&d, &name)?;
+            let (l, _, f) = self.layout_at(&d, &name)?;
+            if nsfs::fstat(f.as_raw_fd()).map_err(werr)?.st_ino != st.st_ino {
+                continue; // another file took the name since the access check
+            }
             b.check_layout(&l)?;
             let h = b.opens.add_marker(l.oid)?;
             // Still the same file under this name? Else an unlink or rename raced us: the

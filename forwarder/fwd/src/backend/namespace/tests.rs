@@ -172,6 +172,58 @@ fn permissions_are_the_callers() {
     assert_eq!((a.gid, a.perm & 0o2000), (4242, 0));
 }
 
+/// A caller working below a directory it cannot search (pjdfstest from a root-owned 0700
+/// directory: it chdirs there as root, then switches uids) works as on a local file system:
+/// only the checks the kernel makes on the last component's directory and on the object
+/// itself apply, not search permission on every ancestor.
+#[test]
+fn permissions_are_not_rechecked_on_the_ancestors() {
+    let (_d, b) = backend(1);
+    if unsafe { libc::geteuid() } != 0 {
+        return; // the checks are the daemon's own credentials then
+    }
+    let root = Ctx::default();
+    let u1 = user(65534, 65534, &[]);
+    b.mkdir("priv", 0o700, &root).unwrap();
+    b.mkdir("priv/sub", 0o777, &root).unwrap();
+    let (_, l, h) = b.create("priv/sub/f", 0o644, EXCL, 0, &u1).unwrap();
+    b.release(&l, h).unwrap();
+    b.setattr("priv/sub/f", &SetAttr { mode: Some(0o600), ..Default::default() }, None, &u1).unwrap();
+    let times = SetAttr { mtime: Some(Some(Time { sec: 1, nsec: 0 })), ..Default::default() };
+    b.setattr("priv/sub/f", &times, None, &u1).unwrap();
+    b.setattr("priv/sub/f", &SetAttr { size: Some(3), ..Default::default() }, None, &u1).unwrap();
+    b.open("priv/sub/f", libc::O_RDWR, &u1).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+    b.rename("priv/sub/f", "priv/sub/g", false, &u1).unwrap();
+    b.link("priv/sub/g", "priv/sub/h", &u1).unwrap();
+    b.unlink("priv/sub/h", &u1).unwrap();
+    b.symlink("priv/sub/s", "g", &u1).unwrap();
+    assert_eq!(b.readlink("priv/sub/s", &u1).unwrap(), "g");
+    // stat and ls of its working directory, stat of "..".
+    assert_eq!(b.getattr("priv/sub", &u1).unwrap().perm, 0o777);
+    assert_eq!(b.getattr("priv", &u1).unwrap().perm, 0o700);
+    assert!(b.readdir("priv/sub", 0, &u1).unwrap().0.iter().any(|e| e.name == "g"));
+    // Still refused: what the kernel checks on the object and on the last directory.
+    assert_eq!(b.readdir("priv", 0, &u1).unwrap_err().errno, errno::EACCES);
+    let chmod = SetAttr { mode: Some(0o777), ..Default::default() };
+    assert_eq!(b.setattr("priv", &chmod, None, &u1).unwrap_err().errno, errno::EPERM);
+    b.create("priv/sub/rootf", 0o600, EXCL, 0, &root).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+    assert_eq!(b.open("priv/sub/rootf", libc::O_RDONLY, &u1).unwrap_err().errno, errno::EACCES);
+    assert_eq!(b.setattr("priv/sub/rootf", &chmod, None, &u1).unwrap_err().errno, errno::EPERM);
+    let chown = SetAttr { uid: Some(65534), ..Default::default() };
+    assert_eq!(b.setattr("priv/sub/rootf", &chown, None, &u1).unwrap_err().errno, errno::EPERM);
+    assert_eq!(b.setattr("priv/sub/rootf", &times, None, &u1).unwrap_err().errno, errno::EPERM);
+    let trunc = SetAttr { size: Some(0), ..Default::default() };
+    assert_eq!(b.setattr("priv/sub/rootf", &trunc, None, &u1).unwrap_err().errno, errno::EACCES);
+    b.mkdir("priv/sub/ro", 0o755, &root).unwrap();
+    assert_eq!(b.create("priv/sub/ro/x", 0o644, EXCL, 0, &u1).unwrap_err().errno, errno::EACCES);
+    assert_eq!(b.rename("priv/sub/g", "priv/sub/ro/g", false, &u1).unwrap_err().errno, errno::EACCES);
+    // The last component's directory must be searchable (writable without search: no).
+    b.mkdir("priv/sub/nox", 0o776, &root).unwrap();
+    b.create("priv/sub/nox/f", 0o666, EXCL, 0, &root).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+    assert_eq!(b.unlink("priv/sub/nox/f", &u1).unwrap_err().errno, errno::EACCES);
+    assert_eq!(b.create("priv/sub/nox/y", 0o644, EXCL, 0, &u1).unwrap_err().errno, errno::EACCES);
+}
+
 #[test]
 fn create_is_exclusive_and_replayable() {
     let (_d, b) = backend(2);
