@@ -26,7 +26,8 @@ Roles:
   the token's user); system views (targets, forwarders, anomalies, profiles, I/O classes,
   pipeline counts) without other users' job ids and names.
 * ``scheduler``: what a Slurm plugin needs: ``POST /v1/jobs/{id}/events``,
-  ``GET /v1/hints/jobs/{id}``, ``GET /v1/hints``, ``GET /v1/hints/classes``; nothing else.
+  ``POST /v1/hints/jobs/{id}`` (claim), ``GET /v1/hints/jobs/{id}``, ``GET /v1/hints``,
+  ``GET /v1/hints/classes``; nothing else.
 
 Tokens: ``pht_<token_id>_<secret>``, ``token_id`` 12 hex digits, ``secret`` 32 random bytes
 (43 URL-safe base64 characters). The store (table ``api_tokens``, migration 008) keeps the
