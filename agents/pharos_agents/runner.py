@@ -138,7 +138,12 @@ def request_hint(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = api_client.request(
-            base, "POST", f"/v1/hints/jobs/{job_id}", params=params, headers=headers, timeout=settings.run_hint_timeout_s
+            base,
+            "POST",
+            f"/v1/hints/jobs/{job_id}",
+            params=params,
+            headers=headers,
+            timeout=settings.run_hint_timeout_s,
         )
     except httpx.HTTPError as exc:
         return None, f"{base} not reachable ({type(exc).__name__}: {str(exc)[:160]})"
