@@ -122,6 +122,7 @@ lint: setup ## ruff (lint + format check), rustfmt --check, clippy -D warnings
 	@$(RUN) ruff format --check --quiet .
 	@cargo fmt --all --check
 	@cargo clippy --release --quiet --workspace --all-targets -- -D warnings
+	@cargo clippy --release --quiet -p pharos-fwd --features test-hooks --all-targets -- -D warnings
 
 evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interference, fault-to-alert latency (also in make test); placement hints (evaluation only); the cluster rig with its fault schedule, and the forwarding optimisations on it; the labelled diagnosis suite (100 cases); learned DFRA classes vs exact match
 	@$(RUN) pytest -q -s tests/live
