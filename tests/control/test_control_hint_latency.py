@@ -79,7 +79,7 @@ def test_hints_answer_within_the_plugin_timeout_with_a_daemon_black_holed(store,
         reserved_nodes=["fwd2", "fwd3"],
     )
     loop = ControlLoop(store, Settings(), lambda: cfg)
-    app = create_app(store, Settings(state_dir=tmp_path / "st"))
+    app = create_app(store, Settings(state_dir=tmp_path / "st", api_auth="none"))
     app.state.control = loop
     loop.start()
     lat: list[float] = []

@@ -79,7 +79,7 @@ def test_lost_end_event_lease_expires_and_node_returns(store, cluster, tmp_path)
     jobs = http("GET", m.admin + "/mapping")["jobs"]
     assert "q1" not in jobs and jobs["q2"] == ["fwd3"]  # the expired job's entry is off the mount
     # the audit trail over HTTP
-    app = create_app(store, Settings(state_dir=tmp_path / "st"))
+    app = create_app(store, Settings(state_dir=tmp_path / "st", api_auth="none"))
     app.state.control_on_demand = loop
     with TestClient(app) as client:
         r = client.get("/v1/control/actions", params={"kind": "lease_expired", "since_s": 10**8})
