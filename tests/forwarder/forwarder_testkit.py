@@ -387,10 +387,10 @@ def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout:
     return job
 
 
-# --- raw protocol frames (v6: bincode 1 header, fixint, little endian, then a raw data
+# --- raw protocol frames (v7: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 6
+VERSION = 7
 
 
 def _s(x: str) -> bytes:

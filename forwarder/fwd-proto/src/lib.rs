@@ -1,6 +1,6 @@
 //! Wire protocol between `pharos-mount` (compute node) and `pharos-fwd` (forwarding node).
 //!
-//! A connection carries frames in both directions. A frame (version 6) is
+//! A connection carries frames in both directions. A frame (version 7) is
 //!
 //! ```text
 //! [u32 LE length L][u8 version][u32 LE header length H][H bytes of bincode header][L-5-H bytes of raw data]
@@ -39,7 +39,11 @@
 //! ([`Cap`] in [`Body::Opened`], and instead of the layout and open handle in Read, Write,
 //! Fsync, Release, KillSuidgid and in a Setattr through an open file); 6 = replays counted
 //! once (issue 25, item 5): [`Request::replay`], set by the mount on a try that replays a
-//! request another node may have executed (the request keeps its id on every try).
+//! request another node may have executed (the request keeps its id on every try); later
+//! (appended) `Flush`; 7 = the metadata path at FUSE speed (issue 29): [`Op::Watch`] (a
+//! connection names its mount; a watch connection receives [`Body::Changes`] pushed by the
+//! daemon: the invalidations of the mount's entry and attribute caches) and
+//! [`Op::ReaddirPlus`] ([`Body::EntriesPlus`]).
 //!
 //! Paths are relative to the namespace root, `/`-separated; a leading `/` is allowed and
 //! means the namespace root. [`validate_path`] is what the daemon applies.
@@ -78,5 +82,5 @@ pub use frame::{
     write_msg, write_msg_data, Frame, FrameError, FrameRead, Payload, MAX_FRAME, MAX_IO, PREALLOC_MAX, SOCK_BUF,
     VERSION,
 };
-pub use reply::{Body, Reply};
+pub use reply::{Body, Change, Reply};
 pub use request::{validate_path, Op, Request, MAX_PATH};

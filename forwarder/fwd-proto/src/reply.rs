@@ -35,6 +35,23 @@ pub enum Body {
     Authed { proof: [u8; 32] },
     /// The answer to [`crate::Op::ReadShm`]: `len` bytes were read into the request's slot.
     ShmData { len: u32 },
+    /// v7: names and attributes changed by another mount, pushed on a watch connection
+    /// ([`crate::Op::Watch`]), in the order the daemon served them.
+    Changes(Vec<Change>),
+    /// v7: the answer to [`crate::Op::ReaddirPlus`]: each entry with its attributes (`None`
+    /// for `.`, `..` and an entry gone or unreadable since the listing).
+    EntriesPlus { entries: Vec<(DirEntry, Option<Attr>)>, eof: bool },
+}
+
+/// One change a mount must drop from its caches (the kernel's FUSE_NOTIFY_INVAL_ENTRY and
+/// FUSE_NOTIFY_INVAL_INODE). Inode numbers are the namespace's, but the namespace root is
+/// sent as 1 (FUSE's root).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The name `name` in directory `parent` now names something else, or nothing.
+    Entry { parent: u64, name: String },
+    /// The attributes of inode `ino` changed (size, times, mode, owner, links).
+    Inode { ino: u64 },
 }
 
 /// The daemon's answer to one request.

@@ -103,6 +103,17 @@ pub enum Op {
     /// forwarding node. Answer `Ok`, or a write error of those files (the error is also kept
     /// for their next fsync or close on this daemon). A no-op where GAS is off.
     Flush,
+    // v7 (appended): the metadata path at FUSE speed (issue 29)
+    /// Names the mount instance this connection belongs to (`mount`, random per mount
+    /// process), so the daemon does not push a mount's own changes back to it. With `push`,
+    /// the connection also becomes that mount's invalidation channel: the daemon answers `Ok`
+    /// under this request's id, then sends, under the same id, a [`crate::Body::Changes`] each
+    /// time names or attributes change through it by a request of another mount (the
+    /// connection carries nothing else). Handled by the daemon's decoder; no record.
+    Watch { mount: u64, push: bool },
+    /// [`Op::Readdir`] with each entry's attributes ([`crate::Body::EntriesPlus`]): the
+    /// kernel's READDIRPLUS, so that `ls -l` costs one request per page, not one per entry.
+    ReaddirPlus { path: String, cookie: u64 },
 }
 
 impl Op {
@@ -135,6 +146,8 @@ impl Op {
             Op::WriteShm { .. } => "write",
             Op::ReadShm { .. } => "read",
             Op::Flush => "flush",
+            Op::Watch { .. } => "watch",
+            Op::ReaddirPlus { .. } => "readdir",
         }
     }
 

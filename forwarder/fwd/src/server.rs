@@ -61,6 +61,7 @@ mod conn;
 mod exec;
 #[cfg(test)]
 pub(crate) mod tests;
+mod watch;
 
 use conn::Conn;
 
@@ -180,6 +181,8 @@ pub struct Server {
     pub sched: Scheduler,
     pub stop: AtomicBool,
     pub bufs: BufPool,
+    /// Mounts watching for invalidations, and the changes to push to them ([`watch`]).
+    pub(crate) watch: watch::Watchers,
 }
 
 /// Bytes a write carries: its data segment, or its shared-memory slot's length.
@@ -211,6 +214,7 @@ impl Server {
             sched,
             stop: AtomicBool::new(false),
             bufs: BufPool::new(64),
+            watch: watch::Watchers::default(),
         })
     }
 
@@ -261,6 +265,11 @@ impl Server {
                 })
                 .expect("spawn worker");
         }
+        let s = self.clone();
+        std::thread::Builder::new()
+            .name("fwd-notify".into())
+            .spawn(move || s.watch.run(&s.backend, &s.stop))
+            .expect("spawn notifier");
         let s = self.clone();
         std::thread::Builder::new()
             .name("fwd-sched".into())

@@ -18,6 +18,7 @@
 //! between the wire's attributes and FUSE's, `jobs.rs` the job and rank of a request.
 mod attr;
 mod data;
+mod dir;
 mod jobs;
 mod ops;
 mod pool;
@@ -115,6 +116,8 @@ pub struct PharosFs {
 struct DirPage {
     start: u64,
     entries: Vec<DirEntry>,
+    /// Each entry's attributes (a READDIRPLUS page; empty for a plain one).
+    attrs: Vec<Option<Attr>>,
     eof: bool,
 }
 

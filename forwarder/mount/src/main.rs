@@ -84,9 +84,16 @@ struct Cli {
     /// Writes that extend the file stay serialised by the kernel.
     #[arg(long, env = "PHAROS_MOUNT_PARALLEL_WRITES", default_value_t = true, action = clap::ArgAction::Set)]
     parallel_writes: bool,
-    /// Attribute and entry TTL, ms (0 = no attribute caching).
-    #[arg(long, env = "PHAROS_MOUNT_ATTR_TTL_MS", default_value_t = 0)]
+    /// Attribute and entry TTL, ms (0 = no caching: every stat and lookup is a request). The
+    /// forwarding nodes this mount lists push what other mounts change through them
+    /// (`--invalidations`), so the TTL bounds staleness only where no push comes (a node not
+    /// listed, a watch connection being re-made).
+    #[arg(long, env = "PHAROS_MOUNT_ATTR_TTL_MS", default_value_t = 10_000)]
     attr_ttl_ms: u64,
+    /// Keep a watch connection to every listed forwarding node and drop from the kernel's
+    /// caches what other mounts change (FUSE_NOTIFY_INVAL_ENTRY / _INODE).
+    #[arg(long, env = "PHAROS_MOUNT_INVALIDATIONS", default_value_t = true, action = clap::ArgAction::Set)]
+    invalidations: bool,
     /// Time a forwarding node may take to answer a request, ms.
     #[arg(long, env = "PHAROS_MOUNT_RPC_TIMEOUT_MS", default_value_t = 60000)]
     rpc_timeout_ms: u64,
@@ -257,6 +264,7 @@ fn run(cli: Cli) -> Result<(), String> {
 
     let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
     let sh = fs.sh.clone();
+    let a_sh = fs.sh.clone();
     let opts = [
         MountOption::FSName("pharos".into()),
         MountOption::Subtype("pharos".into()),
@@ -297,6 +305,15 @@ fn run(cli: Cli) -> Result<(), String> {
     });
 
     let term = daemon::term_flag()?;
+    if cli.invalidations && cli.attr_ttl_ms > 0 {
+        for i in 0..a_sh.rpc.nodes.len() {
+            let (sh, term, notifier) = (a_sh.clone(), term.clone(), session.notifier());
+            std::thread::Builder::new()
+                .name(format!("mount-watch-{i}"))
+                .spawn(move || sh.rpc.watch(i, &|c| invalidate(&notifier, c), &term))
+                .map_err(|e| format!("spawn watch thread: {e}"))?;
+        }
+    }
     if let Some(f) = &cli.ready_file {
         daemon::write_ready_file(f, &[("mountpoint", &cli.mountpoint.display()), ("admin", &admin_addr)])?;
     }
@@ -311,6 +328,24 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     drop(session);
     Ok(())
+}
+
+/// Drops what `changes` name from the kernel's caches (an entry or inode the kernel does not
+/// hold answers ENOENT: nothing to drop).
+fn invalidate(n: &fuser::Notifier, changes: &[pharos_fwd_proto::Change]) {
+    use pharos_fwd_proto::Change;
+    for c in changes {
+        let r = match c {
+            Change::Entry { parent, name } => n.inval_entry(*parent, std::ffi::OsStr::new(name)),
+            // offset -1: the attributes only (no page cache: files are direct I/O).
+            Change::Inode { ino } => n.inval_inode(*ino, -1, 0),
+        };
+        if let Err(e) = r {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                log::debug!("invalidation {c:?}: {e}");
+            }
+        }
+    }
 }
 
 fn main() {

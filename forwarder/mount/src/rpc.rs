@@ -54,6 +54,9 @@ use pharos_fwd_proto::{self as proto, errno, Body, BufPool, Ctx, Frame, Op, Repl
 use serde::{Deserialize, Serialize};
 
 mod remap;
+mod watch;
+
+pub use watch::WatchCounters;
 
 const DOWN_FOR: Duration = Duration::from_secs(2);
 
@@ -191,6 +194,10 @@ pub struct Rpc {
     epoch: Instant,
     /// The site key (handshake).
     key: SiteKey,
+    /// This mount instance (random): names its connections ([`Op::Watch`]).
+    pub instance: u64,
+    /// The watch connections' counters.
+    pub watches: WatchCounters,
 }
 
 /// The first request id of a mount instance: random in `[1, 2^63)`, so two instances of a mount
@@ -259,6 +266,8 @@ impl Rpc {
             failovers: AtomicU64::new(0),
             replays: AtomicU64::new(0),
             stale_connections: AtomicU64::new(0),
+            instance: first_request_id(),
+            watches: WatchCounters::default(),
             epoch: Instant::now(),
             key,
         })
@@ -394,6 +403,14 @@ impl Rpc {
     }
 
     fn connect(&self, i: usize) -> Result<Conn, String> {
+        let (mut r, mut w) = self.dial(i)?;
+        let attached = self.attach(&mut r, &mut w, &self.nodes[i].name)?;
+        self.name_conn(&mut r, &mut w, false)?;
+        Ok((r, w, attached))
+    }
+
+    /// A new connection to node `i`, handshake done.
+    fn dial(&self, i: usize) -> Result<(BufReader<TcpStream>, TcpStream), String> {
         let n = &self.nodes[i];
         let addr = n.addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
@@ -403,8 +420,7 @@ impl Rpc {
         let mut w = s.try_clone().map_err(|e| e.to_string())?;
         let mut r = BufReader::with_capacity(16 << 10, s);
         self.handshake(&mut r, &mut w)?;
-        let attached = self.attach(&mut r, &mut w, &n.name)?;
-        Ok((r, w, attached))
+        Ok((r, w))
     }
 
     /// Offers the region to the daemon on a new connection; Ok(true) when it attached it.
@@ -526,6 +542,8 @@ impl Rpc {
             "failovers": self.failovers.load(Relaxed),
             "replays": self.replays.load(Relaxed),
             "stale_connections": self.stale_connections.load(Relaxed),
+            "invalidations": self.watches.changes.load(Relaxed),
+            "watch_connects": self.watches.connects.load(Relaxed),
             "shm": self.shm.as_ref().map(|s| serde_json::json!({
                 "slots": (s.region.len() - region::HEADER as usize) / s.slot_size,
                 "slot_size": s.slot_size,

@@ -20,6 +20,8 @@ pub(crate) struct Conn {
     pub(super) w: Mutex<TcpStream>,
     /// The client's shared-memory data region, once attached.
     pub(super) shm: std::sync::OnceLock<Region>,
+    /// The mount instance this connection belongs to ([`Op::Watch`]; 0 until it says).
+    pub(super) mount: std::sync::OnceLock<u64>,
 }
 
 /// A connection's decoding state: the reply half, the buffered reader, the frame buffer.
@@ -161,7 +163,8 @@ impl Server {
     /// Runs the handshake on a new connection; its decoding state, or `None` (refused, closed).
     fn open_conn(&self, stream: TcpStream) -> Option<ConnIn> {
         let w = stream.try_clone().ok()?;
-        let conn = Arc::new(Conn { w: Mutex::new(w), shm: std::sync::OnceLock::new() });
+        let conn =
+            Arc::new(Conn { w: Mutex::new(w), shm: std::sync::OnceLock::new(), mount: std::sync::OnceLock::new() });
         let mut r = BufReader::with_capacity(16 << 10, stream);
         let mut frame = proto::Frame::default();
         if let Err(why) = self.handshake(&conn, &mut r, &mut frame) {
@@ -219,6 +222,15 @@ impl Server {
             if let Op::ShmAttach { pid, fd, size, nonce } = req.op {
                 let body = self.shm_attach(conn, pid, fd, size, nonce);
                 conn.reply(&Reply { id: req.id, body }, &self.counters);
+                return true;
+            }
+            if let Op::Watch { mount, push } = req.op {
+                // The connection's mount; a watch connection gets the pushes from now on.
+                let _ = conn.mount.set(mount);
+                conn.reply(&Reply { id: req.id, body: Ok(Body::Ok) }, &self.counters);
+                if push {
+                    self.watch.add(mount, conn.clone(), req.id);
+                }
                 return true;
             }
             let shm = match self.unwrap_shm(conn, &mut req.op) {

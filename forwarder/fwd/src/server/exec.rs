@@ -119,6 +119,9 @@ impl Server {
         } else {
             work.conn.reply(&reply, &self.counters);
         }
+        // Other mounts' caches of what this request changed (after the reply: not on its path).
+        let origin = work.conn.mount.get().copied().unwrap_or(0);
+        self.watch.changed(origin, || super::watch::changes_of(&work.req.op, &reply.body));
         if let Ok(Body::Data { data }) = reply.body {
             self.bufs.put(data);
         }
@@ -175,7 +178,8 @@ impl Server {
             | Op::Link { to: path, .. }
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
-            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } | Op::Flush => {
+            Op::ReaddirPlus { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Directory),
+            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } | Op::Flush | Op::Watch { .. } => {
                 (WOp::Unspecified, "", 0, FileType::Unspecified)
             }
             Op::WriteShm { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
@@ -248,6 +252,11 @@ impl Server {
                 let (entries, eof) = b.readdir(path, *cookie, c)?;
                 Body::Entries { entries, eof }
             }
+            Op::ReaddirPlus { path, cookie } => {
+                let (entries, eof) = b.readdir_plus(path, *cookie, c)?;
+                Body::EntriesPlus { entries, eof }
+            }
+            Op::Watch { .. } => return Err(WireError { errno: errno::EPROTO, msg: "watch is the decoder's".into() }),
             Op::Mkdir { path, mode } => Body::Attr(b.mkdir(path, *mode, c)?),
             Op::Rmdir { path } => {
                 b.rmdir(path, c)?;

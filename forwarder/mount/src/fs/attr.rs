@@ -52,6 +52,28 @@ pub(super) fn fattr(a: &Attr, ino: u64) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (inode 0: "no such name", cached for the entry TTL).
+pub(super) fn negative() -> FileAttr {
+    let t = UNIX_EPOCH;
+    FileAttr {
+        ino: 0,
+        size: 0,
+        blocks: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The namespace path of `name` in the directory at `parent` (`""` = the root). Errors:
 /// `EINVAL` for a name that is not UTF-8, `ENOENT` when the directory is gone (stale).
 pub(super) fn join(parent: &str, name: &OsStr) -> Result<String, i32> {

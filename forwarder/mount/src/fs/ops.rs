@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use pharos_fwd_proto::{errno, Body, Ctx, Op, SetAttr};
 
-use super::attr::{fattr, ftype, join, tott};
-use super::{DirPage, Open, PharosFs, ROOT, STALE, SUIDGID};
+use super::attr::{fattr, join, tott};
+use super::{Open, PharosFs, ROOT, STALE, SUIDGID};
 
 impl Filesystem for PharosFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
@@ -22,6 +22,11 @@ impl Filesystem for PharosFs {
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_DIO | fuser::consts::FUSE_PARALLEL_DIROPS);
+        if !self.sh.ttl.is_zero() {
+            // READDIRPLUS when the kernel sees a listing followed by lookups (`ls -l`): one
+            // request per page of entries with their attributes, not one per entry.
+            let _ = config.add_capabilities(fuser::consts::FUSE_DO_READDIRPLUS | fuser::consts::FUSE_READDIRPLUS_AUTO);
+        }
         Ok(())
     }
 
@@ -36,6 +41,8 @@ impl Filesystem for PharosFs {
                 let ino = sh.learn(a.ino, &path);
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
+            // A negative entry, cached for the TTL (a create through any mount drops it).
+            Err(errno::ENOENT) if !sh.ttl.is_zero() => reply.entry(&sh.ttl, &super::attr::negative(), 0),
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
         });
@@ -321,62 +328,12 @@ impl Filesystem for PharosFs {
         reply.ok()
     }
 
-    fn readdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, mut reply: ReplyDirectory) {
-        let ctx = self.sh.ctx(req);
-        let path = match self.sh.path(ino) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        let cached = match self.sh.dirs.lock().unwrap().get(&fh) {
-            None => return reply.error(errno::EBADF),
-            Some(c) => c.clone(),
-        };
-        self.spawn(move |sh, c| {
-            // The daemon lists a page at a time from a cookie (the namespace's directory
-            // offset), which is also the offset handed to the kernel: the kernel continues
-            // from any entry, served from the handle's last page while it covers it. Offset 0
-            // (opendir, rewinddir) always fetches anew.
-            let mut pos = offset.max(0) as u64;
-            let mut page = cached.filter(|_| pos != 0);
-            loop {
-                let from = page.as_ref().and_then(|p| {
-                    if p.start == pos {
-                        Some(0)
-                    } else {
-                        p.entries.iter().position(|e| e.next == pos).map(|i| i + 1)
-                    }
-                });
-                let (p, from) = match (page.take(), from) {
-                    (Some(p), Some(i)) => (p, i),
-                    _ => match sh.rpc.call(c, &ctx, Op::Readdir { path: path.clone(), cookie: pos }) {
-                        Ok(Body::Entries { entries, eof }) => {
-                            let p = Arc::new(DirPage { start: pos, entries, eof });
-                            if let Some(slot) = sh.dirs.lock().unwrap().get_mut(&fh) {
-                                *slot = Some(p.clone());
-                            }
-                            (p, 0)
-                        }
-                        Ok(_) => return reply.error(errno::EIO),
-                        Err(e) => return reply.error(e),
-                    },
-                };
-                for e in &p.entries[from..] {
-                    let (eino, k) = match e.name.as_str() {
-                        "." => (ino, FileType::Directory),
-                        ".." => (ROOT, FileType::Directory),
-                        _ => (e.ino, ftype(e.kind)),
-                    };
-                    if reply.add(eino, e.next as i64, k, &e.name) {
-                        return reply.ok();
-                    }
-                    pos = e.next;
-                }
-                if p.eof || p.entries.is_empty() {
-                    return reply.ok();
-                }
-                // This page is used up: the next one starts after its last entry.
-            }
-        });
+    fn readdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, reply: ReplyDirectory) {
+        self.list(req, ino, fh, offset, super::dir::Listing::Plain(reply))
+    }
+
+    fn readdirplus(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, reply: ReplyDirectoryPlus) {
+        self.list(req, ino, fh, offset, super::dir::Listing::Plus(reply))
     }
 
     fn readlink(&mut self, req: &Request<'_>, ino: u64, reply: ReplyData) {

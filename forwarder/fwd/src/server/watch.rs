@@ -1,0 +1,255 @@
+//! Invalidations pushed to mounts (issue 29, item 1): the validity of the mounts' entry and
+//! attribute caches cut short by the daemon, as FUSE's `notify_inval_entry` /
+//! `notify_inval_inode` let a file system do (libfuse's `notify_inval_*` examples; NFSv4
+//! delegations and Lustre's LDLM locks solve the same problem with revocable leases).
+//!
+//! A mount names each of its connections with [`Op::Watch`] (its instance id); one connection
+//! per forwarding node is its watch connection (`push`). When a request of mount A changes a
+//! name or attributes (create, mkdir, unlink, rename, setattr, a write, ...), the worker that
+//! served it queues the change ([`Watchers::changed`], only when some other mount watches),
+//! and the notifier thread resolves the paths to inode numbers (the namespace's, which are
+//! the mounts' kernel inode numbers; the namespace root is sent as 1), coalesces what is
+//! queued, and pushes one [`Body::Changes`] to every watching mount but A. The mount turns
+//! each into the kernel's invalidation.
+//!
+//! Bounds: a change is pushed after the reply to the request that made it, typically within a
+//! millisecond; the mount's cache TTL (`--attr-ttl-ms`) bounds staleness where no push comes
+//! (a forwarding node the mount does not watch, a full queue: counted as `dropped`, a watch
+//! connection being re-made).
+use std::collections::HashSet;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use pharos_fwd_proto::{self as proto, Body, Change, Op, Reply};
+
+use super::conn::Conn;
+use crate::backend::Backend;
+
+/// Changes queued before the notifier thread takes them; more are dropped (and counted).
+const QUEUE: usize = 65_536;
+/// Most changes in one push.
+const BATCH: usize = 4096;
+/// A watch connection that takes longer to accept a push is dropped (its mount re-makes it).
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a request changed, by namespace path (resolved to inode numbers by the notifier).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum What {
+    /// The name at this path now names something else or nothing; its directory's
+    /// attributes changed too.
+    Name(String),
+    /// The attributes of the file at this path changed.
+    Attrs(String),
+    /// The attributes of this inode changed.
+    Ino(u64),
+}
+
+struct Sub {
+    mount: u64,
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+/// The mounts watching this daemon and the queue of changes to push to them.
+pub(crate) struct Watchers {
+    subs: Mutex<Vec<Sub>>,
+    /// Mount ids of `subs` (for the lock-free "does anyone else watch" test).
+    n: AtomicUsize,
+    /// The only watching mount while exactly one watches (0 otherwise).
+    only: AtomicU64,
+    tx: Sender<(u64, What)>,
+    rx: Receiver<(u64, What)>,
+    /// Changes pushed, pushes sent, changes dropped (queue full), subscriptions dropped.
+    pub pushed: AtomicU64,
+    pub pushes: AtomicU64,
+    pub dropped: AtomicU64,
+    pub lost_watchers: AtomicU64,
+}
+
+impl Default for Watchers {
+    fn default() -> Self {
+        let (tx, rx) = bounded(QUEUE);
+        Watchers {
+            subs: Mutex::new(Vec::new()),
+            n: AtomicUsize::new(0),
+            only: AtomicU64::new(0),
+            tx,
+            rx,
+            pushed: AtomicU64::new(0),
+            pushes: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            lost_watchers: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Watchers {
+    /// Registers `conn` as mount `mount`'s watch connection, pushes under request id `id`.
+    pub(crate) fn add(&self, mount: u64, conn: Arc<Conn>, id: u64) {
+        let _ = conn.w.lock().unwrap().set_write_timeout(Some(SEND_TIMEOUT));
+        let mut s = self.subs.lock().unwrap();
+        s.push(Sub { mount, conn, id });
+        self.publish(&s);
+    }
+
+    fn publish(&self, s: &[Sub]) {
+        let mounts: HashSet<u64> = s.iter().map(|x| x.mount).collect();
+        self.n.store(mounts.len(), Relaxed);
+        self.only.store(if mounts.len() == 1 { *mounts.iter().next().unwrap() } else { 0 }, Relaxed);
+    }
+
+    /// Whether a mount other than `origin` watches.
+    fn others(&self, origin: u64) -> bool {
+        match self.n.load(Relaxed) {
+            0 => false,
+            1 => self.only.load(Relaxed) != origin,
+            _ => true,
+        }
+    }
+
+    /// Queues what a request of mount `origin` (0: unnamed) changed, when another mount
+    /// watches. Never blocks: a full queue drops the change (counted; TTL-bounded).
+    pub(crate) fn changed(&self, origin: u64, what: impl FnOnce() -> Vec<What>) {
+        if !self.others(origin) {
+            return;
+        }
+        for w in what() {
+            if let Err(TrySendError::Full(_)) = self.tx.try_send((origin, w)) {
+                self.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// The notifier thread's loop: takes queued changes, resolves them against `b`'s
+    /// namespace and pushes them; returns when `stop` says so.
+    pub(crate) fn run(&self, b: &Backend, stop: &std::sync::atomic::AtomicBool) {
+        let root_ino = b.ns_path("").ok().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.ino());
+        let ino_of = |p: &str| -> Option<u64> {
+            let ino = std::fs::symlink_metadata(b.ns_path(p).ok()?).ok()?.ino();
+            Some(if Some(ino) == root_ino { 1 } else { ino })
+        };
+        while !stop.load(Relaxed) {
+            let Ok(first) = self.rx.recv_timeout(Duration::from_millis(200)) else { continue };
+            let mut batch = vec![first];
+            batch.extend(self.rx.try_iter().take(BATCH - 1));
+            // Resolve once per distinct change; keep the order served.
+            let mut seen = HashSet::new();
+            let mut out: Vec<(u64, Change)> = Vec::with_capacity(batch.len() * 2);
+            for (origin, w) in batch {
+                if !seen.insert((origin, w.clone())) {
+                    continue;
+                }
+                match w {
+                    What::Name(p) => {
+                        let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
+                        if let Some(parent) = ino_of(dir) {
+                            out.push((origin, Change::Entry { parent, name: name.to_string() }));
+                            out.push((origin, Change::Inode { ino: parent }));
+                        }
+                    }
+                    What::Attrs(p) => {
+                        if let Some(ino) = ino_of(&p) {
+                            out.push((origin, Change::Inode { ino }));
+                        }
+                    }
+                    What::Ino(ino) => {
+                        out.push((origin, Change::Inode { ino: if Some(ino) == root_ino { 1 } else { ino } }))
+                    }
+                }
+            }
+            self.push(&out);
+        }
+    }
+
+    /// Sends each watching mount the changes of `out` that other mounts made.
+    fn push(&self, out: &[(u64, Change)]) {
+        let mut subs = self.subs.lock().unwrap();
+        let before = subs.len();
+        subs.retain(|s| {
+            let changes: Vec<Change> = out.iter().filter(|(o, _)| *o != s.mount).map(|(_, c)| c.clone()).collect();
+            if changes.is_empty() {
+                return true;
+            }
+            let n = changes.len() as u64;
+            let w = s.conn.w.lock().unwrap();
+            match proto::write_msg(&mut &*w, &Reply { id: s.id, body: Ok(Body::Changes(changes)) }) {
+                Ok(()) => {
+                    self.pushed.fetch_add(n, Relaxed);
+                    self.pushes.fetch_add(1, Relaxed);
+                    true
+                }
+                Err(e) => {
+                    if e.kind() != ErrorKind::BrokenPipe {
+                        log::warn!("watch of mount {:016x}: push failed: {e}; dropped", s.mount);
+                    }
+                    let _ = w.shutdown(std::net::Shutdown::Both);
+                    false
+                }
+            }
+        });
+        if subs.len() != before {
+            self.lost_watchers.fetch_add((before - subs.len()) as u64, Relaxed);
+            self.publish(&subs);
+        }
+    }
+}
+
+/// What `op` changed when it succeeded with `body` (nothing for reads and failures).
+pub(crate) fn changes_of(op: &Op, body: &Result<Body, proto::WireError>) -> Vec<What> {
+    let Ok(body) = body else { return Vec::new() };
+    let name = |p: &str| What::Name(p.trim_start_matches('/').to_string());
+    let attrs = |p: &str| What::Attrs(p.trim_start_matches('/').to_string());
+    match op {
+        Op::Create { path, .. } | Op::Mkdir { path, .. } | Op::Symlink { path, .. } | Op::Mknod { path, .. } => {
+            vec![name(path)]
+        }
+        Op::Unlink { path } | Op::Rmdir { path } => vec![name(path)],
+        Op::Link { from, to } => vec![name(to), attrs(from)],
+        Op::Rename { from, to, .. } => vec![name(from), name(to), attrs(to)],
+        Op::Setattr { .. } => match body {
+            Body::Attr(a) => vec![What::Ino(a.ino)],
+            _ => Vec::new(),
+        },
+        Op::Open { path, flags } if flags & libc::O_TRUNC != 0 => vec![attrs(path)],
+        Op::Write { path, .. } | Op::KillSuidgid { path, .. } if !path.is_empty() => vec![attrs(path)],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_other_mounts_count() {
+        let w = Watchers::default();
+        assert!(!w.others(7));
+        w.n.store(1, Relaxed);
+        w.only.store(7, Relaxed);
+        assert!(!w.others(7), "a mount's own changes are not queued for itself");
+        assert!(w.others(8));
+        w.n.store(2, Relaxed);
+        w.only.store(0, Relaxed);
+        assert!(w.others(7));
+    }
+
+    #[test]
+    fn what_each_op_changes() {
+        let ok = Ok(Body::Ok);
+        assert_eq!(changes_of(&Op::Unlink { path: "/d/f".into() }, &ok), vec![What::Name("d/f".into())]);
+        let r = changes_of(&Op::Rename { from: "a/x".into(), to: "b/y".into(), noreplace: false }, &ok);
+        assert_eq!(r, vec![What::Name("a/x".into()), What::Name("b/y".into()), What::Attrs("b/y".into())]);
+        let err = Err(proto::WireError { errno: 2, msg: String::new() });
+        assert!(changes_of(&Op::Unlink { path: "f".into() }, &err).is_empty(), "a failed op changed nothing");
+        assert!(changes_of(&Op::Lookup { path: "f".into() }, &ok).is_empty());
+        assert!(changes_of(&Op::Open { path: "f".into(), flags: 0 }, &ok).is_empty());
+        assert_eq!(
+            changes_of(&Op::Open { path: "f".into(), flags: libc::O_TRUNC }, &ok),
+            vec![What::Attrs("f".into())]
+        );
+    }
+}
