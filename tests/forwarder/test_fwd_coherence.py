@@ -81,6 +81,9 @@ def test_changes_on_one_mount_are_seen_by_the_other_within_the_bound(cluster, no
         late = {k: v for k, v in took.items() if v is None or v > PUSH_BOUND_S}
         assert not late, f"seen after more than {PUSH_BOUND_S} s (None: not within 5 s): {took}"
     assert b.status()["invalidations"] > 0 and a.status()["invalidations"] > 0
+    pushed = sum(d.status()["counters"]["invalidations_pushed"] for d in ds)
+    assert pushed >= a.status()["invalidations"] + b.status()["invalidations"]
+    assert all(d.status()["counters"]["invalidations_dropped"] == 0 for d in ds)
 
 
 @pytest.mark.timeout(120)

@@ -256,6 +256,19 @@ impl Collector for FwdCollector {
             "what",
             &[("attaches", n(c.shm_attaches)), ("refusals", n(c.shm_refusals)), ("requests", n(c.shm_requests))],
         )?;
+        single(
+            e,
+            "pharos_fwd_watching_mounts",
+            "Mounts keeping a watch connection (pushed invalidations)",
+            ConstGauge::new(c.watching_mounts as i64),
+        )?;
+        family(
+            e,
+            "pharos_fwd_invalidations",
+            "Changes pushed to watching mounts, and dropped (queue full: the mounts' TTL bounds them)",
+            "outcome",
+            &[("pushed", n(c.invalidations_pushed)), ("dropped", n(c.invalidations_dropped))],
+        )?;
         single(e, "pharos_fwd_records_produced", "Per-request records made (one per served request)", n(r.produced))?;
         single(e, "pharos_fwd_records_sent", "Records Kafka acknowledged", n(r.records_sent))?;
         family(

@@ -152,6 +152,14 @@ pub struct CountersView {
     pub shm_attaches: u64,
     pub shm_refusals: u64,
     pub shm_requests: u64,
+    /// Invalidations (issue 29): mounts watching now, changes pushed to them, pushes sent,
+    /// changes dropped (queue full: those mounts see them within their TTL), watch
+    /// connections dropped (a failed push).
+    pub watching_mounts: usize,
+    pub invalidations_pushed: u64,
+    pub invalidation_pushes: u64,
+    pub invalidations_dropped: u64,
+    pub watchers_lost: u64,
 }
 
 /// The worker index [`Server::serve`] logs for a request its decoder served inline.
@@ -242,6 +250,11 @@ impl Server {
             shm_attaches: c.shm_attaches.load(Relaxed),
             shm_refusals: c.shm_refusals.load(Relaxed),
             shm_requests: c.shm_requests.load(Relaxed),
+            watching_mounts: self.watch.mounts(),
+            invalidations_pushed: self.watch.pushed.load(Relaxed),
+            invalidation_pushes: self.watch.pushes.load(Relaxed),
+            invalidations_dropped: self.watch.dropped.load(Relaxed),
+            watchers_lost: self.watch.lost_watchers.load(Relaxed),
         }
     }
 

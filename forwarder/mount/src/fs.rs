@@ -17,6 +17,7 @@
 //! the FUSE operations, `data.rs` their data path (read, write), `attr.rs` the conversions
 //! between the wire's attributes and FUSE's, `jobs.rs` the job and rank of a request.
 mod attr;
+mod complete;
 mod data;
 mod dir;
 mod jobs;
@@ -96,6 +97,8 @@ pub struct Shared {
     open_flags: u32,
     /// FUSE operations handed to the I/O pool (`/status` and `/metrics`: `ops`).
     pub ops: AtomicU64,
+    /// Directories whose every name this mount knows (`complete.rs`).
+    pub complete: complete::Complete,
 }
 
 /// `FOPEN_PARALLEL_DIRECT_WRITES` (FUSE protocol 7.36, Linux 6.2; not in fuser 0.15's
@@ -166,6 +169,18 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Applies the changes another mount made (pushed by a forwarding node) to what this mount
+    /// answers itself; the kernel's caches are the caller's.
+    pub fn changed_elsewhere(&self, changes: &[pharos_fwd_proto::Change]) {
+        for c in changes {
+            if let pharos_fwd_proto::Change::Entry { parent, .. } = c {
+                self.complete.drop_dir(*parent);
+            }
+        }
+    }
+}
+
 impl PharosFs {
     /// A file system over `rpc`, `threads` I/O threads, attribute TTL `ttl`; with
     /// `parallel_writes`, files are opened [`FOPEN_PARALLEL_DIRECT_WRITES`].
@@ -183,6 +198,7 @@ impl PharosFs {
             ttl,
             open_flags: FOPEN_DIRECT_IO | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
             ops: AtomicU64::new(0),
+            complete: complete::Complete::default(),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
         for i in 0..threads.max(1) {

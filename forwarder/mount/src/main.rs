@@ -119,6 +119,7 @@ struct AdminState {
 async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     let mut v = a.sh.rpc.status();
     v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
+    v["lookups_answered_locally"] = json!(a.sh.complete.answered.load(Ordering::Relaxed));
     Json(v)
 }
 
@@ -188,6 +189,15 @@ impl Collector for MountCollector {
         counter(&mut e, "pharos_mount_replays", help, num(&st, "replays"))?;
         let help = "Pooled connections found closed by their daemon (a restart) and replaced before a request";
         counter(&mut e, "pharos_mount_stale_connections", help, num(&st, "stale_connections"))?;
+        let help = "Changes other mounts made, pushed by the forwarding nodes (dropped from the kernel's caches)";
+        counter(&mut e, "pharos_mount_invalidations", help, num(&st, "invalidations"))?;
+        let help = "Lookups answered 'no such name' by the mount itself (directories it made and knows whole)";
+        counter(
+            &mut e,
+            "pharos_mount_lookups_answered_locally",
+            help,
+            self.0.complete.answered.load(Ordering::Relaxed),
+        )?;
         let shm = &st["shm"];
         let help = "Data requests sent through the shared-memory region (WriteShm/ReadShm)";
         counter(&mut e, "pharos_mount_shm_requests", help, num(shm, "requests"))?;
@@ -310,7 +320,16 @@ fn run(cli: Cli) -> Result<(), String> {
             let (sh, term, notifier) = (a_sh.clone(), term.clone(), session.notifier());
             std::thread::Builder::new()
                 .name(format!("mount-watch-{i}"))
-                .spawn(move || sh.rpc.watch(i, &|c| invalidate(&notifier, c), &term))
+                .spawn(move || {
+                    sh.rpc.watch(
+                        i,
+                        &|c| {
+                            sh.changed_elsewhere(c);
+                            invalidate(&notifier, c)
+                        },
+                        &term,
+                    )
+                })
                 .map_err(|e| format!("spawn watch thread: {e}"))?;
         }
     }

@@ -102,6 +102,11 @@ impl Watchers {
         self.only.store(if mounts.len() == 1 { *mounts.iter().next().unwrap() } else { 0 }, Relaxed);
     }
 
+    /// Mounts watching now.
+    pub(crate) fn mounts(&self) -> usize {
+        self.n.load(Relaxed)
+    }
+
     /// Whether a mount other than `origin` watches.
     fn others(&self, origin: u64) -> bool {
         match self.n.load(Relaxed) {

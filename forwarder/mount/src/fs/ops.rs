@@ -31,6 +31,9 @@ impl Filesystem for PharosFs {
     }
 
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        if name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n)) {
+            return reply.entry(&self.sh.ttl, &super::attr::negative(), 0);
+        }
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
             Ok(p) => p,
@@ -57,6 +60,7 @@ impl Filesystem for PharosFs {
             i.nlookup = i.nlookup.saturating_sub(nlookup);
             if i.nlookup == 0 {
                 m.remove(&ino);
+                self.sh.complete.drop_dir(ino);
             }
         }
     }
@@ -130,7 +134,7 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         let mode = mode & !umask;
-        self.entry_op(ctx, path.clone(), Op::Mkdir { path, mode }, reply);
+        self.entry_op(ctx, (parent, name), path.clone(), Op::Mkdir { path, mode }, reply);
     }
 
     fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
@@ -163,9 +167,12 @@ impl Filesystem for PharosFs {
             return reply.error(errno::EINVAL);
         }
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        let (name, newname) = (name.to_string_lossy().into_owned(), newname.to_string_lossy().into_owned());
         self.spawn(move |sh, c| {
             match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
                 Ok(_) => {
+                    sh.complete.removed(parent, &name);
+                    sh.complete.added(newparent, &newname);
                     let mut m = sh.inodes.lock().unwrap();
                     let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
                     // The entry replaced at `to` (if any) is gone.
@@ -206,10 +213,12 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         let token = crate::random_token();
+        let name = name.to_string_lossy().into_owned();
         self.spawn(move |sh, c| {
             match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
                 Ok(Body::Opened { attr, cap }) => {
                     let ino = sh.learn(attr.ino, &path);
+                    sh.complete.added(parent, &name);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
                     sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
                     reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
@@ -353,7 +362,7 @@ impl Filesystem for PharosFs {
         let ctx = self.sh.ctx(req);
         let Some(target) = target.to_str().map(String::from) else { return reply.error(errno::EINVAL) };
         match self.sh.path(parent).and_then(|p| join(&p, name)) {
-            Ok(path) => self.entry_op(ctx, path.clone(), Op::Symlink { path, target }, reply),
+            Ok(path) => self.entry_op(ctx, (parent, name), path.clone(), Op::Symlink { path, target }, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -361,7 +370,7 @@ impl Filesystem for PharosFs {
     fn link(&mut self, req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
         let ctx = self.sh.ctx(req);
         match (self.sh.path(ino), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
-            (Ok(from), Ok(to)) => self.entry_op(ctx, to.clone(), Op::Link { from, to }, reply),
+            (Ok(from), Ok(to)) => self.entry_op(ctx, (newparent, newname), to.clone(), Op::Link { from, to }, reply),
             (Err(e), _) | (_, Err(e)) => reply.error(e),
         }
     }
@@ -379,7 +388,9 @@ impl Filesystem for PharosFs {
         let ctx = self.sh.ctx(req);
         let mode = mode & !(umask & 0o7777);
         match self.sh.path(parent).and_then(|p| join(&p, name)) {
-            Ok(path) => self.entry_op(ctx, path.clone(), Op::Mknod { path, mode, rdev: rdev as u64 }, reply),
+            Ok(path) => {
+                self.entry_op(ctx, (parent, name), path.clone(), Op::Mknod { path, mode, rdev: rdev as u64 }, reply)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -399,10 +410,17 @@ impl Filesystem for PharosFs {
 impl PharosFs {
     /// Sends `op`, which makes the name `path` and answers its attributes (mkdir, symlink,
     /// link, mknod), and replies with the new entry.
-    fn entry_op(&self, ctx: Ctx, path: String, op: Op, reply: ReplyEntry) {
+    /// `at`: the new name's directory and name.
+    fn entry_op(&self, ctx: Ctx, at: (u64, &OsStr), path: String, op: Op, reply: ReplyEntry) {
+        let (parent, name) = (at.0, at.1.to_string_lossy().into_owned());
+        let made_dir = matches!(op, Op::Mkdir { .. });
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, op) {
             Ok(Body::Attr(a)) => {
                 let ino = sh.learn(a.ino, &path);
+                sh.complete.added(parent, &name);
+                if made_dir {
+                    sh.complete.made_dir(ino, sh.ttl);
+                }
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
             Ok(_) => reply.error(errno::EIO),
@@ -416,10 +434,12 @@ impl PharosFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        let name = name.to_string_lossy().into_owned();
         self.spawn(move |sh, c| {
             let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };
             match sh.rpc.call(c, &ctx, op) {
                 Ok(_) => {
+                    sh.complete.removed(parent, &name);
                     sh.mark_stale(&path, None);
                     reply.ok()
                 }
