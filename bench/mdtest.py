@@ -17,7 +17,7 @@ Sides: one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (with --mount
 "--attr-ttl-ms 1000"), bindfs -o direct_io of a directory, and a plain directory ("local"),
 all in a tmp dir under --workdir, so on one file system.
 
-Part 1, for each rank count R of --ranks: `mdtest -F -u -n N -d DIR` (files only, a directory
+Part 1, for each rank count R of --ranks (0 skips): `mdtest -F -u -n N -d DIR` (files only, a directory
 per rank, N = --files-per-rank) with R ranks, --rounds times per side, the order of the sides
 rotating and alternating from round to round (benchkit.rounds), each run after `sync` and a drop
 of the page cache. The figure of a phase is the Mean of mdtest's "SUMMARY rate" table (ops/s; one
@@ -249,11 +249,12 @@ def part_ls(a: argparse.Namespace, bases: dict[str, Path], out: dict) -> list[st
     line = f"ls -l {a.ls_files} files: mount / bindfs time cold {ratios['cold']:.2f}, warm {ratios['warm']:.2f}"
     if mo["files"] != bi["files"]:
         line += f" (not the same count: mount {mo['files']}, bindfs {bi['files']}: --timeout cut the making)"
-    print(line, flush=True)
     return [line]
 
 
 def ranks_list(text: str) -> list[int]:
+    if text.strip() == "0":
+        return []
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -267,7 +268,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mdtest", type=Path, required=True, help="the built mdtest binary (IOR's src/mdtest)")
     ap.add_argument("--mpiexec", default=None, help="mpiexec to run it with (default: that of the MPI it links)")
-    ap.add_argument("--ranks", type=ranks_list, default=[2, 8], help="comma list of rank counts (default 2,8)")
+    ap.add_argument("--ranks", type=ranks_list, default=[2, 8], help="comma list of rank counts (default 2,8; 0 skips)")
     ap.add_argument("--files-per-rank", type=int, default=500, help="mdtest -n (default 500)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per rank count and of ls timings (default 3)")
     ap.add_argument("--ls-files", type=int, default=200_000, help="files of the ls -l directory (0 skips; 200000)")
