@@ -10,15 +10,18 @@ mpiexec.mpich, Debian's default mpicc; Open MPI's mpiexec gets --allow-run-as-ro
 --oversubscribe), or under --mpiexec. As root (FUSE, dropping the page cache):
 
     uv run python bench/mdtest.py --mdtest PATH [--ranks 2,8] [--files-per-rank 500] [--rounds 3]
-                                  [--ls-files 200000] [--ls-procs 4] [--ls-rounds 1] [--mount-args FLAGS] [--no-local]
-                                  [--bin DIR] [--workdir /var/tmp] [--timeout 900] [--keep] [--json FILE]
+                                  [--ls-files 200000] [--ls-procs 4] [--ls-rounds 1]
+                                  [--mount-args FLAGS] [--no-local] [--bin DIR] [--workdir /var/tmp]
+                                  [--timeout 900] [--keep] [--json FILE]
 
 Sides: one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (with --mount-args, e.g.
 "--attr-ttl-ms 1000"), bindfs -o direct_io of a directory, and a plain directory ("local"),
-all in a tmp dir under --workdir, so on one file system.
+all in a tmp dir under --workdir, so on one file system. bindfs keeps libfuse's default 1 s
+entry and attribute timeouts, so the kernel answers most of its stats; the mount caches no
+attributes unless given --attr-ttl-ms.
 
-Part 1, for each rank count R of --ranks (0 skips): `mdtest -F -u -n N -d DIR` (files only, a directory
-per rank, N = --files-per-rank) with R ranks, --rounds times per side, the order of the sides
+Part 1, for each rank count R of --ranks (0 skips): `mdtest -F -u -n N -d DIR` (files only, a
+directory per rank, N = --files-per-rank) with R ranks, --rounds times per side, the order of the sides
 rotating and alternating from round to round (benchkit.rounds), each run after `sync` and a drop
 of the page cache. The figure of a phase is the Mean of mdtest's "SUMMARY rate" table (ops/s; one
 iteration, so the aggregate rate of the R ranks). Prints, per R and phase, the median of each
@@ -270,7 +273,7 @@ def main() -> int:
     ap.add_argument("--mpiexec", default=None, help="mpiexec to run it with (default: that of the MPI it links)")
     ap.add_argument("--ranks", type=ranks_list, default=[2, 8], help="comma list of rank counts (default 2,8; 0 skips)")
     ap.add_argument("--files-per-rank", type=int, default=500, help="mdtest -n (default 500)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per rank count and of ls timings (default 3)")
+    ap.add_argument("--rounds", type=int, default=3, help="mdtest rounds per rank count (default 3)")
     ap.add_argument("--ls-files", type=int, default=200_000, help="files of the ls -l directory (0 skips; 200000)")
     ap.add_argument("--ls-rounds", type=int, default=1, help="cold + warm ls -l timings per side (default 1)")
     ap.add_argument("--ls-procs", type=int, default=4, help="processes making them, per side (default 4)")
@@ -309,7 +312,7 @@ def main() -> int:
             print(f"# pharos metadata bench (issue 29): sides {', '.join(bases)}; mpiexec {mpiexec[0]}; tmp {root}")
             if a.mount_args:
                 print(f"# pharos-mount {a.mount_args}")
-            summary = part_mdtest(a, mpiexec, bases, out)
+            summary = part_mdtest(a, mpiexec, bases, out) if a.ranks else []
             if a.ls_files:
                 summary += part_ls(a, bases, out)
             print("\n".join(summary))
