@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -68,9 +69,10 @@ ROW = re.compile(r"^\s*(\w[\w ]*?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s
 TARGET = 0.5
 
 
-def bounded(cmd: list[str], timeout: float, what: str, **kw) -> str:
+def bounded(cmd: list[str], timeout: float, what: str, *, exit_on_timeout: bool = True, **kw) -> str | None:
     """Run ``cmd`` in its own process group with output captured; kill the whole group (mpiexec
-    and its ranks) on timeout or interruption; exit on a failure. Returns stdout + stderr."""
+    and its ranks) on timeout or interruption; exit on a failure, and on a timeout unless
+    ``exit_on_timeout`` is false (then None). Returns stdout + stderr."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
     try:
         out, _ = p.communicate(timeout=timeout)
@@ -78,6 +80,8 @@ def bounded(cmd: list[str], timeout: float, what: str, **kw) -> str:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
         if isinstance(e, subprocess.TimeoutExpired):
+            if not exit_on_timeout:
+                return None
             sys.exit(f"{what}: no end after {timeout:.0f} s (--timeout): {' '.join(cmd)}")
         raise
     if p.returncode:
@@ -166,8 +170,11 @@ def make_files(d: Path, n: int, procs: int, timeout: float, side: str) -> tuple[
 
 
 def time_ls(d: Path, timeout: float) -> float:
+    """Seconds of ``ls -l d > /dev/null``; inf when cut at ``timeout``."""
     t0 = time.perf_counter()
-    bounded(["sh", "-c", 'ls -l "$1" > /dev/null', "ls", str(d)], timeout, "ls -l")
+    if bounded(["sh", "-c", 'ls -l "$1" > /dev/null', "ls", str(d)], timeout, "ls -l", exit_on_timeout=False) is None:
+        print(f"  ls -l {d}: cut at --timeout {timeout:.0f} s", flush=True)
+        return math.inf
     return time.perf_counter() - t0
 
 
