@@ -328,6 +328,9 @@ def main() -> int:
                 a.json.write_text(json.dumps(out, indent=2) + "\n")
             return 0
         finally:
+            # A second Ctrl-C or SIGTERM must not cut the clean-up short (it is bounded).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             stop_all(procs, mounts)
 
 
