@@ -1,6 +1,8 @@
 """What the forwarding-layer benches share: fio through a mount, the order of the sides in a
 round, starting a daemon or mount and waiting for its ready file, the site key and admin token,
-the daemons' /metrics, the binaries under test, and the scratch directory of a run.
+the daemons' /metrics, the binaries under test, the scratch directory of a run, dropping the
+page cache, and the two FUSE sides compared (a pharos-fwd + pharos-mount stack, and the
+passthrough floor: Debian's bindfs with ``-o direct_io``).
 
 Imported by the scripts beside it (``uv run python bench/NAME.py``); puts tests/ and
 tests/forwarder on sys.path for ``forwarder_testkit``."""
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -138,3 +141,75 @@ def scratch_dir(prefix: str, workdir: str | None, keep: bool) -> Iterator[Path]:
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def drop_caches() -> None:
+    """`sync`, then drop the page cache, dentries and inodes (root)."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        sys.exit(f"cannot drop the page cache (root needed): {e}")
+
+
+def start_passthrough(root: Path, mounts: list[Path]) -> Path:
+    """bindfs -o direct_io of `root`/pt-src on `root`/pt: the FUSE passthrough column."""
+    exe = shutil.which("bindfs")
+    if exe is None:
+        sys.exit("bindfs not found: apt-get install bindfs (make setup installs it)")
+    src, mnt = root / "pt-src", root / "pt"
+    src.mkdir()
+    mnt.mkdir()
+    subprocess.run([exe, "-o", "direct_io", str(src), str(mnt)], check=True, timeout=30)
+    mounts.append(mnt)
+    end = time.monotonic() + 10
+    while not os.path.ismount(mnt):
+        if time.monotonic() > end:
+            sys.exit(f"bindfs did not mount {mnt}")
+        time.sleep(0.05)
+    return mnt
+
+
+def bindfs_pid(mnt: Path) -> int | None:
+    """The pid of the bindfs process serving `mnt` (it daemonizes)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"bindfs") and str(mnt).encode() in argv:
+                return int(d.name)
+    return None
+
+
+def auth_args(bin_dir: Path, root: Path) -> list[str]:
+    """The site key and admin token flags (made in `root`), for binaries that take them (a
+    --baseline-bin build from before authenticated forwarding does not)."""
+    help_text = subprocess.run([str(bin_dir / "pharos-fwd"), "--help"], capture_output=True, text=True).stdout
+    if "--key-file" not in help_text:
+        return []
+    return auth_flags(root)
+
+
+def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen], mount_args: list[str] = ()) -> Path:
+    """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir` (extra flags
+    `mount_args`); returns the mount."""
+    mnt = root / f"mnt{tag}"
+    mnt.mkdir()
+    auth = auth_args(bin_dir, root)
+    fwd_argv = [
+        str(bin_dir / "pharos-fwd"),
+        *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
+        *("--mdt", str(root / f"be{tag}" / "mdt"), "--targets-root", str(root / f"be{tag}")),
+        *("--target-count", "8", "--no-kafka", *auth),
+    ]
+    port = kit.port_of(start_ready(fwd_argv, root, f"fwd{tag}", procs)["listen"])
+    mount_argv = [
+        str(bin_dir / "pharos-mount"),
+        *("--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}", "--admin", "127.0.0.1:0"),
+        *auth,
+        *mount_args,
+    ]
+    start_ready(mount_argv, root, f"mnt{tag}", procs)
+    return mnt

@@ -43,41 +43,22 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from benchkit import REPO, auth_flags, fio, rounds, scratch_dir, start_ready, stop_all
-from forwarder_testkit import port_of
+from benchkit import (
+    REPO,
+    bindfs_pid,
+    drop_caches,
+    fio,
+    rounds,
+    scratch_dir,
+    start_passthrough,
+    start_stack,
+    stop_all,
+)
 
 BIN = REPO / "target" / "release"
-
-
-def drop_caches() -> None:
-    """`sync`, then drop the page cache, dentries and inodes (root)."""
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        sys.exit(f"cannot drop the page cache (root needed): {e}")
-
-
-def start_passthrough(root: Path, mounts: list[Path]) -> Path:
-    """bindfs -o direct_io of `root`/pt-src on `root`/pt: the FUSE passthrough column."""
-    exe = shutil.which("bindfs")
-    if exe is None:
-        sys.exit("bindfs not found: apt-get install bindfs (make setup installs it)")
-    src, mnt = root / "pt-src", root / "pt"
-    src.mkdir()
-    mnt.mkdir()
-    subprocess.run([exe, "-o", "direct_io", str(src), str(mnt)], check=True, timeout=30)
-    mounts.append(mnt)
-    end = time.monotonic() + 10
-    while not os.path.ismount(mnt):
-        if time.monotonic() > end:
-            sys.exit(f"bindfs did not mount {mnt}")
-        time.sleep(0.05)
-    return mnt
 
 
 def creates(directory: Path, n: int = 2000) -> float:
@@ -136,19 +117,6 @@ def figure(job: dict, how: str) -> float:
     return job["read"]["iops"]
 
 
-def bindfs_pid(mnt: Path) -> int | None:
-    """The pid of the bindfs process serving `mnt` (it daemonizes)."""
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"bindfs") and str(mnt).encode() in argv:
-                return int(d.name)
-    return None
-
-
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of every thread of `pids` so far (/proc/PID/task/*/stat)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -166,38 +134,6 @@ def cpu_seconds(pids: list[int]) -> float:
 def paired(res: dict[str, list[float]], side: str, ref: str) -> list[float]:
     """Per-round ratios side / ref."""
     return [m / d for m, d in zip(res[side], res[ref], strict=True)]
-
-
-def auth_args(bin_dir: Path, root: Path) -> list[str]:
-    """The site key and admin token flags (made in `root`), for binaries that take them (a
-    --baseline-bin build from before authenticated forwarding does not)."""
-    help_text = subprocess.run([str(bin_dir / "pharos-fwd"), "--help"], capture_output=True, text=True).stdout
-    if "--key-file" not in help_text:
-        return []
-    return auth_flags(root)
-
-
-def start_stack(bin_dir: Path, root: Path, tag: str, procs: list[subprocess.Popen], mount_args: list[str] = ()) -> Path:
-    """One pharos-fwd (8 unlimited targets) and one pharos-mount of `bin_dir` (extra flags
-    `mount_args`); returns the mount."""
-    mnt = root / f"mnt{tag}"
-    mnt.mkdir()
-    auth = auth_args(bin_dir, root)
-    fwd_argv = [
-        str(bin_dir / "pharos-fwd"),
-        *("--node-name", "fwd0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"),
-        *("--mdt", str(root / f"be{tag}" / "mdt"), "--targets-root", str(root / f"be{tag}")),
-        *("--target-count", "8", "--no-kafka", *auth),
-    ]
-    port = port_of(start_ready(fwd_argv, root, f"fwd{tag}", procs)["listen"])
-    mount_argv = [
-        str(bin_dir / "pharos-mount"),
-        *("--mountpoint", str(mnt), "--fwd", f"fwd0=127.0.0.1:{port}", "--admin", "127.0.0.1:0"),
-        *auth,
-        *mount_args,
-    ]
-    start_ready(mount_argv, root, f"mnt{tag}", procs)
-    return mnt
 
 
 def main() -> int:
