@@ -20,6 +20,7 @@ mod attr;
 mod complete;
 mod data;
 mod dir;
+mod inodes;
 mod jobs;
 mod ops;
 mod pool;
@@ -42,12 +43,6 @@ pub const ROOT: u64 = 1;
 /// The path of an inode whose name is gone (unlinked, or replaced by a rename): not a valid
 /// path, so nothing resolves to it.
 const STALE: &str = "\0stale";
-
-/// What the mount knows of a kernel inode: its namespace path and the kernel's lookup count.
-struct Inode {
-    path: String,
-    nlookup: u64,
-}
 
 /// An open file (a FUSE file handle).
 struct Open {
@@ -85,7 +80,7 @@ pub struct Shared {
     pub rpc: Rpc,
     /// Job and rank of the processes making requests.
     pub jobs: JobCache,
-    inodes: Mutex<HashMap<u64, Inode>>,
+    inodes: Mutex<inodes::Inodes>,
     files: Mutex<HashMap<u64, Arc<Open>>>,
     /// Open directories: the page of entries fetched last (Readdir is paginated by cookie).
     dirs: Mutex<HashMap<u64, Option<Arc<DirPage>>>>,
@@ -127,8 +122,8 @@ struct DirPage {
 impl Shared {
     /// The namespace path of inode `ino`. Errors: `ENOENT` for an unknown or stale inode.
     fn path(&self, ino: u64) -> Result<String, i32> {
-        match self.inodes.lock().unwrap().get(&ino) {
-            Some(i) if i.path != STALE => Ok(i.path.clone()),
+        match self.inodes.lock().unwrap().path(ino) {
+            Some(p) if p != STALE => Ok(p.to_string()),
             _ => Err(errno::ENOENT),
         }
     }
@@ -136,21 +131,13 @@ impl Shared {
     /// Remembers `path` for the backend inode `ino` (one more kernel lookup). Returns the
     /// inode number the kernel sees (the root stays 1).
     fn learn(&self, ino: u64, path: &str) -> u64 {
-        let mut m = self.inodes.lock().unwrap();
-        let e = m.entry(ino).or_insert(Inode { path: path.to_string(), nlookup: 0 });
-        e.path = path.to_string();
-        e.nlookup += 1;
+        self.inodes.lock().unwrap().learn(ino, path);
         ino
     }
 
     /// Marks the inodes at `path` stale (but `keep` and the root): their name is gone.
     fn mark_stale(&self, path: &str, keep: Option<u64>) {
-        let mut m = self.inodes.lock().unwrap();
-        for (ino, i) in m.iter_mut() {
-            if i.path == path && Some(*ino) != keep && *ino != ROOT {
-                i.path = STALE.to_string();
-            }
-        }
+        self.inodes.lock().unwrap().drop_name(path, keep);
     }
 
     /// The request context of a FUSE request: caller's job and rank, pid, credentials and
@@ -185,12 +172,10 @@ impl PharosFs {
     /// A file system over `rpc`, `threads` I/O threads, attribute TTL `ttl`; with
     /// `parallel_writes`, files are opened [`FOPEN_PARALLEL_DIRECT_WRITES`].
     pub fn new(rpc: Rpc, threads: usize, ttl: Duration, parallel_writes: bool) -> PharosFs {
-        let mut inodes = HashMap::new();
-        inodes.insert(ROOT, Inode { path: String::new(), nlookup: u64::MAX / 2 });
         let sh = Arc::new(Shared {
             rpc,
             jobs: JobCache::new(),
-            inodes: Mutex::new(inodes),
+            inodes: Mutex::new(inodes::Inodes::new()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             groups: crate::creds::GroupsCache::default(),

@@ -14,7 +14,7 @@ use fuser::{
 use pharos_fwd_proto::{errno, Body, Ctx, Op, SetAttr};
 
 use super::attr::{fattr, join, tott};
-use super::{Open, PharosFs, ROOT, STALE, SUIDGID};
+use super::{Open, PharosFs, SUIDGID};
 
 impl Filesystem for PharosFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
@@ -52,16 +52,8 @@ impl Filesystem for PharosFs {
     }
 
     fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
-        if ino == ROOT {
-            return;
-        }
-        let mut m = self.sh.inodes.lock().unwrap();
-        if let Some(i) = m.get_mut(&ino) {
-            i.nlookup = i.nlookup.saturating_sub(nlookup);
-            if i.nlookup == 0 {
-                m.remove(&ino);
-                self.sh.complete.drop_dir(ino);
-            }
+        if self.sh.inodes.lock().unwrap().forget(ino, nlookup) {
+            self.sh.complete.drop_dir(ino);
         }
     }
 
@@ -173,23 +165,7 @@ impl Filesystem for PharosFs {
                 Ok(_) => {
                     sh.complete.removed(parent, &name);
                     sh.complete.added(newparent, &newname);
-                    let mut m = sh.inodes.lock().unwrap();
-                    let moved: Vec<u64> = m.iter().filter(|(_, i)| i.path == from).map(|(k, _)| *k).collect();
-                    // The entry replaced at `to` (if any) is gone.
-                    for (ino, i) in m.iter_mut() {
-                        if i.path == to && !moved.contains(ino) && *ino != ROOT {
-                            i.path = STALE.to_string();
-                        }
-                    }
-                    let pre = format!("{from}/");
-                    for i in m.values_mut() {
-                        if i.path == from {
-                            i.path = to.clone();
-                        } else if let Some(rest) = i.path.strip_prefix(&pre) {
-                            i.path = format!("{to}/{rest}");
-                        }
-                    }
-                    drop(m);
+                    sh.inodes.lock().unwrap().rename(&from, &to);
                     reply.ok()
                 }
                 Err(e) => reply.error(e),
