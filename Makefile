@@ -72,7 +72,7 @@ export PHAROS_REQUIRE_ALL
 test: setup lint ## All tests: linters, Rust (incl. root eBPF tests), Python (unit + end-to-end); skips fail
 	@cargo test --release --quiet --workspace
 	@cargo test --release --quiet -p pharos-agent -- --ignored
-	@$(RUN) pytest -q -rsfE -m "not evaluation"
+	@$(RUN) pytest -q -rsfE --durations=25 -m "not evaluation"
 
 # The fast inner loop: no Debian packages, Kafka, root, FUSE or external server; `uv` and `cargo`
 # only. Rust: the unit tests (--lib --bins) of the crates that build without Debian packages
