@@ -73,6 +73,9 @@ pub use data::{DataPath, FileSpan, IoInfo};
 pub use layout::{layout_text, logical_from_component, logical_from_obj, obj_size, parse_layout, pieces, Piece};
 use namespace::Namespace;
 pub use opens::{GcStats, Opens};
+
+/// A READDIRPLUS page's entries: each with its attributes (None: `.`, `..`, gone since).
+pub type EntriesPlus = Vec<(DirEntry, Option<Attr>)>;
 pub use placement::{Placement, Placer, Pool, COMPONENT_ALIGN};
 pub use target::{Target, STRETCH_MIN_SLEEP};
 
@@ -256,7 +259,7 @@ impl Backend {
 
     /// [`Backend::readdir`] with each entry's attributes (`None` for `.`, `..` and an entry
     /// that went or cannot be read since the listing): the kernel's READDIRPLUS.
-    pub fn readdir_plus(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<(DirEntry, Option<Attr>)>, bool)> {
+    pub fn readdir_plus(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(EntriesPlus, bool)> {
         let (entries, eof) = self.ns.readdir(path, cookie, ctx)?;
         let base = path.trim_matches('/');
         let out = entries

@@ -80,7 +80,7 @@ fn shared_memory_requests_are_bounded_and_checked() {
     let (_d, s) = server(&[7; 32]);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let conn = Conn { w: Mutex::new(c), shm: std::sync::OnceLock::new() };
+    let conn = Conn { w: Mutex::new(c), shm: std::sync::OnceLock::new(), mount: std::sync::OnceLock::new() };
     let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
     let (_, lay, h) = s.backend.create("f", 0o644, flags, 1, &Default::default()).unwrap();
     let cap = s.cfg.key.sign(lay, h, Cap::READ | Cap::WRITE);
