@@ -7,20 +7,24 @@ psync writes of a new file on tmpfs (/dev/shm). In each pair
   * traced: the agent runs and fio runs as a user runs a job under Pharos,
     ``pharos run --job ID -- fio ...`` (the CLI in a process of its own, on this stack);
   * untraced: the agent process is stopped (its programs detached, so no system call pays for
-    tracing, not merely filtered) and fio runs directly, in no job cgroup.
+    tracing, not merely filtered) and fio runs directly, in no job cgroup;
+  * and, unless --no-outside, outside: the agent runs but fio runs directly, outside any job (what
+    a user comparing `fio` with `pharos run -- fio` on a running stack sees; the difference to
+    untraced is what the agent costs every process of the node).
 
-The order alternates (traced first in even pairs, untraced first in odd ones) so drift on this
-shared, noisy machine hits both sides alike. fio's own write bandwidth (bytes/s of its job,
+The order alternates (traced first in even rounds, untraced first in odd ones, outside between
+them) so drift on this shared, noisy machine hits both sides alike. fio's own write bandwidth (bytes/s of its job,
 from its JSON output) is the figure, so neither the CLI's start-up nor the agent's restart is
 timed.
 
 Prints per block size: the median over the pairs of untraced/traced bandwidth (targets: ≤ 1.05
-for 4 KiB, ≤ 1.01 for 1 MiB), the range of the pairs' ratios, the median bandwidths (MiB/s),
-and the records per data request over the traced jobs (from the pipeline's store, via the API:
-the in-kernel merging of contiguous requests). No pass/fail: the figures are what to compare.
+for 4 KiB, ≤ 1.01 for 1 MiB), the range of the pairs' ratios, the same for outside/traced, the
+median bandwidths (MiB/s),
+and the records per request over the traced jobs (all their requests, from the pipeline's store
+via the API: what the in-kernel merging of contiguous requests leaves). No pass/fail: the figures are what to compare.
 
 Usage: uv run --frozen python bench/agent_overhead.py [--pairs 6] [--size 1g] [--bs 4k,1m] [--agent BIN]
-(root)
+       [--no-outside]   (root)
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import httpx
 from pharos_testkit import pharos_run, stack_settings
 
 from pharos_api import stack
-from pharos_api.demo import wait_for_summary
+from pharos_core import api_client
 
 TARGET = {"4k": 1.05, "1m": 1.01}
 TMPFS = Path("/dev/shm")
@@ -64,14 +69,14 @@ def fio_argv(bs: str, size: str, data: Path, out: Path) -> list[str]:
 
 
 def write_bw(report: Path) -> tuple[float, int]:
-    """(write bandwidth in bytes/s, bytes written) of the single job of a fio JSON report."""
+    """(write bandwidth in bytes/s, write requests) of the single job of a fio JSON report."""
     w = json.loads(report.read_text())["jobs"][0]["write"]
-    return float(w["bw_bytes"]), int(w["io_bytes"])
+    return float(w["bw_bytes"]), int(w["total_ios"])
 
 
 def run_fio(settings, bs: str, size: str, work: Path, job_id: str | None) -> tuple[float, int]:
     """One fio run on tmpfs; traced as job ``job_id`` through ``pharos run`` (None: untraced,
-    run directly). Returns fio's (write bandwidth in bytes/s, bytes written)."""
+    run directly). Returns fio's (write bandwidth in bytes/s, write requests)."""
     data, out = work / "f", work / "fio.json"
     argv = fio_argv(bs, size, data, out)
     env = None
@@ -83,6 +88,22 @@ def run_fio(settings, bs: str, size: str, work: Path, job_id: str | None) -> tup
     out.unlink(missing_ok=True)
     settle()
     return bw
+
+
+def job_records(settings, job_id: str, writes: int, timeout_s: float = 30.0) -> tuple[int, int]:
+    """(records, requests of every op) of traced job ``job_id`` as the API gives them, once it is
+    finished with at least ``writes`` pwrite requests stored (else what is there at the timeout)."""
+    deadline, s = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            r = api_client.request(settings.api_url, "GET", f"/v1/jobs/{job_id}", params={"layer": "client"}, timeout=5)
+            s = r.json() if r.status_code == 200 else s
+        except httpx.HTTPError:
+            pass
+        if s and s.get("state") == "finished" and s.get("ops", {}).get("pwrite", 0) >= writes:
+            break
+        time.sleep(0.5)
+    return (s.get("records", 0), sum(s.get("ops", {}).values())) if s else (0, 0)
 
 
 def settle() -> None:
@@ -98,6 +119,7 @@ def main() -> int:
     ap.add_argument("--size", default="1g", help="bytes written per fio run (fio units, default 1g)")
     ap.add_argument("--bs", default="4k,1m", help="block sizes, comma-separated (default 4k,1m)")
     ap.add_argument("--agent", type=Path, help="agent binary (default: settings agent_binary, target/release)")
+    ap.add_argument("--outside", action=argparse.BooleanOptionalAction, default=True, help="also run fio outside a job")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("agent_overhead: needs root (eBPF agent, cgroups)", file=sys.stderr)
@@ -112,17 +134,19 @@ def main() -> int:
     rows = []
     try:
         for bs in args.bs.split(","):
-            bws: dict[str, list[float]] = {"traced": [], "untraced": []}
-            traced_jobs: list[tuple[str, int]] = []  # (job id, bytes fio wrote)
+            bws: dict[str, list[float]] = {"traced": [], "untraced": [], "outside": []}
+            traced_jobs: list[tuple[str, int]] = []  # (job id, write requests fio made)
             run_fio(settings, bs, args.size, work, None)  # warm-up (fio binary, tmpfs), not counted
             for p in range(args.pairs):
-                for mode in ["traced", "untraced"] if p % 2 == 0 else ["untraced", "traced"]:
+                order = ["traced", "outside", "untraced"] if args.outside else ["traced", "untraced"]
+                for mode in order if p % 2 == 0 else order[::-1]:
                     job_id = None
-                    if mode == "traced":
-                        stack.start(settings)  # restarts the agent if stopped
-                        job_id = f"bench-{bs}-{p}-{os.getpid()}"
-                    else:
+                    if mode == "untraced":
                         stack.stop_component(settings, agent.name)
+                    else:
+                        stack.start(settings)  # restarts the agent if stopped
+                    if mode == "traced":
+                        job_id = f"bench-{bs}-{p}-{os.getpid()}"
                     bw, written = run_fio(settings, bs, args.size, work, job_id)
                     if job_id is not None:
                         traced_jobs.append((job_id, written))
@@ -131,11 +155,9 @@ def main() -> int:
             stack.start(settings)
             records = requests = 0
             for job_id, written in traced_jobs:
-                s = wait_for_summary(settings.api_url, job_id, written, timeout_s=60)
-                records += s["data_records"] if s else 0
-                requests += s["data_requests"] if s else 0
-            ratios = [u / t for u, t in zip(bws["untraced"], bws["traced"], strict=True)]
-            rows.append((bs, ratios, bws, records / requests if requests else float("nan"), requests))
+                rec, req = job_records(settings, job_id, written)
+                records, requests = records + rec, requests + req
+            rows.append((bs, bws, records / requests if requests else float("nan"), requests))
     finally:
         stack.stop(settings)
         for f in work.iterdir():
@@ -144,19 +166,22 @@ def main() -> int:
 
     print()
     print(
-        "fio psync sequential writes to tmpfs: untraced (agent stopped) / traced (`pharos run`) write "
-        f"bandwidth, {args.pairs} pairs, {args.size} per run"
+        "fio psync sequential writes to tmpfs, write bandwidth: untraced (agent stopped) / traced (`pharos run`), "
+        f"outside (agent running, no job) / traced; {args.pairs} pairs, {args.size} per run"
     )
     print(
-        f"{'bs':4s} {'ratio':>6s} {'target':>7s} {'range':>13s} {'untraced MiB/s':>15s} {'traced MiB/s':>13s} "
-        f"{'records/request':>16s} {'requests':>10s}"
+        f"{'bs':4s} {'ratio':>6s} {'target':>7s} {'range':>13s} {'outside':>8s} {'range':>13s} "
+        f"{'untraced':>9s} {'outside':>8s} {'traced':>8s} MiB/s {'records/request':>16s} {'requests':>9s}"
     )
-    for bs, ratios, bws, rpr, req in rows:
+    for bs, bws, rpr, req in rows:
         target = f"≤{TARGET[bs]}" if bs in TARGET else "-"
+        ratio = [u / t for u, t in zip(bws["untraced"], bws["traced"], strict=True)]
+        out = [o / t for o, t in zip(bws["outside"], bws["traced"], strict=False)] or [float("nan")]
+        med = {k: statistics.median(v) / 2**20 if v else float("nan") for k, v in bws.items()}
         print(
-            f"{bs:4s} {statistics.median(ratios):6.3f} {target:>7s} {min(ratios):6.3f}-{max(ratios):6.3f} "
-            f"{statistics.median(bws['untraced']) / 2**20:15.1f} {statistics.median(bws['traced']) / 2**20:13.1f} "
-            f"{rpr:16.5f} {req:10d}"
+            f"{bs:4s} {statistics.median(ratio):6.3f} {target:>7s} {min(ratio):6.3f}-{max(ratio):6.3f} "
+            f"{statistics.median(out):8.3f} {min(out):6.3f}-{max(out):6.3f} "
+            f"{med['untraced']:9.1f} {med['outside']:8.1f} {med['traced']:8.1f}       {rpr:16.5f} {req:9d}"
         )
     return 0
 
