@@ -74,20 +74,39 @@ def write_bw(report: Path) -> tuple[float, int]:
     return float(w["bw_bytes"]), int(w["total_ios"])
 
 
-def run_fio(settings, bs: str, size: str, work: Path, job_id: str | None) -> tuple[float, int]:
+def stack_cpu_s(settings) -> dict[str, float]:
+    """CPU time (user + system, s) so far of each running process of the stack, by component."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for c in stack.components(settings):
+        pid = stack.pid_of(settings, c.name)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() if pid else None
+        except OSError:
+            fields = None
+        if fields:
+            out[c.name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def run_fio(settings, bs: str, size: str, work: Path, job_id: str | None) -> tuple[float, int, dict[str, float]]:
     """One fio run on tmpfs; traced as job ``job_id`` through ``pharos run`` (None: untraced,
-    run directly). Returns fio's (write bandwidth in bytes/s, write requests)."""
+    run directly). Returns fio's (write bandwidth in bytes/s, write requests) and the CPU time
+    (s) each process of the stack used meanwhile (from the start of fio, or of ``pharos run``,
+    to its end)."""
     data, out = work / "f", work / "fio.json"
     argv = fio_argv(bs, size, data, out)
     env = None
     if job_id is not None:
         argv, env = pharos_run(settings, job_id, argv)
+    cpu0 = stack_cpu_s(settings)
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
-    bw = write_bw(out)
+    cpu = {k: v - cpu0[k] for k, v in stack_cpu_s(settings).items() if k in cpu0}
+    bw, ios = write_bw(out)
     data.unlink(missing_ok=True)
     out.unlink(missing_ok=True)
     settle()
-    return bw
+    return bw, ios, cpu
 
 
 def job_records(settings, job_id: str, writes: int, timeout_s: float = 30.0) -> tuple[int, int]:
@@ -147,11 +166,12 @@ def main() -> int:
                         stack.start(settings)  # restarts the agent if stopped
                     if mode == "traced":
                         job_id = f"bench-{bs}-{p}-{os.getpid()}"
-                    bw, written = run_fio(settings, bs, args.size, work, job_id)
+                    bw, written, cpu = run_fio(settings, bs, args.size, work, job_id)
                     if job_id is not None:
                         traced_jobs.append((job_id, written))
                     bws[mode].append(bw)
-                    print(f"  bs={bs:3s} pair {p} {mode:8s} {bw / 2**20:9.1f} MiB/s", flush=True)
+                    busy = " ".join(f"{k} {v * 1000:.0f}" for k, v in cpu.items() if v > 0)
+                    print(f"  bs={bs:3s} pair {p} {mode:8s} {bw / 2**20:9.1f} MiB/s   stack CPU ms: {busy}", flush=True)
             stack.start(settings)
             records = requests = 0
             for job_id, written in traced_jobs:
