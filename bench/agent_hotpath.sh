@@ -17,7 +17,7 @@
 #
 # Usage: bench/agent_hotpath.sh [PAIRS=3] [BLOCK SIZES="4k 1m"]
 #   env: AGENT (default target/release/pharos-agent), SIZE (512m), DIR (fio directory,
-#        default /var/tmp/pharos-agent-hotpath), JOB (job cgroup name, default bench)
+#        default /dev/shm/pharos-agent-hotpath: tmpfs), JOB (job cgroup name, default bench)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +25,7 @@ AGENT=${AGENT:-$HERE/target/release/pharos-agent}
 PAIRS=${1:-3}
 BSS=${2:-"4k 1m"}
 SIZE=${SIZE:-512m}
-DIR=${DIR:-/var/tmp/pharos-agent-hotpath}
+DIR=${DIR:-/dev/shm/pharos-agent-hotpath}
 JOB=${JOB:-bench}
 
 [ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }

@@ -370,7 +370,9 @@ static __always_inline int exit_sys(__u32 kind, long ret)
 	struct task_struct *t = bpf_get_current_task_btf();
 	__u32 op = sys_op(kind);
 
-	if (op == 0)
+	/* A thread without any task local storage has no call stashed by enter_*: done with one
+	 * load instead of a bpf_task_storage_get call (the exit of every untraced thread's I/O). */
+	if (op == 0 || !t->bpf_storage)
 		return 0;
 	if (op <= PH_OP_WRITEV)
 		return exit_rw(t, op, ret);
