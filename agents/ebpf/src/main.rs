@@ -50,8 +50,8 @@ pub struct Cli {
     batch_max_records: usize,
     /// A batch leaves at most this many ms after its first record. Every batch is one insert of
     /// the pipeline (on a single-node stack, ~0.1-0.2 s of its CPU beside the job: at 200 ms,
-    /// 5 a second during a job), so 1 s: records reach the store at most ~1 s later.
-    #[arg(long, env = "PHAROS_BATCH_MAX_MS", default_value_t = 1000)]
+    /// 5 a second during a job); a larger value trades record latency for that CPU.
+    #[arg(long, env = "PHAROS_BATCH_MAX_MS", default_value_t = 200)]
     batch_max_ms: u64,
     /// Heartbeat: an empty batch leaves when no batch left for this many ms (0: none). The
     /// pipeline's io_batches rows are the agent's liveness timeline (docs/architecture.md).

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 
 use super::{ROOT, STALE};
 
-/// What the mount knows of a kernel inode: its namespace path and the kernel's lookup count.
+/// What the mount knows of a kernel inode: its namespace paths (hard links: each name the
+/// kernel looked up; none = stale, its names are gone) and the kernel's lookup count.
 pub(super) struct Inode {
-    pub(super) path: String,
-    pub(super) nlookup: u64,
+    paths: Vec<String>,
+    nlookup: u64,
 }
 
 /// Inodes by number, and the inode that holds each live path.
@@ -22,44 +23,41 @@ impl Inodes {
     /// A table holding the root (path "", never forgotten).
     pub(super) fn new() -> Inodes {
         let mut by_ino = HashMap::new();
-        by_ino.insert(ROOT, Inode { path: String::new(), nlookup: u64::MAX / 2 });
+        by_ino.insert(ROOT, Inode { paths: vec![String::new()], nlookup: u64::MAX / 2 });
         Inodes { by_ino, by_path: HashMap::from([(String::new(), ROOT)]) }
     }
 
-    /// The path of `ino` (None: unknown; [`STALE`] when its name is gone).
+    /// A path of `ino` (None: unknown; [`STALE`] when its names are gone).
     pub(super) fn path(&self, ino: u64) -> Option<&str> {
-        self.by_ino.get(&ino).map(|i| i.path.as_str())
+        self.by_ino.get(&ino).map(|i| i.paths.first().map(String::as_str).unwrap_or(STALE))
     }
 
-    /// `ino` is at `path` (one more kernel lookup). An inode that held `path` before is
-    /// stale (another file has the name now).
+    /// `ino` is at `path` (one more kernel lookup). An inode that held `path` before lost
+    /// that name (another file has it now).
     pub(super) fn learn(&mut self, ino: u64, path: &str) {
-        let e = self.by_ino.entry(ino).or_insert(Inode { path: STALE.to_string(), nlookup: 0 });
-        e.nlookup += 1;
-        if e.path != path {
-            let old = std::mem::replace(&mut e.path, path.to_string());
-            if self.by_path.get(&old) == Some(&ino) {
-                self.by_path.remove(&old);
-            }
-        }
         if let Some(prev) = self.by_path.insert(path.to_string(), ino) {
-            if prev != ino && prev != ROOT {
-                if let Some(p) = self.by_ino.get_mut(&prev).filter(|p| p.path == path) {
-                    p.path = STALE.to_string();
+            if prev != ino {
+                if let Some(p) = self.by_ino.get_mut(&prev) {
+                    p.paths.retain(|x| x != path);
                 }
             }
         }
+        let e = self.by_ino.entry(ino).or_insert(Inode { paths: Vec::new(), nlookup: 0 });
+        e.nlookup += 1;
+        if !e.paths.iter().any(|x| x == path) {
+            e.paths.push(path.to_string());
+        }
     }
 
-    /// The name `path` is gone: the inode holding it (but `keep` and the root) is stale.
+    /// The name `path` is gone: the inode holding it (but `keep` and the root) loses it.
     pub(super) fn drop_name(&mut self, path: &str, keep: Option<u64>) {
         let Some(&ino) = self.by_path.get(path) else { return };
         if Some(ino) == keep || ino == ROOT {
             return;
         }
         self.by_path.remove(path);
-        if let Some(i) = self.by_ino.get_mut(&ino).filter(|i| i.path == path) {
-            i.path = STALE.to_string();
+        if let Some(i) = self.by_ino.get_mut(&ino) {
+            i.paths.retain(|x| x != path);
         }
     }
 
@@ -74,33 +72,33 @@ impl Inodes {
             return false;
         }
         let i = self.by_ino.remove(&ino).unwrap();
-        if self.by_path.get(&i.path) == Some(&ino) {
-            self.by_path.remove(&i.path);
+        for p in i.paths {
+            if self.by_path.get(&p) == Some(&ino) {
+                self.by_path.remove(&p);
+            }
         }
         true
     }
 
-    /// `from` was renamed to `to`: what was at `to` is stale, the inode at `from` and
+    /// `from` was renamed to `to`: what was at `to` loses that name, the inode at `from` and
     /// everything below it (a directory) move. The paths below are found by a scan: a rename
     /// is rare next to creates and unlinks.
     pub(super) fn rename(&mut self, from: &str, to: &str) {
         let moved = self.by_path.get(from).copied();
-        if moved.is_some() {
-            self.drop_name(to, moved);
-        } else {
-            self.drop_name(to, None);
-        }
+        self.drop_name(to, moved);
         let pre = format!("{from}/");
         let mut re: Vec<(String, String)> = Vec::new();
         for i in self.by_ino.values_mut() {
-            let new = if i.path == from {
-                to.to_string()
-            } else if let Some(rest) = i.path.strip_prefix(&pre) {
-                format!("{to}/{rest}")
-            } else {
-                continue;
-            };
-            re.push((std::mem::replace(&mut i.path, new.clone()), new));
+            for p in i.paths.iter_mut() {
+                let new = if p == from {
+                    to.to_string()
+                } else if let Some(rest) = p.strip_prefix(&pre) {
+                    format!("{to}/{rest}")
+                } else {
+                    continue;
+                };
+                re.push((std::mem::replace(p, new.clone()), new));
+            }
         }
         for (old, new) in re {
             if let Some(ino) = self.by_path.remove(&old) {
@@ -129,11 +127,14 @@ mod tests {
         assert_eq!((t.path(12), t.path(13)), (Some("x"), Some(STALE)));
         t.drop_name("x", Some(12));
         assert_eq!(t.path(12), Some("x"), "kept");
-        // a hard link learned under a second name: dropping the first name keeps it
+        // a hard link learned under a second name: dropping either name keeps the other
+        t.learn(12, "y");
+        t.drop_name("y", None);
+        assert_eq!(t.path(12), Some("x"));
         t.learn(12, "y");
         t.drop_name("x", None);
         assert_eq!(t.path(12), Some("y"));
-        // another inode learned at a path makes the previous holder stale
+        // another inode learned at a path takes the name from the previous holder
         t.learn(14, "y");
         assert_eq!(t.path(12), Some(STALE));
         assert!(!t.forget(14, 0) && t.forget(14, 1) && t.path(14).is_none());
