@@ -137,3 +137,21 @@ def test_cached_stats_and_listings_cost_no_request_per_entry(cluster):
     listed = {e.name: e.stat().st_size for e in os.scandir(other.path / "many")}
     assert len(listed) == 1000
     assert metadata_served(d) - before < 100, "ls -l cost a request per entry (no READDIRPLUS)"
+
+
+@pytest.mark.timeout(60)
+def test_unlinking_one_hard_link_keeps_the_other_name(cluster):
+    """With cached entries, the kernel stats the other name through its cached dentry: the mount
+    must still know a path of the inode (it knew only the last name looked up, so unlinking it
+    made the other name ENOENT; pjdfstest link/00.t, unlink/00.t)."""
+    d = cluster.start_daemon("fwd0")
+    m = cluster.start_mount([d], 0)
+    a, b, c = (m.path / n for n in "abc")
+    a.write_bytes(b"x")
+    os.link(a, b)
+    os.link(b, c)
+    assert a.stat().st_nlink == 3
+    os.unlink(c)
+    assert (a.stat().st_nlink, b.stat().st_nlink) == (2, 2)
+    os.unlink(a)
+    assert b.stat().st_nlink == 1 and b.read_bytes() == b"x"
