@@ -260,20 +260,7 @@ impl Backend {
     /// [`Backend::readdir`] with each entry's attributes (`None` for `.`, `..` and an entry
     /// that went or cannot be read since the listing): the kernel's READDIRPLUS.
     pub fn readdir_plus(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(EntriesPlus, bool)> {
-        let (entries, eof) = self.ns.readdir(path, cookie, ctx)?;
-        let base = path.trim_matches('/');
-        let out = entries
-            .into_iter()
-            .map(|e| {
-                let a = match e.name.as_str() {
-                    "." | ".." => None,
-                    n if base.is_empty() => self.ns.getattr(self, n, ctx).ok(),
-                    n => self.ns.getattr(self, &format!("{base}/{n}"), ctx).ok(),
-                };
-                (e, a)
-            })
-            .collect();
-        Ok((out, eof))
+        self.ns.readdir_plus(self, path, cookie, ctx)
     }
 
     /// One page of the directory `path` from `cookie` ([`Namespace::readdir`]).

@@ -494,5 +494,6 @@ impl Namespace {
 }
 
 mod files;
+mod plus;
 #[cfg(test)]
 mod tests;
