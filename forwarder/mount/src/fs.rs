@@ -157,12 +157,28 @@ impl Shared {
 }
 
 impl Shared {
-    /// Applies the changes another mount made (pushed by a forwarding node) to what this mount
-    /// answers itself; the kernel's caches are the caller's.
-    pub fn changed_elsewhere(&self, changes: &[pharos_fwd_proto::Change]) {
+    /// Applies the changes another mount made (pushed by a forwarding node): what this mount
+    /// answers itself first, then the kernel's caches (`invalidate`), then the names it keeps
+    /// (a name may stand for another inode now, or none; dropped last, so the kernel does not
+    /// reach a dropped name through a dentry still valid).
+    pub fn changed_elsewhere(
+        &self,
+        changes: &[pharos_fwd_proto::Change],
+        invalidate: impl Fn(&[pharos_fwd_proto::Change]),
+    ) {
+        use pharos_fwd_proto::Change;
         for c in changes {
-            if let pharos_fwd_proto::Change::Entry { parent, .. } = c {
+            if let Change::Entry { parent, .. } = c {
                 self.complete.drop_dir(*parent);
+            }
+        }
+        invalidate(changes);
+        for c in changes {
+            if let Change::Entry { parent, name } = c {
+                let dir = self.inodes.lock().unwrap().path(*parent).map(str::to_string);
+                if let Some(full) = dir.filter(|d| d != STALE).and_then(|d| attr::join(&d, name.as_ref()).ok()) {
+                    self.inodes.lock().unwrap().drop_name(&full, None);
+                }
             }
         }
     }

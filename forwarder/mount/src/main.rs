@@ -320,16 +320,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let (sh, term, notifier) = (a_sh.clone(), term.clone(), session.notifier());
             std::thread::Builder::new()
                 .name(format!("mount-watch-{i}"))
-                .spawn(move || {
-                    sh.rpc.watch(
-                        i,
-                        &|c| {
-                            sh.changed_elsewhere(c);
-                            invalidate(&notifier, c)
-                        },
-                        &term,
-                    )
-                })
+                .spawn(move || sh.rpc.watch(i, &|c| sh.changed_elsewhere(c, |c| invalidate(&notifier, c)), &term))
                 .map_err(|e| format!("spawn watch thread: {e}"))?;
         }
     }

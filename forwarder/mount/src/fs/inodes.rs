@@ -27,7 +27,7 @@ impl Inodes {
         Inodes { by_ino, by_path: HashMap::from([(String::new(), ROOT)]) }
     }
 
-    /// A path of `ino` (None: unknown; [`STALE`] when its names are gone).
+    /// The path of `ino` looked up last (None: unknown; [`STALE`] when its names are gone).
     pub(super) fn path(&self, ino: u64) -> Option<&str> {
         self.by_ino.get(&ino).map(|i| i.paths.first().map(String::as_str).unwrap_or(STALE))
     }
@@ -44,9 +44,10 @@ impl Inodes {
         }
         let e = self.by_ino.entry(ino).or_insert(Inode { paths: Vec::new(), nlookup: 0 });
         e.nlookup += 1;
-        if !e.paths.iter().any(|x| x == path) {
-            e.paths.push(path.to_string());
-        }
+        // The name looked up last comes first: the file system reuses inode numbers, and a name
+        // of an earlier file with this number may not have been dropped yet.
+        e.paths.retain(|x| x != path);
+        e.paths.insert(0, path.to_string());
     }
 
     /// The name `path` is gone: the inode holding it (but `keep` and the root) loses it.
@@ -129,6 +130,7 @@ mod tests {
         assert_eq!(t.path(12), Some("x"), "kept");
         // a hard link learned under a second name: dropping either name keeps the other
         t.learn(12, "y");
+        assert_eq!(t.path(12), Some("y"), "the name looked up last");
         t.drop_name("y", None);
         assert_eq!(t.path(12), Some("x"));
         t.learn(12, "y");
