@@ -84,6 +84,24 @@ def test_changes_on_one_mount_are_seen_by_the_other_within_the_bound(cluster, no
     pushed = sum(d.status()["counters"]["invalidations_pushed"] for d in ds)
     assert pushed >= a.status()["invalidations"] + b.status()["invalidations"]
     assert all(d.status()["counters"]["invalidations_dropped"] == 0 for d in ds)
+    assert all(d.status()["counters"]["invalidation_acks_late"] == 0 for d in ds)
+
+
+@pytest.mark.timeout(120)
+def test_attribute_changes_are_seen_when_the_call_returns(cluster):
+    """A chmod, chown or truncate through one mount returns once every watching mount dropped
+    the attributes (acknowledged pushes): the other mount's next stat sees the change, no wait."""
+    d0, d1 = cluster.start_daemon("fwd0"), cluster.start_daemon("fwd1")
+    a = cluster.start_mount([d0, d1], 0)
+    b = cluster.start_mount([d0, d1], 1)
+    (a.path / "f").write_bytes(b"")
+    for i in range(50):
+        assert (b.path / "f").stat().st_size == (i * 4096 if i else 0)  # cached on b
+        os.truncate(a.path / "f", (i + 1) * 4096)
+        assert (b.path / "f").stat().st_size == (i + 1) * 4096, i
+        os.chmod(a.path / "f", 0o600 + (i % 2))
+        assert (b.path / "f").stat().st_mode & 0o777 == 0o600 + (i % 2), i
+    assert d0.status()["counters"]["invalidation_acks_late"] == 0
 
 
 @pytest.mark.timeout(120)

@@ -36,8 +36,11 @@ pub enum Body {
     /// The answer to [`crate::Op::ReadShm`]: `len` bytes were read into the request's slot.
     ShmData { len: u32 },
     /// v7: names and attributes changed by another mount, pushed on a watch connection
-    /// ([`crate::Op::Watch`]), in the order the daemon served them.
-    Changes(Vec<Change>),
+    /// ([`crate::Op::Watch`]), in the order the daemon served them. A non-zero `ack` asks the
+    /// mount for [`crate::Op::WatchAck`] with it once its kernel dropped them: the daemon holds
+    /// the reply to a request that changed attributes (setattr, truncate) until every watching
+    /// mount acknowledged, at most 100 ms.
+    Changes { ack: u64, changes: Vec<Change> },
     /// v7: the answer to [`crate::Op::ReaddirPlus`]: each entry with its attributes (`None`
     /// for `.`, `..` and an entry gone or unreadable since the listing).
     EntriesPlus { entries: Vec<(DirEntry, Option<Attr>)>, eof: bool },

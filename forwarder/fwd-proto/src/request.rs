@@ -114,6 +114,9 @@ pub enum Op {
     /// [`Op::Readdir`] with each entry's attributes ([`crate::Body::EntriesPlus`]): the
     /// kernel's READDIRPLUS, so that `ls -l` costs one request per page, not one per entry.
     ReaddirPlus { path: String, cookie: u64 },
+    /// On a watch connection: the changes pushed with `ack` are dropped from this mount's
+    /// kernel caches. Handled by the daemon's decoder; no reply.
+    WatchAck { ack: u64 },
 }
 
 impl Op {
@@ -148,6 +151,7 @@ impl Op {
             Op::Flush => "flush",
             Op::Watch { .. } => "watch",
             Op::ReaddirPlus { .. } => "readdir",
+            Op::WatchAck { .. } => "watch_ack",
         }
     }
 

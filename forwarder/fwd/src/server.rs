@@ -160,6 +160,8 @@ pub struct CountersView {
     pub invalidation_pushes: u64,
     pub invalidations_dropped: u64,
     pub watchers_lost: u64,
+    /// Attribute changes not acknowledged by every watching mount within 100 ms.
+    pub invalidation_acks_late: u64,
 }
 
 /// The worker index [`Server::serve`] logs for a request its decoder served inline.
@@ -255,6 +257,7 @@ impl Server {
             invalidation_pushes: self.watch.pushes.load(Relaxed),
             invalidations_dropped: self.watch.dropped.load(Relaxed),
             watchers_lost: self.watch.lost_watchers.load(Relaxed),
+            invalidation_acks_late: self.watch.late_acks.load(Relaxed),
         }
     }
 

@@ -224,6 +224,10 @@ impl Server {
                 conn.reply(&Reply { id: req.id, body }, &self.counters);
                 return true;
             }
+            if let Op::WatchAck { ack } = req.op {
+                self.watch.ack(conn.mount.get().copied().unwrap_or(0), ack);
+                return true;
+            }
             if let Op::Watch { mount, push } = req.op {
                 // The connection's mount; a watch connection gets the pushes from now on.
                 let _ = conn.mount.set(mount);

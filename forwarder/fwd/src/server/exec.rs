@@ -117,11 +117,18 @@ impl Server {
             self.backend.stretch(s.target, t0.elapsed());
             service = started.elapsed();
         } else {
+            // Other mounts' caches of what this request changed: attributes before the reply
+            // (acknowledged), names and writes' sizes after it (pushed within milliseconds).
+            let origin = work.conn.mount.get().copied().unwrap_or(0);
+            let now = super::watch::waits_for_acks(&work.req.op);
+            if now {
+                self.watch.changed_now(&self.backend, origin, super::watch::changes_of(&work.req.op, &reply.body));
+            }
             work.conn.reply(&reply, &self.counters);
+            if !now {
+                self.watch.changed(origin, || super::watch::changes_of(&work.req.op, &reply.body));
+            }
         }
-        // Other mounts' caches of what this request changed (after the reply: not on its path).
-        let origin = work.conn.mount.get().copied().unwrap_or(0);
-        self.watch.changed(origin, || super::watch::changes_of(&work.req.op, &reply.body));
         if let Ok(Body::Data { data }) = reply.body {
             self.bufs.put(data);
         }
@@ -179,9 +186,13 @@ impl Server {
             | Op::Mknod { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Unspecified),
             Op::KillSuidgid { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Regular),
             Op::ReaddirPlus { path, .. } => (WOp::Unspecified, path.as_str(), 0, FileType::Directory),
-            Op::Statfs | Op::Ping | Op::Auth { .. } | Op::ShmAttach { .. } | Op::Flush | Op::Watch { .. } => {
-                (WOp::Unspecified, "", 0, FileType::Unspecified)
-            }
+            Op::Statfs
+            | Op::Ping
+            | Op::Auth { .. }
+            | Op::ShmAttach { .. }
+            | Op::Flush
+            | Op::Watch { .. }
+            | Op::WatchAck { .. } => (WOp::Unspecified, "", 0, FileType::Unspecified),
             Op::WriteShm { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
             Op::ReadShm { path, offset, .. } => (WOp::Pread, path.as_str(), *offset, FileType::Regular),
         };
@@ -256,7 +267,9 @@ impl Server {
                 let (entries, eof) = b.readdir_plus(path, *cookie, c)?;
                 Body::EntriesPlus { entries, eof }
             }
-            Op::Watch { .. } => return Err(WireError { errno: errno::EPROTO, msg: "watch is the decoder's".into() }),
+            Op::Watch { .. } | Op::WatchAck { .. } => {
+                return Err(WireError { errno: errno::EPROTO, msg: "watch is the decoder's".into() })
+            }
             Op::Mkdir { path, mode } => Body::Attr(b.mkdir(path, *mode, c)?),
             Op::Rmdir { path } => {
                 b.rmdir(path, c)?;

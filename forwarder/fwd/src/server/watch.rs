@@ -16,11 +16,11 @@
 //! millisecond; the mount's cache TTL (`--attr-ttl-ms`) bounds staleness where no push comes
 //! (a forwarding node the mount does not watch, a full queue: counted as `dropped`, a watch
 //! connection being re-made).
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
@@ -35,6 +35,8 @@ const QUEUE: usize = 65_536;
 const BATCH: usize = 4096;
 /// A watch connection that takes longer to accept a push is dropped (its mount re-makes it).
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a request that changed attributes waits for the other mounts' acknowledgements.
+pub(crate) const ACK_WAIT: Duration = Duration::from_millis(100);
 
 /// What a request changed, by namespace path (resolved to inode numbers by the notifier).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -68,6 +70,12 @@ pub(crate) struct Watchers {
     pub pushes: AtomicU64,
     pub dropped: AtomicU64,
     pub lost_watchers: AtomicU64,
+    /// Attribute changes pushed and waited for: the next ack id, the mounts each waits for.
+    next_ack: AtomicU64,
+    waiting: Mutex<HashMap<u64, HashSet<u64>>>,
+    acked: Condvar,
+    /// Synchronous pushes not acknowledged by every mount within [`ACK_WAIT`].
+    pub late_acks: AtomicU64,
 }
 
 impl Default for Watchers {
@@ -83,6 +91,10 @@ impl Default for Watchers {
             pushes: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             lost_watchers: AtomicU64::new(0),
+            next_ack: AtomicU64::new(1),
+            waiting: Mutex::new(HashMap::new()),
+            acked: Condvar::new(),
+            late_acks: AtomicU64::new(0),
         }
     }
 }
@@ -132,46 +144,52 @@ impl Watchers {
     /// The notifier thread's loop: takes queued changes, resolves them against `b`'s
     /// namespace and pushes them; returns when `stop` says so.
     pub(crate) fn run(&self, b: &Backend, stop: &std::sync::atomic::AtomicBool) {
-        let root_ino = b.ns_path("").ok().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.ino());
-        let ino_of = |p: &str| -> Option<u64> {
-            let ino = std::fs::symlink_metadata(b.ns_path(p).ok()?).ok()?.ino();
-            Some(if Some(ino) == root_ino { 1 } else { ino })
-        };
         while !stop.load(Relaxed) {
             let Ok(first) = self.rx.recv_timeout(Duration::from_millis(200)) else { continue };
             let mut batch = vec![first];
             batch.extend(self.rx.try_iter().take(BATCH - 1));
-            // Resolve once per distinct change; keep the order served.
-            let mut seen = HashSet::new();
-            let mut out: Vec<(u64, Change)> = Vec::with_capacity(batch.len() * 2);
-            for (origin, w) in batch {
-                if !seen.insert((origin, w.clone())) {
-                    continue;
-                }
-                match w {
-                    What::Name(p) => {
-                        let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
-                        if let Some(parent) = ino_of(dir) {
-                            out.push((origin, Change::Entry { parent, name: name.to_string() }));
-                            out.push((origin, Change::Inode { ino: parent }));
-                        }
-                    }
-                    What::Attrs(p) => {
-                        if let Some(ino) = ino_of(&p) {
-                            out.push((origin, Change::Inode { ino }));
-                        }
-                    }
-                    What::Ino(ino) => {
-                        out.push((origin, Change::Inode { ino: if Some(ino) == root_ino { 1 } else { ino } }))
-                    }
-                }
-            }
-            self.push(&out);
+            let out = resolve(b, batch);
+            self.push(&out, 0);
         }
     }
 
+    /// Pushes what a request of mount `origin` changed in attributes now, and waits until
+    /// every other watching mount acknowledged it, at most [`ACK_WAIT`] (then counted late):
+    /// the request's reply follows, so the change is seen everywhere once the call returns.
+    /// (Attribute invalidations take no directory lock in the kernel; name changes go through
+    /// the queue: an entry invalidation waits for the directory's lock, which a mount's own
+    /// request in that directory may hold while its reply waits here.)
+    pub(crate) fn changed_now(&self, b: &Backend, origin: u64, what: Vec<What>) {
+        if !self.others(origin) {
+            return;
+        }
+        let out = resolve(b, what.into_iter().map(|w| (origin, w)).collect());
+        if out.is_empty() {
+            return;
+        }
+        let ack = self.next_ack.fetch_add(1, Relaxed);
+        let mounts: HashSet<u64> = self.subs.lock().unwrap().iter().map(|s| s.mount).filter(|m| *m != origin).collect();
+        self.waiting.lock().unwrap().insert(ack, mounts);
+        self.push(&out, ack);
+        let w = self.waiting.lock().unwrap();
+        let (mut w, t) =
+            self.acked.wait_timeout_while(w, ACK_WAIT, |w| w.get(&ack).is_some_and(|m| !m.is_empty())).unwrap();
+        if t.timed_out() {
+            self.late_acks.fetch_add(1, Relaxed);
+        }
+        w.remove(&ack);
+    }
+
+    /// Mount `mount` acknowledged the push `ack`.
+    pub(crate) fn ack(&self, mount: u64, ack: u64) {
+        if let Some(m) = self.waiting.lock().unwrap().get_mut(&ack) {
+            m.remove(&mount);
+        }
+        self.acked.notify_all();
+    }
+
     /// Sends each watching mount the changes of `out` that other mounts made.
-    fn push(&self, out: &[(u64, Change)]) {
+    fn push(&self, out: &[(u64, Change)], ack: u64) {
         let mut subs = self.subs.lock().unwrap();
         let before = subs.len();
         subs.retain(|s| {
@@ -181,7 +199,7 @@ impl Watchers {
             }
             let n = changes.len() as u64;
             let w = s.conn.w.lock().unwrap();
-            match proto::write_msg(&mut &*w, &Reply { id: s.id, body: Ok(Body::Changes(changes)) }) {
+            match proto::write_msg(&mut &*w, &Reply { id: s.id, body: Ok(Body::Changes { ack, changes }) }) {
                 Ok(()) => {
                     self.pushed.fetch_add(n, Relaxed);
                     self.pushes.fetch_add(1, Relaxed);
@@ -201,6 +219,43 @@ impl Watchers {
             self.publish(&subs);
         }
     }
+}
+
+/// The changes of `batch` ((origin, what), in the order served) as inode numbers of `b`'s
+/// namespace (the root as 1), each distinct change once; a path gone since is skipped.
+fn resolve(b: &Backend, batch: Vec<(u64, What)>) -> Vec<(u64, Change)> {
+    let root_ino = b.ns_path("").ok().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.ino());
+    let as_sent = |ino: u64| if Some(ino) == root_ino { 1 } else { ino };
+    let ino_of = |p: &str| -> Option<u64> { Some(as_sent(std::fs::symlink_metadata(b.ns_path(p).ok()?).ok()?.ino())) };
+    let mut seen = HashSet::new();
+    let mut out: Vec<(u64, Change)> = Vec::with_capacity(batch.len() * 2);
+    for (origin, w) in batch {
+        if !seen.insert((origin, w.clone())) {
+            continue;
+        }
+        match w {
+            What::Name(p) => {
+                let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
+                if let Some(parent) = ino_of(dir) {
+                    out.push((origin, Change::Entry { parent, name: name.to_string() }));
+                    out.push((origin, Change::Inode { ino: parent }));
+                }
+            }
+            What::Attrs(p) => {
+                if let Some(ino) = ino_of(&p) {
+                    out.push((origin, Change::Inode { ino }));
+                }
+            }
+            What::Ino(ino) => out.push((origin, Change::Inode { ino: as_sent(ino) })),
+        }
+    }
+    out
+}
+
+/// Whether the reply to `op` waits for the other mounts ([`Watchers::changed_now`]): changes
+/// of attributes but writes' (size and times of a write are pushed without waiting).
+pub(crate) fn waits_for_acks(op: &Op) -> bool {
+    matches!(op, Op::Setattr { .. } | Op::Open { .. } | Op::KillSuidgid { .. })
 }
 
 /// What `op` changed when it succeeded with `body` (nothing for reads and failures).

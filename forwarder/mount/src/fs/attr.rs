@@ -54,16 +54,22 @@ pub(super) fn fattr(a: &Attr, ino: u64) -> FileAttr {
 
 /// The attributes of a negative entry (inode 0: "no such name", cached for the entry TTL).
 pub(super) fn negative() -> FileAttr {
+    no_attrs(0, FileType::RegularFile)
+}
+
+/// Placeholder attributes of inode `ino` of kind `kind` (sent with a zero TTL: the kernel
+/// asks for the real ones before it uses them).
+pub(super) fn no_attrs(ino: u64, kind: FileType) -> FileAttr {
     let t = UNIX_EPOCH;
     FileAttr {
-        ino: 0,
+        ino,
         size: 0,
         blocks: 0,
         atime: t,
         mtime: t,
         ctime: t,
         crtime: t,
-        kind: FileType::RegularFile,
+        kind,
         perm: 0,
         nlink: 0,
         uid: 0,

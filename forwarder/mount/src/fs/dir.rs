@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fuser::{FileType, ReplyDirectory, ReplyDirectoryPlus, Request};
 use pharos_fwd_proto::{errno, Body, Op};
 
-use super::attr::{fattr, ftype, join, negative};
+use super::attr::{fattr, ftype, join, no_attrs};
 use super::{DirPage, PharosFs, ROOT};
 
 /// The reply a listing fills: READDIR's or READDIRPLUS's.
@@ -81,18 +81,26 @@ impl PharosFs {
                     };
                     let full = match &mut reply {
                         Listing::Plain(r) => r.add(eino, e.next as i64, k, &e.name),
-                        Listing::Plus(r) => match p.attrs.get(i).cloned().flatten() {
-                            Some(a) if !matches!(e.name.as_str(), "." | "..") => {
-                                let Ok(child) = join(&path, std::ffi::OsStr::new(&e.name)) else { continue };
-                                let full = r.add(eino, e.next as i64, &e.name, &sh.ttl, &fattr(&a, a.ino), 0);
-                                if !full {
-                                    sh.learn(a.ino, &child); // the kernel counts a lookup
+                        Listing::Plus(r) => {
+                            let dot = matches!(e.name.as_str(), "." | "..");
+                            let attrs = p.attrs.get(i).cloned().flatten().filter(|_| !dot);
+                            // fuser sends the attributes' inode as the entry's: never 0 (readdir(3)
+                            // skips an entry whose d_ino is 0).
+                            let (fa, ttl) = match &attrs {
+                                Some(a) => (fattr(a, a.ino), sh.ttl),
+                                // `.`, `..` (not looked up by the kernel) and an entry without
+                                // attributes (unreadable, gone since): valid for no time, so
+                                // the kernel asks before it uses them.
+                                None => (no_attrs(eino, k), std::time::Duration::ZERO),
+                            };
+                            let full = r.add(eino, e.next as i64, &e.name, &ttl, &fa, 0);
+                            if !full && !dot {
+                                if let Ok(child) = join(&path, std::ffi::OsStr::new(&e.name)) {
+                                    sh.learn(eino, &child); // the kernel counts a lookup
                                 }
-                                full
                             }
-                            // No attributes (`.`, `..`, gone since): listed, not looked up.
-                            _ => r.add(eino, e.next as i64, &e.name, &sh.ttl, &negative(), 0),
-                        },
+                            full
+                        }
                     };
                     if full {
                         return match reply {

@@ -89,9 +89,16 @@ impl Rpc {
             proto::read_frame_into(&mut r, &mut frame).map_err(|e| e.to_string())?;
             r.get_ref().set_read_timeout(Some(Duration::from_secs(1))).ok();
             match proto::decode::<Reply>(&mut frame).map_err(|e| e.to_string())? {
-                Reply { body: Ok(Body::Changes(c)), .. } => {
-                    self.watches.changes.fetch_add(c.len() as u64, Relaxed);
-                    apply(&c);
+                Reply { body: Ok(Body::Changes { ack, changes }), .. } => {
+                    self.watches.changes.fetch_add(changes.len() as u64, Relaxed);
+                    apply(&changes);
+                    if ack != 0 {
+                        // The daemon holds the reply of the request that made them until now.
+                        let id = self.next_id.fetch_add(1, Relaxed);
+                        let ctx = Ctx { compute_node: self.compute_node.clone(), rank: -1, ..Default::default() };
+                        let req = Request { id, ctx, op: Op::WatchAck { ack }, replay: false };
+                        proto::write_msg(&mut w, &req).map_err(|e| format!("watch ack: {e}"))?;
+                    }
                 }
                 other => return Err(format!("unexpected push {other:?}")),
             }
