@@ -82,7 +82,8 @@ fn settle(b: &Backend, oid: u64, why: Reason) {
 
 impl DataPath {
     /// The open object file `idx` of `oid` on target `ti`; `create` makes it when missing
-    /// (components are made by their first write), else a missing object is ENOENT.
+    /// (objects are made by their first write or extending truncate, not at create), else a
+    /// missing object is ENOENT.
     fn obj_fd(&self, targets: &[Target], ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
         let key = (ti, oid, idx);
         if let Some(f) = self.fds.lock().unwrap().get(&key) {
@@ -110,6 +111,26 @@ impl DataPath {
             Err(e) if e.errno == errno::ENOENT => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The object `idx` of `l` on target `ti` for a write through open `h`, made when missing
+    /// (the first write of a stripe or component). A striped file's object is made only while
+    /// an open of it is recorded (`h`'s marker, else any marker of the file: writes gathered
+    /// by GAS carry no handle): a late write to a file unlinked and reaped meanwhile (an open
+    /// the start-time GC dropped, a deferred write) must not bring its objects back; it gets
+    /// ENOENT, as before objects were made lazily. A progressive file's components have that
+    /// guard in their record directory.
+    fn write_obj(&self, b: &Backend, ti: u32, l: &Layout, h: OpenHandle, idx: u64) -> Res<Arc<File>> {
+        if l.is_progressive() {
+            return self.obj_fd(&b.targets, ti, l.oid, idx, true);
+        }
+        if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? {
+            return Ok(f);
+        }
+        if !(h != OpenHandle::default() && b.opens.has_open(l.oid, h)) && !b.opens.has_markers(l.oid) {
+            return Err(eno(errno::ENOENT, "no such open: its file may be gone"));
+        }
+        self.obj_fd(&b.targets, ti, l.oid, idx, true)
     }
 
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
@@ -168,7 +189,16 @@ impl DataPath {
     fn truncate_objects(&self, b: &Backend, l: &Layout, size: u64) -> Res<()> {
         if !l.is_progressive() {
             for (s, ti) in b.placement.objects(&b.targets, l)? {
-                self.obj_fd(&b.targets, ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
+                // A stripe left empty needs no object; one reaching into the size is made.
+                let n = obj_size(l, size, s as u32);
+                let f = if n > 0 {
+                    Some(self.obj_fd(&b.targets, ti, l.oid, s, true)?)
+                } else {
+                    self.existing_obj(&b.targets, ti, l.oid, s)?
+                };
+                if let Some(f) = f {
+                    f.set_len(n).map_err(werr)?;
+                }
             }
             return Ok(());
         }
@@ -206,7 +236,8 @@ impl DataPath {
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
-        let file = self.obj_fd(&b.targets, ti, l.oid, 0, false)?;
+        // Never written: no object, the read_into path answers (a hole up to `floor`).
+        let Some(file) = self.existing_obj(&b.targets, ti, l.oid, 0)? else { return Ok(None) };
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
         if len < size as u64 && floor > osize {
@@ -332,7 +363,16 @@ impl DataPath {
                 found
             } else {
                 let ti = l.targets[pc.obj as usize];
-                (ti, self.obj_fd(&b.targets, ti, l.oid, pc.obj, false)?)
+                match self.existing_obj(&b.targets, ti, l.oid, pc.obj)? {
+                    Some(f) => (ti, f),
+                    // A stripe never written: a hole (zeros inside the size), or the end of a
+                    // single-object file.
+                    None if single => break,
+                    None => {
+                        got_end = pc.buf_off + pc.len;
+                        continue;
+                    }
+                }
             };
             info.target.get_or_insert(ti);
             info.throttled += b.targets[ti as usize].gate(pc.len);
@@ -487,7 +527,7 @@ impl DataPath {
             };
             info.target.get_or_insert(ti);
             info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
+            let f = self.write_obj(b, ti, l, h, pc.obj)?;
             let mut iov: Vec<libc::iovec> = Vec::new();
             let mut need = pc.len as usize;
             while need > 0 {
@@ -554,7 +594,7 @@ impl DataPath {
             };
             info.target.get_or_insert(ti);
             info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
+            let f = self.write_obj(b, ti, l, h, pc.obj)?;
             let t0 = Instant::now();
             self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
@@ -571,14 +611,8 @@ impl DataPath {
             g.settle(b, l.oid, Reason::Fsync, true)?;
         }
         for (idx, ti) in b.placement.objects(&b.targets, l)? {
-            let f = if l.is_progressive() {
-                match self.existing_obj(&b.targets, ti, l.oid, idx)? {
-                    Some(f) => f,
-                    None => continue,
-                }
-            } else {
-                self.obj_fd(&b.targets, ti, l.oid, idx, false)?
-            };
+            // An object never written holds nothing to flush.
+            let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? else { continue };
             info.target.get_or_insert(ti);
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(werr)?;
         }

@@ -1,10 +1,10 @@
-//! Regular files of the namespace: create (placement, objects, open marker, the sidecar
-//! linked into place), open (access checked, marker, re-check against a racing unlink) and
+//! Regular files of the namespace: create (placement, open marker, the sidecar linked into
+//! place; no object: objects are made by the first write), open (access checked, marker, re-check against a racing unlink) and
 //! release (open counts, marker, an orphan's last close).
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 
 use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
@@ -48,10 +48,12 @@ impl Namespace {
         drop(g);
         let mut staged = staged.map_err(werr)?;
         let l = b.placement.place(&b.targets, &ctx.job_id);
+        // No object is made here: a stripe's object is made by its first write (or an
+        // extending truncate), and a missing one reads as a hole ([`super::super::DataPath`]).
         let mut made = Vec::new();
         let cleanup = |made: &Vec<PathBuf>| {
             for m in made.iter().rev() {
-                let _ = if m.is_dir() { fs::remove_dir(m) } else { fs::remove_file(m) };
+                let _ = fs::remove_dir(m);
             }
         };
         if l.is_progressive() {
@@ -60,17 +62,9 @@ impl Namespace {
             fs::DirBuilder::new().mode(0o700).create(&d).map_err(werr)?;
             made.push(d);
         }
-        for &(s, ti) in &b.placement.objects(&b.targets, &l)? {
-            let op = b.targets[ti as usize].obj_path(l.oid, s);
-            if let Err(e) = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&op) {
-                cleanup(&made);
-                return Err(werr(e));
-            }
-            made.push(op);
-        }
         // The open is recorded before the name appears: an unlink right after the link
         // already sees it.
-        let h = match b.opens.add_marker(l.oid) {
+        let h = match b.opens.add_marker(l.oid, l.is_progressive()) {
             Ok(h) => h,
             Err(e) => {
                 cleanup(&made);
@@ -149,7 +143,7 @@ impl Namespace {
                 continue; // another file took the name since the access check
             }
             b.check_layout(&l)?;
-            let h = b.opens.add_marker(l.oid)?;
+            let h = b.opens.add_marker(l.oid, l.is_progressive())?;
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
             match self.layout_at(&d, &name) {
