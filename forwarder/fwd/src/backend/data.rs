@@ -127,7 +127,8 @@ impl DataPath {
         if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? {
             return Ok(f);
         }
-        if !(h != OpenHandle::default() && b.opens.has_open(l.oid, h)) && !b.opens.has_markers(l.oid) {
+        let open = (h != OpenHandle::default() && b.opens.has_open(l.oid, h)) || b.opens.has_markers(l.oid);
+        if !open {
             return Err(eno(errno::ENOENT, "no such open: its file may be gone"));
         }
         self.obj_fd(&b.targets, ti, l.oid, idx, true)
