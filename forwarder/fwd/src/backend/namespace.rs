@@ -145,9 +145,24 @@ impl Namespace {
             r => r,
         }
         .map_err(werr)?;
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut f, &mut s).map_err(werr)?;
-        let (l, tok) = parse_layout(&s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        // Plain reads into a page (a sidecar is one line; read_to_string would stat and seek
+        // first), more pages only for a long one.
+        let mut buf = vec![0u8; 4096];
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                buf.resize(2 * n, 0);
+            }
+            match std::io::Read::read(&mut f, &mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(werr(e)),
+            }
+        }
+        let s =
+            std::str::from_utf8(&buf[..n]).map_err(|_| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        let (l, tok) = parse_layout(s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
         Ok((l, tok, f))
     }
 

@@ -6,10 +6,11 @@
 //!   at start and kept); release (on any daemon) removes it. A marker is a hard link to the
 //!   daemon's liveness file (one `link(2)`: no inode, no directory to make per object); the
 //!   marker of an open of a progressive file is a file of its own, as it records the target
-//!   the open is counted on (and so is any marker when the liveness file has too many links). When a file's name goes (unlink, rename over it), its
-//!   layout is written to `<mdt>/orphans/<oid:016x>` and its objects are deleted only if
-//!   no marker exists; otherwise the release that removes the last marker deletes them and
-//!   the orphan record. (Name removal happens before the marker check, marker removal
+//!   the open is counted on (and so is any marker when the liveness file has too many links).
+//!   When a file's name goes (unlink, rename over it) and no marker of it exists, its objects
+//!   are deleted at once; otherwise its layout is written to `<mdt>/orphans/<oid:016x>` and
+//!   its objects are deleted only if no marker exists then; otherwise the release that
+//!   removes the last marker deletes them and the orphan record. (Name removal happens before the marker check, marker removal
 //!   before the orphan check, so one of the two always sees the other.) An open re-checks
 //!   after placing its marker that the name still holds the same object, so an open racing
 //!   an unlink either keeps the data alive or fails with ENOENT.
@@ -226,8 +227,19 @@ impl Opens {
     }
 
     /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
-    /// an orphan until the last open is released.
+    /// an orphan until the last open is released. A file no open is recorded for (the usual
+    /// case) has its objects deleted at once, without an orphan record: an open that places
+    /// its marker after this check finds the name gone at its re-check and fails (`ENOENT`),
+    /// and a release that removed the last marker before it finds no record and leaves the
+    /// deletion here. Otherwise the record is written first, then the markers are looked at
+    /// again (the protocol of the module doc).
     pub(super) fn drop_file(&self, l: &Layout, remove: &dyn Fn(&Layout) -> bool) {
+        if !self.has_markers(l.oid) {
+            if !remove(l) {
+                log::warn!("objects of {:016x}: layout not valid here", l.oid);
+            }
+            return;
+        }
         let rec = self.orphan_path(l.oid);
         let written = OpenOptions::new()
             .write(true)
