@@ -65,6 +65,26 @@ fn kind_of_mode(mode: u32) -> Kind {
     }
 }
 
+/// The attributes of the namespace entry whose `lstat` is `st` (a regular file's size,
+/// blocks and times are its sidecar's: the caller adds its objects').
+fn attr_of_stat(st: &libc::stat) -> Attr {
+    let kind = kind_of_mode(st.st_mode);
+    Attr {
+        ino: st.st_ino,
+        kind,
+        perm: st.st_mode & 0o7777,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        rdev: if matches!(kind, Kind::CharDev | Kind::BlockDev) { st.st_rdev } else { 0 },
+        atime: t(st.st_atime, st.st_atime_nsec),
+        mtime: t(st.st_mtime, st.st_mtime_nsec),
+        ctime: t(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
 /// The caller's credentials on this thread until the guard drops (see [`crate::nsfs`]).
 fn caller(ctx: &Ctx) -> Caller {
     Caller::assume(ctx.uid, ctx.gid, &ctx.groups)
@@ -175,22 +195,8 @@ impl Namespace {
     /// The attributes of `name` in `dir` whose `lstat` is `st`: a regular file's size,
     /// blocks and times come from its data objects too (its sidecar is read as the daemon).
     fn attr_at(&self, b: &Backend, dir: &OwnedFd, name: &CStr, st: &libc::stat) -> Res<Attr> {
-        let kind = kind_of_mode(st.st_mode);
-        let mut a = Attr {
-            ino: st.st_ino,
-            kind,
-            perm: st.st_mode & 0o7777,
-            nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            size: st.st_size as u64,
-            blocks: st.st_blocks as u64,
-            rdev: if matches!(kind, Kind::CharDev | Kind::BlockDev) { st.st_rdev } else { 0 },
-            atime: t(st.st_atime, st.st_atime_nsec),
-            mtime: t(st.st_mtime, st.st_mtime_nsec),
-            ctime: t(st.st_ctime, st.st_ctime_nsec),
-        };
-        if kind == Kind::File {
+        let mut a = attr_of_stat(st);
+        if a.kind == Kind::File {
             let (l, _, _) = self.layout_at(dir, name)?;
             let (size, blocks, mtime, ctime) = b.data.data_stat(b, &l)?;
             a.size = size;

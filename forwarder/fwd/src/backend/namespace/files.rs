@@ -11,7 +11,7 @@ use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
 
 use super::super::layout::layout_text;
 use super::super::{eno, werr, Backend, Placer, Res};
-use super::{caller, Namespace};
+use super::{attr_of_stat, caller, Namespace};
 use crate::nsfs;
 
 impl Namespace {
@@ -75,6 +75,7 @@ impl Namespace {
             let _g = caller(ctx);
             nsfs::link_tmpfile(&staged, d.as_raw_fd(), &name)
         });
+        let st = res.is_ok().then(|| nsfs::fstat(staged.as_raw_fd()));
         drop(staged);
         if let Err(e) = res {
             b.opens.remove_marker(l.oid, h);
@@ -95,7 +96,9 @@ impl Namespace {
         for &ti in Placer::whole_file_targets(&l) {
             b.targets[ti as usize].shm.add_open(1);
         }
-        let attr = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr).and_then(|st| self.attr_at(b, &d, &name, &st));
+        // A file just made has no object yet (its first write makes them): its attributes are
+        // its sidecar's (as linked: no lookup), size and blocks 0.
+        let attr = st.expect("linked").map_err(werr).map(|st| Attr { size: 0, blocks: 0, ..attr_of_stat(&st) });
         match attr {
             Ok(a) => Ok((a, l, h)),
             Err(e) => {
