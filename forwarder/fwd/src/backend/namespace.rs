@@ -85,6 +85,20 @@ fn attr_of_stat(st: &libc::stat) -> Attr {
     }
 }
 
+/// The attributes of the regular file with layout `l` whose sidecar's `stat` is `st`: size and
+/// blocks from its objects, times the newer of the sidecar's and the objects'.
+fn file_attr(b: &Backend, st: &libc::stat, l: &Layout) -> Res<Attr> {
+    let mut a = attr_of_stat(st);
+    let (size, blocks, mtime, ctime) = b.data.data_stat(b, l)?;
+    a.size = size;
+    a.blocks = blocks;
+    // Data writes and truncates change the objects' times, name operations the
+    // sidecar's: the file's are the newer of each.
+    a.mtime = a.mtime.max(mtime);
+    a.ctime = a.ctime.max(ctime);
+    Ok(a)
+}
+
 /// The caller's credentials on this thread until the guard drops (see [`crate::nsfs`]).
 fn caller(ctx: &Ctx) -> Caller {
     Caller::assume(ctx.uid, ctx.gid, &ctx.groups)
@@ -195,18 +209,11 @@ impl Namespace {
     /// The attributes of `name` in `dir` whose `lstat` is `st`: a regular file's size,
     /// blocks and times come from its data objects too (its sidecar is read as the daemon).
     fn attr_at(&self, b: &Backend, dir: &OwnedFd, name: &CStr, st: &libc::stat) -> Res<Attr> {
-        let mut a = attr_of_stat(st);
-        if a.kind == Kind::File {
+        if kind_of_mode(st.st_mode) == Kind::File {
             let (l, _, _) = self.layout_at(dir, name)?;
-            let (size, blocks, mtime, ctime) = b.data.data_stat(b, &l)?;
-            a.size = size;
-            a.blocks = blocks;
-            // Data writes and truncates change the objects' times, name operations the
-            // sidecar's: the file's are the newer of each.
-            a.mtime = a.mtime.max(mtime);
-            a.ctime = a.ctime.max(ctime);
+            return file_attr(b, st, &l);
         }
-        Ok(a)
+        Ok(attr_of_stat(st))
     }
 
     /// Attributes of `path` (lookup and getattr), with the caller's search permissions.

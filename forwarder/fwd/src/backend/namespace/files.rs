@@ -11,7 +11,7 @@ use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
 
 use super::super::layout::layout_text;
 use super::super::{eno, werr, Backend, Placer, Res};
-use super::{attr_of_stat, caller, Namespace};
+use super::{attr_of_stat, caller, file_attr, Namespace};
 use crate::nsfs;
 
 impl Namespace {
@@ -149,8 +149,8 @@ impl Namespace {
             let h = b.opens.add_marker(l.oid, l.is_progressive())?;
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
-            match self.layout_at(&d, &name) {
-                Ok((now, _, _)) if now.oid == l.oid => {}
+            let sidecar = match self.layout_at(&d, &name) {
+                Ok((now, _, f)) if now.oid == l.oid => f,
                 Ok(_) => {
                     b.unmark(&l, h);
                     continue;
@@ -159,7 +159,7 @@ impl Namespace {
                     b.unmark(&l, h);
                     return Err(e);
                 }
-            }
+            };
             for &ti in Placer::whole_file_targets(&l) {
                 b.targets[ti as usize].shm.add_open(1);
             }
@@ -167,8 +167,9 @@ impl Namespace {
                 if truncate {
                     b.data.truncate(b, &l, 0)?;
                 }
-                let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
-                self.attr_at(b, &d, &name, &st)
+                // The sidecar the name holds (just checked): no lookup or read again.
+                let st = nsfs::fstat(sidecar.as_raw_fd()).map_err(werr)?;
+                file_attr(b, &st, &l)
             })();
             return match done {
                 Ok(a) => Ok((a, l, h)),
