@@ -161,7 +161,12 @@ impl Backend {
         let mut ts = Vec::new();
         for (name, dir) in targets {
             fs::create_dir_all(dir)?;
-            ts.push(Target { name: name.clone(), dir: dir.clone(), shm: crate::shm::TargetShm::open(dir)? });
+            ts.push(Target {
+                name: name.clone(),
+                dir: dir.clone(),
+                shm: crate::shm::TargetShm::open(dir)?,
+                dir_fd: crate::nsfs::open_dir(dir)?,
+            });
         }
         let opens = Opens::new(mdt, &tmp)?;
         Ok(Backend {

@@ -8,9 +8,9 @@
 //! [`Backend`] it is part of for the targets, the component placement ([`super::Placer`]),
 //! the open markers a progressive write counts in ([`super::Opens`]), the cache and GAS.
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -89,13 +89,7 @@ impl DataPath {
         if let Some(f) = self.fds.lock().unwrap().get(&key) {
             return Ok(f.clone());
         }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .mode(0o600)
-            .open(targets[ti as usize].obj_path(oid, idx));
-        let f = Arc::new(f.map_err(werr)?);
+        let f = Arc::new(targets[ti as usize].open_obj(oid, idx, create).map_err(werr)?);
         let mut m = self.fds.lock().unwrap();
         if m.len() >= FD_CACHE_MAX {
             m.clear();
@@ -172,7 +166,7 @@ impl DataPath {
         }
         drop(fds);
         for (idx, ti) in objs {
-            let _ = fs::remove_file(b.targets[ti as usize].obj_path(l.oid, idx));
+            let _ = b.targets[ti as usize].remove_obj(l.oid, idx);
         }
         changed(b, l.oid, None);
         if l.is_progressive() {
