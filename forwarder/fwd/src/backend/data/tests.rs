@@ -2,6 +2,7 @@ use super::*;
 use crate::backend::testutil::*;
 use crate::backend::Placement;
 use pharos_fwd_proto::{Ctx, SetAttr};
+use std::fs;
 use std::sync::Arc;
 
 #[test]
