@@ -9,7 +9,10 @@
 //!   namespace root's fd with the caller's credentials ([`crate::nsfs`]): the kernel of the
 //!   forwarding node applies POSIX's permission rules. Hard links share the sidecar.
 //! * The data of stripe `s` of object `oid` is the file `<target dir>/<oid:016x>.<s>`.
-//!   Striping is RAID-0 over the layout's targets in units of `stripe_size`.
+//!   Striping is RAID-0 over the layout's targets in units of `stripe_size`. A create makes
+//!   no object (the layout is decided then, the objects are not): the first write of a
+//!   stripe (or a truncate reaching it) makes its object, and a missing object is a hole
+//!   (zeros inside the size) for reads, stats, fsync, truncate and removal.
 //! * **Progressive layouts** (a pool with `component_size` C, Lustre-PFL-like; sidecar
 //!   `pharos-layout v2 .. component_size=C perf=..`): bytes `[k*C, (k+1)*C)` are component
 //!   `k`, the object `<target dir>/<oid:016x>.<k>` on one target. The target is chosen at the
@@ -161,7 +164,12 @@ impl Backend {
         let mut ts = Vec::new();
         for (name, dir) in targets {
             fs::create_dir_all(dir)?;
-            ts.push(Target { name: name.clone(), dir: dir.clone(), shm: crate::shm::TargetShm::open(dir)? });
+            ts.push(Target {
+                name: name.clone(),
+                dir: dir.clone(),
+                shm: crate::shm::TargetShm::open(dir)?,
+                dir_fd: crate::nsfs::open_dir(dir)?,
+            });
         }
         let opens = Opens::new(mdt, &tmp)?;
         Ok(Backend {

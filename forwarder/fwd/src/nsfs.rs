@@ -189,6 +189,9 @@ fn daemon_gid() -> u32 {
 
 thread_local! {
     static UMASK_PRIVATE: Cell<bool> = const { Cell::new(false) };
+    /// The thread's credentials are the daemon's with no supplementary group (a [`Caller`]
+    /// restored them): a caller with exactly those needs no switch.
+    static DAEMON_CREDS: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Gives the calling thread its own umask of 0 (`unshare(CLONE_FS)`; once per thread): modes
@@ -212,8 +215,13 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// Switches to `uid`, `gid` and `groups` (nothing to do when the daemon is not root, or
+    /// when they are the daemon's own: root, its gid, no group; six system calls saved).
     pub fn assume(uid: u32, gid: u32, groups: &[u32]) -> Caller {
         if !daemon_is_root() {
+            return Caller { active: false };
+        }
+        if uid == 0 && groups.is_empty() && gid == daemon_gid() && DAEMON_CREDS.get() {
             return Caller { active: false };
         }
         daemon_gid();
@@ -236,6 +244,7 @@ impl Drop for Caller {
                 libc::setfsgid(daemon_gid());
                 libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
             }
+            DAEMON_CREDS.set(true);
         }
     }
 }

@@ -2,9 +2,13 @@
 //!
 //! Two schedulers, chosen with `--scheduler` (`PHAROS_FWD_SCHEDULER`):
 //!
-//! * [`SchedulerKind::Weights`] (default, the baseline): every worker follows the smooth
-//!   weighted round-robin cycle of `--weights` (metadata 4, small 2, large 1) and falls back
-//!   to the other classes in priority order when its preferred one is empty.
+//! * [`SchedulerKind::Weights`] (default): a worker takes a waiting metadata request first
+//!   (issue 29: a `stat` or `create` does not wait behind data requests), but after `M`
+//!   metadata requests in a row (`--weights M,S,L`, metadata 4) it tries the data classes
+//!   first once, so data is never starved: under a backlog of every class, data gets at
+//!   least one pick in `M + 1` of each worker. Data picks follow the smooth weighted
+//!   round-robin cycle of the data weights (small 2, large 1), falling back to the other
+//!   classes when the preferred one is empty.
 //! * [`SchedulerKind::Raas`]: request-aware thread allocation after GVDS's RAAS (request-aware
 //!   adaptive scheduling of the GVDS global virtual data space's I/O service threads). Each
 //!   class `c` has a minimum of workers `min[c]` that serve it only, so a class is never
@@ -19,7 +23,7 @@
 //!
 //! Both keep, per class, the queuing delay since the start and over the last cycle and the
 //! worker allocation, exported on `GET /metrics` ([`Scheduler::encode_metrics`]).
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -302,7 +306,12 @@ pub fn wrr_cycle(w: [u32; CLASSES]) -> Vec<usize> {
 pub struct Scheduler {
     pub cfg: ThreadsConfig,
     workers: usize,
+    /// The data classes' weighted round-robin cycle (`Weights`).
     cycle: Vec<usize>,
+    /// Metadata requests a worker takes in a row before it tries data first (`Weights`).
+    meta_run: u32,
+    /// Each worker's metadata requests taken in a row (`Weights`).
+    streak: Vec<AtomicU32>,
     /// Each worker's [`Role`] (RAAS), as its code.
     roles: Vec<AtomicU8>,
     /// Per-class queuing delay since the start.
@@ -319,7 +328,9 @@ impl Scheduler {
     pub fn new(cfg: ThreadsConfig, workers: usize, weights: [u32; CLASSES]) -> Scheduler {
         let workers = workers.max(1);
         let s = Scheduler {
-            cycle: wrr_cycle(weights),
+            cycle: wrr_cycle([0, weights[1].max(1), weights[2].max(1)]),
+            meta_run: weights[0].max(1),
+            streak: (0..workers).map(|_| AtomicU32::new(0)).collect(),
             roles: (0..workers).map(|_| AtomicU8::new(Role::Shared.code())).collect(),
             waits: ClassWaits::default(),
             last_delay: Default::default(),
@@ -347,16 +358,30 @@ impl Scheduler {
         self.alloc[CLASSES].store(a.shared as u64, Relaxed);
     }
 
-    /// Worker `idx`'s next request and its class (`pos`: the worker's place in the weights
-    /// cycle). Waits up to 200 ms, then `None` (the worker checks the stop flag).
+    /// Worker `idx`'s next request and its class (`pos`: the worker's place in the data
+    /// classes' cycle). Waits up to 200 ms, then `None` (the worker checks the stop flag).
     pub fn next<T>(&self, idx: usize, pos: &mut usize, q: &ClassQueues<T>) -> Option<(T, usize)> {
         const WAIT: Duration = Duration::from_millis(200);
         match self.cfg.scheduler {
             SchedulerKind::Weights => {
-                let pref = self.cycle[*pos % self.cycle.len()];
-                *pos += 1;
-                let order = [pref, 0, 1, 2];
-                q.pop(&order, WAIT)
+                let data = self.cycle[*pos % self.cycle.len()];
+                let other = 3 - data; // the other data class (1 + 2 = 3)
+                let Some(streak) = self.streak.get(idx) else {
+                    return q.pop(&[data, 0, other], WAIT); // not a worker: no metadata run kept
+                };
+                let order = if streak.load(Relaxed) >= self.meta_run { [data, other, 0] } else { [0, data, other] };
+                let got = q.pop(&order, WAIT);
+                match got {
+                    Some((_, 0)) => {
+                        streak.fetch_add(1, Relaxed);
+                    }
+                    Some(_) => {
+                        streak.store(0, Relaxed);
+                        *pos += 1;
+                    }
+                    None => {}
+                }
+                got
             }
             SchedulerKind::Raas => {
                 let role = self.roles.get(idx).map_or(Role::Shared, |r| Role::from_code(r.load(Relaxed)));
@@ -496,104 +521,4 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ACC: [f64; 3] = [0.001, 0.005, 0.050];
-
-    #[test]
-    fn nobody_over_target_keeps_the_minimum_and_shares_the_rest() {
-        let a = allocate(16, [2, 1, 1], ACC, [0.0005, 0.004, 0.0]);
-        assert_eq!(a, Alloc { class: [2, 1, 1], shared: 12 });
-    }
-
-    #[test]
-    fn extras_follow_the_relative_gap() {
-        // metadata 3 ms over a 1 ms target (gap 2), large 150 ms over 50 (gap 2): an even split
-        let a = allocate(10, [1, 1, 1], ACC, [0.003, 0.001, 0.150]);
-        assert_eq!(a.class.iter().sum::<usize>() + a.shared, 10);
-        assert_eq!(a, Alloc { class: [5, 1, 4], shared: 0 }, "7 extras: 3.5 each, the tie to metadata");
-        // only large over: it takes every extra
-        let a = allocate(10, [1, 1, 1], ACC, [0.0, 0.0, 0.5]);
-        assert_eq!(a, Alloc { class: [1, 1, 8], shared: 0 });
-        // gap 1 vs gap 3: a quarter and three quarters of 8
-        let a = allocate(11, [1, 1, 1], ACC, [0.002, 0.0, 0.2]);
-        assert_eq!(a, Alloc { class: [3, 1, 7], shared: 0 });
-    }
-
-    #[test]
-    fn allocation_is_exact_and_respects_minimums_for_any_input() {
-        let delays = [0.0, 0.0005, 0.001, 0.002, 0.01, 0.04, 0.1, 1.0, f64::NAN, f64::INFINITY];
-        for w in 3..20 {
-            for m in &delays {
-                for s in &delays {
-                    for l in &delays {
-                        let a = allocate(w, [1, 1, 1], ACC, [*m, *s, *l]);
-                        assert_eq!(a.class.iter().sum::<usize>() + a.shared, w, "{w} {m} {s} {l}");
-                        assert!(a.class.iter().all(|&n| n >= 1));
-                        for c in 0..3 {
-                            let over = [*m, *s, *l][c] > ACC[c] && [*m, *s, *l][c].is_finite();
-                            assert!(over || a.class[c] == 1, "a class within its target gets no extra");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn more_gap_never_means_fewer_workers() {
-        let mut last = 0;
-        for ms in [1.0, 2.0, 4.0, 8.0, 16.0, 64.0] {
-            let a = allocate(16, [1, 1, 1], ACC, [ms / 1e3, 0.0, 0.1]);
-            assert!(a.class[0] >= last, "{a:?}");
-            last = a.class[0];
-        }
-        assert!(last > 10);
-    }
-
-    #[test]
-    fn roles_reserve_the_minimum_first() {
-        let a = Alloc { class: [2, 1, 3], shared: 1 };
-        let r = roles(&a, [1, 1, 1]);
-        use Role::*;
-        assert_eq!(r, vec![Reserved(0), Reserved(1), Reserved(2), Extra(0), Extra(2), Extra(2), Shared]);
-        for role in r {
-            assert_eq!(Role::from_code(role.code()), role);
-        }
-        assert_eq!(order_of(Reserved(2)), &[2]);
-        assert_eq!(order_of(Extra(2))[0], 2);
-        assert_eq!(order_of(Shared), &[0, 1, 2]);
-    }
-
-    #[test]
-    fn wrr_cycle_serves_every_class() {
-        let c = wrr_cycle([4, 2, 1]);
-        assert_eq!(c.len(), 7);
-        assert_eq!(c.iter().filter(|&&x| x == 0).count(), 4);
-        assert_eq!(c.iter().filter(|&&x| x == 2).count(), 1);
-        assert_eq!(c[0], 0);
-    }
-
-    #[test]
-    fn a_tick_measures_the_cycle_and_reallocates() {
-        let cfg = ThreadsConfig { scheduler: SchedulerKind::Raas, ..Default::default() };
-        let s = Scheduler::new(cfg, 8, [4, 2, 1]);
-        let q: ClassQueues<u32> = ClassQueues::new(QueueKind::Lockfree, [4, 4, 4]);
-        let mut prev = s.waits.snapshot();
-        s.waits.dequeued(0, Duration::from_millis(4));
-        s.waits.dequeued(0, Duration::from_millis(2));
-        q.push(2, 1).unwrap(); // waiting, nothing dequeued: the whole cycle
-        let m = s.tick(&mut prev, Duration::from_millis(100), &q);
-        assert!((m[0] - 0.003).abs() < 1e-9 && m[1] == 0.0 && (m[2] - 0.1).abs() < 1e-9, "{m:?}");
-        // gaps 2 (metadata) and 1 (large): 5 extras → 3.33 and 1.67 → 3 + 2 (remainder)
-        assert_eq!(s.alloc.iter().map(|a| a.load(Relaxed)).collect::<Vec<_>>(), vec![4, 1, 3, 0]);
-        let mut idx_role: Vec<Role> = s.roles.iter().map(|r| Role::from_code(r.load(Relaxed))).collect();
-        idx_role.truncate(3);
-        assert_eq!(idx_role, vec![Role::Reserved(0), Role::Reserved(1), Role::Reserved(2)]);
-        // a quiet cycle: back to the minimum, the rest shared
-        let m = s.tick(&mut prev, Duration::from_millis(100), &ClassQueues::<u32>::new(QueueKind::Mutex, [1; 3]));
-        assert_eq!(m, [0.0; 3]);
-        assert_eq!(s.alloc.iter().map(|a| a.load(Relaxed)).collect::<Vec<_>>(), vec![1, 1, 1, 5]);
-    }
-}
+mod tests;

@@ -8,9 +8,9 @@
 //! [`Backend`] it is part of for the targets, the component placement ([`super::Placer`]),
 //! the open markers a progressive write counts in ([`super::Opens`]), the cache and GAS.
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,19 +82,14 @@ fn settle(b: &Backend, oid: u64, why: Reason) {
 
 impl DataPath {
     /// The open object file `idx` of `oid` on target `ti`; `create` makes it when missing
-    /// (components are made by their first write), else a missing object is ENOENT.
+    /// (objects are made by their first write or extending truncate, not at create), else a
+    /// missing object is ENOENT.
     fn obj_fd(&self, targets: &[Target], ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
         let key = (ti, oid, idx);
         if let Some(f) = self.fds.lock().unwrap().get(&key) {
             return Ok(f.clone());
         }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .mode(0o600)
-            .open(targets[ti as usize].obj_path(oid, idx));
-        let f = Arc::new(f.map_err(werr)?);
+        let f = Arc::new(targets[ti as usize].open_obj(oid, idx, create).map_err(werr)?);
         let mut m = self.fds.lock().unwrap();
         if m.len() >= FD_CACHE_MAX {
             m.clear();
@@ -110,6 +105,27 @@ impl DataPath {
             Err(e) if e.errno == errno::ENOENT => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The object `idx` of `l` on target `ti` for a write through open `h`, made when missing
+    /// (the first write of a stripe or component). A striped file's object is made only while
+    /// an open of it is recorded (`h`'s marker, else any marker of the file: writes gathered
+    /// by GAS carry no handle): a late write to a file unlinked and reaped meanwhile (an open
+    /// the start-time GC dropped, a deferred write) must not bring its objects back; it gets
+    /// ENOENT, as before objects were made lazily. A progressive file's components have that
+    /// guard in their record directory.
+    fn write_obj(&self, b: &Backend, ti: u32, l: &Layout, h: OpenHandle, idx: u64) -> Res<Arc<File>> {
+        if l.is_progressive() {
+            return self.obj_fd(&b.targets, ti, l.oid, idx, true);
+        }
+        if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? {
+            return Ok(f);
+        }
+        let open = (h != OpenHandle::default() && b.opens.has_open(l.oid, h)) || b.opens.has_markers(l.oid);
+        if !open {
+            return Err(eno(errno::ENOENT, "no such open: its file may be gone"));
+        }
+        self.obj_fd(&b.targets, ti, l.oid, idx, true)
     }
 
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
@@ -150,7 +166,7 @@ impl DataPath {
         }
         drop(fds);
         for (idx, ti) in objs {
-            let _ = fs::remove_file(b.targets[ti as usize].obj_path(l.oid, idx));
+            let _ = b.targets[ti as usize].remove_obj(l.oid, idx);
         }
         changed(b, l.oid, None);
         if l.is_progressive() {
@@ -168,7 +184,16 @@ impl DataPath {
     fn truncate_objects(&self, b: &Backend, l: &Layout, size: u64) -> Res<()> {
         if !l.is_progressive() {
             for (s, ti) in b.placement.objects(&b.targets, l)? {
-                self.obj_fd(&b.targets, ti, l.oid, s, false)?.set_len(obj_size(l, size, s as u32)).map_err(werr)?;
+                // A stripe left empty needs no object; one reaching into the size is made.
+                let n = obj_size(l, size, s as u32);
+                let f = if n > 0 {
+                    Some(self.obj_fd(&b.targets, ti, l.oid, s, true)?)
+                } else {
+                    self.existing_obj(&b.targets, ti, l.oid, s)?
+                };
+                if let Some(f) = f {
+                    f.set_len(n).map_err(werr)?;
+                }
             }
             return Ok(());
         }
@@ -206,7 +231,8 @@ impl DataPath {
         info.oid = l.oid;
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
-        let file = self.obj_fd(&b.targets, ti, l.oid, 0, false)?;
+        // Never written: no object, the read_into path answers (a hole up to `floor`).
+        let Some(file) = self.existing_obj(&b.targets, ti, l.oid, 0)? else { return Ok(None) };
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
         if len < size as u64 && floor > osize {
@@ -332,7 +358,16 @@ impl DataPath {
                 found
             } else {
                 let ti = l.targets[pc.obj as usize];
-                (ti, self.obj_fd(&b.targets, ti, l.oid, pc.obj, false)?)
+                match self.existing_obj(&b.targets, ti, l.oid, pc.obj)? {
+                    Some(f) => (ti, f),
+                    // A stripe never written: a hole (zeros inside the size), or the end of a
+                    // single-object file.
+                    None if single => break,
+                    None => {
+                        got_end = pc.buf_off + pc.len;
+                        continue;
+                    }
+                }
             };
             info.target.get_or_insert(ti);
             info.throttled += b.targets[ti as usize].gate(pc.len);
@@ -465,78 +500,6 @@ impl DataPath {
         r.map(|()| len as u32)
     }
 
-    #[allow(clippy::too_many_arguments)] // the backend and a write's own arguments
-    fn write_chunk_pieces(
-        &self,
-        b: &Backend,
-        l: &Layout,
-        h: OpenHandle,
-        off: u64,
-        len: u64,
-        chunks: &[&[u8]],
-        info: &mut IoInfo,
-    ) -> Res<()> {
-        use std::os::fd::AsRawFd;
-        // (chunk index, offset in it) of the run's byte `pos`, advanced piece by piece.
-        let (mut ci, mut co) = (0usize, 0usize);
-        for pc in pieces(l, off, len) {
-            let ti = if l.is_progressive() {
-                b.placement.enter(&b.targets, &b.opens, l, h, pc.obj)?
-            } else {
-                l.targets[pc.obj as usize]
-            };
-            info.target.get_or_insert(ti);
-            info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
-            let mut iov: Vec<libc::iovec> = Vec::new();
-            let mut need = pc.len as usize;
-            while need > 0 {
-                let c = &chunks[ci][co..];
-                let k = c.len().min(need);
-                iov.push(libc::iovec { iov_base: c.as_ptr() as *mut libc::c_void, iov_len: k });
-                need -= k;
-                co += k;
-                if co == chunks[ci].len() {
-                    ci += 1;
-                    co = 0;
-                }
-            }
-            let t0 = Instant::now();
-            self.data_writes.fetch_add(1, Relaxed);
-            let (mut done, mut first, mut at) = (0usize, 0usize, pc.obj_off);
-            while done < pc.len as usize {
-                let cnt = (iov.len() - first).min(libc::UIO_MAXIOV as usize) as i32;
-                let n = unsafe { libc::pwritev(f.as_raw_fd(), iov[first..].as_ptr(), cnt, at as libc::off_t) };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(werr(e));
-                }
-                if n == 0 {
-                    return Err(eno(errno::EIO, "pwritev wrote nothing"));
-                }
-                let mut n = n as usize;
-                done += n;
-                at += n as u64;
-                // Skip the iovecs written, trim a partly written one.
-                while n > 0 && first < iov.len() {
-                    if n >= iov[first].iov_len {
-                        n -= iov[first].iov_len;
-                        first += 1;
-                    } else {
-                        iov[first].iov_base = unsafe { (iov[first].iov_base as *mut u8).add(n) } as *mut libc::c_void;
-                        iov[first].iov_len -= n;
-                        n = 0;
-                    }
-                }
-            }
-            b.targets[ti as usize].stretch(t0.elapsed());
-        }
-        Ok(())
-    }
-
     fn write_pieces(
         &self,
         b: &Backend,
@@ -554,7 +517,7 @@ impl DataPath {
             };
             info.target.get_or_insert(ti);
             info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.obj_fd(&b.targets, ti, l.oid, pc.obj, l.is_progressive())?;
+            let f = self.write_obj(b, ti, l, h, pc.obj)?;
             let t0 = Instant::now();
             self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;
@@ -571,14 +534,8 @@ impl DataPath {
             g.settle(b, l.oid, Reason::Fsync, true)?;
         }
         for (idx, ti) in b.placement.objects(&b.targets, l)? {
-            let f = if l.is_progressive() {
-                match self.existing_obj(&b.targets, ti, l.oid, idx)? {
-                    Some(f) => f,
-                    None => continue,
-                }
-            } else {
-                self.obj_fd(&b.targets, ti, l.oid, idx, false)?
-            };
+            // An object never written holds nothing to flush.
+            let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? else { continue };
             info.target.get_or_insert(ti);
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(werr)?;
         }
@@ -586,5 +543,6 @@ impl DataPath {
     }
 }
 
+mod chunks;
 #[cfg(test)]
 mod tests;

@@ -65,6 +65,40 @@ fn kind_of_mode(mode: u32) -> Kind {
     }
 }
 
+/// The attributes of the namespace entry whose `lstat` is `st` (a regular file's size,
+/// blocks and times are its sidecar's: the caller adds its objects').
+fn attr_of_stat(st: &libc::stat) -> Attr {
+    let kind = kind_of_mode(st.st_mode);
+    Attr {
+        ino: st.st_ino,
+        kind,
+        perm: st.st_mode & 0o7777,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        rdev: if matches!(kind, Kind::CharDev | Kind::BlockDev) { st.st_rdev } else { 0 },
+        atime: t(st.st_atime, st.st_atime_nsec),
+        mtime: t(st.st_mtime, st.st_mtime_nsec),
+        ctime: t(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+/// The attributes of the regular file with layout `l` whose sidecar's `stat` is `st`: size and
+/// blocks from its objects, times the newer of the sidecar's and the objects'.
+fn file_attr(b: &Backend, st: &libc::stat, l: &Layout) -> Res<Attr> {
+    let mut a = attr_of_stat(st);
+    let (size, blocks, mtime, ctime) = b.data.data_stat(b, l)?;
+    a.size = size;
+    a.blocks = blocks;
+    // Data writes and truncates change the objects' times, name operations the
+    // sidecar's: the file's are the newer of each.
+    a.mtime = a.mtime.max(mtime);
+    a.ctime = a.ctime.max(ctime);
+    Ok(a)
+}
+
 /// The caller's credentials on this thread until the guard drops (see [`crate::nsfs`]).
 fn caller(ctx: &Ctx) -> Caller {
     Caller::assume(ctx.uid, ctx.gid, &ctx.groups)
@@ -145,9 +179,24 @@ impl Namespace {
             r => r,
         }
         .map_err(werr)?;
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut f, &mut s).map_err(werr)?;
-        let (l, tok) = parse_layout(&s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        // Plain reads into a page (a sidecar is one line; read_to_string would stat and seek
+        // first), more pages only for a long one.
+        let mut buf = vec![0u8; 4096];
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                buf.resize(2 * n, 0);
+            }
+            match std::io::Read::read(&mut f, &mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(werr(e)),
+            }
+        }
+        let s =
+            std::str::from_utf8(&buf[..n]).map_err(|_| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        let (l, tok) = parse_layout(s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
         Ok((l, tok, f))
     }
 
@@ -160,32 +209,11 @@ impl Namespace {
     /// The attributes of `name` in `dir` whose `lstat` is `st`: a regular file's size,
     /// blocks and times come from its data objects too (its sidecar is read as the daemon).
     fn attr_at(&self, b: &Backend, dir: &OwnedFd, name: &CStr, st: &libc::stat) -> Res<Attr> {
-        let kind = kind_of_mode(st.st_mode);
-        let mut a = Attr {
-            ino: st.st_ino,
-            kind,
-            perm: st.st_mode & 0o7777,
-            nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            size: st.st_size as u64,
-            blocks: st.st_blocks as u64,
-            rdev: if matches!(kind, Kind::CharDev | Kind::BlockDev) { st.st_rdev } else { 0 },
-            atime: t(st.st_atime, st.st_atime_nsec),
-            mtime: t(st.st_mtime, st.st_mtime_nsec),
-            ctime: t(st.st_ctime, st.st_ctime_nsec),
-        };
-        if kind == Kind::File {
+        if kind_of_mode(st.st_mode) == Kind::File {
             let (l, _, _) = self.layout_at(dir, name)?;
-            let (size, blocks, mtime, ctime) = b.data.data_stat(b, &l)?;
-            a.size = size;
-            a.blocks = blocks;
-            // Data writes and truncates change the objects' times, name operations the
-            // sidecar's: the file's are the newer of each.
-            a.mtime = a.mtime.max(mtime);
-            a.ctime = a.ctime.max(ctime);
+            return file_attr(b, st, &l);
         }
-        Ok(a)
+        Ok(attr_of_stat(st))
     }
 
     /// Attributes of `path` (lookup and getattr), with the caller's search permissions.

@@ -1,6 +1,10 @@
 //! One storage target (OST): its directory of objects and its shared state ([`crate::shm`]:
 //! token bucket, injected latency and slowdown, open count), and what the data path applies
 //! before and after each piece of I/O on it.
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -19,12 +23,32 @@ pub struct Target {
     pub name: String,
     pub dir: PathBuf,
     pub shm: TargetShm,
+    /// The directory's `O_PATH` fd: objects are opened and removed relative to it (a short
+    /// lookup, also for the objects a file never wrote).
+    pub dir_fd: OwnedFd,
 }
 
 impl Target {
     /// Object `idx` (stripe or component) of `oid` on this target.
     pub(super) fn obj_path(&self, oid: u64, idx: u64) -> PathBuf {
         self.dir.join(format!("{oid:016x}.{idx}"))
+    }
+
+    /// The name of object `idx` of `oid` in the target's directory.
+    fn obj_name(oid: u64, idx: u64) -> CString {
+        CString::new(format!("{oid:016x}.{idx}")).expect("hex and digits")
+    }
+
+    /// Opens object `idx` of `oid` read-write (`create`: made, mode 0600, when missing).
+    pub(super) fn open_obj(&self, oid: u64, idx: u64, create: bool) -> io::Result<File> {
+        let flags = libc::O_RDWR | if create { libc::O_CREAT } else { 0 };
+        crate::nsfs::openat(self.dir_fd.as_raw_fd(), &Self::obj_name(oid, idx), flags, 0o600)
+    }
+
+    /// Removes object `idx` of `oid` (a missing one is `NotFound`).
+    pub(super) fn remove_obj(&self, oid: u64, idx: u64) -> io::Result<()> {
+        let r = unsafe { libc::unlinkat(self.dir_fd.as_raw_fd(), Self::obj_name(oid, idx).as_ptr(), 0) };
+        crate::nsfs::cvt(r).map(drop)
     }
 
     /// Applies the target's token bucket and injected latency before a piece of I/O of

@@ -2,6 +2,7 @@ use super::*;
 use crate::backend::testutil::*;
 use crate::backend::Placement;
 use pharos_fwd_proto::{Ctx, SetAttr};
+use std::fs;
 use std::sync::Arc;
 
 #[test]
@@ -72,5 +73,47 @@ fn progressive_file_roundtrip_holes_truncate_and_unlink() {
     assert_eq!(fs::read_dir(d.path().join("mdt/components")).unwrap().count(), 0);
     // A write after the objects are gone does not resurrect them.
     assert_eq!(b.write(&l, NOH, 1 << 20, b"x", &mut info).unwrap_err().errno, errno::ENOENT);
+    assert_eq!(obj_count(&d), 0);
+}
+
+/// Issue 29: a create makes no object; the first write of a stripe makes it, a stripe never
+/// written reads as a hole, and every path that looks at objects takes a missing one as empty.
+#[test]
+fn objects_are_made_by_the_first_write_and_missing_ones_are_holes() {
+    let (d, b) = backend(4);
+    b.placement.store(Arc::new(Placement { stripe_count: Some(3), stripe_size: Some(4096), ..Default::default() }));
+    let c = Ctx::default();
+    let (_, l, h) = b.create("f", 0o644, EXCL, 1, &c).unwrap();
+    assert_eq!(obj_count(&d), 0, "create makes no object");
+    let mut info = IoInfo::default();
+    // Never written: size 0, empty reads, fsync and stat work.
+    assert_eq!((b.getattr("f", &c).unwrap().size, b.getattr("f", &c).unwrap().blocks), (0, 0));
+    assert!(b.read(&l, 0, 100, &mut info).unwrap().is_empty());
+    b.fsync(&l, false, &mut info).unwrap();
+    // Only the second stripe written: the first reads as zeros, the third is past the end.
+    b.write(&l, h, 4096, b"second", &mut info).unwrap();
+    assert_eq!(obj_count(&d), 1);
+    assert_eq!(b.getattr("f", &c).unwrap().size, 4102);
+    let r = b.read(&l, 0, 10_000, &mut info).unwrap();
+    assert_eq!(r.len(), 4102);
+    assert!(r[..4096].iter().all(|&x| x == 0) && &r[4096..] == b"second");
+    b.fsync(&l, true, &mut info).unwrap();
+    // An extending truncate makes the objects the size reaches; O_TRUNC to 0 makes none.
+    b.setattr("f", &SetAttr { size: Some(3 * 4096 + 1), ..Default::default() }, None, &c).unwrap();
+    assert_eq!(b.getattr("f", &c).unwrap().size, 3 * 4096 + 1);
+    b.release(&l, h).unwrap();
+    let (_, l1, h1) = b.create("one", 0o644, EXCL, 2, &c).unwrap();
+    b.open("one", libc::O_RDWR | libc::O_TRUNC, &c).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+    // A single-object file never written: an empty read (no sendfile span).
+    assert!(b.read_span(&l1, 0, 10, &mut info).unwrap().is_none());
+    assert!(b.read(&l1, 0, 10, &mut info).unwrap().is_empty());
+    b.release(&l1, h1).unwrap();
+    let n = obj_count(&d);
+    b.unlink("one", &c).unwrap();
+    assert_eq!(obj_count(&d), n, "a file never written had no object");
+    b.unlink("f", &c).unwrap();
+    assert_eq!(obj_count(&d), 0);
+    // A late write to the unlinked, reaped file (its open released) makes no object again.
+    assert_eq!(b.write(&l, h, 0, b"late", &mut info).unwrap_err().errno, errno::ENOENT);
     assert_eq!(obj_count(&d), 0);
 }

@@ -1,17 +1,17 @@
-//! Regular files of the namespace: create (placement, objects, open marker, the sidecar
-//! linked into place), open (access checked, marker, re-check against a racing unlink) and
+//! Regular files of the namespace: create (placement, open marker, the sidecar linked into
+//! place; no object: objects are made by the first write), open (access checked, marker, re-check against a racing unlink) and
 //! release (open counts, marker, an orphan's last close).
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 
 use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
 
 use super::super::layout::layout_text;
 use super::super::{eno, werr, Backend, Placer, Res};
-use super::{caller, Namespace};
+use super::{attr_of_stat, caller, file_attr, Namespace};
 use crate::nsfs;
 
 impl Namespace {
@@ -48,10 +48,12 @@ impl Namespace {
         drop(g);
         let mut staged = staged.map_err(werr)?;
         let l = b.placement.place(&b.targets, &ctx.job_id);
+        // No object is made here: a stripe's object is made by its first write (or an
+        // extending truncate), and a missing one reads as a hole ([`super::super::DataPath`]).
         let mut made = Vec::new();
         let cleanup = |made: &Vec<PathBuf>| {
             for m in made.iter().rev() {
-                let _ = if m.is_dir() { fs::remove_dir(m) } else { fs::remove_file(m) };
+                let _ = fs::remove_dir(m);
             }
         };
         if l.is_progressive() {
@@ -60,17 +62,9 @@ impl Namespace {
             fs::DirBuilder::new().mode(0o700).create(&d).map_err(werr)?;
             made.push(d);
         }
-        for &(s, ti) in &b.placement.objects(&b.targets, &l)? {
-            let op = b.targets[ti as usize].obj_path(l.oid, s);
-            if let Err(e) = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&op) {
-                cleanup(&made);
-                return Err(werr(e));
-            }
-            made.push(op);
-        }
         // The open is recorded before the name appears: an unlink right after the link
         // already sees it.
-        let h = match b.opens.add_marker(l.oid) {
+        let h = match b.opens.add_marker(l.oid, l.is_progressive()) {
             Ok(h) => h,
             Err(e) => {
                 cleanup(&made);
@@ -81,6 +75,7 @@ impl Namespace {
             let _g = caller(ctx);
             nsfs::link_tmpfile(&staged, d.as_raw_fd(), &name)
         });
+        let st = res.is_ok().then(|| nsfs::fstat(staged.as_raw_fd()));
         drop(staged);
         if let Err(e) = res {
             b.opens.remove_marker(l.oid, h);
@@ -101,7 +96,9 @@ impl Namespace {
         for &ti in Placer::whole_file_targets(&l) {
             b.targets[ti as usize].shm.add_open(1);
         }
-        let attr = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr).and_then(|st| self.attr_at(b, &d, &name, &st));
+        // A file just made has no object yet (its first write makes them): its attributes are
+        // its sidecar's (as linked: no lookup), size and blocks 0.
+        let attr = st.expect("linked").map_err(werr).map(|st| Attr { size: 0, blocks: 0, ..attr_of_stat(&st) });
         match attr {
             Ok(a) => Ok((a, l, h)),
             Err(e) => {
@@ -149,11 +146,11 @@ impl Namespace {
                 continue; // another file took the name since the access check
             }
             b.check_layout(&l)?;
-            let h = b.opens.add_marker(l.oid)?;
+            let h = b.opens.add_marker(l.oid, l.is_progressive())?;
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
-            match self.layout_at(&d, &name) {
-                Ok((now, _, _)) if now.oid == l.oid => {}
+            let sidecar = match self.layout_at(&d, &name) {
+                Ok((now, _, f)) if now.oid == l.oid => f,
                 Ok(_) => {
                     b.unmark(&l, h);
                     continue;
@@ -162,7 +159,7 @@ impl Namespace {
                     b.unmark(&l, h);
                     return Err(e);
                 }
-            }
+            };
             for &ti in Placer::whole_file_targets(&l) {
                 b.targets[ti as usize].shm.add_open(1);
             }
@@ -170,8 +167,9 @@ impl Namespace {
                 if truncate {
                     b.data.truncate(b, &l, 0)?;
                 }
-                let st = nsfs::lstat(d.as_raw_fd(), &name).map_err(werr)?;
-                self.attr_at(b, &d, &name, &st)
+                // The sidecar the name holds (just checked): no lookup or read again.
+                let st = nsfs::fstat(sidecar.as_raw_fd()).map_err(werr)?;
+                file_attr(b, &st, &l)
             })();
             return match done {
                 Ok(a) => Ok((a, l, h)),

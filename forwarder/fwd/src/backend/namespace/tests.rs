@@ -29,7 +29,9 @@ fn hard_links_share_data_and_the_last_name_drops_it() {
     b.release(&l2, h2).unwrap();
     assert_eq!(obj_count(&d), 1);
     // Rename over the last name of a file: its data goes.
-    b.create("h", 0o644, EXCL, 2, &c).map(|(_, l, h)| b.release(&l, h)).unwrap().unwrap();
+    let (_, lh, hh) = b.create("h", 0o644, EXCL, 2, &c).unwrap();
+    b.write(&lh, hh, 0, b"h", &mut info).unwrap();
+    b.release(&lh, hh).unwrap();
     b.rename("h", "g", false, &c).unwrap();
     assert_eq!(obj_count(&d), 1);
     b.unlink("g", &c).unwrap();
