@@ -418,6 +418,8 @@ OP_MKDIR = 5
 OP_CREATE, OP_OPEN, OP_RELEASE, OP_READ, OP_WRITE, OP_FSYNC = 9, 10, 11, 12, 13, 14
 OP_KILL_SUIDGID, OP_AUTH = 20, 21
 BODY_OPENED, BODY_CHALLENGE, BODY_AUTHED = 3, 8, 9
+# v7: a create's answer also carries its directory's attributes (`Body::Created { attr, cap, parent }`).
+BODY_CREATED = 12
 CAP_READ, CAP_WRITE = 1, 2
 ATTR_LEN = 88  # bytes of an encoded `Attr`
 

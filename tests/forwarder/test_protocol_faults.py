@@ -11,7 +11,7 @@ import struct
 
 import pytest
 from forwarder_testkit import (
-    BODY_OPENED,
+    BODY_CREATED,
     CAP_READ,
     CAP_WRITE,
     OP_CREATE,
@@ -127,9 +127,9 @@ def test_raw_data_segment_write_then_read(daemon, cluster):
         rid, e, rest, seg = read_reply(s)
         assert (rid, e, seg) == (30, None, b"")
         (variant,) = struct.unpack("<I", rest[:4])
-        assert variant == BODY_OPENED  # Body::Opened { attr, cap }
+        assert variant == BODY_CREATED  # Body::Created { attr, cap, parent }
         c, tail = parse_cap(rest[4 + 88 :])  # after the Attr
-        assert tail == b""
+        assert len(tail) == 88  # the directory's Attr
         assert c["layout"][3:] == (0, [])  # round-robin: a classic layout
         assert c["rights"] == CAP_READ | CAP_WRITE  # O_RDWR
         lo = c["raw"]  # the daemon's capability, sent back as it came

@@ -41,6 +41,13 @@ pub enum Body {
     /// the reply to a request that changed attributes (setattr, truncate) until every watching
     /// mount acknowledged, at most 100 ms.
     Changes { ack: u64, changes: Vec<Change> },
+    /// v7: the answer to a create ([`Body::Opened`]) with the attributes of the file's
+    /// directory after it: the kernel drops a directory's attributes after every name change
+    /// in it and asks for them before its next permission check there; the mount answers
+    /// from these instead of a request.
+    Created { attr: Attr, cap: Cap, parent: Attr },
+    /// v7: the answer to an unlink or rmdir: the directory's attributes after it.
+    Removed { parent: Attr },
     /// v7: the answer to [`crate::Op::ReaddirPlus`]: each entry with its attributes (`None`
     /// for `.`, `..` and an entry gone or unreadable since the listing).
     EntriesPlus { entries: Vec<(DirEntry, Option<Attr>)>, eof: bool },

@@ -20,6 +20,7 @@ mod attr;
 mod complete;
 mod data;
 mod dir;
+mod dirattrs;
 mod inodes;
 mod jobs;
 mod ops;
@@ -94,6 +95,8 @@ pub struct Shared {
     pub ops: AtomicU64,
     /// Directories whose every name this mount knows (`complete.rs`).
     pub complete: complete::Complete,
+    /// Directories' attributes as the daemon answered them after a change (`dirattrs.rs`).
+    pub dir_attrs: dirattrs::DirAttrs,
 }
 
 /// `FOPEN_PARALLEL_DIRECT_WRITES` (FUSE protocol 7.36, Linux 6.2; not in fuser 0.15's
@@ -168,8 +171,12 @@ impl Shared {
     ) {
         use pharos_fwd_proto::Change;
         for c in changes {
-            if let Change::Entry { parent, .. } = c {
-                self.complete.drop_dir(*parent);
+            match c {
+                Change::Entry { parent, .. } => {
+                    self.complete.drop_dir(*parent);
+                    self.dir_attrs.drop_ino(*parent);
+                }
+                Change::Inode { ino } => self.dir_attrs.drop_ino(*ino),
             }
         }
         invalidate(changes);
@@ -200,6 +207,7 @@ impl PharosFs {
             open_flags: FOPEN_DIRECT_IO | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
             ops: AtomicU64::new(0),
             complete: complete::Complete::default(),
+            dir_attrs: dirattrs::DirAttrs::default(),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
         for i in 0..threads.max(1) {

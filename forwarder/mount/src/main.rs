@@ -120,6 +120,7 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     let mut v = a.sh.rpc.status();
     v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
     v["lookups_answered_locally"] = json!(a.sh.complete.answered.load(Ordering::Relaxed));
+    v["getattrs_answered_locally"] = json!(a.sh.dir_attrs.answered.load(Ordering::Relaxed));
     Json(v)
 }
 

@@ -21,6 +21,13 @@ fn fault_panic_path() -> Option<&'static str> {
     P.get_or_init(|| std::env::var("PHAROS_FWD_FAULT_PANIC_PATH").ok().filter(|p| !p.is_empty())).as_deref()
 }
 
+/// The attributes of the directory holding `path` (after a name change in it: the mount
+/// answers the kernel's next GETATTR of the directory from them); None when it cannot be read.
+fn parent_attr(b: &crate::backend::Backend, path: &str, c: &pharos_fwd_proto::Ctx) -> Option<pharos_fwd_proto::Attr> {
+    let p = path.trim_matches('/');
+    b.getattr(p.rsplit_once('/').map(|(d, _)| d).unwrap_or(""), c).ok()
+}
+
 impl Server {
     /// Worker `idx`'s next request and its class ([`Scheduler::next`]); `None` once stopped.
     fn next(&self, idx: usize, pos: &mut usize) -> Option<(Work, Class)> {
@@ -277,7 +284,10 @@ impl Server {
             }
             Op::Unlink { path } => {
                 b.unlink(path, c)?;
-                Body::Ok
+                match parent_attr(b, path, c) {
+                    Some(parent) => Body::Removed { parent },
+                    None => Body::Ok,
+                }
             }
             Op::Rename { from, to, noreplace } => {
                 b.rename(from, to, *noreplace, c)?;
@@ -296,7 +306,11 @@ impl Server {
                 let (attr, layout, handle) = b.create(path, *mode, *flags, *token, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
-                Body::Opened { attr, cap: self.cfg.key.sign(layout, handle, Cap::rights_of(*flags)) }
+                let cap = self.cfg.key.sign(layout, handle, Cap::rights_of(*flags));
+                match parent_attr(b, path, c) {
+                    Some(parent) => Body::Created { attr, cap, parent },
+                    None => Body::Opened { attr, cap },
+                }
             }
             Op::Open { path, flags } => {
                 let (attr, layout, handle) = b.open(path, *flags, c)?;

@@ -54,10 +54,14 @@ impl Filesystem for PharosFs {
     fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
         if self.sh.inodes.lock().unwrap().forget(ino, nlookup) {
             self.sh.complete.drop_dir(ino);
+            self.sh.dir_attrs.drop_ino(ino);
         }
     }
 
     fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        if let Some(a) = self.sh.dir_attrs.get(ino) {
+            return reply.attr(&self.sh.ttl, &fattr(&a, ino));
+        }
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(ino) {
             Ok(p) => p,
@@ -104,6 +108,7 @@ impl Filesystem for PharosFs {
             Err(e) => return reply.error(e),
         };
         let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
+        self.sh.dir_attrs.drop_ino(ino);
         // Through an open file (ftruncate): its capability (the open already checked the access).
         let fd = fh.and_then(|fh| self.sh.files.lock().unwrap().get(&fh).map(|f| f.cap.clone()));
         if mode.is_some_and(|m| m & SUIDGID != 0) {
@@ -163,6 +168,8 @@ impl Filesystem for PharosFs {
         self.spawn(move |sh, c| {
             match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
                 Ok(_) => {
+                    sh.dir_attrs.drop_ino(parent);
+                    sh.dir_attrs.drop_ino(newparent);
                     sh.complete.removed(parent, &name);
                     sh.complete.added(newparent, &newname);
                     sh.inodes.lock().unwrap().rename(&from, &to);
@@ -192,7 +199,18 @@ impl Filesystem for PharosFs {
         let name = name.to_string_lossy().into_owned();
         self.spawn(move |sh, c| {
             match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
-                Ok(Body::Opened { attr, cap }) => {
+                Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
+                    let (attr, cap) = match body {
+                        Body::Created { attr, cap, parent: pa } => {
+                            sh.dir_attrs.put(parent, pa, sh.ttl);
+                            (attr, cap)
+                        }
+                        Body::Opened { attr, cap } => {
+                            sh.dir_attrs.drop_ino(parent);
+                            (attr, cap)
+                        }
+                        _ => unreachable!(),
+                    };
                     let ino = sh.learn(attr.ino, &path);
                     sh.complete.added(parent, &name);
                     let fh = sh.next_fh.fetch_add(1, Relaxed);
@@ -392,6 +410,7 @@ impl PharosFs {
         let made_dir = matches!(op, Op::Mkdir { .. });
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, op) {
             Ok(Body::Attr(a)) => {
+                sh.dir_attrs.drop_ino(parent);
                 let ino = sh.learn(a.ino, &path);
                 sh.complete.added(parent, &name);
                 if made_dir {
@@ -414,7 +433,11 @@ impl PharosFs {
         self.spawn(move |sh, c| {
             let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };
             match sh.rpc.call(c, &ctx, op) {
-                Ok(_) => {
+                Ok(body) => {
+                    match body {
+                        Body::Removed { parent: pa } => sh.dir_attrs.put(parent, pa, sh.ttl),
+                        _ => sh.dir_attrs.drop_ino(parent),
+                    }
                     sh.complete.removed(parent, &name);
                     sh.mark_stale(&path, None);
                     reply.ok()
