@@ -173,3 +173,24 @@ def test_unlinking_one_hard_link_keeps_the_other_name(cluster):
     assert (a.stat().st_nlink, b.stat().st_nlink) == (2, 2)
     os.unlink(a)
     assert b.stat().st_nlink == 1 and b.read_bytes() == b"x"
+
+
+@pytest.mark.timeout(120)
+def test_a_create_and_an_unlink_in_a_directory_made_here_are_one_request_each(cluster):
+    """The lookup before a create is answered by the mount (a directory it made), and the
+    directory's attributes the kernel asks for after each change come with the change's answer:
+    per file, a create, its release and an unlink reach the daemon, nothing else (before: also
+    a lookup and two directory GETATTRs)."""
+    d = cluster.start_daemon("fwd0")
+    m = cluster.start_mount([d], 0)
+    top = m.path / "job"
+    top.mkdir()
+    before = metadata_served(d)
+    for i in range(300):
+        os.close(os.open(top / f"f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    for i in range(300):
+        os.unlink(top / f"f{i}")
+    per_file = (metadata_served(d) - before) / 300
+    assert per_file <= 3.1, f"{per_file:.2f} requests per file (create, release, unlink)"
+    st = m.status()
+    assert st["lookups_answered_locally"] >= 300 and st["getattrs_answered_locally"] >= 500, st

@@ -69,3 +69,43 @@ impl DirAttrs {
         self.m.lock().unwrap().remove(&ino);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pharos_fwd_proto::{Kind, Time};
+
+    fn dir(ctime: i64) -> Attr {
+        let t = Time { sec: ctime, nsec: 0 };
+        Attr {
+            ino: 9,
+            kind: Kind::Dir,
+            perm: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            size: 4096,
+            blocks: 8,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    #[test]
+    fn the_newer_answer_stays_until_dropped_or_expired() {
+        let d = DirAttrs::default();
+        d.put(9, dir(20), Duration::from_secs(10));
+        d.put(9, dir(10), Duration::from_secs(10)); // a reply that arrived late
+        assert_eq!(d.get(9).unwrap().ctime.sec, 20);
+        d.drop_ino(9);
+        assert!(d.get(9).is_none());
+        d.put(9, dir(30), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(d.get(9).is_none(), "expired");
+        d.put(9, dir(40), Duration::ZERO);
+        assert!(d.get(9).is_none(), "no caching, nothing kept");
+        assert_eq!(d.answered.load(Relaxed), 1);
+    }
+}
