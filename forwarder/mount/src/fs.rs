@@ -95,6 +95,8 @@ pub struct Shared {
     pub ops: AtomicU64,
     /// Directories whose every name this mount knows (`complete.rs`).
     pub complete: complete::Complete,
+    /// Answer lookups of absent names in directories this mount made (`--answer-absent-names`).
+    pub answer_absent: bool,
     /// Directories' attributes as the daemon answered them after a change (`dirattrs.rs`).
     pub dir_attrs: dirattrs::DirAttrs,
 }
@@ -161,9 +163,10 @@ impl Shared {
 
 impl Shared {
     /// Applies the changes another mount made (pushed by a forwarding node): what this mount
-    /// answers itself first, then the kernel's caches (`invalidate`), then the names it keeps
-    /// (a name may stand for another inode now, or none; dropped last, so the kernel does not
-    /// reach a dropped name through a dentry still valid).
+    /// answers itself first, then the kernel's caches (`invalidate`). The inode table keeps its
+    /// names: the kernel looks a changed name up again, and the name looked up last is the one
+    /// an inode is reached by (dropping it here raced with that lookup: an open of a file just
+    /// made on another node found no path).
     pub fn changed_elsewhere(
         &self,
         changes: &[pharos_fwd_proto::Change],
@@ -180,14 +183,6 @@ impl Shared {
             }
         }
         invalidate(changes);
-        for c in changes {
-            if let Change::Entry { parent, name } = c {
-                let dir = self.inodes.lock().unwrap().path(*parent).map(str::to_string);
-                if let Some(full) = dir.filter(|d| d != STALE).and_then(|d| attr::join(&d, name.as_ref()).ok()) {
-                    self.inodes.lock().unwrap().drop_name(&full, None);
-                }
-            }
-        }
     }
 }
 
@@ -207,6 +202,7 @@ impl PharosFs {
             open_flags: FOPEN_DIRECT_IO | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
             ops: AtomicU64::new(0),
             complete: complete::Complete::default(),
+            answer_absent: false,
             dir_attrs: dirattrs::DirAttrs::default(),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));

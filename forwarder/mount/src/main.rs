@@ -94,6 +94,13 @@ struct Cli {
     /// caches what other mounts change (FUSE_NOTIFY_INVAL_ENTRY / _INODE).
     #[arg(long, env = "PHAROS_MOUNT_INVALIDATIONS", default_value_t = true, action = clap::ArgAction::Set)]
     invalidations: bool,
+    /// Answer lookups of names absent from a directory this mount made, without a request (the
+    /// lookup before each create in a job's own directory). Off by default: a name another
+    /// compute node makes there is seen only once its push lands (milliseconds), so a rank that
+    /// opens it right after a barrier could get ENOENT. For jobs whose directories are private
+    /// to a node (mdtest -u, N-N per-node directories).
+    #[arg(long, env = "PHAROS_MOUNT_ANSWER_ABSENT_NAMES", default_value_t = false, action = clap::ArgAction::Set)]
+    answer_absent_names: bool,
     /// Time a forwarding node may take to answer a request, ms.
     #[arg(long, env = "PHAROS_MOUNT_RPC_TIMEOUT_MS", default_value_t = 60000)]
     rpc_timeout_ms: u64,
@@ -273,7 +280,8 @@ fn run(cli: Cli) -> Result<(), String> {
     let admin_l = std::net::TcpListener::bind(&cli.admin).map_err(|e| format!("--admin {}: {e}", cli.admin))?;
     let admin_addr = admin_l.local_addr().map_err(|e| format!("--admin {}: {e}", cli.admin))?;
 
-    let fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
+    let mut fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
+    Arc::get_mut(&mut fs.sh).expect("not shared yet").answer_absent = cli.answer_absent_names;
     let sh = fs.sh.clone();
     let a_sh = fs.sh.clone();
     let opts = [

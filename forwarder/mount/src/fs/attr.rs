@@ -52,11 +52,6 @@ pub(super) fn fattr(a: &Attr, ino: u64) -> FileAttr {
     }
 }
 
-/// The attributes of a negative entry (inode 0: "no such name", cached for the entry TTL).
-pub(super) fn negative() -> FileAttr {
-    no_attrs(0, FileType::RegularFile)
-}
-
 /// Placeholder attributes of inode `ino` of kind `kind` (sent with a zero TTL: the kernel
 /// asks for the real ones before it uses them).
 pub(super) fn no_attrs(ino: u64, kind: FileType) -> FileAttr {

@@ -31,8 +31,9 @@ impl Filesystem for PharosFs {
     }
 
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        if name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n)) {
-            return reply.entry(&self.sh.ttl, &super::attr::negative(), 0);
+        if self.sh.answer_absent && name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n)) {
+            // Not cached by the kernel (TTL 0): every lookup comes here, and ends here.
+            return reply.error(errno::ENOENT);
         }
         let ctx = self.sh.ctx(req);
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
@@ -44,8 +45,6 @@ impl Filesystem for PharosFs {
                 let ino = sh.learn(a.ino, &path);
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
-            // A negative entry, cached for the TTL (a create through any mount drops it).
-            Err(errno::ENOENT) if !sh.ttl.is_zero() => reply.entry(&sh.ttl, &super::attr::negative(), 0),
             Ok(_) => reply.error(errno::EIO),
             Err(e) => reply.error(e),
         });
