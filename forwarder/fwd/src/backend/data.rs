@@ -114,6 +114,28 @@ impl DataPath {
     /// the start-time GC dropped, a deferred write) must not bring its objects back; it gets
     /// ENOENT, as before objects were made lazily. A progressive file's components have that
     /// guard in their record directory.
+    /// The target of object `obj` of `l` that a write of `len` bytes goes to (a progressive
+    /// component is placed by its first write), counted in `info` and its gate taken, and the
+    /// object's open file ([`DataPath::write_obj`]).
+    fn piece_obj(
+        &self,
+        b: &Backend,
+        l: &Layout,
+        h: OpenHandle,
+        obj: u64,
+        len: u64,
+        info: &mut IoInfo,
+    ) -> Res<(u32, Arc<File>)> {
+        let ti = if l.is_progressive() {
+            b.placement.enter(&b.targets, &b.opens, l, h, obj)?
+        } else {
+            l.targets[obj as usize]
+        };
+        info.target.get_or_insert(ti);
+        info.throttled += b.targets[ti as usize].gate(len);
+        Ok((ti, self.write_obj(b, ti, l, h, obj)?))
+    }
+
     fn write_obj(&self, b: &Backend, ti: u32, l: &Layout, h: OpenHandle, idx: u64) -> Res<Arc<File>> {
         if l.is_progressive() {
             return self.obj_fd(&b.targets, ti, l.oid, idx, true);
@@ -510,14 +532,7 @@ impl DataPath {
         info: &mut IoInfo,
     ) -> Res<u32> {
         for pc in pieces(l, off, data.len() as u64) {
-            let ti = if l.is_progressive() {
-                b.placement.enter(&b.targets, &b.opens, l, h, pc.obj)?
-            } else {
-                l.targets[pc.obj as usize]
-            };
-            info.target.get_or_insert(ti);
-            info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.write_obj(b, ti, l, h, pc.obj)?;
+            let (ti, f) = self.piece_obj(b, l, h, pc.obj, pc.len, info)?;
             let t0 = Instant::now();
             self.data_writes.fetch_add(1, Relaxed);
             f.write_all_at(&data[pc.buf_off as usize..(pc.buf_off + pc.len) as usize], pc.obj_off).map_err(werr)?;

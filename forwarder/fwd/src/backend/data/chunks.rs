@@ -26,14 +26,7 @@ impl DataPath {
         // (chunk index, offset in it) of the run's byte `pos`, advanced piece by piece.
         let (mut ci, mut co) = (0usize, 0usize);
         for pc in pieces(l, off, len) {
-            let ti = if l.is_progressive() {
-                b.placement.enter(&b.targets, &b.opens, l, h, pc.obj)?
-            } else {
-                l.targets[pc.obj as usize]
-            };
-            info.target.get_or_insert(ti);
-            info.throttled += b.targets[ti as usize].gate(pc.len);
-            let f = self.write_obj(b, ti, l, h, pc.obj)?;
+            let (ti, f) = self.piece_obj(b, l, h, pc.obj, pc.len, info)?;
             let mut iov: Vec<libc::iovec> = Vec::new();
             let mut need = pc.len as usize;
             while need > 0 {
