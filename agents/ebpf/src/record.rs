@@ -86,6 +86,11 @@ impl<W: Write> Converter<'_, W> {
             self.registry.exec_chunk(ev.pid, ev.cgroup_id, ev.offset, e.path, sent, truncated);
             return;
         }
+        if ev.op == tracer::OP_FORK {
+            // not a request either: the child has its parent's rank until it execs
+            self.registry.forked(ev.pid, ev.tid, ev.cgroup_id);
+            return;
+        }
         self.stats.records_received += 1;
         let op = Op::try_from(ev.op as i32).unwrap_or(Op::Unspecified);
         let is_block = matches!(op, Op::BlockRead | Op::BlockWrite | Op::BlockOther);

@@ -13,8 +13,9 @@
 //!   path's rank, else -1; -1 outside a job. The environment comes from the kernel's exec event
 //!   ([`Registry::exec`]: read in the kernel when a process of a watched cgroup execs, so a
 //!   rank that writes and exits before its first record is read still has it), else from
-//!   /proc/<pid>/environ at the pid's first record; cached per (pid, cgroup id). A process gone
-//!   before either gets the cgroup path's rank (not cached).
+//!   /proc/<pid>/environ at the pid's first record; cached per (pid, cgroup id). A process
+//!   forked without exec has its parent's rank ([`Registry::forked`], the kernel's fork event).
+//!   A process gone before any of these gets the cgroup path's rank (not cached).
 //! * files: (dev, inode) → path from OPEN records, and (pid, fd) → (dev, inode, path).
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -163,6 +164,21 @@ impl Registry {
         self.learn(pid, cgroup_id, env);
     }
 
+    /// `parent` (a process of `cgroup_id`) forked the process `child` (the kernel's fork event):
+    /// the child has the parent's rank until it execs ([`Registry::exec`] then learns its own),
+    /// so a child that does its I/O and exits without exec (fio's job processes) keeps the rank
+    /// its parent's environment gives, not the cgroup path's.
+    pub fn forked(&mut self, parent: u32, child: u32, cgroup_id: u64) {
+        if child == 0 || self.cgroup(cgroup_id).job.is_empty() {
+            return;
+        }
+        let r = self.rank(parent, cgroup_id);
+        if self.ranks.len() > MAX_PROCS {
+            self.ranks.clear();
+        }
+        self.ranks.insert((child, cgroup_id), r);
+    }
+
     /// Applies the rule to `env` of `pid` in `cgroup_id` and caches the rank.
     fn learn(&mut self, pid: u32, cgroup_id: u64, env: &[u8]) -> i32 {
         let r = self.cgroup(cgroup_id).rank(Some(env));
@@ -308,6 +324,21 @@ mod tests {
         r.exec_chunk(pid - 2, id, 0, b"", 0, false);
         assert_eq!(r.rank(pid - 2, id), 7);
         assert_eq!(crate::tracer::ENV_CHUNK, 16384, "iotrace.h PH_ENV_CHUNK");
+    }
+
+    #[test]
+    fn forked_child_has_its_parents_rank_until_it_execs() {
+        let (_root, mut r, id) = registry_with("job_5/rank_0");
+        let (parent, child) = (u32::MAX, u32::MAX - 1);
+        r.exec(parent, id, b"PMI_RANK=3\0", false);
+        r.forked(parent, child, id);
+        assert_eq!(r.rank(child, id), 3, "gone before its first record: the parent's rank, not rank_0's");
+        r.exec(child, id, b"PMI_RANK=9\0", false);
+        assert_eq!(r.rank(child, id), 9, "its own environment once it execs");
+        r.forked(u32::MAX - 2, u32::MAX - 3, id); // parent gone, never seen: the cgroup's rank
+        assert_eq!(r.rank(u32::MAX - 3, id), 0);
+        r.forked(parent, u32::MAX - 4, 1); // in no job: nothing cached
+        assert_eq!(r.rank(u32::MAX - 4, 1), -1);
     }
 
     #[test]

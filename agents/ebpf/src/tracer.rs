@@ -28,6 +28,9 @@ pub const F_ENV_TRUNCATED: u8 = 4;
 /// (from byte `offset`, of `size` in all) of the environment of a process that exec'd in a
 /// watched cgroup.
 pub const OP_EXEC: u32 = 255;
+/// `ph_event.op` of a fork event (iotrace.h PH_OP_FORK, not a wire Op): a process of a watched
+/// cgroup (`pid`) forked a process (`tid`, its pid).
+pub const OP_FORK: u32 = 254;
 /// Environment bytes per exec event (iotrace.h PH_ENV_CHUNK, from the event's layout) and exec
 /// events per exec (PH_ENV_CHUNKS), at most: the kernel sends at most ENV_CHUNK * ENV_CHUNKS
 /// bytes of an environment.

@@ -207,6 +207,27 @@ fn workload_quick(path: &Path) {
     std::fs::write(path, [5u8; 4096]).unwrap();
 }
 
+/// Workload of a short-lived rank that forks (no exec) a process doing its one 4 KiB write, as
+/// fio's job processes do: the forked process exits at once; the rank waits for it, then exits.
+fn workload_fork_quick(path: &Path) {
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: the child calls only async-signal-safe functions (open, write, close, _exit).
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644);
+            let buf = [5u8; 4096];
+            let ok = fd >= 0 && libc::write(fd, buf.as_ptr() as _, 4096) == 4096;
+            libc::close(fd);
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "forked writer failed");
+    }
+}
+
 /// Entry point of a re-executed child (`spec` is `mode:arg` from CHILD_ENV).
 fn child_main(spec: &str) {
     let (mode, arg) = spec.split_once(':').unwrap();
@@ -215,6 +236,7 @@ fn child_main(spec: &str) {
         "race" => workload_race(Path::new(arg)),
         "outside" => workload_outside(Path::new(arg)),
         "quick" => workload_quick(Path::new(arg)),
+        "forkquick" => workload_fork_quick(Path::new(arg)),
         m => panic!("unknown workload {m}"),
     }
 }
@@ -358,7 +380,9 @@ fn merging_is_exact_when_sweeper_races_owner() {
 /// inherited PHAROS_RANK=0, each with its own PMI_RANK, living a few ms (exec, one write, exit):
 /// gone before the agent reads their first record. Each record must still carry its PMI_RANK
 /// (the kernel reads the environment at exec), not the cgroup's rank 0; also for every fourth
-/// rank, whose environment holds 100 KiB before PMI_RANK (sent in several chunks).
+/// rank, whose environment holds 100 KiB before PMI_RANK (sent in several chunks), and for every
+/// odd rank, whose write comes from a process it forked without exec (fio's job processes: the
+/// kernel's fork event gives it the parent's rank).
 fn short_lived_ranks_keep_their_rank() {
     assert!(is_root());
     let job = format!("agentquick_{}", std::process::id());
@@ -380,22 +404,20 @@ fn short_lived_ranks_keep_their_rank() {
             env.push(("AAA_PADDING", big.as_str())); // sorted first: before PMI_RANK
         }
         let file = dir.path().join(format!("q{i}"));
-        children.push((spawn_child("quick", &file, Some(&rank0.0), &env), i as i64 + 1, file));
+        let mode = if i % 2 == 1 { "forkquick" } else { "quick" };
+        children.push((spawn_child(mode, &file, Some(&rank0.0), &env), i as i64 + 1, file));
     }
-    let mut pids = BTreeMap::new();
+    let mut ranks = BTreeMap::new(); // inode of the rank's file -> its rank
     for (child, rank, file) in &mut children {
         assert!(child.wait().unwrap().success());
-        pids.insert(child.id(), (*rank, std::fs::metadata(file).unwrap().ino()));
+        ranks.insert(std::fs::metadata(file).unwrap().ino(), *rank);
     }
     std::thread::sleep(Duration::from_millis(300));
     let records = agent.stop();
     let mut wrong = Vec::new();
     let mut seen = 0;
     for r in records.iter().filter(|r| s(r, "job_id") == job && s(r, "op") == "OP_WRITE") {
-        let Some(&(rank, ino)) = pids.get(&(u(r, "pid") as u32)) else { continue };
-        if u(r, "inode") != ino {
-            continue;
-        }
+        let Some(&rank) = ranks.get(&u(r, "inode")) else { continue };
         seen += 1;
         if i(r, "rank") != rank {
             wrong.push((u(r, "pid"), rank, i(r, "rank")));

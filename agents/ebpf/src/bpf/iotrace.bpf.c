@@ -206,6 +206,30 @@ int on_exec(void *ctx)
 	return 0;
 }
 
+/* A process of a watched cgroup forked a new process (not a thread): tell user space, so that the
+ * child has its parent's rank until it execs. A forked child that does its I/O and exits without
+ * exec (fio's job processes, a rank's helper) is otherwise gone before its first record is read,
+ * and /proc/<pid>/environ with it: its records would get the cgroup path's rank. The event
+ * carries the parent's pid in `pid` and the child's in `tid`; nothing follows the fixed part. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	struct ph_event e;
+
+	if (child->pid != child->tgid || !traced_task(parent))
+		return 0;
+	__builtin_memset(&e, 0, sizeof(e));
+	e.start_ns = e.end_ns = bpf_ktime_get_ns();
+	e.cgroup_id = bpf_get_current_cgroup_id();
+	e.pid = parent->tgid;
+	e.tid = child->tgid;
+	e.fd = -1;
+	e.op = PH_OP_FORK;
+	bpf_get_current_comm(&e.comm, sizeof(e.comm));
+	bpf_ringbuf_output(&events, &e, sizeof(e), wakeup_flag());
+	return 0;
+}
+
 /* Sweeper, run from user space with BPF_PROG_TEST_RUN every ~50 ms: emits every pending
  * record whose run started at least args[0] ns ago (0: all). Returns the number emitted.
  * Walks all threads (task local storage cannot be iterated as a map). */

@@ -34,6 +34,9 @@ enum ph_op {
 	/* Not a pharos.v1.Op, never on the wire: a process of a watched cgroup exec'd; the event
 	 * carries a chunk of its new environment (ph_env_event) for rank attribution. */
 	PH_OP_EXEC = 255,
+	/* Not a pharos.v1.Op either: a process of a watched cgroup forked a process; ev.pid is the
+	 * parent, ev.tid the child (rank attribution until the child execs). */
+	PH_OP_FORK = 254,
 };
 
 /* Traced system calls, the values of the loader-filled table `sys_kind` (syscall number ->
