@@ -12,13 +12,17 @@ mpiexec.mpich, Debian's default mpicc; Open MPI's mpiexec gets --allow-run-as-ro
     uv run python bench/mdtest.py --mdtest PATH [--ranks 2,8] [--files-per-rank 500] [--rounds 3]
                                   [--ls-files 200000] [--ls-procs 4] [--ls-rounds 1]
                                   [--mount-args FLAGS] [--no-local] [--bin DIR] [--workdir /var/tmp]
+                                  [--backing ext4|workdir]
                                   [--timeout 900] [--keep] [--json FILE]
 
 Sides: one pharos-fwd (8 targets, --no-kafka) and one pharos-mount (with --mount-args, e.g.
 "--attr-ttl-ms 1000"), bindfs -o direct_io of a directory, and a plain directory ("local"),
-all in a tmp dir under --workdir, so on one file system. bindfs keeps libfuse's default 1 s
-entry and attribute timeouts, so the kernel answers most of its stats; the mount caches no
-attributes unless given --attr-ttl-ms.
+each on a fresh journaled ext4 of its own (--backing ext4, the default: a loop-mounted sparse
+image in a tmp dir under --workdir; ext4 without a journal, as some VMs' root file system is,
+skips inodes freed in the last minutes when it allocates one, so one side's removals made the
+next side's creates up to 4x slower), or all in the tmp dir (--backing workdir). bindfs keeps
+libfuse's default 1 s entry and attribute timeouts; the mount caches entries and attributes
+for its --attr-ttl-ms (default 10 s), with the daemon's invalidations.
 
 Part 1, for each rank count R of --ranks (0 skips): `mdtest -F -u -n N -d DIR` (files only, a
 directory per rank, N = --files-per-rank) with R ranks, --rounds times per side, the order of the sides
@@ -46,6 +50,7 @@ partly CPU-bound (the paired ratio is the steadier figure).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -59,7 +64,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from benchkit import REPO, drop_caches, rounds, scratch_dir, start_passthrough, start_stack, stop_all
+from benchkit import REPO, drop_caches, fresh_ext4, rounds, scratch_dir, start_passthrough, start_stack, stop_all
 
 #: mdtest phases reported (the names of its SUMMARY rate table), short names for the summary.
 PHASES = {"File creation": "create", "File stat": "stat", "File read": "read", "File removal": "remove"}
@@ -287,7 +292,15 @@ def main() -> int:
     ap.add_argument("--mount-args", default="", help="extra flags of pharos-mount, e.g. '--attr-ttl-ms 1000'")
     ap.add_argument("--no-local", action="store_true", help="no local-directory column")
     ap.add_argument("--bin", type=Path, default=REPO / "target" / "release", help="pharos-fwd/pharos-mount dir")
-    ap.add_argument("--workdir", default="/var/tmp", help="parent of the tmp dir (one file system for all sides)")
+    ap.add_argument("--workdir", default="/var/tmp", help="parent of the tmp dir")
+    ap.add_argument(
+        "--backing",
+        choices=("ext4", "workdir"),
+        default="ext4",
+        help="ext4 (default): each side on a fresh journaled ext4 of its own (a loop-mounted sparse "
+        "image in the tmp dir: one side's removals cannot slow another's creates); workdir: all "
+        "sides in the tmp dir, on --workdir's file system",
+    )
     ap.add_argument("--timeout", type=float, default=900, help="bound of each mdtest run, file making, ls (s)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--json", type=Path, default=None, help="write every figure to this file")
@@ -306,17 +319,27 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
     out: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "mdtest": {}}
     out["config"]["mpiexec"] = mpiexec
-    with scratch_dir("pharos-mdtest-", a.workdir, a.keep) as root:
+    with scratch_dir("pharos-mdtest-", a.workdir, a.keep) as root, contextlib.ExitStack() as backing:
         procs: list[subprocess.Popen] = []
         mounts: list[Path] = []
+        sides = ["mount", "bindfs"] + ([] if a.no_local else ["local"])
+        # inodes of the largest directory, twice (the mount's sidecars; a round's leftovers), and room
+        inodes = 2 * max(a.ls_files, max(a.ranks, default=0) * a.files_per_rank) + 65536
+        fs = {
+            s: backing.enter_context(fresh_ext4(root / f"fs-{s}", 16, inodes)) if a.backing == "ext4" else root
+            for s in sides
+        }
         try:
-            bases = {"mount": start_stack(bin_dir, root, "", procs, a.mount_args.split())}
+            bases = {"mount": start_stack(bin_dir, fs["mount"], "", procs, a.mount_args.split())}
             mounts.append(bases["mount"])
-            bases["bindfs"] = start_passthrough(root, mounts)
+            bases["bindfs"] = start_passthrough(fs["bindfs"], mounts)
             if not a.no_local:
-                bases["local"] = root / "local"
+                bases["local"] = fs["local"] / "local"
                 bases["local"].mkdir()
-            print(f"# pharos metadata bench (issue 29): sides {', '.join(bases)}; mpiexec {mpiexec[0]}; tmp {root}")
+            where = "each on a fresh journaled ext4 of its own" if a.backing == "ext4" else "in the tmp dir"
+            print(
+                f"# pharos metadata bench (issue 29): sides {', '.join(bases)} ({where}); mpiexec {mpiexec[0]}; tmp {root}"
+            )
             if a.mount_args:
                 print(f"# pharos-mount {a.mount_args}")
             summary = part_mdtest(a, mpiexec, bases, out) if a.ranks else []
