@@ -6,7 +6,6 @@ LUSTRE layouts). No store here."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -173,15 +172,16 @@ def read_log(path: Path, label: str | None = None) -> DarshanLog:
     except Exception as exc:  # PyDarshan raises RuntimeError, ValueError, OSError, ...
         msg = str(exc).replace(str(path), label)
         raise DarshanImportError(f"{label}: not a readable Darshan log ({type(exc).__name__}: {msg})") from None
-    try:
-        return _extract(report, notes)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise DarshanImportError(f"{label}: unexpected Darshan record layout ({type(exc).__name__}: {exc})") from exc
-    finally:
-        close = getattr(report.log, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):  # best effort: the data is already read
-                close()
+    # Closed here, by the report's context manager: left to DarshanReport.__del__, the log was
+    # closed whenever the garbage collector ran, and when that was inside cffi's (non-reentrant)
+    # type lock in this same thread, the import hung for good (reading six logs in a row did).
+    with report:
+        try:
+            return _extract(report, notes)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise DarshanImportError(
+                f"{label}: unexpected Darshan record layout ({type(exc).__name__}: {exc})"
+            ) from exc
 
 
 def _extract(report: Any, notes: list[str]) -> DarshanLog:
