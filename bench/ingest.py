@@ -148,8 +148,10 @@ def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool)
     pipe = Pipeline(s, store)
     q = Queries(store) if queries else None
     try:
-        while pipe.process_once(1.0) == 0:  # the group joins, the first poll comes
+        pipe.max_messages = 1  # the group joins, the first poll comes: one message, untimed
+        while pipe.process_once(1.0) == 0:
             pass
+        pipe.max_messages = s.pipeline_max_messages
         t, base = time.perf_counter(), pipe.stats()["records"]
         if q:
             q.start()

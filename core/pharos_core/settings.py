@@ -117,7 +117,17 @@ class Settings(PharosSettings):
         "session to time out. Empty: dynamic membership. Must be unique per running pipeline.",
     )
     pipeline_max_messages: int = Field(
-        default=500, ge=1, description="Pipeline: most Kafka messages per poll (one store insert per poll)."
+        default=50_000,
+        ge=1,
+        description="Pipeline: most Kafka messages per poll (one store insert per poll). Polls are bounded by "
+        "pipeline_max_poll_mb too: small messages (an agent's 200 ms batch of a few records) make big polls, "
+        "so the store's per-poll cost (the exactly-once checks, one insert) is paid per ~MiBs, not per message.",
+    )
+    pipeline_max_poll_mb: float = Field(
+        default=32.0,
+        gt=0,
+        description="Pipeline: most message bytes per poll, MiB (a poll stops taking messages once it holds this "
+        "much; one message more at most).",
     )
     pipeline_max_wait_ms: int = Field(
         default=200, ge=1, description="Pipeline: longest wait for a poll to fill, in ms (whichever comes first)."

@@ -4,9 +4,10 @@ One consumer (group ``settings.consumer_group``) reads ``pharos.io.requests`` (I
 key = producer_id), ``pharos.jobs`` (JobEvent, key = job_id) and ``pharos.target.metrics``
 (TargetMetricsBatch from the forwarding layer, key = producer_id; stored in
 ``target_metrics``, a ReplacingMergeTree whose key makes a re-delivered batch collapse:
-read it with FINAL). Each poll takes up to
-``settings.pipeline_max_messages`` messages or waits ``settings.pipeline_max_wait_ms``,
-whichever comes first (STYLE.md: batch by rows or time), and then, in this order:
+read it with FINAL). Each poll takes up to ``settings.pipeline_max_messages`` messages
+or ``settings.pipeline_max_poll_mb`` MiB of them, or waits ``settings.pipeline_max_wait_ms``,
+whichever comes first (STYLE.md: batch by rows or time; bytes, not messages, because an
+agent's 200 ms batch may hold 3 records or 3,000), and then, in this order:
 
 1. decodes every message; one that does not decode, has an unsupported ``schema_version``
    or is otherwise invalid is produced to ``pharos.io.deadletter`` (raw bytes, headers
@@ -76,6 +77,10 @@ PAYLOAD_HEAD_BYTES = 256
 # -- the pipeline ----------------------------------------------------------------------------
 
 
+#: Messages asked of librdkafka per ``consume()`` call within one poll (:meth:`Pipeline._poll`).
+CONSUME_CHUNK = 1000
+
+
 @dataclass
 class _Bad:
     topic: str
@@ -134,7 +139,8 @@ class Pipeline:
     :meth:`process_once` / :meth:`run`; :meth:`stats` may be read from any thread.
 
     ``max_messages`` / ``max_wait`` (s) default to ``settings.pipeline_max_messages`` /
-    ``pipeline_max_wait_ms``; ``consumer_config`` overrides librdkafka settings.
+    ``pipeline_max_wait_ms``, the bytes of a poll are at most ``settings.pipeline_max_poll_mb``
+    MiB (one message more at most); ``consumer_config`` overrides librdkafka settings.
     The store must be migrated (:func:`pharos_core.store.migrate`).
     """
 
@@ -151,6 +157,9 @@ class Pipeline:
         self.store = store
         self.max_messages = max_messages or settings.pipeline_max_messages
         self.max_wait = max_wait if max_wait is not None else settings.pipeline_max_wait_ms / 1000
+        self.max_poll_bytes = int(settings.pipeline_max_poll_mb * (1 << 20))
+        #: running mean size of the messages polled (bytes), sizes the chunks of a poll
+        self._mean_message_bytes = 64.0 * 1024
         self.topics = [settings.topic_requests, settings.topic_jobs, settings.topic_target_metrics]
         self._consumer_config = {
             "bootstrap.servers": settings.kafka_bootstrap,
@@ -227,10 +236,33 @@ class Pipeline:
             self._producer = None
 
     # -- one poll ------------------------------------------------------------------------
+    def _poll(self, consumer, wait: float) -> list:
+        """The messages of one poll: taken in chunks until the poll holds ``max_messages`` messages
+        or ``max_poll_bytes`` bytes, or ``wait`` seconds passed (a chunk that comes back short
+        means the wait is over). A chunk is at most :data:`CONSUME_CHUNK` messages and what the
+        bytes left allow at the mean message size seen so far, so a poll overshoots its bytes by
+        about one message. Raises KafkaException."""
+        deadline = time.monotonic() + wait
+        msgs: list = []
+        size = 0
+        while True:
+            fit = (self.max_poll_bytes - size) // max(1, int(self._mean_message_bytes))
+            want = max(1, min(CONSUME_CHUNK, self.max_messages - len(msgs), fit))
+            got = consumer.consume(num_messages=want, timeout=max(deadline - time.monotonic(), 0.0))
+            if got:
+                got_bytes = sum(len(m) for m in got)
+                self._mean_message_bytes += (got_bytes / len(got) - self._mean_message_bytes) * min(1.0, len(got) / 64)
+                msgs += got
+                size += got_bytes
+            if len(got) < want or len(msgs) >= self.max_messages or size >= self.max_poll_bytes:
+                return msgs
+            if time.monotonic() >= deadline:
+                return msgs
+
     def process_once(self, timeout: float | None = None) -> int:
-        """Poll up to ``max_messages`` messages (waiting at most ``timeout`` s, default
-        ``max_wait``), store them and commit their offsets. Returns the number of messages
-        taken (0 when none came).
+        """Poll up to ``max_messages`` messages or ``max_poll_bytes`` bytes of them (waiting at most
+        ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
+        of messages taken (0 when none came).
 
         Raises StoreError when the store refuses an insert, or KafkaException when the
         dead-letter topic does not accept a message or the commit fails; nothing of the
@@ -241,7 +273,7 @@ class Pipeline:
 
         self.store.mark_ingest_thread()
         consumer = self._ensure_consumer()
-        msgs = consumer.consume(num_messages=self.max_messages, timeout=self.max_wait if timeout is None else timeout)
+        msgs = self._poll(consumer, self.max_wait if timeout is None else timeout)
         if not msgs:
             self._update_lag(consumer)
             return 0

@@ -4,6 +4,7 @@ letters, duplicates, gaps, repair after a crash between inserts."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from confluent_kafka import Consumer
@@ -318,3 +319,26 @@ def test_crash_between_record_insert_and_marker_is_repaired(pipeline_settings, s
     assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 6
     assert int(store.query("SELECT count() AS n FROM io_batches")[0]["n"]) == 1
     assert int(store.query("SELECT sum(overflow_drops) AS n FROM producer_drops")[0]["n"]) == 2
+
+
+def test_polls_bounded_by_bytes_not_only_messages(pipeline_settings, store):
+    # 40 batches of 100 records (~10 KiB each) and a 32 KiB poll bound: polls of a few messages
+    # (the bound plus about one message), every record stored once over the polls
+    s = pipeline_settings.model_copy(update={"pipeline_max_messages": 1000, "pipeline_max_poll_mb": 1 / 32})
+    b = [make_batch("big", i, [make_record(1000 * i + k) for k in range(100)]) for i in range(40)]
+    sizes = {len(x.SerializeToString()) for x in b}
+    produce(s, [(s.topic_requests, b"big", x.SerializeToString()) for x in b])
+    pipe = Pipeline(s, store)
+    taken = []
+    try:
+        deadline = time.monotonic() + 60
+        while sum(taken) < len(b) and time.monotonic() < deadline:
+            n = pipe.process_once(1.0)
+            if n:
+                taken.append(n)
+    finally:
+        pipe.close()
+    assert sum(taken) == len(b), taken
+    most = (32 * 1024) // min(sizes) + 2  # the bound's messages, one over it, one of the mean's lag
+    assert len(taken) >= 4 and max(taken) <= most, (taken, sizes)
+    assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 4000
