@@ -184,7 +184,7 @@ SELECT
     concat('cn', toString(intDiv(n % 64, 8))) AS compute_node,
     if(n % 2 = 1, concat('fwd', toString(n % 4)), '') AS forwarding_node,
     if(n % 2 = 1, concat('ost', toString(n % 8)), '') AS target,
-    n AS object_id, if(n % 2 = 1, 20000, 0) AS queue_wait_ns,
+    n AS object_id, if(n % 2 = 1, 20000, 0) AS queue_wait_ns, if(n % 2 = 1, n, 0) AS request_id, 0 AS replay,
     'bench' AS producer_id, intDiv(n, 1000) AS seq, toUInt32(n % 1000) AS record_index
 FROM (SELECT number AS n FROM numbers({n:UInt64}))
 SETTINGS max_insert_block_size = 1048576
