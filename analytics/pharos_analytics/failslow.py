@@ -395,10 +395,14 @@ def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig
     ]
     feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(FWD_WINDOW_SQL, p)}
     rel, med = _fwd_relative(pairs, cfg.failslow_min_ops)
+    node_sums: dict[str, list[float]] = {}  # node -> [service ns, bytes], one pass over the pairs
+    for q in pairs:
+        acc = node_sums.setdefault(q["node"], [0.0, 0.0])
+        acc[0] += q["svc_ns"]
+        acc[1] += q["bytes"]
     for n, f in feats.items():
-        f["svc_ns_per_byte"] = sum(q["svc_ns"] for q in pairs if q["node"] == n) / max(
-            1.0, sum(q["bytes"] for q in pairs if q["node"] == n)
-        )
+        svc_ns, nbytes = node_sums.get(n, (0.0, 0.0))
+        f["svc_ns_per_byte"] = svc_ns / max(1.0, nbytes)
         if n in rel:
             f["rel_service_raw"] = rel[n]
     return feats, rel, med

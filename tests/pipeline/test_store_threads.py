@@ -70,3 +70,18 @@ def test_priorities_and_close(store):
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.query("SELECT 1")
+
+
+def test_query_rows_keep_their_values(store):
+    # rows parsed in one go: strings with newlines, commas and brackets, arrays, maps, NULL,
+    # DateTime64 text, and no rows at all
+    rows = store.query(
+        "SELECT number AS n, concat('a\\n,b]', toString(number)) AS s, [number, 2] AS a, "
+        "map('k', number) AS m, if(number = 1, NULL, number) AS z, "
+        "toDateTime64('2026-01-02 03:04:05.5', 3, 'UTC') AS t FROM numbers(3) ORDER BY n"
+    )
+    assert rows == [
+        {"n": i, "s": f"a\n,b]{i}", "a": [i, 2], "m": {"k": i}, "z": None if i == 1 else i, "t": "2026-01-02 03:04:05.500"}
+        for i in range(3)
+    ]
+    assert store.query("SELECT 1 AS x WHERE 0") == []
