@@ -47,7 +47,6 @@ Units: bandwidth bytes/s, service time ns, service per byte ns/B, ratios dimensi
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -58,6 +57,16 @@ from sklearn.preprocessing import RobustScaler
 from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
+from .failslow_sql import (
+    FWD_BUCKETS_PER_WINDOW,
+    FWD_INTERVALS_SQL,
+    FWD_RELATIVE_SQL,
+    FWD_TARGET_MEDIANS_SQL,
+    FWD_WINDOW_SQL,
+    TARGET_FWD_MEDIANS_SQL,
+    TARGET_INTERVALS_SQL,
+    TARGET_WINDOW_SQL,
+)
 
 NodeKind = Literal["target", "forwarder", "broker", "compute_node"]
 KIND_NAME = {"target": "fail_slow_target", "forwarder": "fail_slow_forwarder"}
@@ -65,139 +74,6 @@ MIN_FWD_OPS = 3  # requests a forwarding node needs on a target in a window to s
 _MIN_LOG_SCALE = (
     0.05  # floor of the robust scale (log units, ~5 %): a perfectly tight peer group is not infinitely sensitive
 )
-
-#: Busy time of a target in one interval row, ns: the reported sum of service times, or for rows
-#: of producers without it (service_ns_sum = 0) the p50 x ops estimate.
-_SERVICE_NS = "if(service_ns_sum > 0, service_ns_sum, latency_p50_ns * (read_ops + write_ops + metadata_ops))"
-
-#: Per target over one window: intervals are summed over forwarding nodes first (the model's service
-#: time per byte is then replaced by the fastest forwarding node's, TARGET_FWD_MEDIANS_SQL).
-TARGET_WINDOW_SQL = """
-SELECT
-    target                                              AS node,
-    count()                                             AS intervals,
-    countIf(o > 0)                                      AS busy,
-    sum(b)                                              AS bytes,
-    sum(o)                                              AS ops,
-    sum(b) / greatest(sumIf(secs, o > 0), 1e-9)         AS bw_avg,
-    max(b / secs)                                       AS bw_max,
-    sum(svc) / greatest(sum(b), 1)                      AS svc_ns_per_byte,
-    sum(svc)                                            AS svc_ns,
-    quantileExactIf(0.5)(svc / b, b > 0)                AS svc_ns_per_byte_median,
-    quantileExactIf(0.5)(p99, o > 0)                    AS p99_ns,
-    max(p99)                                            AS p99_max_ns,
-    sum(b) / greatest(sum(o), 1)                        AS req_bytes,
-    avg(qd)                                             AS queue_depth,
-    avgIf(thr, o > 0)                                   AS throttled_share,
-    max(perf)                                           AS max_perf_mb_s,
-    max(slow)                                           AS injected_slowdown,
-    toUnixTimestamp64Nano(min(time))                    AS first_ns,
-    toUnixTimestamp64Nano(max(time))                    AS last_ns
-FROM
-(
-    SELECT target, time,
-           greatest(max(interval_ms), 1) / 1000                 AS secs,
-           sum(bytes_read + bytes_written)                      AS b,
-           sum(read_ops + write_ops + metadata_ops)             AS o,
-           sum({svc}) AS svc,
-           max(latency_p99_ns)                                  AS p99,
-           sum(queue_depth)                                     AS qd,
-           max(throttled)                                       AS thr,
-           max(max_perf_mb_s)                                   AS perf,
-           max(slowdown)                                        AS slow
-    FROM target_metrics FINAL
-    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
-    GROUP BY target, time
-)
-GROUP BY target
-ORDER BY target
-""".replace("{svc}", _SERVICE_NS)
-
-#: Per (target, forwarding node) over one window: the median over intervals of the service time per
-#: byte the forwarding node saw on the target, and its requests.
-TARGET_FWD_MEDIANS_SQL = """
-SELECT target AS node, forwarding_node AS fwd, quantileExactIf(0.5)(svc / b, b > 0) AS med, sum(o) AS ops
-FROM
-(
-    SELECT target, time, forwarding_node, sum({svc}) AS svc, sum(bytes_read + bytes_written) AS b,
-           sum(read_ops + write_ops + metadata_ops) AS o
-    FROM target_metrics FINAL
-    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
-    GROUP BY target, time, forwarding_node
-)
-GROUP BY target, forwarding_node
-""".replace("{svc}", _SERVICE_NS)
-
-#: Per target and interval (for the onset of a fault): the fastest forwarding node's ns/B, as in
-#: :data:`TARGET_WINDOW_SQL`.
-TARGET_INTERVALS_SQL = """
-SELECT target AS node, toUnixTimestamp64Nano(time) AS t_ns,
-       ifNull(minIf(svc_f / b_f, b_f > 0), 0) AS ns_per_byte, sum(o_f) AS ops, max(perf_f) AS perf
-FROM
-(
-    SELECT target, time, forwarding_node,
-           sum({svc}) AS svc_f, sum(bytes_read + bytes_written) AS b_f,
-           sum(read_ops + write_ops + metadata_ops) AS o_f, max(max_perf_mb_s) AS perf_f
-    FROM target_metrics FINAL
-    WHERE time > {since:DateTime64(9)} AND time <= {until:DateTime64(9)}
-    GROUP BY target, time, forwarding_node
-)
-GROUP BY target, time
-ORDER BY t_ns
-""".replace("{svc}", _SERVICE_NS)
-
-#: The seconds of a window ``(since, until]`` in the per-second rollup (io_rollup_1s, migration
-#: 009): the seconds its records started in, the last partial second left out.
-ROLLUP_FWD_WINDOW = (
-    "layer = 'forwarder' AND forwarding_node != '' "
-    "AND sec >= toStartOfSecond({since:DateTime64(9)}) AND sec < toStartOfSecond({until:DateTime64(9)})"
-)
-
-#: Per (forwarding node, target, bucket of ``bucket_ns``, a whole number of seconds) over one
-#: window, from the forwarder layer's per-second rollup.
-FWD_PAIRS_SQL = f"""
-SELECT forwarding_node AS node, target, intDiv(toUInt64(toUnixTimestamp(sec)) * 1000000000, {{bucket_ns:UInt64}}) AS bucket,
-       sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
-FROM io_rollup_1s
-WHERE {ROLLUP_FWD_WINDOW}
-GROUP BY node, target, bucket
-"""
-FWD_BUCKETS_PER_WINDOW = 600  # the forwarders' median is taken over at most this many intervals per window
-
-#: Per forwarding node over one window: bandwidth per busy second, tail service time, queue wait.
-FWD_WINDOW_SQL = f"""
-SELECT node,
-       count() AS busy,
-       sum(b) AS bytes,
-       sum(o) AS ops,
-       sum(b) / greatest(count(), 1) AS bw_avg,
-       max(b) AS bw_max,
-       sum(qw) / greatest(sum(o), 1) AS queue_wait_ns,
-       max(p99) AS p99_max_ns,
-       quantileExact(0.5)(p99) AS p99_ns,
-       length(groupUniqArrayArray(js)) AS jobs
-FROM
-(
-    SELECT forwarding_node AS node, sec,
-           sum(bytes) AS b, sum(ops) AS o, sum(queue_wait_ns) AS qw,
-           quantilesBFloat16Merge(0.5, 0.99)(service_quantiles)[2] AS p99, groupUniqArray(job_id) AS js
-    FROM io_rollup_1s
-    WHERE {ROLLUP_FWD_WINDOW}
-    GROUP BY node, sec
-)
-GROUP BY node
-ORDER BY node
-"""
-
-#: Per (forwarding node, second, target): for the onset of a forwarder fault.
-FWD_INTERVALS_SQL = f"""
-SELECT forwarding_node AS node, target, toUnixTimestamp64Nano(toDateTime64(sec, 9)) AS t_ns,
-       sum(service_ns) / greatest(sum(bytes), 1) AS ns_per_byte, sum(ops) AS ops
-FROM io_rollup_1s
-WHERE {ROLLUP_FWD_WINDOW} AND forwarding_node = {{node:String}}
-GROUP BY node, target, t_ns
-ORDER BY t_ns
-"""
 
 
 @dataclass
@@ -357,52 +233,23 @@ def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str
     return feats, rel
 
 
-def _fwd_relative(pairs: list[dict], min_ops: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Per forwarding node: the median over intervals of exp(bytes-weighted mean over targets of
-    log(its ns/B on the target / the median ns/B of the forwarding nodes on that target)); and the
-    per-target medians (ns/B over the window)."""
-    tot: dict[tuple[str, str], list[float]] = {}
-    for p in pairs:
-        t = tot.setdefault((p["node"], p["target"]), [0.0, 0.0, 0.0])
-        t[0] += p["ops"]
-        t[1] += p["bytes"]
-        t[2] += p["svc_ns"]
-    by_t: dict[str, list[float]] = {}
-    for (_node, t), (ops, b, svc) in tot.items():
-        if ops >= max(3, min_ops // 10) and b > 0:
-            by_t.setdefault(t, []).append(svc / b)
-    med = {t: float(np.median(v)) for t, v in by_t.items() if len(v) >= 2}
-    acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for p in pairs:
-        t = p["target"]
-        if t in med and p["bytes"] > 0 and med[t] > 0:
-            acc.setdefault((p["node"], int(p["bucket"])), []).append(
-                (math.log(max(p["svc_ns"] / p["bytes"], 1e-12) / med[t]), float(p["bytes"]))
-            )
-    per_node: dict[str, list[float]] = {}
-    for (n, _), xs in acc.items():
-        per_node.setdefault(n, []).append(math.exp(float(np.average([x for x, _ in xs], weights=[w for _, w in xs]))))
-    rel = {n: float(np.median(v)) for n, v in per_node.items()}
-    return rel, med
-
-
 def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig) -> tuple[dict, dict, dict]:
+    """Per forwarding node over one window: its features (:data:`FWD_WINDOW_SQL`, with
+    ``svc_ns_per_byte`` and ``rel_service_raw``), its relative service time and the per-target
+    medians (:data:`FWD_RELATIVE_SQL`)."""
     bucket_ns = max(1_000_000_000, (until_ns - since_ns) // FWD_BUCKETS_PER_WINDOW // 1_000_000_000 * 1_000_000_000)
-    p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
-    pairs = [
-        {k: (float(v) if k not in ("node", "target") else v) for k, v in r.items()}
-        for r in store.query(FWD_PAIRS_SQL, p | {"bucket_ns": bucket_ns})
-    ]
+    p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns), "bucket_ns": bucket_ns}
+    p["min_ops"] = max(3, cfg.failslow_min_ops // 10)
     feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(FWD_WINDOW_SQL, p)}
-    rel, med = _fwd_relative(pairs, cfg.failslow_min_ops)
-    node_sums: dict[str, list[float]] = {}  # node -> [service ns, bytes], one pass over the pairs
-    for q in pairs:
-        acc = node_sums.setdefault(q["node"], [0.0, 0.0])
-        acc[0] += q["svc_ns"]
-        acc[1] += q["bytes"]
+    rel = {}
+    for r in store.query(FWD_RELATIVE_SQL, p):
+        if int(r["intervals"]):
+            rel[r["node"]] = float(r["rel"])
+        if r["node"] in feats:
+            feats[r["node"]]["svc_ns_per_byte"] = float(r["svc_ns"]) / max(1.0, float(r["bytes"]))
+    med = {r["target"]: float(r["med"]) for r in store.query(FWD_TARGET_MEDIANS_SQL, p)}
     for n, f in feats.items():
-        svc_ns, nbytes = node_sums.get(n, (0.0, 0.0))
-        f["svc_ns_per_byte"] = svc_ns / max(1.0, nbytes)
+        f.setdefault("svc_ns_per_byte", 0.0)
         if n in rel:
             f["rel_service_raw"] = rel[n]
     return feats, rel, med

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
-from .failslow import ROLLUP_FWD_WINDOW, Anomaly, detect_failslow
+from .failslow import Anomaly, detect_failslow
+from .failslow_sql import ROLLUP_FWD_WINDOW
 from .interference import InterferenceEvent, detect_interference
 from .replays_sql import RECORD_KEY, duplicate_replays
 

@@ -47,13 +47,14 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pharos_core.settings import Settings
 from pharos_core.store import Store, StoreError
 
 from . import columnar
+from .counters import Counters, TopicCounters
 from .messages import (
     InvalidMessage,
     batch_row,
@@ -103,37 +104,6 @@ class _Batch:
     batch: IoBatchHeader
 
 
-@dataclass
-class TopicCounters:
-    """What the pipeline did with one topic's messages since it started (the one count behind
-    :meth:`Pipeline.stats`, ``GET /v1/pipeline`` and the Prometheus metrics)."""
-
-    messages: int = 0  # Kafka messages taken (and committed)
-    stored: int = 0  # rows written: io_requests, job_events or target_metrics
-    batches: int = 0  # new IoBatches stored (io requests)
-    duplicates: int = 0  # batches skipped: already stored, or repeated within a poll
-    dead_letters: int = 0  # messages sent to the dead-letter topic
-    gaps: int = 0  # batches missing by seq (lost between the producer and the pipeline)
-
-
-@dataclass
-class _Counters:
-    topics: dict[str, TopicCounters] = field(default_factory=dict)
-    polls: int = 0
-    commits: int = 0
-    errors: int = 0
-    last_commit_time: float | None = None
-    last_seq: dict[str, int] = field(default_factory=dict)
-    #: (topic, partition) -> messages not yet committed (high watermark - committed offset)
-    lag: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def topic(self, name: str) -> TopicCounters:
-        t = self.topics.get(name)
-        if t is None:
-            t = self.topics[name] = TopicCounters()
-        return t
-
-
 class Pipeline:
     """The Kafka -> ClickHouse consumer. Not thread-safe: one thread calls
     :meth:`process_once` / :meth:`run`; :meth:`stats` may be read from any thread.
@@ -177,7 +147,7 @@ class Pipeline:
         self._consumer_config.update(consumer_config or {})
         self._consumer = None
         self._producer = None
-        self._c = _Counters()
+        self._c = Counters()
         # Batches whose records a dead run stored without markers; looked for at start and
         # whenever partitions are assigned (another consumer of the group may have died).
         self._unmarked: set[tuple[str, int]] = set()

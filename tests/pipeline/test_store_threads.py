@@ -81,7 +81,14 @@ def test_query_rows_keep_their_values(store):
         "toDateTime64('2026-01-02 03:04:05.5', 3, 'UTC') AS t FROM numbers(3) ORDER BY n"
     )
     assert rows == [
-        {"n": i, "s": f"a\n,b]{i}", "a": [i, 2], "m": {"k": i}, "z": None if i == 1 else i, "t": "2026-01-02 03:04:05.500"}
+        {
+            "n": i,
+            "s": f"a\n,b]{i}",
+            "a": [i, 2],
+            "m": {"k": i},
+            "z": None if i == 1 else i,
+            "t": "2026-01-02 03:04:05.500",
+        }
         for i in range(3)
     ]
     assert store.query("SELECT 1 AS x WHERE 0") == []

@@ -159,7 +159,7 @@ GROUP BY node, target, bucket ORDER BY node, target, bucket
 def test_forwarder_features_from_the_rollup_equal_the_raw_records(store):
     """Fail-slow forwarding nodes read the per-second rollup (issue 15: cost by time and objects,
     not records); on whole-second windows it gives exactly what the raw records give."""
-    from pharos_analytics.failslow import FWD_PAIRS_SQL, FWD_WINDOW_SQL
+    from pharos_analytics.failslow_sql import FWD_PAIRS_SQL, FWD_WINDOW_SQL
     from pharos_core.store import ns_to_datetime64
 
     t0, _ = _run(store, 40, 51, [sim.Fault("forwarder", "fwd1", 4.0)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pharos_core.store import ns_to_datetime64
 
-from ..failslow import ROLLUP_FWD_WINDOW
+from ..failslow_sql import ROLLUP_FWD_WINDOW
 from .dfra import NodeState
 from .push import View
 
@@ -57,7 +57,7 @@ GROUP BY node
 """
 #: Bytes forwarded per (forwarding node, job) over a window, and the capacity of a node (the
 #: largest per-node p99 of forwarded bytes per second), from the per-second rollup
-#: (io_rollup_1s; the seconds of the window ``(since, until]``, see failslow.ROLLUP_FWD_WINDOW):
+#: (io_rollup_1s; the seconds of the window ``(since, until]``, see failslow_sql.ROLLUP_FWD_WINDOW):
 #: the cost grows with seconds x nodes x jobs, not with records.
 LOAD_SQL = f"""
 SELECT forwarding_node AS node, job_id, sum(bytes) AS bytes FROM io_rollup_1s
