@@ -220,6 +220,14 @@ class DiagnosisConfig(PharosSettings):
         description="Beacon §5.3 (1 h, 4 h, 12 h, 96 h). Widening look-back windows (s) of fail-slow "
         "detection: flagged in every window = persistent, in the shortest only = transient.",
     )
+    failslow_min_intervals: int = Field(
+        default=60,
+        ge=2,
+        description="Pharos. Intervals a fail-slow forwarder window is read in, at least: it reads the coarsest "
+        "rollup of the forwarder layer (10 min, 1 min, 1 s; migration 014) that still cuts it into this many "
+        "(1 h: 1 min; 12 h and 96 h: 10 min; under 1 h: 1 s), so a cycle reads (window / interval) x "
+        "(forwarding node, target, job) rows, not seconds x those: 99 M rows per hour at 1,024 compute nodes.",
+    )
     failslow_refresh_share: float = Field(
         default=1 / 60,
         ge=0,

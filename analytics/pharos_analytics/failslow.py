@@ -59,13 +59,11 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow_sql import (
     FWD_BUCKETS_PER_WINDOW,
-    FWD_INTERVALS_SQL,
-    FWD_RELATIVE_SQL,
-    FWD_TARGET_MEDIANS_SQL,
-    FWD_WINDOW_SQL,
     TARGET_FWD_MEDIANS_SQL,
     TARGET_INTERVALS_SQL,
     TARGET_WINDOW_SQL,
+    forwarder_window_sql,
+    rollup_step,
 )
 
 NodeKind = Literal["target", "forwarder", "broker", "compute_node"]
@@ -234,20 +232,23 @@ def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str
 
 
 def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig) -> tuple[dict, dict, dict]:
-    """Per forwarding node over one window: its features (:data:`FWD_WINDOW_SQL`, with
-    ``svc_ns_per_byte`` and ``rel_service_raw``), its relative service time and the per-target
-    medians (:data:`FWD_RELATIVE_SQL`)."""
-    bucket_ns = max(1_000_000_000, (until_ns - since_ns) // FWD_BUCKETS_PER_WINDOW // 1_000_000_000 * 1_000_000_000)
-    p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns), "bucket_ns": bucket_ns}
-    p["min_ops"] = max(3, cfg.failslow_min_ops // 10)
-    feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(FWD_WINDOW_SQL, p)}
+    """Per forwarding node over one window: its features (``window`` of
+    :func:`~pharos_analytics.failslow_sql.forwarder_window_sql`, with ``svc_ns_per_byte`` and
+    ``rel_service_raw``), its relative service time and the per-target medians (``relative``),
+    read in intervals of :func:`~pharos_analytics.failslow_sql.rollup_step` (``busy``: intervals)."""
+    step = rollup_step((until_ns - since_ns) / 1e9, cfg.failslow_min_intervals)
+    q = forwarder_window_sql(since_ns, until_ns, step)
+    step_ns = step * 1_000_000_000
+    bucket_ns = max(step_ns, (until_ns - since_ns) // FWD_BUCKETS_PER_WINDOW // step_ns * step_ns)
+    p = {"bucket_ns": bucket_ns, "min_ops": max(3, cfg.failslow_min_ops // 10)}
+    feats = {r["node"]: {k: float(v) for k, v in r.items() if k != "node"} for r in store.query(q.window)}
     rel = {}
-    for r in store.query(FWD_RELATIVE_SQL, p):
+    for r in store.query(q.relative, p):
         if int(r["intervals"]):
             rel[r["node"]] = float(r["rel"])
         if r["node"] in feats:
             feats[r["node"]]["svc_ns_per_byte"] = float(r["svc_ns"]) / max(1.0, float(r["bytes"]))
-    med = {r["target"]: float(r["med"]) for r in store.query(FWD_TARGET_MEDIANS_SQL, p)}
+    med = {r["target"]: float(r["med"]) for r in store.query(q.target_medians, p)}
     for n, f in feats.items():
         f.setdefault("svc_ns_per_byte", 0.0)
         if n in rel:
@@ -292,9 +293,8 @@ def _onset(by_t: dict[int, dict[str, float]], node: str, cfg: DiagnosisConfig) -
 def _onset_forwarder(
     store: Store, node: str, since_ns: int, until_ns: int, med: dict[str, float], cfg: DiagnosisConfig
 ) -> int | None:
-    rows = store.query(
-        FWD_INTERVALS_SQL, {"node": node, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns)}
-    )
+    step = rollup_step((until_ns - since_ns) / 1e9, cfg.failslow_min_intervals)
+    rows = store.query(forwarder_window_sql(since_ns, until_ns, step).intervals, {"node": node})
     onset = run = None  # as _onset: the start of the last run of slow intervals, ended or not
     per_t: dict[int, list[float]] = {}
     for r in rows:

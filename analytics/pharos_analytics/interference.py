@@ -44,6 +44,7 @@ from typing import Literal
 from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
+from .failslow_sql import FORWARDER_ROLLUPS, forwarder_rollup
 
 #: Per (job, window, resource): requests, bytes, service and queue-wait sums.
 WINDOW_USAGE_SQL = """
@@ -71,23 +72,22 @@ WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:
 GROUP BY job_id, w
 """
 
-#: The same two views from the per-second rollup (io_rollup_1s, migration 009), used when the
-#: window is a whole number of seconds and the range lies within the rollup's retention: the cost
-#: grows with seconds x (job, forwarding node, target), not with records. Seconds [since, until)
-#: by the second each request started in (a partial last second is left out, as fail-slow does).
-_ROLLUP_RANGE = (
-    "layer = 'forwarder' AND sec >= toStartOfSecond({since:DateTime64(9)}) "
-    "AND sec < toStartOfSecond({until:DateTime64(9)})"
-)
-_ROLLUP_W = "intDiv(toUInt64(toUnixTimestamp(sec)) * 1000000000, {win:UInt64})"
+#: The same two views from the forwarder layer's rollups (io_rollup_1s, migration 009; per minute
+#: and per 10 minutes, migration 014: :func:`~pharos_analytics.failslow_sql.forwarder_rollup`),
+#: used when the window is a whole number of seconds and the range lies within the per-second
+#: rollup's retention: the cost grows with intervals x (job, forwarding node, target), not with
+#: records; 60 s windows read whole minutes (a 1 h look-back: 60 x those rows, not 3,600 x).
+#: Seconds [since, until) by the second each request started in (a partial last second is left
+#: out, as fail-slow does).
+_ROLLUP_W = "intDiv(toUInt64(toUnixTimestamp(t)) * 1000000000, {win:UInt64})"
 ROLLUP_USAGE_SQL = f"""
 SELECT job_id, w, r.1 AS rtype, r.2 AS res, sum(o) AS n, sum(b) AS bytes, sum(s) AS svc_ns, sum(q) AS qw_ns
 FROM
 (
     SELECT job_id, {_ROLLUP_W} AS w, ops AS o, bytes AS b, service_ns AS s, queue_wait_ns AS q,
            arrayJoin([('forwarding_node', forwarding_node), ('target', target)]) AS r
-    FROM io_rollup_1s
-    WHERE {_ROLLUP_RANGE} __JOBS__
+    FROM (__SRC__)
+    WHERE 1 __JOBS__
 )
 WHERE r.2 != ''
 GROUP BY job_id, w, rtype, res
@@ -95,8 +95,8 @@ GROUP BY job_id, w, rtype, res
 ROLLUP_JOB_SQL = f"""
 SELECT job_id, {_ROLLUP_W} AS w, sum(ops) AS n, sum(bytes) AS bytes, sum(service_ns) AS svc_ns,
        sum(queue_wait_ns) AS qw_ns
-FROM io_rollup_1s
-WHERE {_ROLLUP_RANGE} __JOBS__
+FROM (__SRC__)
+WHERE 1 __JOBS__
 GROUP BY job_id, w
 """
 #: io_rollup_1s keeps 8 days (TTL by ingest time, migration 009): older ranges read raw records.
@@ -201,11 +201,12 @@ def _usage(
     p = {"since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(until_ns), "win": win_ns}
     if job_ids is not None:
         p["jobs"] = job_ids
-    usage_sql, job_sql = (
-        (ROLLUP_USAGE_SQL, ROLLUP_JOB_SQL)
-        if reads_rollup(since_ns, win_ns, read_from)
-        else (WINDOW_USAGE_SQL, WINDOW_JOB_SQL)
-    )
+    if reads_rollup(since_ns, win_ns, read_from):
+        step = max(r.step_s for r in FORWARDER_ROLLUPS if win_ns % (r.step_s * 1_000_000_000) == 0)
+        src = forwarder_rollup(since_ns, until_ns, step)
+        usage_sql, job_sql = (q.replace("__SRC__", src) for q in (ROLLUP_USAGE_SQL, ROLLUP_JOB_SQL))
+    else:
+        usage_sql, job_sql = WINDOW_USAGE_SQL, WINDOW_JOB_SQL
     use = store.query(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     own = store.query(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
@@ -506,14 +507,15 @@ def detect_interference(
     read_from: ReadFrom = "auto",
 ) -> list[InterferenceEvent]:
     """Interference events of every job with forwarder-layer requests in ``[since, until)`` (ns since
-    the epoch; default: the last ``interference_lookback_s`` up to now), or of ``job_ids`` only
+    the epoch; default: the whole windows of the last ``interference_lookback_s`` up to now), or of ``job_ids`` only
     (their co-located jobs are still read). ``active``: the event reaches the newest complete window.
     ``read_from``: see :func:`reads_rollup`."""
     cfg = cfg or DiagnosisConfig()
     now_ns = time.time_ns()
     until_ns = now_ns if until_ns is None else until_ns
-    since_ns = until_ns - int(cfg.interference_lookback_s * 1e9) if since_ns is None else since_ns
     win_ns = int(cfg.interference_window_s * 1e9)
+    if since_ns is None:  # the look-back from its first whole window (a partial one is no baseline)
+        since_ns = -(-(until_ns - int(cfg.interference_lookback_s * 1e9)) // win_ns) * win_ns
     by_w, jobw = _usage(store, since_ns, until_ns, win_ns, read_from=read_from)
     last_w = (until_ns - 1) // win_ns
     jobs = sorted({j for j, _ in jobw}) if job_ids is None else [j for j in job_ids if any(k[0] == j for k in jobw)]

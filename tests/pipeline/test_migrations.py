@@ -29,6 +29,7 @@ MIGRATIONS = {
     },
     "012_request_replays.sql": {"columns": {("io_requests", "request_id"), ("io_requests", "replay")}},
     "013_control_leases.sql": {"columns": {("control_allocations", "lease_until")}},
+    "014_forwarder_rollups.sql": {"tables": {"io_rollup_forwarder_1m", "io_rollup_forwarder_10m"}},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -143,12 +144,14 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         # as if 009 had not run yet on this store: the re-run creates the rollups and fills them
         # from the records, 011 adds its columns and fills them
-        for v in ("io_rollup_1s_mv", "io_rollup_1m_mv"):
+        # (014's views read io_rollup_1s: as on a store 014 has not reached yet, they come after)
+        for v in ("io_rollup_forwarder_10m_mv", "io_rollup_forwarder_1m_mv", "io_rollup_1s_mv", "io_rollup_1m_mv"):
             store.command(f"DROP VIEW {v}")
         for t in ("io_rollup_1s", "io_rollup_1m"):
             store.command(f"DROP TABLE {t}")
-        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11) SETTINGS mutations_sync = 1")
-        assert migrate(store) == ["009_rollups.sql", "011_rollup_data_ops.sql"]  # 010 stays recorded
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11, 14) SETTINGS mutations_sync = 1")
+        # 010, 012 and 013 stay recorded
+        assert migrate(store) == ["009_rollups.sql", "011_rollup_data_ops.sql", "014_forwarder_rollups.sql"]
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         # 011 again (a crash before it was recorded): the columns are filled, nothing is added twice
         store.command("ALTER TABLE schema_migrations DELETE WHERE version = 11 SETTINGS mutations_sync = 1")

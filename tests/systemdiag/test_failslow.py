@@ -131,19 +131,21 @@ def test_sub_millisecond_noise_is_not_a_fail_slow_target(store):
 
 
 # The forwarder features as they were computed from raw records before the per-second rollup
-# (migration 009): the rollup must give the same numbers. The p99 is bfloat16's (migration 011:
-# a bounded histogram state; raw quantile(0.99) interpolates between the two largest of a
-# second's few samples, bfloat16 returns one of them, to < 1% of its value).
+# (migration 009): the rollups must give the same numbers, per second and (migration 014) per
+# minute. The p99 is bfloat16's (migration 011: a bounded histogram state; raw quantile(0.99)
+# interpolates between the two largest of a second's few samples, bfloat16 returns one of them,
+# to < 1% of its value); per minute it merges the seconds' states, so it is compared to 1%.
 RAW_FWD_WINDOW_SQL = """
-SELECT node, count() AS busy, sum(b) AS bytes, sum(o) AS ops, sum(b) / greatest(count(), 1) AS bw_avg,
-       max(b) AS bw_max, sum(qw) / greatest(sum(o), 1) AS queue_wait_ns, max(p99) AS p99_max_ns,
+SELECT node, count() AS busy, sum(b) AS bytes, sum(o) AS ops, sum(b) / greatest(count(), 1)__PER_S__ AS bw_avg,
+       max(b)__PER_S__ AS bw_max, sum(qw) / greatest(sum(o), 1) AS queue_wait_ns, max(p99) AS p99_max_ns,
        quantileExact(0.5)(p99) AS p99_ns, length(groupUniqArrayArray(js)) AS jobs
 FROM (
-    SELECT forwarding_node AS node, toStartOfSecond(start) AS sec, sum(bytes) AS b, sum(count) AS o,
-           sum(queue_wait_ns) AS qw, quantileBFloat16(0.99)(duration_ns) AS p99, groupUniqArray(job_id) AS js
+    SELECT forwarding_node AS node, toStartOfInterval(start, INTERVAL __STEP__ SECOND) AS t, sum(bytes) AS b,
+           sum(count) AS o, sum(queue_wait_ns) AS qw, quantileBFloat16(0.99)(duration_ns) AS p99,
+           groupUniqArray(job_id) AS js
     FROM io_requests
     WHERE layer = 'forwarder' AND forwarding_node != '' AND start > {since:DateTime64(9)} AND start <= {until:DateTime64(9)}
-    GROUP BY node, sec
+    GROUP BY node, t
 )
 GROUP BY node ORDER BY node
 """
@@ -156,20 +158,103 @@ GROUP BY node, target, bucket ORDER BY node, target, bucket
 """
 
 
+def _raw_window(step: int) -> str:
+    return RAW_FWD_WINDOW_SQL.replace("__STEP__", str(step)).replace("__PER_S__", f" / {step}" if step > 1 else "")
+
+
 def test_forwarder_features_from_the_rollup_equal_the_raw_records(store):
     """Fail-slow forwarding nodes read the per-second rollup (issue 15: cost by time and objects,
     not records); on whole-second windows it gives exactly what the raw records give."""
-    from pharos_analytics.failslow_sql import FWD_PAIRS_SQL, FWD_WINDOW_SQL
+    from pharos_analytics.failslow_sql import forwarder_window_sql
     from pharos_core.store import ns_to_datetime64
 
     t0, _ = _run(store, 40, 51, [sim.Fault("forwarder", "fwd1", 4.0)])
     for w in (5, 20, 60):
         until = t0 + DURATION * sim.NS
         p = {"since": ns_to_datetime64(until - w * sim.NS), "until": ns_to_datetime64(until)}
-        assert store.query(FWD_WINDOW_SQL, p) == store.query(RAW_FWD_WINDOW_SQL, p)
+        q = forwarder_window_sql(until - w * sim.NS, until, 1)
+        assert store.query(q.window) == store.query(_raw_window(1), p)
         b = {"bucket_ns": 2 * sim.NS}
-        got = sorted(store.query(FWD_PAIRS_SQL, p | b), key=lambda r: (r["node"], r["target"], r["bucket"]))
+        got = sorted(store.query(q.pairs, b), key=lambda r: (r["node"], r["target"], r["bucket"]))
         assert got == store.query(RAW_FWD_PAIRS_SQL, p | b) and len(got) > 10
+
+
+def test_minute_intervals_from_the_coarse_rollups_equal_the_raw_records(store):
+    """Windows read in minutes (migration 014, issue 28): the whole minutes from the per-minute
+    rollup, the seconds at both edges from the per-second one; the same sums, busy minutes and jobs
+    as the raw records grouped by minute, and the same pairs; the p99 to bfloat16's 1%. The
+    interference pass's 60 s windows read them too: the same usage as from the raw records."""
+    from pharos_analytics import interference
+    from pharos_analytics.failslow_sql import forwarder_rollup, forwarder_window_sql
+    from pharos_core.store import ns_to_datetime64
+
+    cl = sim.Cluster()
+    t0 = (1_700_000_000 + 60 * 7200) * sim.NS  # 20 s past a minute
+    jobs = sim.proportionate_jobs("minutes", 0.6 * sum(cl.targets.values()), cl.fwd_nodes)
+    sim.insert(store, sim.simulate(cl, jobs, t0, 200, seed=53, faults=[sim.Fault("forwarder", "fwd1", 4.0)]))
+    assert "io_rollup_forwarder_1m" in forwarder_rollup(t0, t0 + 200 * sim.NS, 60)
+    for since_s, until_s in ((3, 197), (40, 160), (10, 70)):  # edges on both sides; minutes only; none whole
+        since, until = t0 + since_s * sim.NS, t0 + until_s * sim.NS  # whole seconds, as the raw query's
+        # a window read in minutes takes its whole minutes only
+        first, last = -(-(since // sim.NS) // 60) * 60 * sim.NS - 1, until // sim.NS // 60 * 60 * sim.NS - 1
+        p = {"since": ns_to_datetime64(first), "until": ns_to_datetime64(last)}
+        q = forwarder_window_sql(since, until, 60)
+        got, raw = store.query(q.window), store.query(_raw_window(60), p)
+        assert [r["node"] for r in got] == [r["node"] for r in raw] and len(got) == (4 if until_s > 100 else 0)
+        for g, r in zip(got, raw, strict=True):
+            assert {k: v for k, v in g.items() if "p99" not in k} == {k: v for k, v in r.items() if "p99" not in k}
+            assert abs(float(g["p99_max_ns"]) / float(r["p99_max_ns"]) - 1) < 0.01
+        b = {"bucket_ns": 60 * sim.NS}
+        got = sorted(store.query(q.pairs, b), key=lambda r: (r["node"], r["target"], r["bucket"]))
+        assert got == store.query(RAW_FWD_PAIRS_SQL, p | b) and (len(got) > 10) == (until_s > 100)
+        # the interference pass's 60 s windows (its usage per job, window and resource) likewise,
+        # with the seconds at both edges (from the per-second rollup)
+        assert "io_rollup_1s" in forwarder_rollup(since, until, 60) or until_s - since_s == 120
+        rolled = interference._usage(store, since, until, 60 * sim.NS, read_from="rollup")
+        assert rolled == interference._usage(store, since, until, 60 * sim.NS, read_from="raw") and rolled[1]
+
+
+def test_split_takes_whole_intervals_from_the_coarsest_rollup():
+    """Pure: the seconds of a range by rollup, coarsest first, the edges from finer ones."""
+    from pharos_analytics.failslow_sql import _split, rollup_step
+
+    parts = {r.step_s: ranges for r, ranges in _split(1190, 3010, 60)}  # 10 min rows cannot make minutes
+    assert parts == {60: [(1200, 3000)], 1: [(1190, 1200), (3000, 3010)]}
+    parts = {r.step_s: ranges for r, ranges in _split(1130, 3070, 600)}
+    assert parts == {600: [(1200, 3000)], 60: [(1140, 1200), (3000, 3060)], 1: [(1130, 1140), (3060, 3070)]}
+    assert {r.step_s: x for r, x in _split(5, 50, 60)} == {1: [(5, 50)]}
+    assert {r.step_s: x for r, x in _split(0, 1200, 1)} == {1: [(0, 1200)]}  # a 1 s step reads seconds
+    assert {r.step_s: x for r, x in _split(0, 1800, 120)} == {60: [(0, 1800)]}  # 600 does not divide 120
+    assert _split(50, 50, 60) == []
+    assert [rollup_step(w, 60) for w in (5, 60, 3599, 3600, 14400, 43200, 345600)] == [1, 1, 1, 60, 60, 600, 600]
+
+
+def test_a_window_read_in_minutes_names_the_slow_forwarding_node(store):
+    """A 10-minute window read in minutes (failslow_min_intervals 10: the per-minute rollup, as a
+    1 h window is with the default 60): fwd2 slowed 4x is named, nothing else, and its onset is
+    within the first minutes."""
+    cl = sim.Cluster()
+    t0 = (1_700_000_000 + 61 * 7200) * sim.NS
+    jobs = sim.proportionate_jobs("tenmin", 0.6 * sum(cl.targets.values()), cl.fwd_nodes)
+    sim.insert(store, sim.simulate(cl, jobs, t0, 660, seed=54, faults=[sim.Fault("forwarder", "fwd2", 4.0)]))
+    cfg = CFG.model_copy(update={"failslow_windows_s": [600.0], "failslow_min_intervals": 10})
+    read = []
+    real = store.query
+
+    def recording(sql, params=None, *a, **k):
+        read.append(sql)
+        return real(sql, params, *a, **k)
+
+    store.query = recording
+    try:
+        rep = detect_failslow(store, cfg, now_ns=t0 + 660 * sim.NS, kinds=("forwarder",))
+    finally:
+        store.query = real
+    assert {(a.kind, a.node) for a in rep.anomalies} == {("fail_slow_forwarder", "fwd2")}
+    (a,) = rep.anomalies
+    assert 3 <= a.rel_service <= 5.5 and a.onset_ns is not None and a.onset_ns <= t0 + 180 * sim.NS
+    assert any("io_rollup_forwarder_1m" in q for q in read)
+    assert a.evidence["600"]["busy"] <= 11  # busy minutes, not seconds
 
 
 def test_long_windows_are_rejudged_only_after_their_refresh_share(store):
