@@ -65,6 +65,7 @@ pub mod cache;
 mod data;
 pub mod gas;
 mod layout;
+pub mod migrate;
 mod namespace;
 mod opens;
 mod placement;

@@ -150,6 +150,12 @@ impl DataPath {
         self.obj_fd(&b.targets, ti, l.oid, idx, true)
     }
 
+    /// Forgets the open file of object `idx` of `oid` on target `ti` (a migration removed it;
+    /// another object may take its name later).
+    pub(super) fn forget_obj(&self, ti: u32, oid: u64, idx: u64) {
+        self.fds.lock().unwrap().remove(&(ti, oid, idx));
+    }
+
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
     pub(super) fn data_stat(&self, b: &Backend, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         b.check_layout(l)?;
