@@ -58,9 +58,10 @@ pub fn allocate(tasks: &[Demand], cap_mb_s: f64) -> Allocation {
     Allocation { rates, scaled: false }
 }
 
-/// A token bucket of one unit's burst, as a virtual clock: each unit of `n` bytes is sent no
-/// earlier than the previous unit's time plus `n / rate`. A rate change applies from the
-/// next unit; time not used (a stalled task) is not saved up beyond one unit.
+/// A token bucket without burst, as a virtual clock: a unit of `n` bytes may start once the
+/// units before it and its own `n / rate` have elapsed, so `k` units take at least
+/// `k x n / rate` from the first call. A rate change applies from the next unit; time a
+/// stalled task did not use is not saved up.
 #[derive(Debug)]
 pub struct Pacer {
     next: Instant,
@@ -73,19 +74,13 @@ impl Default for Pacer {
 }
 
 impl Pacer {
-    /// How long to wait before sending `bytes` at `rate_mb_s` (MB/s) now (`now`), and books
-    /// them; `None` when the rate is 0 (the task waits for an allocation).
+    /// How long to wait, from `now`, before sending `bytes` at `rate_mb_s` (MB/s); books
+    /// them. `None` when the rate is 0 (the task waits for an allocation).
     pub fn wait(&mut self, now: Instant, bytes: u64, rate_mb_s: f64) -> Option<Duration> {
         if !(rate_mb_s.is_finite() && rate_mb_s > 0.0) {
             return None;
         }
-        let cost = Duration::from_secs_f64(bytes as f64 / (rate_mb_s * 1e6));
-        // At most one unit of credit: an idle bucket does not allow a burst later.
-        if self.next + cost < now {
-            self.next = now - cost;
-        }
-        let start = self.next.max(now);
-        self.next = start + cost;
-        Some(start - now)
+        self.next = self.next.max(now) + Duration::from_secs_f64(bytes as f64 / (rate_mb_s * 1e6));
+        Some(self.next - now)
     }
 }

@@ -45,7 +45,7 @@ fn modm_cap_below_the_sum_of_minimums_scales_them() {
     assert!(allocate(&[], 10.0).rates.is_empty());
 }
 
-/// The pacer holds a task to its rate: 20 units of 100 kB at 10 MB/s take ~0.19 s or more.
+/// The pacer holds a task to its rate: 20 units of 100 kB at 10 MB/s take 0.2 s or more.
 #[test]
 fn pacer_enforces_the_rate() {
     let mut p = Pacer::default();
@@ -54,7 +54,7 @@ fn pacer_enforces_the_rate() {
         std::thread::sleep(p.wait(Instant::now(), 100_000, 10.0).unwrap());
     }
     let took = t0.elapsed().as_secs_f64();
-    assert!((0.18..0.5).contains(&took), "{took}");
+    assert!((0.2..0.5).contains(&took), "{took}");
     assert!(p.wait(Instant::now(), 1, 0.0).is_none());
 }
 
