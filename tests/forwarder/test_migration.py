@@ -229,3 +229,38 @@ def test_modm_three_tasks_get_their_minimums_and_the_rest_by_priority(cluster):
     assert got[1] > got[0] > got[2]
     assert wait_for(lambda: all(t["state"] == "done" for t in snapshot().values()), timeout=60), snapshot()
     verify(work)
+
+
+@pytest.mark.timeout(240)
+def test_writes_during_the_copy_are_not_lost(cluster):
+    """A file written through the mount while its objects are being copied: the switch sees
+    the write (the file's data generation moved, or it is still open) and copies again or
+    defers; the file ends on the new layout with the write in it."""
+    c = cluster
+    c.n_targets = TARGETS
+    d, m, _work = setup(c, "x")
+    path, (_, targets) = sorted(sidecars(c).items())[0]
+    f = m.path / path.lstrip("/")
+    original = f.read_bytes()
+    http("PUT", d.admin + "/migrations", {"max_total_mb_s": 1.0, "max_active": 1, "retry_s": 0.3})
+    body = {"source_target": f"ost{targets[0]}", "paths": [path], "unit_bytes": 65536}
+    (tid,) = http("POST", d.admin + "/migrations", body)["ids"]
+
+    def task() -> dict:
+        return next(t for t in tasks(d) if t["id"] == tid)
+
+    # The first 512 KiB of the source object are copied: the write lands in copied bytes.
+    assert wait_for(lambda: task()["bytes_done"] >= 512 << 10, timeout=20), task()
+    patch = os.urandom(512 << 10)  # 8 stripes of 64 KiB: the first 256 KiB of each object
+    fd = os.open(f, os.O_WRONLY)
+    try:
+        os.pwrite(fd, patch, 0)
+    finally:
+        os.close(fd)
+    http("PUT", d.admin + "/migrations", {"max_total_mb_s": 200.0, "max_active": 1, "retry_s": 0.3})
+    assert wait_for(lambda: task()["state"] in ("done", "failed"), timeout=60), task()
+    t = task()
+    assert t["state"] == "done", t
+    assert targets[0] not in sidecars(c)[path][1]
+    assert f.read_bytes() == patch + original[len(patch) :]
+    assert t["recopies"] + t["deferrals"] >= 1, t  # the write was seen
