@@ -152,8 +152,10 @@ pub fn remove_copies(b: &Backend, e: &Entry) {
     }
 }
 
-/// Removes the source objects of entry `e` (roll forward: the new layout is in force).
+/// Removes the source objects of entry `e` (roll forward: the new layout is in force); every
+/// daemon reopens the file's objects ([`Backend::moves`]).
 pub fn remove_sources(b: &Backend, e: &Entry) {
+    b.moves.bump(e.oid);
     for &(idx, s, _) in &e.objects {
         b.data.forget_obj(s, e.oid, idx);
         let _ = b.targets[s as usize].remove_obj(e.oid, idx);

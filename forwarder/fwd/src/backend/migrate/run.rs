@@ -238,6 +238,8 @@ impl Migrations {
                 Err(SwapRefused::Changed(e)) | Err(SwapRefused::Io(e)) => return roll_back(held, Outcome::Failed(e)),
             }
         }
+        // Every daemon reopens the file's objects from now on (none uses a removed one).
+        b.moves.bump(plan.oid);
         if let Some(t) = self.inner.lock().unwrap().tasks.get_mut(&id) {
             t.v.state = State::Switched;
         }

@@ -7,7 +7,7 @@ use super::alloc::{allocate, Demand, Pacer};
 use super::journal::{decide, Decision, Entry, Journal};
 use super::*;
 use crate::backend::testutil::*;
-use crate::backend::{IoInfo, Placement};
+use crate::backend::{IoInfo, Placement, Pool};
 
 fn d(min: f64, priority: i32, max: Option<f64>) -> Demand {
     Demand { min_mb_s: min, priority, max_mb_s: max }
@@ -236,4 +236,49 @@ impl View {
     fn live_rate_check(&self) -> bool {
         self.state.finished() && self.rate_mb_s != 0.0
     }
+}
+
+/// Another daemon (a second backend on the same MDT and targets) that read a file before it
+/// moved off a target and back keeps no open file of the removed object: it reads what was
+/// written after the moves.
+#[test]
+fn other_daemons_reopen_moved_objects() {
+    let (dir, a) = backend(3);
+    let pool = Pool {
+        targets: vec!["ost0".into(), "ost1".into()],
+        max_perf: Default::default(),
+        stripe_count: None,
+        component_size: None,
+    };
+    let p = Placement { pools: [("p".to_string(), pool)].into(), default_pool: Some("p".into()), ..Default::default() };
+    a.placement.store(Arc::new(p));
+    let (_, l, h) = a.create("f", 0o644, EXCL, 1, &Ctx::default()).unwrap();
+    a.write(&l, h, 0, &[1u8; 5000], &mut IoInfo::default()).unwrap();
+    a.release(&l, h).unwrap();
+    let other = backend_on(&dir, 3);
+    assert_eq!(other.read(&l, 0, 5000, &mut IoInfo::default()).unwrap(), vec![1u8; 5000]);
+    let a = Arc::new(a);
+    let (m, _) = engine(a.clone(), 1000.0);
+    let name = |t: u32| a.targets[t as usize].name.clone();
+    for _ in 0..2 {
+        let src = a.read_layout("f").unwrap().0.targets[0];
+        let r = Request {
+            source_target: name(src),
+            paths: Some(vec!["f".into()]),
+            min_mb_s: Some(100.0),
+            max_mb_s: None,
+            priority: None,
+            unit_bytes: Some(4096),
+            pool: None,
+        };
+        let id = m.submit(&r).unwrap()[0];
+        assert_eq!(wait_state(&m, id, &[State::Done, State::Failed], 10).state, State::Done);
+    }
+    let (back, _) = a.read_layout("f").unwrap();
+    assert_eq!(back.targets, l.targets, "moved off and back again");
+    let (_, l2, h) = a.open("f", libc::O_RDWR, &Ctx::default()).unwrap();
+    a.write(&l2, h, 0, &[2u8; 5000], &mut IoInfo::default()).unwrap();
+    let seen = other.read(&l2, 0, 5000, &mut IoInfo::default()).unwrap();
+    assert!(seen.len() == 5000 && seen.iter().all(|&x| x == 2), "the other daemon read the removed object");
+    a.release(&l2, h).unwrap();
 }
