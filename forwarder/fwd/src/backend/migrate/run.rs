@@ -15,6 +15,12 @@ use super::{Live, Migrations, State};
 /// Copies redone (the file was written during the copy) before a task is deferred.
 const MAX_RECOPIES: u32 = 3;
 
+/// Time between the switch and the removal of the old objects.
+const SWITCH_GRACE: Duration = Duration::from_millis(100);
+
+/// Finished tasks kept for `GET /migrations` (the oldest go first).
+const KEEP_FINISHED: usize = 10_000;
+
 /// How a run ended.
 enum Outcome {
     Done,
@@ -166,6 +172,11 @@ impl Migrations {
     fn run(self: Arc<Self>, id: u64) {
         let o = self.run_task(id);
         self.finish(id, o);
+        let mut g = self.inner.lock().unwrap();
+        let done: Vec<u64> = g.tasks.values().filter(|t| t.v.state.finished()).map(|t| t.v.id).collect();
+        for id in &done[..done.len().saturating_sub(KEEP_FINISHED)] {
+            g.tasks.remove(id);
+        }
     }
 
     fn run_task(&self, id: u64) -> Outcome {
@@ -248,6 +259,9 @@ impl Migrations {
             // The new layout is in force: recovery would roll forward from the sidecar alone.
             log::warn!("migration {id}: journal update: {e}");
         }
+        // A stat that read the old sidecar just before the rename is given time to finish
+        // before the old objects go (it would count them as holes).
+        std::thread::sleep(SWITCH_GRACE);
         copy::remove_sources(b, &entry);
         if let Err(e) = self.journal.finish(held) {
             log::warn!("migration {id}: journal: {e}");
