@@ -15,6 +15,24 @@
 //!   (`{"pools": {"fast": {"targets": ["ost0"], "max_perf": {"ost0": 50}}},
 //!   "default_pool": "fast", "job_pools": {"42": "fast"}, "stripe_size": 1048576}`; schema:
 //!   `proto/placement/placement.schema.json`). An unknown field is a 400 naming it.
+//! * `GET /migrations`: the online migration tasks (`backend/migrate.rs`): per task its id,
+//!   path, `source_target`, `dest_target`, `state` (`queued`, `copying`, `switched`, `done`,
+//!   `failed`, `cancelled`, `deferred`), `pinned`, `priority`, `min_mb_s`, `max_mb_s`,
+//!   `unit_bytes`, `rate_mb_s` (MODM's allocation now), `bytes_done`, `bytes_left`,
+//!   `recopies`, `deferrals`, `error`, `copy_s`, `achieved_mb_s`; the engine's `settings` and
+//!   `minimums_scaled` (the copying tasks' minimums exceeded the cap and were scaled down).
+//! * `POST /migrations`: `{"source_target": "ost3", "paths": ["/a/f"], "min_mb_s": 50,
+//!   "max_mb_s": 200, "priority": 1, "unit_bytes": 1048576, "pool": "fast"}` (all but
+//!   `source_target` optional): one task per file with objects on the target (the given paths,
+//!   else the whole namespace), most recently modified first; answers `{"ids": [..]}`. 400:
+//!   unknown target or pool, a given path that is not a file, figures out of range.
+//! * `PUT /migrations`: the engine's settings `{"max_total_mb_s": 200, "max_active": 4,
+//!   "retry_s": 2}` (all three).
+//! * `PUT /migrations/{id}`: `{"pinned": true, "priority": 3, "min_mb_s": 20, "max_mb_s": 80}`
+//!   (each optional; pinned: the file stays where it is, a copy under way is rolled back, the
+//!   task waits queued until unpinned). `DELETE /migrations/{id}`: cancels (a copy under way
+//!   is rolled back). 404: no such task. All migration routes answer 503 when the daemon runs
+//!   without migration (`--migration false`).
 //! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
 //!   `/status` read at each scrape, the targets' queue wait and the service-time histograms, the
 //!   request classes' queuing delay and worker allocation ([`crate::raas`]).
@@ -50,6 +68,8 @@ pub struct AdminState {
     pub metrics_stats: Box<dyn Fn() -> ShipStats + Send + Sync>,
     /// The admin credential (`None`: only `GET /status` is served).
     pub token: Option<AdminToken>,
+    /// The online migration engine, when enabled.
+    pub migrations: Option<Arc<crate::backend::migrate::Migrations>>,
 }
 
 type St = State<Arc<AdminState>>;
@@ -365,6 +385,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/targets/{name}", get(get_targets).put(put_target))
         .route("/placement", get(get_placement).put(put_placement))
         .route("/metrics", get(metrics))
+        .route("/migrations", get(migrations::list).post(migrations::submit).put(migrations::settings))
+        .route("/migrations/{id}", axum::routing::put(migrations::change).delete(migrations::cancel))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
@@ -385,6 +407,8 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<AdminState>) {
         })
         .expect("spawn admin thread");
 }
+
+mod migrations;
 
 #[cfg(test)]
 mod tests {
@@ -422,6 +446,7 @@ mod tests {
                 not_shipped: 0,
             }),
             token: Some(AdminToken::new(b"tok")),
+            migrations: None,
         });
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();

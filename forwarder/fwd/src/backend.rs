@@ -65,6 +65,7 @@ pub mod cache;
 mod data;
 pub mod gas;
 mod layout;
+pub mod migrate;
 mod namespace;
 mod opens;
 mod placement;
@@ -148,6 +149,11 @@ pub struct Backend {
     pub gens: cache::DataGens,
     /// This daemon instance's id (open handles, liveness lock): [`Opens::daemon_id`].
     pub daemon_id: u64,
+    /// Object moves shared by the site's daemons (`<mdt>/object-moves`, counters like
+    /// [`Backend::gens`]): bumped by an online migration's switch, so every daemon reopens the
+    /// objects of the file instead of using a cached open file of one that was removed
+    /// ([`DataPath`]'s object-file cache).
+    pub moves: cache::DataGens,
 }
 
 impl Backend {
@@ -182,6 +188,7 @@ impl Backend {
             cache: OnceLock::new(),
             gas: OnceLock::new(),
             gens: cache::DataGens::open(mdt)?,
+            moves: cache::DataGens::open_file(mdt, "object-moves")?,
         })
     }
 

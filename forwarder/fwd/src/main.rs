@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use pharos_fwd::admin::{self, AdminState};
 use pharos_fwd::backend::cache::{PageCache, Policy as CachePolicy};
+use pharos_fwd::backend::migrate::{Migrations, Plan, Settings as MigrationSettings};
 use pharos_fwd::backend::{Backend, Placement};
 use pharos_fwd::clock::wall_ns;
 use pharos_fwd::metrics::MetricsShipper;
-use pharos_fwd::records::RecordSink;
+use pharos_fwd::records::{migration_record, RecordSink};
 use pharos_fwd::server::{Config, Server};
 use pharos_fwd_proto::auth::{AdminToken, SiteKey};
 use pharos_fwd_proto::daemon;
@@ -122,6 +123,15 @@ struct Cli {
     /// Without it, the admin interface answers only GET /status.
     #[arg(long, env = "PHAROS_FWD_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
+    /// Online migration (admin `/migrations`; journal `<mdt>/migrations`): on or off.
+    #[arg(long, env = "PHAROS_FWD_MIGRATION", default_value_t = true, action = clap::ArgAction::Set)]
+    migration: bool,
+    /// Total cap of all migration tasks, MB/s (MODM; `PUT /migrations` changes it).
+    #[arg(long, env = "PHAROS_FWD_MIGRATION_MAX_MB_S", default_value_t = 200.0)]
+    migration_max_mb_s: f64,
+    /// Migration tasks copying at once.
+    #[arg(long, env = "PHAROS_FWD_MIGRATION_MAX_ACTIVE", default_value_t = 4)]
+    migration_max_active: usize,
 }
 
 fn kv(s: &str, what: &str) -> Result<(String, String), String> {
@@ -257,12 +267,31 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     let server = Server::new(cfg, backend, records.clone());
     server.start(listener);
+    let migrations = if cli.migration {
+        // Entries of dead daemons' migrations first (after the open-marker GC above).
+        let n = Migrations::recover(&server.backend).map_err(|e| format!("migration journal: {e}"))?;
+        log::info!("migration journal: {} rolled back, {} rolled forward, {} kept", n.0, n.1, n.2);
+        let (rec, node, b) = (records.clone(), cli.node_name.clone(), server.backend.clone());
+        let io = Box::new(move |t: u32, p: &Plan, write: bool, off: u64, len: u64, ns: u64, took: Duration| {
+            let target = &b.targets[t as usize].name;
+            rec.push(migration_record(&node, &p.path, target, p.oid, write, off, len, ns, took));
+        });
+        let s = MigrationSettings {
+            max_total_mb_s: cli.migration_max_mb_s,
+            max_active: cli.migration_max_active.max(1),
+            ..Default::default()
+        };
+        Some(Migrations::start(server.backend.clone(), s, io).map_err(|e| format!("migration: {e}"))?)
+    } else {
+        None
+    };
     admin::spawn(
         admin_l,
         Arc::new(AdminState {
             server: server.clone(),
             metrics_stats: Box::new(shipper.stats_handle()),
             token: admin_token,
+            migrations,
         }),
     );
 

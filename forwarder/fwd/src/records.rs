@@ -72,3 +72,45 @@ impl RecordSink {
         }
     }
 }
+
+/// The record of one unit of migration I/O (`backend/migrate.rs`): job `migration`, layer
+/// forwarder, on target `target` of object `oid` at object offset `offset`; no compute node.
+/// Diagnosis tells it from client I/O by the job id.
+#[allow(clippy::too_many_arguments)] // one record's fields
+pub fn migration_record(
+    node: &str,
+    path: &str,
+    target: &str,
+    oid: u64,
+    write: bool,
+    offset: u64,
+    len: u64,
+    start_ns: u64,
+    service: Duration,
+) -> IoRecord {
+    let op = if write { pharos_wire::Op::Pwrite } else { pharos_wire::Op::Pread };
+    let path = if path.starts_with('/') { path.to_string() } else { format!("/{path}") };
+    IoRecord {
+        start_ns,
+        duration_ns: service.as_nanos() as u64,
+        end_ns: start_ns + service.as_nanos() as u64,
+        layer: pharos_wire::Layer::Forwarder as i32,
+        host: node.to_string(),
+        job_id: MIGRATION_JOB.to_string(),
+        op: op as i32,
+        path,
+        file_type: pharos_wire::FileType::Regular as i32,
+        fd: -1,
+        offset,
+        size: len,
+        result: len as i64,
+        count: 1,
+        forwarding_node: node.to_string(),
+        target: target.to_string(),
+        object_id: oid,
+        ..Default::default()
+    }
+}
+
+/// The job id of migration I/O records.
+pub const MIGRATION_JOB: &str = "migration";

@@ -1,7 +1,7 @@
 //! The data path ([`DataPath`]): the objects of a file on the targets (open object files
 //! cached per daemon), read, write, fsync and truncate through the file's layout, and before
 //! each piece of I/O the target's token bucket, added latency and slowdown (shared state,
-//! [`crate::shm`], applied by [`Target`]). Reads go through the page cache ([`super::cache`])
+//! [`crate::shm`], applied by [`super::Target`]). Reads go through the page cache ([`super::cache`])
 //! and writes through Gather-Arrange-Scatter ([`super::gas`]) when those are on.
 //!
 //! The data path owns the open object files and the write counters; its methods take the
@@ -19,7 +19,7 @@ use pharos_fwd_proto::{errno, Layout, OpenHandle, Time};
 
 use super::gas::Reason;
 use super::layout::{logical_from_component, logical_from_obj, obj_size, pieces};
-use super::{eno, t, werr, Backend, Res, Target};
+use super::{eno, t, werr, Backend, Res};
 
 /// How long one piece of a data request spent where (for records and metrics).
 #[derive(Default, Debug, Clone)]
@@ -32,6 +32,9 @@ pub struct IoInfo {
 
 const FD_CACHE_MAX: usize = 4096;
 
+/// An object: (target, oid, stripe or component).
+type ObjKey = (u32, u64, u64);
+
 /// Bytes `[off, off+len)` of one object file (see [`Backend::read_span`]).
 pub struct FileSpan {
     pub file: Arc<File>,
@@ -43,8 +46,9 @@ pub struct FileSpan {
 /// The data path of a backend: its open object files and write counters.
 #[derive(Default)]
 pub struct DataPath {
-    /// Open object files by (target, oid, stripe or component).
-    fds: Mutex<HashMap<(u32, u64, u64), Arc<File>>>,
+    /// Open object files by (target, oid, stripe or component), with the object moves counter
+    /// of the oid when opened ([`Backend::moves`]): a moved file's objects are opened again.
+    fds: Mutex<HashMap<ObjKey, (Arc<File>, u64)>>,
     /// Client writes received ([`DataPath::write_from`] calls).
     pub client_writes: AtomicU64,
     /// Write requests issued to the targets (one `pwrite` of an object per piece).
@@ -84,23 +88,26 @@ impl DataPath {
     /// The open object file `idx` of `oid` on target `ti`; `create` makes it when missing
     /// (objects are made by their first write or extending truncate, not at create), else a
     /// missing object is ENOENT.
-    fn obj_fd(&self, targets: &[Target], ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
+    fn obj_fd(&self, b: &Backend, ti: u32, oid: u64, idx: u64, create: bool) -> Res<Arc<File>> {
         let key = (ti, oid, idx);
-        if let Some(f) = self.fds.lock().unwrap().get(&key) {
-            return Ok(f.clone());
+        let moves = b.moves.get(oid);
+        if let Some((f, m)) = self.fds.lock().unwrap().get(&key) {
+            if *m == moves {
+                return Ok(f.clone());
+            }
         }
-        let f = Arc::new(targets[ti as usize].open_obj(oid, idx, create).map_err(werr)?);
+        let f = Arc::new(b.targets[ti as usize].open_obj(oid, idx, create).map_err(werr)?);
         let mut m = self.fds.lock().unwrap();
         if m.len() >= FD_CACHE_MAX {
             m.clear();
         }
-        m.insert(key, f.clone());
+        m.insert(key, (f.clone(), moves));
         Ok(f)
     }
 
     /// Like [`DataPath::obj_fd`] without create, but a missing object is `None`.
-    fn existing_obj(&self, targets: &[Target], ti: u32, oid: u64, idx: u64) -> Res<Option<Arc<File>>> {
-        match self.obj_fd(targets, ti, oid, idx, false) {
+    fn existing_obj(&self, b: &Backend, ti: u32, oid: u64, idx: u64) -> Res<Option<Arc<File>>> {
+        match self.obj_fd(b, ti, oid, idx, false) {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.errno == errno::ENOENT => Ok(None),
             Err(e) => Err(e),
@@ -138,16 +145,22 @@ impl DataPath {
 
     fn write_obj(&self, b: &Backend, ti: u32, l: &Layout, h: OpenHandle, idx: u64) -> Res<Arc<File>> {
         if l.is_progressive() {
-            return self.obj_fd(&b.targets, ti, l.oid, idx, true);
+            return self.obj_fd(b, ti, l.oid, idx, true);
         }
-        if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? {
+        if let Some(f) = self.existing_obj(b, ti, l.oid, idx)? {
             return Ok(f);
         }
         let open = (h != OpenHandle::default() && b.opens.has_open(l.oid, h)) || b.opens.has_markers(l.oid);
         if !open {
             return Err(eno(errno::ENOENT, "no such open: its file may be gone"));
         }
-        self.obj_fd(&b.targets, ti, l.oid, idx, true)
+        self.obj_fd(b, ti, l.oid, idx, true)
+    }
+
+    /// Forgets the open file of object `idx` of `oid` on target `ti` (a migration removed it;
+    /// another object may take its name later).
+    pub(super) fn forget_obj(&self, ti: u32, oid: u64, idx: u64) {
+        self.fds.lock().unwrap().remove(&(ti, oid, idx));
     }
 
     /// Logical size, blocks, newest mtime and newest ctime of a file's objects.
@@ -161,7 +174,7 @@ impl DataPath {
     fn data_stat_now(&self, b: &Backend, l: &Layout) -> Res<(u64, u64, Time, Time)> {
         let (mut size, mut blocks, mut mt, mut ct) = (0u64, 0u64, t(0, 0), t(0, 0));
         for (idx, ti) in b.placement.objects(&b.targets, l)? {
-            let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? else { continue };
+            let Some(f) = self.existing_obj(b, ti, l.oid, idx)? else { continue };
             let md = f.metadata().map_err(werr)?;
             let end = if l.is_progressive() {
                 logical_from_component(l.component_size, idx, md.size())
@@ -208,11 +221,8 @@ impl DataPath {
             for (s, ti) in b.placement.objects(&b.targets, l)? {
                 // A stripe left empty needs no object; one reaching into the size is made.
                 let n = obj_size(l, size, s as u32);
-                let f = if n > 0 {
-                    Some(self.obj_fd(&b.targets, ti, l.oid, s, true)?)
-                } else {
-                    self.existing_obj(&b.targets, ti, l.oid, s)?
-                };
+                let f =
+                    if n > 0 { Some(self.obj_fd(b, ti, l.oid, s, true)?) } else { self.existing_obj(b, ti, l.oid, s)? };
                 if let Some(f) = f {
                     f.set_len(n).map_err(werr)?;
                 }
@@ -224,13 +234,13 @@ impl DataPath {
         // records stay: components keep their targets while the file exists.
         let last = size.checked_sub(1).map(|b| b / l.component_size);
         if let Some(k) = last {
-            self.obj_fd(&b.targets, b.placement.placed(&b.targets, l, k)?, l.oid, k, true)?
+            self.obj_fd(b, b.placement.placed(&b.targets, l, k)?, l.oid, k, true)?
                 .set_len(size - k * l.component_size)
                 .map_err(werr)?;
         }
         for (k, ti) in b.placement.objects(&b.targets, l)? {
             if last.is_none_or(|last| k > last) {
-                if let Some(f) = self.existing_obj(&b.targets, ti, l.oid, k)? {
+                if let Some(f) = self.existing_obj(b, ti, l.oid, k)? {
                     f.set_len(0).map_err(werr)?;
                 }
             }
@@ -241,7 +251,7 @@ impl DataPath {
     /// A read of a single-target file served straight from its object (the caller sends
     /// the bytes with `sendfile(2)`, no copy through user space): the object's fd, offset
     /// and the byte count, clamped to the object's size now. Token bucket and injected
-    /// latency are applied here; the caller applies [`Target::stretch`] after sending.
+    /// latency are applied here; the caller applies [`super::Target::stretch`] after sending.
     /// `None` for striped and progressive layouts (holes and pieces: use
     /// [`DataPath::read_into`]).
     pub fn read_span(&self, b: &Backend, l: &Layout, off: u64, size: u32, info: &mut IoInfo) -> Res<Option<FileSpan>> {
@@ -254,7 +264,7 @@ impl DataPath {
         let ti = l.targets[0];
         info.target.get_or_insert(ti);
         // Never written: no object, the read_into path answers (a hole up to `floor`).
-        let Some(file) = self.existing_obj(&b.targets, ti, l.oid, 0)? else { return Ok(None) };
+        let Some(file) = self.existing_obj(b, ti, l.oid, 0)? else { return Ok(None) };
         let osize = file.metadata().map_err(werr)?.len();
         let len = (size as u64).min(osize.saturating_sub(off));
         if len < size as u64 && floor > osize {
@@ -370,7 +380,7 @@ impl DataPath {
         for pc in pieces(l, off, len) {
             let (ti, f) = if l.is_progressive() {
                 let found = match b.placement.component(&b.targets, l, pc.obj, false)? {
-                    Some(ti) => self.existing_obj(&b.targets, ti, l.oid, pc.obj)?.map(|f| (ti, f)),
+                    Some(ti) => self.existing_obj(b, ti, l.oid, pc.obj)?.map(|f| (ti, f)),
                     None => None,
                 };
                 let Some(found) = found else {
@@ -380,7 +390,7 @@ impl DataPath {
                 found
             } else {
                 let ti = l.targets[pc.obj as usize];
-                match self.existing_obj(&b.targets, ti, l.oid, pc.obj)? {
+                match self.existing_obj(b, ti, l.oid, pc.obj)? {
                     Some(f) => (ti, f),
                     // A stripe never written: a hole (zeros inside the size), or the end of a
                     // single-object file.
@@ -550,7 +560,7 @@ impl DataPath {
         }
         for (idx, ti) in b.placement.objects(&b.targets, l)? {
             // An object never written holds nothing to flush.
-            let Some(f) = self.existing_obj(&b.targets, ti, l.oid, idx)? else { continue };
+            let Some(f) = self.existing_obj(b, ti, l.oid, idx)? else { continue };
             info.target.get_or_insert(ti);
             if datasync { f.sync_data() } else { f.sync_all() }.map_err(werr)?;
         }

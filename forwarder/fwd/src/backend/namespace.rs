@@ -200,6 +200,20 @@ impl Namespace {
         Ok((l, tok, f))
     }
 
+    /// [`Namespace::layout_at`] with a shared lock on the sidecar, checked after the lock to
+    /// still be the one `name` holds (a migration switches sidecars under an exclusive lock:
+    /// `namespace/swap.rs`).
+    fn layout_locked(&self, dir: &OwnedFd, name: &CStr) -> Res<(Layout, File)> {
+        for _ in 0..16 {
+            let (l, _, f) = self.layout_at(dir, name)?;
+            swap::lock_shared(&f)?;
+            if self.layout_at(dir, name)?.0 == l {
+                return Ok((l, f));
+            }
+        }
+        Err(eno(errno::EIO, "layout replaced too often"))
+    }
+
     /// Reads the layout sidecar of a namespace file (request path).
     pub fn read_layout(&self, path: &str) -> Res<(Layout, u64)> {
         let (d, name) = self.parent(path)?;
@@ -466,7 +480,14 @@ impl Namespace {
         if let Some(mode) = kill_mode {
             nsfs::fchmod_obj(obj, mode).map_err(werr)?;
         }
-        let layout = if fmt == libc::S_IFREG { Some(self.layout_at(&d, &name)?.0) } else { None };
+        // A regular file's sidecar, share-locked and checked to still be the name's, so a
+        // migration's switch does not happen between reading the layout and truncating it.
+        let (layout, _held) = if fmt == libc::S_IFREG {
+            let (l, f) = self.layout_locked(&d, &name)?;
+            (Some(l), Some(f))
+        } else {
+            (None, None)
+        };
         if let (Some(size), Some(l)) = (set.size, &layout) {
             b.data.truncate(b, l, size)?;
         }
@@ -523,5 +544,7 @@ impl Namespace {
 
 mod files;
 mod plus;
+mod swap;
+pub use swap::SwapRefused;
 #[cfg(test)]
 mod tests;

@@ -212,6 +212,46 @@ impl Placer {
         }
     }
 
+    /// The destination of objects migrating off target `source` (online migration,
+    /// `backend/migrate.rs`) for a file whose layout uses `in_layout`: by the
+    /// performance-aware rule among the healthy targets (no injected slowdown) of pool `pool`
+    /// (else the default pool, else all targets) other than `source`, preferring targets not
+    /// in the layout; `None` when no such target exists or the pool is unknown.
+    pub fn migration_target(
+        &self,
+        targets: &[Target],
+        in_layout: &[u32],
+        source: u32,
+        pool: Option<&str>,
+    ) -> Option<u32> {
+        let p = self.doc.load();
+        let names: Vec<u32> = match pool.or(p.default_pool.as_deref()) {
+            Some(n) => {
+                let pool = p.pools.get(n)?;
+                pool.targets.iter().filter_map(|t| target_index(targets, t)).collect()
+            }
+            None => (0..targets.len() as u32).collect(),
+        };
+        let plan = |i: u32| -> f64 {
+            let name = &targets[i as usize].name;
+            pool.or(p.default_pool.as_deref()).and_then(|n| p.pools.get(n)?.max_perf.get(name).copied()).unwrap_or(0.0)
+        };
+        let ok = |i: &u32| *i != source && targets[*i as usize].shm.slowdown() <= 1.0;
+        let fresh: Vec<(u32, f64)> =
+            names.iter().copied().filter(|i| ok(i) && !in_layout.contains(i)).map(|i| (i, plan(i))).collect();
+        let cands =
+            if fresh.is_empty() { names.iter().copied().filter(ok).map(|i| (i, plan(i))).collect() } else { fresh };
+        if cands.is_empty() {
+            return None;
+        }
+        Self::best_targets(targets, cands.into_iter(), 1).first().copied()
+    }
+
+    /// `<mdt>/tmp`, where records, sidecars and journal entries are staged.
+    pub(super) fn tmp_dir(&self) -> &std::path::Path {
+        &self.tmp
+    }
+
     /// The directory of the component records of progressive file `oid`.
     pub(super) fn comp_dir(&self, oid: u64) -> PathBuf {
         self.comp_root.join(format!("{oid:016x}"))

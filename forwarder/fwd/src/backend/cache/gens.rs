@@ -26,7 +26,13 @@ pub struct DataGens {
 impl DataGens {
     /// Maps (creating if needed) `<mdt>/data-gens`.
     pub fn open(mdt: &Path) -> io::Result<DataGens> {
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mdt.join(FILE))?;
+        Self::open_file(mdt, FILE)
+    }
+
+    /// Maps (creating if needed) counters of the same kind in `<mdt>/<name>` (e.g. the object
+    /// moves of online migration, `backend/migrate.rs`).
+    pub fn open_file(mdt: &Path, name: &str) -> io::Result<DataGens> {
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mdt.join(name))?;
         let size = (SLOTS * 8) as u64;
         if f.metadata()?.len() < size {
             f.set_len(size)?;

@@ -11,6 +11,7 @@ use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
 
 use super::super::layout::layout_text;
 use super::super::{eno, werr, Backend, Placer, Res};
+use super::swap::lock_shared;
 use super::{attr_of_stat, caller, file_attr, Namespace};
 use crate::nsfs;
 
@@ -142,6 +143,9 @@ impl Namespace {
             nsfs::access_fd(obj.as_raw_fd(), Self::access_mode(flags)).map_err(werr)?;
             drop(g);
             let (l, _, f) = self.layout_at(&d, &name)?;
+            // Held until the open is recorded: a migration's switch waits for it, or this
+            // open sees the new sidecar below ([`super::swap`]).
+            lock_shared(&f)?;
             if nsfs::fstat(f.as_raw_fd()).map_err(werr)?.st_ino != st.st_ino {
                 continue; // another file took the name since the access check
             }
@@ -150,7 +154,9 @@ impl Namespace {
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
             let sidecar = match self.layout_at(&d, &name) {
-                Ok((now, _, f)) if now.oid == l.oid => f,
+                // The same layout, not only the same object: a migration may have moved
+                // the objects (same oid, other targets) before this open was recorded.
+                Ok((now, _, f)) if now == l => f,
                 Ok(_) => {
                     b.unmark(&l, h);
                     continue;
