@@ -210,31 +210,53 @@ def _usage(
     use = store.query(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     own = store.query(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
-    by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
+    by_w = _Windows()
     for r in use:
         by_w.setdefault(int(r["w"]), {}).setdefault((r["rtype"], r["res"]), {})[r["job_id"]] = {
             "n": int(r["n"]),
             "bytes": int(r["bytes"]),
             "svc_ns": int(r["svc_ns"]),
         }
+    by_w.index()
     jobw = {(r["job_id"], int(r["w"])): {k: int(r[k]) for k in ("n", "bytes", "svc_ns", "qw_ns")} for r in own}
     return by_w, jobw
 
 
-def _resources(by_w, job: str, w: int) -> list[tuple[str, str]]:
-    return [res for res, jobs in by_w.get(w, {}).items() if job in jobs]
+class _Windows(dict):
+    """The usage of :func:`_usage`: window -> (resource type, resource) -> job -> stats, with two
+    indexes built once (:meth:`index`): the resources of each (job, window), in the same order,
+    and the bytes of all jobs on each (window, resource). The detection asks per job and window,
+    and scanning every resource of the window for each ask was the cycle's cost at a site's size
+    (50 jobs x 60 windows x 1,520 resources: 72 s of a 74 s cycle, bench/failslow_windows.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.res_of: dict[tuple[str, int], list[tuple[str, str]]] = {}
+        self.bytes_on: dict[tuple[int, tuple[str, str]], int] = {}
+
+    def index(self) -> None:
+        for w, by_res in self.items():
+            for res, jobs in by_res.items():
+                self.bytes_on[(w, res)] = sum(st["bytes"] for st in jobs.values())
+                for j in jobs:
+                    self.res_of.setdefault((j, w), []).append(res)
 
 
-def _others(by_w, job: str, w: int) -> set[str]:
+def _resources(by_w: _Windows, job: str, w: int) -> list[tuple[str, str]]:
+    return by_w.res_of.get((job, w), [])
+
+
+def _others(by_w: _Windows, job: str, w: int) -> set[str]:
     out: set[str] = set()
     for res in _resources(by_w, job, w):
-        out |= set(by_w[w][res]) - {job}
+        out.update(by_w[w][res])
+    out.discard(job)
     return out
 
 
-def _co_bytes(by_w, job: str, w: int) -> int:
+def _co_bytes(by_w: _Windows, job: str, w: int) -> int:
     """Bytes other jobs moved on the job's resources in window w."""
-    return sum(st["bytes"] for res in _resources(by_w, job, w) for o, st in by_w[w][res].items() if o != job)
+    return sum(by_w.bytes_on[(w, res)] - by_w[w][res][job]["bytes"] for res in _resources(by_w, job, w))
 
 
 def _baseline_of(jobw, job: str, ws: list[int]) -> dict:
