@@ -109,9 +109,9 @@ class ForwarderRollup:
 
 #: The forwarder layer's rollups, coarsest first (migrations 009 and 014).
 FORWARDER_ROLLUPS = (
-    ForwarderRollup(600, "io_rollup_forwarder_10m", "time", "forwarding_node != ''"),
-    ForwarderRollup(60, "io_rollup_forwarder_1m", "time", "forwarding_node != ''"),
-    ForwarderRollup(1, "io_rollup_1s", "sec", "layer = 'forwarder' AND forwarding_node != ''"),
+    ForwarderRollup(600, "io_rollup_forwarder_10m", "time", "1"),
+    ForwarderRollup(60, "io_rollup_forwarder_1m", "time", "1"),
+    ForwarderRollup(1, "io_rollup_1s", "sec", "layer = 'forwarder'"),
 )
 
 
@@ -149,8 +149,9 @@ def forwarder_rollup(since_ns: int, until_ns: int, step_s: int, whole: bool = Fa
     """A subquery of the forwarder layer's records started in the seconds of ``(since, until]``
     (ns since the epoch; as :data:`ROLLUP_FWD_WINDOW`: from the second of ``since`` to the last
     whole second before ``until``) in intervals of ``step_s`` (1, 60, 600 or a multiple),
-    with columns ``t`` (interval start, DateTime), forwarding_node, target, job_id, ops, bytes,
-    service_ns, queue_wait_ns, service_quantiles (not merged: read with GROUP BY). The whole
+    with columns ``t`` (interval start, DateTime), forwarding_node (also ``''``: records naming
+    none), target, job_id, ops, bytes, service_ns, queue_wait_ns, service_quantiles (not merged:
+    read with GROUP BY). The whole
     10-minute and minute intervals come from the coarse rollups (migration 014), the rest from
     io_rollup_1s: the same sums as the per-second rollup, from ~step x fewer rows. With ``whole``
     only the whole intervals of ``step_s`` inside the range (no per-second rows at all: the
@@ -176,6 +177,7 @@ _FWD_PAIRS = """
 SELECT forwarding_node AS node, target, intDiv(toUInt64(toUnixTimestamp(t)) * 1000000000, {bucket_ns:UInt64}) AS bucket,
        sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
 FROM (__SRC__)
+WHERE forwarding_node != ''
 GROUP BY node, target, bucket
 """
 FWD_BUCKETS_PER_WINDOW = 600  # the forwarders' median is taken over at most this many intervals per window
@@ -231,6 +233,7 @@ FROM
            sum(bytes) AS b, sum(ops) AS o, sum(queue_wait_ns) AS qw,
            quantilesBFloat16Merge(0.5, 0.99)(service_quantiles)[2] AS p99, groupUniqArray(job_id) AS js
     FROM (__SRC__)
+    WHERE forwarding_node != ''
     GROUP BY node, t
 )
 GROUP BY node

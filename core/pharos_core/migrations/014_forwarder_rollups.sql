@@ -9,6 +9,8 @@
 -- Filled by views on io_rollup_1s (1 min) and on the 1 min rollup (10 min): each insert into
 -- io_requests reaches them through io_rollup_1s_mv, in the same INSERT. The rows already in
 -- io_rollup_1s fill them once when this migration runs.
+-- Rows without a forwarding node (forwarder-layer records that name none) are kept: the interference
+-- pass counts a job's requests with them; fail-slow leaves them out when it reads.
 -- AggregatingMergeTree: read with GROUP BY and sum() / quantilesBFloat16Merge(0.5, 0.99)(service_quantiles).
 CREATE TABLE IF NOT EXISTS io_rollup_forwarder_1m
 (
@@ -51,7 +53,7 @@ SELECT toStartOfMinute(sec) AS time, forwarding_node, target, job_id,
        sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS service_ns, sum(queue_wait_ns) AS queue_wait_ns,
        quantilesBFloat16MergeState(0.5, 0.99)(service_quantiles) AS service_quantiles, max(ingested) AS ingested
 FROM io_rollup_1s
-WHERE (SELECT count() FROM io_rollup_forwarder_1m) = 0 AND layer = 'forwarder' AND forwarding_node != ''
+WHERE (SELECT count() FROM io_rollup_forwarder_1m) = 0 AND layer = 'forwarder'
 GROUP BY time, forwarding_node, target, job_id;
 
 INSERT INTO io_rollup_forwarder_10m
@@ -67,7 +69,7 @@ SELECT toStartOfMinute(sec) AS time, forwarding_node, target, job_id,
        sum(ops) AS ops, sum(bytes) AS bytes, sum(service_ns) AS service_ns, sum(queue_wait_ns) AS queue_wait_ns,
        quantilesBFloat16MergeState(0.5, 0.99)(service_quantiles) AS service_quantiles, max(ingested) AS ingested
 FROM io_rollup_1s
-WHERE layer = 'forwarder' AND forwarding_node != ''
+WHERE layer = 'forwarder'
 GROUP BY time, forwarding_node, target, job_id;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS io_rollup_forwarder_10m_mv TO io_rollup_forwarder_10m AS
