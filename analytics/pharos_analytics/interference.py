@@ -45,91 +45,18 @@ from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
 from .failslow_sql import FORWARDER_ROLLUPS, forwarder_rollup
-
-#: Per (job, window, resource): requests, bytes, service and queue-wait sums.
-WINDOW_USAGE_SQL = """
-SELECT job_id, w, r.1 AS rtype, r.2 AS res,
-       sum(count) AS n, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
-FROM
-(
-    SELECT job_id, intDiv(toUnixTimestamp64Nano(start), {win:UInt64}) AS w, count, bytes, duration_ns, queue_wait_ns,
-           arrayJoin([('forwarding_node', forwarding_node), ('target', target)]) AS r
-    FROM io_requests
-    WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:DateTime64(9)}
-      __JOBS__
+from .interference_sql import (
+    JOB_NAME_SQL,
+    JOB_NAMES_SQL,
+    JOB_SPAN_SQL,
+    JOB_SPANS_SQL,
+    PREVIOUS_RUNS_SQL,
+    ROLLUP_1S_RETENTION_NS,
+    ROLLUP_JOB_SQL,
+    ROLLUP_USAGE_SQL,
+    WINDOW_JOB_SQL,
+    WINDOW_USAGE_SQL,
 )
-WHERE r.2 != ''
-GROUP BY job_id, w, rtype, res
-"""
-
-#: Per (job, window): the job's own latency (each request once, not once per resource).
-WINDOW_JOB_SQL = """
-SELECT job_id, intDiv(toUnixTimestamp64Nano(start), {win:UInt64}) AS w,
-       sum(count) AS n, sum(bytes) AS bytes, sum(duration_ns) AS svc_ns, sum(queue_wait_ns) AS qw_ns
-FROM io_requests
-WHERE layer = 'forwarder' AND start >= {since:DateTime64(9)} AND start < {until:DateTime64(9)}
-  __JOBS__
-GROUP BY job_id, w
-"""
-
-#: The same two views from the forwarder layer's rollups (io_rollup_1s, migration 009; per minute
-#: and per 10 minutes, migration 014: :func:`~pharos_analytics.failslow_sql.forwarder_rollup`),
-#: used when the window is a whole number of seconds and the range lies within the per-second
-#: rollup's retention: the cost grows with intervals x (job, forwarding node, target), not with
-#: records; 60 s windows read whole minutes (a 1 h look-back: 60 x those rows, not 3,600 x).
-#: Seconds [since, until) by the second each request started in (a partial last second is left
-#: out, as fail-slow does).
-_ROLLUP_W = "intDiv(toUInt64(toUnixTimestamp(t)) * 1000000000, {win:UInt64})"
-ROLLUP_USAGE_SQL = f"""
-SELECT job_id, w, r.1 AS rtype, r.2 AS res, sum(o) AS n, sum(b) AS bytes, sum(s) AS svc_ns, sum(q) AS qw_ns
-FROM
-(
-    SELECT job_id, {_ROLLUP_W} AS w, ops AS o, bytes AS b, service_ns AS s, queue_wait_ns AS q,
-           arrayJoin([('forwarding_node', forwarding_node), ('target', target)]) AS r
-    FROM (__SRC__)
-    WHERE 1 __JOBS__
-)
-WHERE r.2 != ''
-GROUP BY job_id, w, rtype, res
-"""
-ROLLUP_JOB_SQL = f"""
-SELECT job_id, {_ROLLUP_W} AS w, sum(ops) AS n, sum(bytes) AS bytes, sum(service_ns) AS svc_ns,
-       sum(queue_wait_ns) AS qw_ns
-FROM (__SRC__)
-WHERE 1 __JOBS__
-GROUP BY job_id, w
-"""
-#: io_rollup_1s keeps 8 days (TTL by ingest time, migration 009): older ranges read raw records.
-ROLLUP_1S_RETENTION_NS = 7 * 86400 * 10**9
-
-JOB_SPAN_SQL = """
-SELECT toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(start)) AS last_ns, count() AS n
-FROM io_requests WHERE job_id = {job_id:String} AND layer = 'forwarder'
-"""
-
-#: Earlier runs of the same job name with forwarder-layer requests that started before ``before``,
-#: newest first, from the per-minute rollup (its minutes bound each run's span; the exact span of
-#: a candidate is then read from its own records by job id, the table's primary key).
-PREVIOUS_RUNS_SQL = """
-SELECT job_id, toUnixTimestamp(max(minute)) AS last_minute
-FROM io_rollup_1m
-WHERE layer = 'forwarder' AND job_id IN (
-    SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND name = {name:String} AND name != '')
-GROUP BY job_id
-ORDER BY last_minute DESC
-"""
-
-JOB_SPANS_SQL = """
-SELECT job_id, toUnixTimestamp64Nano(min(start)) AS first_ns, toUnixTimestamp64Nano(max(start)) AS last_ns, count() AS n
-FROM io_requests WHERE job_id IN {jobs:Array(String)} AND layer = 'forwarder'
-GROUP BY job_id
-"""
-
-JOB_NAME_SQL = "SELECT anyIf(name, kind = 'start') AS name FROM job_events FINAL WHERE job_id = {job_id:String}"
-JOB_NAMES_SQL = """
-SELECT job_id, anyIf(name, kind = 'start') AS name FROM job_events FINAL
-WHERE job_id IN {jobs:Array(String)} GROUP BY job_id
-"""
 
 
 @dataclass
@@ -223,23 +150,36 @@ def _usage(
 
 
 class _Windows(dict):
-    """The usage of :func:`_usage`: window -> (resource type, resource) -> job -> stats, with two
-    indexes built once (:meth:`index`): the resources of each (job, window), in the same order,
-    and the bytes of all jobs on each (window, resource). The detection asks per job and window,
-    and scanning every resource of the window for each ask was the cycle's cost at a site's size
-    (50 jobs x 60 windows x 1,520 resources: 72 s of a 74 s cycle, bench/failslow_windows.py)."""
+    """The usage of :func:`_usage`: window -> (resource type, resource) -> job -> stats, with
+    indexes built once, in one pass over the usage (:meth:`index`): the resources of each (job,
+    window), in the same order; the bytes of all jobs on each (window, resource); whether another
+    job used one of a (job, window)'s resources (``shared``) and the bytes the others moved on
+    them (``co_bytes``). The detection asks per job and window, and scanning every resource of the
+    window, or every job of each of its resources, for each ask was the cycle's cost at a site's
+    size (50 jobs x 60 windows x 280 resources of ~25 jobs each: 72 s of a 74 s cycle,
+    bench/failslow_windows.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.res_of: dict[tuple[str, int], list[tuple[str, str]]] = {}
         self.bytes_on: dict[tuple[int, tuple[str, str]], int] = {}
+        self.shared: dict[tuple[str, int], bool] = {}
+        self.co_bytes: dict[tuple[str, int], int] = {}
 
     def index(self) -> None:
+        res_of, shared, co = self.res_of, self.shared, self.co_bytes
         for w, by_res in self.items():
             for res, jobs in by_res.items():
-                self.bytes_on[(w, res)] = sum(st["bytes"] for st in jobs.values())
-                for j in jobs:
-                    self.res_of.setdefault((j, w), []).append(res)
+                total = self.bytes_on[(w, res)] = sum(st["bytes"] for st in jobs.values())
+                many = len(jobs) > 1
+                for j, st in jobs.items():
+                    k = (j, w)
+                    if k in res_of:
+                        res_of[k].append(res)
+                        shared[k] = shared[k] or many
+                        co[k] += total - st["bytes"]
+                    else:
+                        res_of[k], shared[k], co[k] = [res], many, total - st["bytes"]
 
 
 def _resources(by_w: _Windows, job: str, w: int) -> list[tuple[str, str]]:
@@ -247,6 +187,8 @@ def _resources(by_w: _Windows, job: str, w: int) -> list[tuple[str, str]]:
 
 
 def _others(by_w: _Windows, job: str, w: int) -> set[str]:
+    """The other jobs on the job's resources in window w (the detection tests ``shared`` first:
+    this set is built for interfered windows only)."""
     out: set[str] = set()
     for res in _resources(by_w, job, w):
         out.update(by_w[w][res])
@@ -256,7 +198,7 @@ def _others(by_w: _Windows, job: str, w: int) -> set[str]:
 
 def _co_bytes(by_w: _Windows, job: str, w: int) -> int:
     """Bytes other jobs moved on the job's resources in window w."""
-    return sum(by_w.bytes_on[(w, res)] - by_w[w][res][job]["bytes"] for res in _resources(by_w, job, w))
+    return by_w.co_bytes.get((job, w), 0)
 
 
 def _baseline_of(jobw, job: str, ws: list[int]) -> dict:
@@ -274,7 +216,7 @@ def _quiet_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict | None:
     quiet = [
         w
         for (j, w), s in jobw.items()
-        if j == job and s["n"] >= cfg.interference_min_requests and not _others(by_w, j, w)
+        if j == job and s["n"] >= cfg.interference_min_requests and not by_w.shared.get((j, w), False)
     ]
     return _baseline_of(jobw, job, sorted(quiet)) if quiet else None
 
@@ -378,6 +320,28 @@ def _previous_run_baseline(
     return (b, f"previous_run:{pj}") if b else None
 
 
+class _Usual(dict):
+    """What each co-located job already moved on each of ``job``'s resources in the baseline
+    windows ``ws``, bytes per window (0 when the baseline was quiet: ``ws`` empty); (job,
+    resource) -> bytes, summed when first asked (a detection asks for the candidates of its
+    interfered windows only, not for every job of every resource)."""
+
+    def __init__(self, by_w: _Windows, job: str, ws: list[int]) -> None:
+        super().__init__()
+        self.by_w, self.job, self.ws = by_w, job, ws
+
+    def get(self, key: tuple[str, tuple[str, str]], default: float = 0.0) -> float:
+        if key not in self:
+            o, res = key
+            tot = 0.0
+            for w in self.ws:
+                jobs = self.by_w[w].get(res, {})
+                if self.job in jobs and o in jobs:
+                    tot += jobs[o]["bytes"] / len(self.ws)
+            self[key] = tot
+        return self[key]
+
+
 def _events_for(
     store,
     by_w,
@@ -401,19 +365,10 @@ def _events_for(
             base, source = _least_shared_baseline(by_w, jobw, job, cfg), "least_shared_windows"
             if base is None:
                 return []
-    # what co-located jobs already moved on each resource in the baseline (0 when it was quiet)
-    usual: dict[tuple[str, tuple[str, str]], float] = {}
-    if source == "least_shared_windows":
-        for w in base["w"]:
-            for res in _resources(by_w, job, w):
-                for o, st in by_w[w][res].items():
-                    usual[(o, res)] = usual.get((o, res), 0.0) + st["bytes"] / base["windows"]
+    usual = _Usual(by_w, job, base["w"] if source == "least_shared_windows" else [])
     hits = []  # (w, culprit, res, stats)
     for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
-        if j != job or s["n"] < cfg.interference_min_requests:
-            continue
-        others = _others(by_w, job, w)
-        if not others:
+        if j != job or s["n"] < cfg.interference_min_requests or not by_w.shared.get((j, w), False):
             continue
         lat = (s["svc_ns"] + s["qw_ns"]) / s["n"]
         if (
@@ -446,7 +401,7 @@ def _events_for(
                     best = cand
         if best is None:
             continue
-        hits.append((w, best[2], best[3], s, others))
+        hits.append((w, best[2], best[3], s, _others(by_w, job, w)))
     events: list[InterferenceEvent] = []
     run: list = []
 

@@ -136,3 +136,34 @@ def test_a_job_that_barely_used_the_node_is_not_blamed(store):
     qw = [w["queue_wait_ms"] for w in r["shared_windows"] if w["shared"]]
     assert qw and min(qw) > 1.0, "the slow node must raise the busy job's queue wait"
     assert r["events"] == [], r["events"]
+
+
+def test_window_indexes_equal_their_definitions():
+    """The indexes the detection reads (``shared``, ``co_bytes``, the baseline's ``_Usual``) equal
+    the per-(job, window) scans they replace, on a random usage of 12 jobs over 30 resources."""
+    import random
+
+    from pharos_analytics.interference import _Usual, _Windows
+
+    rnd = random.Random(5)
+    by_w = _Windows()
+    resources = [("forwarding_node", f"fwd{i}") for i in range(6)] + [("target", f"ost{i}") for i in range(24)]
+    for w in range(40):
+        for j in (f"job{k}" for k in range(12)):
+            for res in rnd.sample(resources, rnd.randint(0, 4)):
+                by_w.setdefault(w, {}).setdefault(res, {})[j] = {"n": 1, "bytes": rnd.randint(1, 10**6), "svc_ns": 1}
+    by_w.index()
+    assert by_w.shared and any(by_w.shared.values()) and not all(by_w.shared.values())
+    for (j, w), res in by_w.res_of.items():
+        others = {o for r in res for o in by_w[w][r]} - {j}
+        assert by_w.shared[(j, w)] == bool(others)
+        assert by_w.co_bytes[(j, w)] == sum(st["bytes"] for r in res for o, st in by_w[w][r].items() if o != j)
+    base = sorted({w for (j, w) in by_w.res_of if j == "job3"})[:10]
+    usual: dict = {}
+    for w in base:  # the eager sum the detection did before
+        for r in by_w.res_of.get(("job3", w), []):
+            for o, st in by_w[w][r].items():
+                usual[(o, r)] = usual.get((o, r), 0.0) + st["bytes"] / len(base)
+    lazy = _Usual(by_w, "job3", base)
+    assert usual and all(lazy.get(k) == v for k, v in usual.items())
+    assert lazy.get(("job99", resources[0])) == 0.0 and _Usual(by_w, "job3", []).get(next(iter(usual))) == 0.0
