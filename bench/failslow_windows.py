@@ -19,12 +19,12 @@ slowed ``--slowdown`` x. It then times, on the same store, alternating over ``--
   code before migration 014) and read per the rollup levels (the default);
 * the interference pass's usage query over its look-back (``interference_lookback_s``, 60 s
   windows): from io_rollup_1s, and from the per-minute rollup with per-second edges; both must
-  give the same rows (checked).
+  give the same rows (checked); then the whole interference pass (usage read + detection), once.
 
 Prints the seconds of each and the ratio per second / per level, the slowed node found by each,
 and last::
 
-    failslow windows: rows/s R, window W s: per-second P s, per-level L s, ratio X; interference ratio Y
+    failslow windows: rows/s R, window W s: per-second P s, per-level L s, ratio X; interference ratio Y, pass Z s
 
 Usage: ``uv run python bench/failslow_windows.py [--hours 1.05] [--forwarders 240]
 [--targets-per-forwarder 115] [--targets 1280] [--rounds 2] [--keep DIR]``. Everything stops by
@@ -153,6 +153,10 @@ def main() -> None:
                 print(f"round {r}: {name:10} interference usage ({len(out):,} rows): {dt:6.2f} s")
         if usage["per-second"] != usage["per-level"]:
             sys.exit("interference usage differs between the per-second and the per-level reads")
+        # the whole interference pass of a detection cycle (its usage read above + the detection)
+        until = now_ns // win * win
+        dt_pass, events = timed(lambda: interference.detect_interference(store, base, since_ns=since, until_ns=until))
+        print(f"interference pass ({base.interference_lookback_s / 3600:g} h, {len(events)} events): {dt_pass:.2f} s")
         print("\n| window | per-second (s) | per-level (s) | ratio | flagged per-second / per-level |")
         print("|---|---|---|---|---|")
         for w in base.failslow_windows_s:
@@ -168,7 +172,7 @@ def main() -> None:
         ps, pl = min(res[("per-second", w0)]), min(res[("per-level", w0)])
         print(
             f"failslow windows: rows/s {per_sec}, window {w0:g} s: per-second {ps:.2f} s, per-level {pl:.2f} s, "
-            f"ratio {ps / pl:.1f}; interference ratio {isec / ilev:.1f}"
+            f"ratio {ps / pl:.1f}; interference ratio {isec / ilev:.1f}, pass {dt_pass:.2f} s"
         )
     finally:
         store.close()

@@ -26,7 +26,9 @@ store by SQL: jobs of 64 ranks, client and forwarder layers, 8 targets behind 4 
 nodes, arriving at ``--stored-rate`` records/s until now), what users and the server wait for: the first six detection cycles after a start
 (:class:`pharos_analytics.alerts.DetectionLoop`, fail-slow + interference + stragglers), the
 job summary behind ``pharos job`` and the phases + insights behind ``pharos diagnose`` of one
-job. Targets (issue 15): each <= 1 s at 100 M records.
+job, ``GET /v1/forwarders``, and each query of the overview dashboard at its default range (6 h).
+Targets (issue 15): each <= 1 s at 100 M records; (issue 28) ``pharos job`` and ``diagnose``
+<= 1 s and the overview dashboard's queries <= 2 s at 1 B records.
 
 Usage: uv run python bench/ingest.py [--records 2000000] [--batch 1000] [--rounds 3]
                                      [--with-queries] [--stored 10000000] [--keep]
@@ -203,9 +205,54 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dict[str, float]:
-    """Seconds of a detection cycle, a job summary and a diagnosis on a store of ``n`` records
-    that arrived at ``rate`` records/s until now."""
+def dashboard_seconds(store, uid: str, range_s: float) -> dict[str, float]:
+    """Seconds of each query of dashboard ``uid`` (variables first, then every panel with the
+    multi-value variables at All), expanded as Grafana and its ClickHouse plugin expand them
+    (tests/dashboards/grafana_expand.py) over the last ``range_s`` seconds, at Grafana's auto
+    interval (the range over ~1,000 points, whole seconds): {panel title: (s, rows)}, one run each."""
+    from datetime import UTC, datetime
+
+    for d in ("dashboards", "tests", "tests/dashboards"):  # pharos_dashboards and the tests' expander
+        sys.path.insert(0, str(REPO / d))
+    from dashboard_check import dashboards, panel_queries, resolve_variables
+    from grafana_expand import Context, expand
+
+    now = time.time()
+    ctx = Context(
+        datetime.fromtimestamp(now - range_s, UTC), datetime.fromtimestamp(now, UTC), interval_s=max(1, range_s // 1000)
+    )
+    dash = dashboards()[uid]
+    t = time.perf_counter()
+    errors = resolve_variables(store, dash, ctx, {})
+    out = {"(variables)": (time.perf_counter() - t, sum(len(v) for v in ctx.options.values()))}
+    if errors:
+        raise RuntimeError(f"{uid}: {errors}")
+    for p, target in panel_queries(dash):
+        sql = expand(target["rawSql"], ctx)
+        t = time.perf_counter()
+        rows = store.query(sql)
+        s0, n0 = out.get(p["title"], (0.0, 0))
+        out[p["title"]] = (s0 + time.perf_counter() - t, n0 + len(rows))
+    return out
+
+
+def forwarders_view(store) -> None:
+    """What ``GET /v1/forwarders`` computes (api/pharos_api/routers/system_diag.py), without HTTP."""
+    from pharos_analytics.diagnosis_config import DiagnosisConfig
+    from pharos_analytics.system_diag import data_anchor, failslow_state, forwarder_loads
+
+    cfg = DiagnosisConfig()
+    until = data_anchor(store)
+    forwarder_loads(store, until, cfg.status_window_s)
+    failslow_state(store, None, cfg, "fail_slow_forwarder", until)
+
+
+def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000, keep: bool = False) -> dict[str, float]:
+    """Seconds of a detection cycle, a job summary, a diagnosis, ``GET /v1/forwarders`` and the
+    overview dashboard's slowest query (at its default range, 6 h) on a store of ``n`` records
+    that arrived at ``rate`` records/s until now. ``keep``: the store stays in ``root`` and a
+    later run with the same ``n`` times it again without filling (its records then end when the
+    fill ended)."""
     from pharos_analytics.alerts import DetectionLoop
     from pharos_analytics.diagnosis_config import DiagnosisConfig
     from pharos_analytics.insights import job_insights
@@ -218,9 +265,20 @@ def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dic
         step = 10**9 // rate
         params = {"t0": now - n * step - 10**9, "step": step, "per_job": per_job}
         t = time.perf_counter()
-        store.command(FILL_SQL, params | {"n": n})
-        store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
-        print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
+        if int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == n:
+            print(f"{n:,} records already stored (kept by an earlier run)", flush=True)
+        else:
+            for t in (
+                "io_requests",
+                "io_rollup_1s",
+                "io_rollup_1m",
+                "io_rollup_forwarder_1m",
+                "io_rollup_forwarder_10m",
+            ):
+                store.command(f"TRUNCATE TABLE {t}")  # a fill cut short: its rollups too
+            store.command(FILL_SQL, params | {"n": n})
+            store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
+            print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
         # a store that has been running has merged its parts: time the queries once the background
         # merges of the fill are done (bounded), not while they load the machine
         t = time.perf_counter()
@@ -237,15 +295,21 @@ def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000) -> dic
         # straggler_jobs_per_cycle); the last one is a steady cycle
         cycles = [timed(lambda: loop.run_once(time.time_ns())) for _ in range(6)]
         print("detection cycles after the start: " + ", ".join(f"{c:.2f}" for c in cycles) + " s", flush=True)
+        board = dashboard_seconds(store, "pharos-overview", 6 * 3600)
+        print("overview dashboard, 6 h: " + ", ".join(f"{k} {v[0]:.2f} s ({v[1]} rows)" for k, v in board.items()))
+        slowest = max(board, key=lambda k: board[k][0])
         return {
             "detection cycle (slowest of the first 6)": max(cycles),
             "detection cycle (6th, steady)": cycles[-1],
             "pharos job": timed(lambda: job_summary(store, job)),
             "pharos diagnose": timed(lambda: job_insights(store, job)),
+            "GET /v1/forwarders": timed(lambda: forwarders_view(store)),
+            f"overview dashboard (slowest: {slowest})": board[slowest][0],
         }
     finally:
         store.close()
-        shutil.rmtree(root / f"stored{n}", ignore_errors=True)
+        if not keep:
+            shutil.rmtree(root / f"stored{n}", ignore_errors=True)
 
 
 def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
@@ -326,6 +390,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--stored", default="", help="comma list of stored-record counts to time queries on")
     ap.add_argument("--no-ingest", action="store_true", help="only the --stored part")
+    ap.add_argument("--stored-dir", type=Path, help="keep (and reuse) the --stored stores in this directory")
     ap.add_argument(
         "--stored-rate", type=int, default=2000, help="records/s the stored records arrived at (sets their time span)"
     )
@@ -337,7 +402,7 @@ def main() -> None:
     rows = ingest_rounds(a, root) if a.rounds else []
     for n in [int(x) for x in a.stored.split(",") if x]:
         root.mkdir(parents=True, exist_ok=True)
-        res = stored_queries(root, n, a.stored_rate)
+        res = stored_queries(a.stored_dir or root, n, a.stored_rate, keep=a.stored_dir is not None)
         print(f"{n:,} records stored: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.items()), flush=True)
         shutil.rmtree(root, ignore_errors=True)
     if not rows:
