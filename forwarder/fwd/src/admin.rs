@@ -387,6 +387,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/migrations", get(migrations::list).post(migrations::submit).put(migrations::settings))
         .route("/migrations/{id}", axum::routing::put(migrations::change).delete(migrations::cancel))
+        .route("/nodelocal", get(nodelocal::list))
+        .route("/nodelocal/attach", axum::routing::post(nodelocal::attach))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
@@ -409,6 +411,7 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<AdminState>) {
 }
 
 mod migrations;
+mod nodelocal;
 
 #[cfg(test)]
 mod tests {

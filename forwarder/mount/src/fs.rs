@@ -72,6 +72,15 @@ impl Open {
     }
 }
 
+/// Whether `path` is inside a node-local rank directory (`/.nodelocal/<job>/<rank>/...`, the
+/// forwarding daemon's `backend/nodelocal.rs`): written by this compute node only, so the
+/// names of a directory this mount made there are all known here, whatever
+/// `--answer-absent-names` says.
+pub fn node_local(path: &str) -> bool {
+    let rel = path.trim_start_matches('/');
+    rel.strip_prefix(".nodelocal/").is_some_and(|r| r.split('/').count() >= 3)
+}
+
 /// The setuid and setgid permission bits.
 const SUIDGID: u32 = 0o6000;
 
