@@ -160,3 +160,25 @@ def test_node_local_records_carry_the_rank_target(cluster, kafka_settings):
         assert r.forwarding_node == "fwd0"
     opens = [r for _, b in got for r in b.records if r.path == path and r.op == io_pb2.OP_OPEN]
     assert opens and all(r.target == target for r in opens)
+
+
+class _NoEvents:
+    """Stands for the jobs topic's producer (no broker in this test)."""
+
+    def send(self, _event) -> None:
+        pass
+
+
+def test_pharos_run_node_local_gives_each_rank_its_directory(cluster):
+    from pharos_agents.runner import run_job
+    from pharos_core.settings import Settings
+
+    d = cluster.start_daemon("fwd0")
+    m = cluster.start_mount([d], 0)
+    cmd = ["sh", "-c", 'echo "rank $PHAROS_RANK" > "$PHAROS_NODELOCAL/out"']
+    res = run_job(Settings(), "nlrun", cmd, ranks=3, events=_NoEvents(), hint=False, quiet=True, node_local=m.path)
+    assert res.exit_code == 0
+    for r in range(3):
+        assert (m.path / ".nodelocal" / "nlrun" / str(r) / "out").read_text() == f"rank {r}\n"
+    owners = {(x["job"], x["rank"]): x["node"] for x in http("GET", d.admin + "/nodelocal")["ranks"]}
+    assert owners == {("nlrun", str(r)): "cn0" for r in range(3)}
