@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from forwarder_testkit import consume, http, wait_records_sent
+from forwarder_testkit import consume, http, http_status, wait_records_sent
 from pharos_testkit import in_job
 
 from pharos_pipeline.wire import IoBatch, io_pb2
@@ -109,7 +109,10 @@ def test_replacement_node_takes_over_only_the_failed_nodes_ranks(cluster):
     with pytest.raises(OSError) as e:
         (rank0 / "restart").write_bytes(b"x")
     assert e.value.errno == errno.EROFS  # not before it replaces cn0
-    got = http("POST", d.admin + "/nodelocal/attach", {"job": JOB, "node": "cn9", "replaces": "cn0"})
+    take_over = {"job": JOB, "node": "cn9", "replaces": "cn0"}
+    assert http_status("POST", d.admin + "/nodelocal/attach", take_over, token=None) == 401
+    assert http_status("POST", d.admin + "/nodelocal/attach", {**take_over, "node": "cn0"}) == 400
+    got = http("POST", d.admin + "/nodelocal/attach", take_over)
     assert sorted(got["ranks"]) == ["0", "2"]
     time.sleep(1.1)  # the daemon's cached attachment (OWNER_TTL)
     # The restarted ranks find their data on the new node, and write again.

@@ -33,6 +33,10 @@
 //!   task waits queued until unpinned). `DELETE /migrations/{id}`: cancels (a copy under way
 //!   is rolled back). 404: no such task. All migration routes answer 503 when the daemon runs
 //!   without migration (`--migration false`).
+//! * `GET /nodelocal`: node-local rank directories (`backend/nodelocal.rs`): `{"ranks": [{"job",
+//!   "rank", "target", "node"}]}`; `POST /nodelocal/attach` `{"job": "42", "node": "cn9",
+//!   "replaces": "cn3"}`: `cn9` replaces the failed `cn3` in the job (its ranks only), answers
+//!   `{"ranks": [..]}`.
 //! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
 //!   `/status` read at each scrape, the targets' queue wait and the service-time histograms, the
 //!   request classes' queuing delay and worker allocation ([`crate::raas`]).
