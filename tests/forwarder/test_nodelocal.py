@@ -185,3 +185,28 @@ def test_pharos_run_node_local_gives_each_rank_its_directory(cluster):
         assert (m.path / ".nodelocal" / "nlrun" / str(r) / "out").read_text() == f"rank {r}\n"
     owners = {(x["job"], x["rank"]): x["node"] for x in http("GET", d.admin + "/nodelocal")["ranks"]}
     assert owners == {("nlrun", str(r)): "cn0" for r in range(3)}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_slurm_spank_option_gives_each_task_its_directory(cluster, tmp_path, monkeypatch):
+    """srun --pharos-node-local=MOUNT on a real Slurm (the plugin built from this tree's sources)."""
+    import slurm_testkit
+
+    plugin = tmp_path / "pharos_spank.so"
+    sources = sorted(str(p) for p in (slurm_testkit.REPO / "agents" / "slurm").glob("*.c"))
+    cc = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation", "-shared", "-fPIC"]
+    subprocess.run([*cc, "-o", str(plugin), *sources, "-lcurl"], check=True, timeout=120)
+    monkeypatch.setattr(slurm_testkit, "PLUGIN", plugin)
+    d = cluster.start_daemon("fwd0")
+    m = cluster.start_mount([d], 0)
+    options = {"api": "http://127.0.0.1:9", "hint": "no", "timeout": "1"}  # no Pharos API here
+    with slurm_testkit.running_slurm(options) as slurm:
+        task = 'echo "task $SLURM_PROCID" > "$PHAROS_NODELOCAL/out"'
+        slurm.run("srun", "-n", "2", "--overcommit", f"--pharos-node-local={m.path}", "sh", "-c", task, timeout=60)
+    jobs = os.listdir(m.path / ".nodelocal")
+    assert len(jobs) == 1, jobs
+    for r in range(2):
+        assert (m.path / ".nodelocal" / jobs[0] / str(r) / "out").read_text() == f"task {r}\n"
+    owners = {x["rank"]: x["node"] for x in http("GET", d.admin + "/nodelocal")["ranks"]}
+    assert owners == {"0": "cn0", "1": "cn0"}
