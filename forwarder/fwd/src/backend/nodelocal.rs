@@ -70,6 +70,9 @@ pub fn rank_target(rank: &str, n: usize) -> u32 {
 
 /// Where `path` goes among `n` targets (`EINVAL` for an invalid path).
 pub fn route(path: &str, n: usize) -> Res<Where<'_>> {
+    if !path.trim_start_matches('/').starts_with(DIR) {
+        return Ok(Where::Shared); // the shared namespace validates its own paths
+    }
     let comps = validate_path(path)?;
     if comps.first() != Some(&DIR) {
         return Ok(Where::Shared);

@@ -31,14 +31,17 @@ impl Filesystem for PharosFs {
     }
 
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let absent = || name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n));
+        if self.sh.answer_absent && absent() {
+            // Not cached by the kernel (TTL 0): every lookup comes here, and ends here.
+            return reply.error(errno::ENOENT);
+        }
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        // A node-local rank directory is this compute node's alone: always answered here.
-        let answer = self.sh.answer_absent || super::node_local(&path);
-        if answer && name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n)) {
-            // Not cached by the kernel (TTL 0): every lookup comes here, and ends here.
+        // A node-local rank directory is this compute node's alone: answered here too.
+        if !self.sh.answer_absent && super::node_local(&path) && absent() {
             return reply.error(errno::ENOENT);
         }
         let ctx = self.sh.ctx(req);
