@@ -429,7 +429,8 @@ impl PharosFs {
                 let ino = sh.learn(a.ino, &path);
                 sh.complete.added(parent, &name);
                 if made_dir {
-                    sh.complete.made_dir(ino, sh.ttl);
+                    let private = super::node_local_depth(&path) >= 2 && !sh.ttl.is_zero();
+                    sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl });
                 }
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
