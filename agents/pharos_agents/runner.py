@@ -199,6 +199,18 @@ def job_hint(
     return decision
 
 
+def node_local_dir(mount_point: Path, job_id: str, rank: int) -> Path:
+    """Rank ``rank``'s node-local directory of job ``job_id`` on the pharos-mount at
+    ``mount_point``, made if missing (its compute node attaches it: the forwarding daemon's
+    ``backend/nodelocal.rs``). Raises RunError when it cannot be made."""
+    d = mount_point / ".nodelocal" / job_id / str(rank)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"--node-local: cannot make {d}: {exc} (a pharos-mount there?)") from exc
+    return d
+
+
 def run_job(
     settings: Settings,
     job_id: str,
@@ -210,6 +222,7 @@ def run_job(
     hint: bool | None = None,
     quiet: bool = False,
     report: Callable[[str], None] = _stderr,
+    node_local: Path | None = None,
 ) -> JobResult:
     """Run ``ranks`` copies of ``command`` as job ``job_id`` and wait for all of them.
 
@@ -219,6 +232,9 @@ def run_job(
     ask for and apply the job's DFRA decision before the ranks start (:func:`request_hint`);
     its one-line summary goes to ``report`` (stderr) unless ``quiet``; a hint that cannot be
     had is one warning line on ``report`` and the job runs with the mount's default mapping.
+    ``node_local``: a pharos-mount's mount point: rank r gets the node-local directory
+    ``node_local/.nodelocal/<job>/<r>`` (issue 27, item 2; forwarder/README.md "Node-local
+    mode"), made here before it starts and named by ``PHAROS_NODELOCAL`` in its environment.
     Raises RunError when the job cannot start; the ranks' own failures are reported in the
     result's exit code.
     """
@@ -265,8 +281,11 @@ def run_job(
     pumps: list[threading.Thread] = []
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
+    local = [node_local_dir(node_local, job_id, r) for r in range(ranks)] if node_local is not None else []
     for rank in range(ranks):
         env = dict(os.environ, PHAROS_JOB_ID=job_id, PHAROS_RANK=str(rank), PHAROS_NRANKS=str(ranks))
+        if local:
+            env["PHAROS_NODELOCAL"] = str(local[rank])
         stdout = subprocess.PIPE if output_dir is not None else None
         rank_cg = rank_cgroup(cg, rank)
         p = subprocess.Popen(

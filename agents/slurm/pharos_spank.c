@@ -30,6 +30,13 @@
  * counted in <statedir>/counters (read it with `pharos slurm status`); a task that cannot be
  * moved into its cgroup runs untraced, counted.
  *
+ *  - --pharos-node-local=MOUNT (a user option of srun/sbatch/salloc): slurm_spank_task_init (in
+ *    each task, as the job's user, before it execs) makes the task's node-local directory
+ *    MOUNT/.nodelocal/<job id>/<global task id> on the pharos-mount at MOUNT (the forwarding
+ *    layer puts it on the storage target the rank id hashes to, and attaches it to this compute
+ *    node: forwarder/README.md "Node-local mode") and names it in PHAROS_NODELOCAL. A directory
+ *    that cannot be made is logged and the task runs without it (Pharos never fails a job).
+ *
  * plugstack.conf options (all optional):
  *   api=URL            Pharos API (default http://127.0.0.1:8400)
  *   socket=PATH        reach the API over its Unix socket (e.g. <API state dir>/api.sock; the
@@ -86,6 +93,49 @@ int slurm_spank_init(spank_t sp, int ac, char **av);
 int slurm_spank_job_prolog(spank_t sp, int ac, char **av);
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av);
 int slurm_spank_task_post_fork(spank_t sp, int ac, char **av);
+int slurm_spank_task_init(spank_t sp, int ac, char **av);
+
+/* ---- --pharos-node-local=MOUNT (issue 27, item 2) ----------------------------------------- */
+
+static char node_local_mount[PATH_MAX];
+
+static int node_local_opt(int val, const char *optarg, int remote) {
+    (void)val;
+    (void)remote;
+    if (!optarg || optarg[0] != '/') {
+        slurm_error(PH_LOG "--pharos-node-local wants the absolute path of a pharos-mount");
+        return -1;
+    }
+    snprintf(node_local_mount, sizeof node_local_mount, "%s", optarg);
+    return 0;
+}
+
+struct spank_option spank_options[] = {
+    {"pharos-node-local", "MOUNT",
+     "Give each task the node-local directory MOUNT/.nodelocal/<job>/<task id> of the pharos-mount "
+     "at MOUNT (PHAROS_NODELOCAL)",
+     1, 0, node_local_opt},
+    SPANK_OPTIONS_TABLE_END,
+};
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av) {
+    (void)ac;
+    (void)av;
+    uint32_t job = 0, rank = 0;
+    char dir[PATH_MAX + 64];
+    if (!node_local_mount[0] || !spank_remote(sp)) return 0;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS)
+        return 0;
+    snprintf(dir, sizeof dir, "%s/.nodelocal/%u/%u", node_local_mount, job, rank);
+    if (ph_mkdirs(dir, 0755)) {
+        slurm_error(PH_LOG "job %u task %u: cannot make its node-local directory %s: %m", job, rank, dir);
+        return 0;
+    }
+    if (spank_setenv(sp, "PHAROS_NODELOCAL", dir, 1) != ESPANK_SUCCESS)
+        slurm_error(PH_LOG "job %u task %u: cannot set PHAROS_NODELOCAL", job, rank);
+    return 0;
+}
 
 /* ---- options ------------------------------------------------------------------------------ */
 

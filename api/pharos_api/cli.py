@@ -206,6 +206,15 @@ def run(
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print the forwarding decision.")] = False,
+    node_local: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-local",
+            help="A pharos-mount's mount point: rank r gets the node-local directory "
+            "MOUNT/.nodelocal/<job>/<r> (on the storage target its rank id hashes to, no shared "
+            "metadata operation), named by PHAROS_NODELOCAL.",
+        ),
+    ] = None,
 ) -> None:
     """Run N ranks of CMD as a traced job: pharos run --job ID [--ranks N] -- CMD...
 
@@ -222,7 +231,15 @@ def run(
         command = command[1:]
     try:
         result = run_job(
-            get_settings(), job, command, ranks=ranks, name=name, output_dir=output_dir, hint=hint, quiet=quiet
+            get_settings(),
+            job,
+            command,
+            ranks=ranks,
+            name=name,
+            output_dir=output_dir,
+            hint=hint,
+            quiet=quiet,
+            node_local=node_local,
         )
     except (RunError, ValueError) as exc:
         fail(str(exc), 2)

@@ -33,6 +33,10 @@
 //!   task waits queued until unpinned). `DELETE /migrations/{id}`: cancels (a copy under way
 //!   is rolled back). 404: no such task. All migration routes answer 503 when the daemon runs
 //!   without migration (`--migration false`).
+//! * `GET /nodelocal`: node-local rank directories (`backend/nodelocal.rs`): `{"ranks": [{"job",
+//!   "rank", "target", "node"}]}`; `POST /nodelocal/attach` `{"job": "42", "node": "cn9",
+//!   "replaces": "cn3"}`: `cn9` replaces the failed `cn3` in the job (its ranks only), answers
+//!   `{"ranks": [..]}`.
 //! * `GET /metrics`: Prometheus (OpenMetrics text, the `prometheus-client` crate): the counters of
 //!   `/status` read at each scrape, the targets' queue wait and the service-time histograms, the
 //!   request classes' queuing delay and worker allocation ([`crate::raas`]).
@@ -387,6 +391,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/migrations", get(migrations::list).post(migrations::submit).put(migrations::settings))
         .route("/migrations/{id}", axum::routing::put(migrations::change).delete(migrations::cancel))
+        .route("/nodelocal", get(nodelocal::list))
+        .route("/nodelocal/attach", axum::routing::post(nodelocal::attach))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
@@ -409,6 +415,7 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<AdminState>) {
 }
 
 mod migrations;
+mod nodelocal;
 
 #[cfg(test)]
 mod tests {

@@ -67,6 +67,7 @@ pub mod gas;
 mod layout;
 pub mod migrate;
 mod namespace;
+pub mod nodelocal;
 mod opens;
 mod placement;
 mod target;
@@ -76,6 +77,7 @@ mod testutil;
 pub use data::{DataPath, FileSpan, IoInfo};
 pub use layout::{layout_text, logical_from_component, logical_from_obj, obj_size, parse_layout, pieces, Piece};
 use namespace::Namespace;
+use nodelocal::{NodeLocal, Where};
 pub use opens::{GcStats, Opens};
 
 /// A READDIRPLUS page's entries: each with its attributes (None: `.`, `..`, gone since).
@@ -138,6 +140,8 @@ pub struct Backend {
     pub opens: Opens,
     /// The namespace tree (`<mdt>/ns`).
     ns: Namespace,
+    /// The node-local stores on the targets (`backend/nodelocal.rs`): `/.nodelocal/...`.
+    pub local: NodeLocal,
     /// The data path: object files, reads and writes, write counters.
     pub data: DataPath,
     /// The forwarding node's page cache (FGF-LRU or LRU), when enabled (`backend/cache.rs`).
@@ -178,8 +182,10 @@ impl Backend {
             });
         }
         let opens = Opens::new(mdt, &tmp)?;
+        let dirs: Vec<PathBuf> = ts.iter().map(|t| t.dir.clone()).collect();
         Ok(Backend {
             ns: Namespace::new(ns)?,
+            local: NodeLocal::new(&dirs)?,
             targets: ts,
             placement: Placer::new(comp_dir, tmp),
             daemon_id: opens.daemon_id,
@@ -231,13 +237,29 @@ impl Backend {
     /// The name of a file with layout `l` is gone: delete its objects now, or keep them as
     /// an orphan until the last open is released.
     fn drop_file(&self, l: &Layout) {
+        if layout::is_local_oid(l.oid) {
+            // Node-local: no open markers to wait for (its opens are not recorded).
+            self.remove_orphan(l);
+            return;
+        }
         self.opens.drop_file(l, &|l| self.remove_orphan(l))
     }
 
     /// Drops open `h` of `l` and deletes the objects when that was the last open of an
     /// unlinked file.
     fn unmark(&self, l: &Layout, h: OpenHandle) {
+        if layout::is_local_oid(l.oid) {
+            return;
+        }
         self.opens.unmark(l, h, &|l| self.remove_orphan(l))
+    }
+
+    /// Records an open of `l` (its marker), but none for a node-local file (no MDT access).
+    fn mark(&self, l: &Layout) -> Res<OpenHandle> {
+        if layout::is_local_oid(l.oid) {
+            return Ok(layout::LOCAL_HANDLE);
+        }
+        self.opens.add_marker(l.oid, l.is_progressive())
     }
 
     /// Start-time garbage collection: markers of dead daemons, then orphans nobody holds.
@@ -255,7 +277,12 @@ impl Backend {
         self.opens.is_orphan(oid)
     }
 
-    // -- the namespace (backend/namespace.rs) ----------------------------------------------
+    // -- the namespace (backend/namespace.rs; node-local names: backend/nodelocal.rs) -------
+
+    /// Where a request path goes: the shared namespace or node-local storage.
+    pub fn route<'a>(&self, path: &'a str) -> Res<Where<'a>> {
+        nodelocal::route(path, self.targets.len())
+    }
 
     /// Resolves a request path inside the namespace.
     pub fn ns_path(&self, path: &str) -> Res<PathBuf> {
@@ -269,63 +296,102 @@ impl Backend {
 
     /// Attributes of `path` (lookup and getattr), with the caller's search permissions.
     pub fn getattr(&self, path: &str, ctx: &Ctx) -> Res<Attr> {
-        self.ns.getattr(self, path, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.getattr(self, path, ctx),
+            w => self.local.getattr(self, w, ctx),
+        }
     }
 
     /// [`Backend::readdir`] with each entry's attributes (`None` for `.`, `..` and an entry
     /// that went or cannot be read since the listing): the kernel's READDIRPLUS.
     pub fn readdir_plus(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(EntriesPlus, bool)> {
-        self.ns.readdir_plus(self, path, cookie, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.readdir_plus(self, path, cookie, ctx),
+            w => self.local.readdir_plus(self, w, cookie, ctx),
+        }
     }
 
     /// One page of the directory `path` from `cookie` ([`Namespace::readdir`]).
     pub fn readdir(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<DirEntry>, bool)> {
-        self.ns.readdir(path, cookie, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.readdir(path, cookie, ctx),
+            w => self.local.readdir(w, cookie, ctx),
+        }
     }
 
     pub fn mkdir(&self, path: &str, mode: u32, ctx: &Ctx) -> Res<Attr> {
-        self.ns.mkdir(self, path, mode, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.mkdir(self, path, mode, ctx),
+            w => self.local.mkdir(self, w, mode, ctx),
+        }
     }
 
     pub fn rmdir(&self, path: &str, ctx: &Ctx) -> Res<()> {
-        self.ns.rmdir(path, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.rmdir(path, ctx),
+            w => self.local.rmdir(w, ctx),
+        }
     }
 
     /// A symbolic link `path` → `target`.
     pub fn symlink(&self, path: &str, target: &str, ctx: &Ctx) -> Res<Attr> {
-        self.ns.symlink(self, path, target, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.symlink(self, path, target, ctx),
+            w => self.local.symlink(self, w, target, ctx),
+        }
     }
 
     pub fn readlink(&self, path: &str, ctx: &Ctx) -> Res<String> {
-        self.ns.readlink(path, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.readlink(path, ctx),
+            w => self.local.readlink(w, ctx),
+        }
     }
 
     /// A hard link `to` of `from`: both names share the sidecar, hence the layout and data.
     pub fn link(&self, from: &str, to: &str, ctx: &Ctx) -> Res<Attr> {
-        self.ns.link(self, from, to, ctx)
+        match (self.route(from)?, self.route(to)?) {
+            (Where::Shared, Where::Shared) => self.ns.link(self, from, to, ctx),
+            (a, b) => self.local.link(self, a, b, ctx),
+        }
     }
 
     /// A FIFO, socket or device node, or a regular file ([`Namespace::mknod`]).
     pub fn mknod(&self, path: &str, mode: u32, rdev: u64, ctx: &Ctx) -> Res<Attr> {
-        self.ns.mknod(self, path, mode, rdev, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.mknod(self, path, mode, rdev, ctx),
+            w => self.local.mknod(self, w, mode, rdev, ctx),
+        }
     }
 
     pub fn unlink(&self, path: &str, ctx: &Ctx) -> Res<()> {
-        self.ns.unlink(self, path, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.unlink(self, path, ctx),
+            w => self.local.unlink(self, w, ctx),
+        }
     }
 
     pub fn rename(&self, from: &str, to: &str, noreplace: bool, ctx: &Ctx) -> Res<()> {
-        self.ns.rename(self, from, to, noreplace, ctx)
+        match (self.route(from)?, self.route(to)?) {
+            (Where::Shared, Where::Shared) => self.ns.rename(self, from, to, noreplace, ctx),
+            (a, b) => self.local.rename(self, a, b, noreplace, ctx),
+        }
     }
 
     /// Creates (or opens) a regular file: its attr, layout and open handle ([`Namespace::create`]).
     pub fn create(&self, path: &str, mode: u32, flags: i32, token: u64, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
-        self.ns.create(self, path, mode, flags, token, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.create(self, path, mode, flags, token, ctx),
+            w => self.local.create(self, w, mode, flags, token, ctx),
+        }
     }
 
     /// Opens an existing regular file: attr, layout and open handle ([`Namespace::open`]).
     pub fn open(&self, path: &str, flags: i32, ctx: &Ctx) -> Res<(Attr, Layout, OpenHandle)> {
-        self.ns.open(self, path, flags, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.open(self, path, flags, ctx),
+            w => self.local.open(self, w, flags, ctx),
+        }
     }
 
     /// Releases open `h` (served by any daemon) of the file with layout `l`.
@@ -335,12 +401,18 @@ impl Backend {
 
     /// Changes attributes of `path` with the caller's credentials ([`Namespace::setattr`]).
     pub fn setattr(&self, path: &str, set: &SetAttr, by_fd: Option<u64>, ctx: &Ctx) -> Res<Attr> {
-        self.ns.setattr(self, path, set, by_fd, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.setattr(self, path, set, by_fd, ctx),
+            w => self.local.setattr(self, w, set, by_fd, ctx),
+        }
     }
 
     /// Clears setuid/setgid after a write by `ctx` ([`Namespace::kill_suidgid`]).
     pub fn kill_suidgid(&self, path: &str, l: &Layout, h: OpenHandle, ctx: &Ctx) -> Res<()> {
-        self.ns.kill_suidgid(self, path, l, h, ctx)
+        match self.route(path)? {
+            Where::Shared => self.ns.kill_suidgid(self, path, l, h, ctx),
+            w => self.local.kill_suidgid(self, w, l, h, ctx),
+        }
     }
 
     pub fn statfs(&self) -> Res<StatFs> {

@@ -72,6 +72,25 @@ impl Open {
     }
 }
 
+/// Whether `path` is inside a node-local rank directory (`/.nodelocal/<job>/<rank>/...`, the
+/// forwarding daemon's `backend/nodelocal.rs`): written by this compute node only, so the
+/// names of a directory this mount made there are all known here, whatever
+/// `--answer-absent-names` says.
+pub fn node_local(path: &str) -> bool {
+    node_local_depth(path) >= 3
+}
+
+/// The components of `path` below `/.nodelocal` (`<job>/<rank>/...`; 0 elsewhere).
+pub fn node_local_depth(path: &str) -> usize {
+    let rel = path.trim_start_matches('/');
+    rel.strip_prefix(".nodelocal/").map_or(0, |r| r.split('/').count())
+}
+
+/// How long a directory this mount made in a node-local rank directory (or the rank directory
+/// itself) is known whole: no other compute node changes names there (they get `EROFS`), so
+/// far longer than the attribute TTL that bounds it elsewhere.
+pub const NODE_LOCAL_KNOWN: Duration = Duration::from_secs(3600);
+
 /// The setuid and setgid permission bits.
 const SUIDGID: u32 = 0o6000;
 

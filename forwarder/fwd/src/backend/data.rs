@@ -150,7 +150,10 @@ impl DataPath {
         if let Some(f) = self.existing_obj(b, ti, l.oid, idx)? {
             return Ok(f);
         }
-        let open = (h != OpenHandle::default() && b.opens.has_open(l.oid, h)) || b.opens.has_markers(l.oid);
+        // A node-local file's opens have no marker (`backend/nodelocal.rs`).
+        let open = super::layout::is_local_oid(l.oid)
+            || (h != OpenHandle::default() && b.opens.has_open(l.oid, h))
+            || b.opens.has_markers(l.oid);
         if !open {
             return Err(eno(errno::ENOENT, "no such open: its file may be gone"));
         }

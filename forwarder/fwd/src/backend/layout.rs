@@ -1,7 +1,36 @@
 //! Layout arithmetic and the sidecar format: how the bytes of a file map to its objects
 //! (RAID-0 stripes of a classic layout, fixed-size components of a progressive one) and how
 //! a layout is written in, and read from, its namespace sidecar. Pure functions, no I/O.
-use pharos_fwd_proto::Layout;
+use pharos_fwd_proto::{Layout, OpenHandle};
+
+/// The top 16 bits of a node-local file's object id ("NL"; `backend/nodelocal.rs`): its opens
+/// have no marker on the MDT, its removal needs no orphan check. Shared files never get it
+/// ([`shared_oid`]).
+pub const LOCAL_TAG: u64 = 0x4e4c << 48;
+const TAG_MASK: u64 = 0xffff << 48;
+/// The open handle of every open of a node-local file (no marker: daemon id 0 is no daemon's).
+pub const LOCAL_HANDLE: OpenHandle = OpenHandle { daemon: 0, id: LOCAL_TAG };
+
+/// Whether `oid` is a node-local file's object id.
+#[inline]
+pub fn is_local_oid(oid: u64) -> bool {
+    oid & TAG_MASK == LOCAL_TAG
+}
+
+/// A shared file's object id from random bits: never one with the node-local tag.
+pub fn shared_oid(r: u64) -> u64 {
+    if is_local_oid(r) {
+        r ^ (1 << 63)
+    } else {
+        r
+    }
+}
+
+/// The layout of a new node-local file on target `ti` (one stripe, 1 MiB units), object id
+/// from random bits `r` with the node-local tag.
+pub fn local_layout(r: u64, ti: u32) -> Layout {
+    Layout::striped((r & !TAG_MASK) | LOCAL_TAG, 1 << 20, vec![ti])
+}
 
 fn join<T: ToString>(xs: &[T]) -> String {
     xs.iter().map(T::to_string).collect::<Vec<_>>().join(",")

@@ -109,11 +109,19 @@ fn caller(ctx: &Ctx) -> Caller {
 pub(super) struct Namespace {
     root: PathBuf,
     root_fd: OwnedFd,
+    /// A node-local store's target (`backend/nodelocal.rs`): its files live on that target and
+    /// their opens have no marker; None for the MDT's namespace.
+    local: Option<u32>,
 }
 
 impl Namespace {
     pub(super) fn new(root: PathBuf) -> io::Result<Namespace> {
-        Ok(Namespace { root_fd: nsfs::open_dir(&root)?, root })
+        Ok(Namespace { root_fd: nsfs::open_dir(&root)?, root, local: None })
+    }
+
+    /// The node-local store of target `ti` rooted at `root` (`<target>/.nodelocal`).
+    pub(super) fn local(root: PathBuf, ti: u32) -> io::Result<Namespace> {
+        Ok(Namespace { root_fd: nsfs::open_dir(&root)?, root, local: Some(ti) })
     }
 
     /// The namespace directory.
@@ -524,7 +532,7 @@ impl Namespace {
     /// the local kernel does it for any writer (the writer need not own the file).
     pub fn kill_suidgid(&self, b: &Backend, path: &str, l: &Layout, h: OpenHandle, ctx: &Ctx) -> Res<()> {
         b.check_layout(l)?;
-        if !b.opens.marker_path(l.oid, h).exists() {
+        if !super::layout::is_local_oid(l.oid) && !b.opens.marker_path(l.oid, h).exists() {
             return Err(eno(errno::EBADF, "no such open"));
         }
         let (d, name) = self.parent(path)?;

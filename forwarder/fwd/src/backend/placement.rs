@@ -188,7 +188,7 @@ impl Placer {
         let p = self.doc.load();
         let stripe_size = p.stripe_size.unwrap_or(1 << 20);
         let pool = p.job_pools.get(job).or(p.default_pool.as_ref()).and_then(|n| p.pools.get(n));
-        let oid = random_u64();
+        let oid = super::layout::shared_oid(random_u64());
         match pool {
             Some(pool) => {
                 let cands: Vec<(u32, f64)> = pool

@@ -261,6 +261,26 @@ pub(crate) fn waits_for_acks(op: &Op) -> bool {
 /// What `op` changed when it succeeded with `body` (nothing for reads and failures).
 pub(crate) fn changes_of(op: &Op, body: &Result<Body, proto::WireError>) -> Vec<What> {
     let Ok(body) = body else { return Vec::new() };
+    // Node-local rank directories are one compute node's: other nodes' view of them is
+    // eventually consistent (their attribute TTL), nothing is pushed (`backend/nodelocal.rs`).
+    let local = |p: &str| {
+        p.trim_start_matches('/').strip_prefix(crate::backend::nodelocal::DIR).is_some_and(|r| r.starts_with('/'))
+    };
+    match op {
+        Op::Create { path, .. }
+        | Op::Mkdir { path, .. }
+        | Op::Unlink { path }
+        | Op::Rmdir { path }
+        | Op::Setattr { path, .. }
+        | Op::Write { path, .. }
+        | Op::Open { path, .. }
+            if local(path) =>
+        {
+            return Vec::new()
+        }
+        Op::Rename { from: path, .. } | Op::Link { from: path, .. } if local(path) => return Vec::new(),
+        _ => {}
+    }
     let name = |p: &str| What::Name(p.trim_start_matches('/').to_string());
     let attrs = |p: &str| What::Attrs(p.trim_start_matches('/').to_string());
     match op {

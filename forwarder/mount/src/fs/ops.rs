@@ -31,15 +31,20 @@ impl Filesystem for PharosFs {
     }
 
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        if self.sh.answer_absent && name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n)) {
+        let absent = || name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n));
+        if self.sh.answer_absent && absent() {
             // Not cached by the kernel (TTL 0): every lookup comes here, and ends here.
             return reply.error(errno::ENOENT);
         }
-        let ctx = self.sh.ctx(req);
         let path = match self.sh.path(parent).and_then(|p| join(&p, name)) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        // A node-local rank directory is this compute node's alone: answered here too.
+        if !self.sh.answer_absent && super::node_local(&path) && absent() {
+            return reply.error(errno::ENOENT);
+        }
+        let ctx = self.sh.ctx(req);
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Lookup { path: path.clone() }) {
             Ok(Body::Attr(a)) => {
                 let ino = sh.learn(a.ino, &path);
@@ -299,10 +304,21 @@ impl Filesystem for PharosFs {
             (ctx.job_id, ctx.rank) = f.job.clone(); // routed as the opener's requests
         }
         let path = self.sh.path(ino).unwrap_or_default();
+        // A node-local file's release drops no open marker (its opens have none): the kernel
+        // is answered first, the daemon's record and open count follow.
+        let reply = match super::node_local(&path) {
+            true => {
+                reply.ok();
+                None
+            }
+            false => Some(reply),
+        };
         self.spawn(move |sh, c| {
             // close(2) does not report release errors; the daemon counts failures.
             let _ = sh.rpc.call(c, &ctx, Op::Release { path, cap: f.cap.clone() });
-            reply.ok()
+            if let Some(r) = reply {
+                r.ok()
+            }
         });
     }
 
@@ -413,7 +429,8 @@ impl PharosFs {
                 let ino = sh.learn(a.ino, &path);
                 sh.complete.added(parent, &name);
                 if made_dir {
-                    sh.complete.made_dir(ino, sh.ttl);
+                    let private = super::node_local_depth(&path) >= 2 && !sh.ttl.is_zero();
+                    sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl });
                 }
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use pharos_fwd_proto::{errno, validate_path, Attr, Ctx, Layout, OpenHandle};
 
-use super::super::layout::layout_text;
-use super::super::{eno, werr, Backend, Placer, Res};
+use super::super::layout::{layout_text, local_layout};
+use super::super::{eno, random_u64, werr, Backend, Placer, Res};
 use super::swap::lock_shared;
 use super::{attr_of_stat, caller, file_attr, Namespace};
 use crate::nsfs;
@@ -22,6 +22,8 @@ impl Namespace {
     /// counts it open on its targets. The sidecar is written as an unnamed file
     /// (`O_TMPFILE`, with the caller's credentials) and linked into place, so other daemons
     /// never see it half-written and the kernel decides EEXIST races.
+    /// In a node-local store (`backend/nodelocal.rs`), the file is on the store's target, with no
+    /// placement and no open marker.
     pub fn create(
         &self,
         b: &Backend,
@@ -48,7 +50,11 @@ impl Namespace {
         let staged = nsfs::openat(d.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, mode & 0o7777);
         drop(g);
         let mut staged = staged.map_err(werr)?;
-        let l = b.placement.place(&b.targets, &ctx.job_id);
+        let local = self.local;
+        let l = match local {
+            Some(ti) => local_layout(random_u64(), ti),
+            None => b.placement.place(&b.targets, &ctx.job_id),
+        };
         // No object is made here: a stripe's object is made by its first write (or an
         // extending truncate), and a missing one reads as a hole ([`super::super::DataPath`]).
         let mut made = Vec::new();
@@ -65,7 +71,7 @@ impl Namespace {
         }
         // The open is recorded before the name appears: an unlink right after the link
         // already sees it.
-        let h = match b.opens.add_marker(l.oid, l.is_progressive()) {
+        let h = match b.mark(&l) {
             Ok(h) => h,
             Err(e) => {
                 cleanup(&made);
@@ -79,7 +85,9 @@ impl Namespace {
         let st = res.is_ok().then(|| nsfs::fstat(staged.as_raw_fd()));
         drop(staged);
         if let Err(e) = res {
-            b.opens.remove_marker(l.oid, h);
+            if local.is_none() {
+                b.opens.remove_marker(l.oid, h);
+            }
             cleanup(&made);
             if e.raw_os_error() == Some(errno::EEXIST) {
                 // A replay of this very create (same token) succeeded earlier: open it.
@@ -150,7 +158,7 @@ impl Namespace {
                 continue; // another file took the name since the access check
             }
             b.check_layout(&l)?;
-            let h = b.opens.add_marker(l.oid, l.is_progressive())?;
+            let h = b.mark(&l)?;
             // Still the same file under this name? Else an unlink or rename raced us: the
             // objects may already be going; drop this open and look again.
             let sidecar = match self.layout_at(&d, &name) {
