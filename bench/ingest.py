@@ -268,14 +268,14 @@ def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000, keep: 
         if int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == n:
             print(f"{n:,} records already stored (kept by an earlier run)", flush=True)
         else:
-            for t in (
+            for table in (
                 "io_requests",
                 "io_rollup_1s",
                 "io_rollup_1m",
                 "io_rollup_forwarder_1m",
                 "io_rollup_forwarder_10m",
             ):
-                store.command(f"TRUNCATE TABLE {t}")  # a fill cut short: its rollups too
+                store.command(f"TRUNCATE TABLE {table}")  # a fill cut short: its rollups too
             store.command(FILL_SQL, params | {"n": n})
             store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
             print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
