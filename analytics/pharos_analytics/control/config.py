@@ -21,7 +21,11 @@ Sources of the defaults:
   the number of nodes follows the predicted demand over one node's capacity; dedicated
   nodes come from a reserved set and are returned when the job ends.
 * **Sunway storage lessons** §5: performance-aware pools (``max_perf`` per target), slow
-  targets kept out of the pool.
+  targets kept out of the pool; and the migration of data off anomalous storage nodes (an N-N
+  job went from 20 to about 70 GB/s once its data left them).
+* **GVDS** (Huo et al. 2024), its multi-task data migration module (MODM): each migration task
+  is guaranteed a minimum bandwidth, the rest of a total cap goes by priority, data moves in
+  bounded units (the daemons' engine, forwarder/README.md "Online migration").
 * **Pharos**: the rest (periods, hysteresis, quiet period, measurement windows), chosen here
   and marked so in the field descriptions.
 """
@@ -281,4 +285,66 @@ class ControlConfig(PharosSettings):
         ge=0,
         description="Pharos. A fail-slow target returns to the pool after this many seconds without an active "
         "fail-slow detection.",
+    )
+    # -- online migration off persistently fail-slow targets (Sunway storage paper; GVDS MODM) --
+    migration_enabled: bool = Field(
+        default=True,
+        description="Pharos. Plan migrations off persistently fail-slow targets (control/migration.py): POST "
+        "/migrations to a forwarding daemon once per fail-slow episode of a target. Needs the loop's placement pool on the daemons "
+        "(placement_enabled): destinations are its targets, and the slow target must be out of it.",
+    )
+    migration_persist_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Pharos (Beacon NSDI'19 §5.3 calls a slow node persistent when it stays slow over widening "
+        "windows; the number is ours). A target is migrated off once its fail-slow detections have been active "
+        "for this long (s) without a break: a transient slowdown moves no data.",
+    )
+    migration_episode_gap_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="Pharos. A fail-slow episode of a target ends when no active detection of it is stored for "
+        "longer than this (s); the next detection starts a new episode (planned again once persistent). "
+        "Default: a few detection periods, above anomaly_max_age_s.",
+    )
+    migration_daemon: str = Field(
+        default="",
+        description="Pharos. The forwarding node whose daemon runs the migrations (the daemons share the "
+        "namespace: one daemon plans each file once, and its cap is the site's migration cap). '' = the first "
+        "daemon, by name, that answers.",
+    )
+    migration_min_mb_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="GVDS MODM (the minimum each task is guaranteed; the value is the daemons' default). MB/s "
+        "(10^6 B/s) per migration task.",
+    )
+    migration_max_mb_s: float = Field(
+        default=0.0, ge=0, description="GVDS MODM. Ceiling (MB/s) of one task; 0 = none (the total cap bounds it)."
+    )
+    migration_priority: int = Field(
+        default=0,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="GVDS MODM. Priority of the loop's tasks: the bandwidth above the minimums goes to the "
+        "highest priority first (an admin's tasks at a higher priority go first).",
+    )
+    migration_unit_bytes: int = Field(
+        default=MiB,
+        ge=4096,
+        le=64 * MiB,
+        description="GVDS MODM (bounded migration units). Bytes copied per unit (the daemons' default, 1 MiB).",
+    )
+    migration_max_total_mb_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="GVDS MODM (the total cap that keeps foreground I/O its bandwidth). MB/s of all migration of "
+        "the migrating daemon, set (PUT /migrations) before it plans; 0 = leave the daemon's own "
+        "(--migration-max-mb-s, 200).",
+    )
+    migration_max_active: int = Field(
+        default=0,
+        ge=0,
+        description="Pharos. Tasks copying at once on the migrating daemon, set with the cap; 0 = leave the "
+        "daemon's own (--migration-max-active, 4).",
     )

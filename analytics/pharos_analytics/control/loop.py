@@ -22,6 +22,9 @@ detection loop of :mod:`pharos_analytics.alerts`):
    jobs get their pin. Entries of other jobs are kept; entries of ended jobs are dropped.
 5. **Placement** (:mod:`.placement`): the pool document to every daemon's ``PUT /placement``
    (outside the lock; daemons that did not answer the view are not called).
+6. **Migration** (:mod:`.migration`): a target fail-slow for ``migration_persist_s`` and out
+   of the pool has its files' objects moved off it (``POST /migrations`` to one daemon), once
+   per fail-slow episode (``migration`` rows).
 
 Safety: ``dry_run`` records (status ``recorded``), pushes nothing and holds no reserved node. A push that fails
 (unreachable, timeout, HTTP error) changes nothing on that side: the mount and the daemons
@@ -65,6 +68,7 @@ from .dfra import DfraDecision, decide, job_history
 from .hints import Hints
 from .lease import Leases
 from .liveness import Liveness
+from .migration import Migration
 from .placement import measure_targets, plan_placement
 from .push import AdminPush, Endpoints, PushResult, View, _Backoff, _canon
 from .remap import InterferenceHint, Move, plan_moves
@@ -75,7 +79,7 @@ log = logging.getLogger("pharos.control")
 __all__ = ["ControlError", "ControlLoop", "Endpoints", "PushResult"]
 
 
-class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, PeriodicLoop):
+class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migration, PeriodicLoop):
     """The control loop on one store (see the module doc); a daemon thread once started
     (:class:`~pharos_analytics.periodic.PeriodicLoop`, every ``[control] period_s``).
 
@@ -223,6 +227,9 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Perio
             placement = self._placement(now_ns, pins, anomalies, view) if cfg.placement_enabled else None
             if placement:
                 rows.append(placement)
+            migrated, waiting = self._migrations(now_ns, pins, anomalies, view)
+            rows += migrated
+            summary |= {"migrations": len(migrated), "migrations_waiting": waiting}
             self.last = summary | {
                 "time_ns": now_ns,
                 "duration_s": self.cycle_done(t0),

@@ -1,0 +1,292 @@
+"""The control loop's planning of online migrations off persistently fail-slow targets (issue 27,
+item 1; analytics/pharos_analytics/control/migration.py).
+
+1. Pure rules: the episode of a target (detections at most ``migration_episode_gap_s`` apart),
+   the persistence threshold, the pool and pin guards, once per (target, episode), adopting tasks
+   already under way, resuming after a daemon lost its tasks.
+2. The cycle on a real chDB store against a stand-in daemon (httpx.MockTransport: its
+   ``/migrations`` and ``/placement``): planned once, idempotent across cycles and a restart of
+   the loop, audited, dry run posts nothing, a new episode after a break is planned again.
+3. End to end (root, FUSE): real pharos-fwd daemons and mount, one target slowed through the
+   admin fault interface, the fail-slow anomaly in the store; the loop's cycle plans the
+   migration, every task ends done, fio verifies every byte, ``GET /v1/control/migrations``
+   shows them, ``pharos control migrations`` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+
+from pharos_analytics.control.config import ControlConfig
+from pharos_analytics.control.loop import ControlLoop
+from pharos_analytics.control.migration import Planned, episode_start, plan_migrations
+from pharos_analytics.control.push import Endpoints
+from pharos_core.settings import Settings
+from pharos_core.store import ns_to_datetime64
+
+S = 1_000_000_000
+T0 = 1_770_000_000 * S
+CFG = ControlConfig(migration_persist_s=300, migration_episode_gap_s=60)
+SLOW = {"ost3": {"ratio": 9.5, "severity": "critical"}}
+POOL = {"ost0", "ost1", "ost2"}
+
+
+def every(start_s: int, end_s: int, step_s: int = 10) -> list[int]:
+    return [T0 + t * S for t in range(start_s, end_s + 1, step_s)]
+
+
+def plan(times, planned=None, tasks=None, answered=None, pool=POOL, pin=None, now_s=400, cfg=CFG):
+    return plan_migrations(
+        SLOW, {"ost3": times}, planned or {}, tasks or {}, answered or set(tasks or {}), pool, pin, T0 + now_s * S, cfg
+    )
+
+
+# -- 1. pure rules -----------------------------------------------------------------------------
+
+
+def test_episode_is_the_run_of_detections_reaching_now():
+    gap = 60 * S
+    assert episode_start(every(0, 400), T0 + 400 * S, gap) == T0
+    # a break longer than the gap starts a new episode
+    assert episode_start(every(0, 100) + every(200, 400), T0 + 400 * S, gap) == T0 + 200 * S
+    # a break up to the gap does not
+    assert episode_start(every(0, 100) + every(160, 400), T0 + 400 * S, gap) == T0
+    # the newest detection is older than the gap: the episode ended
+    assert episode_start(every(0, 300), T0 + 400 * S, gap) is None
+    assert episode_start([], T0, gap) is None
+    assert episode_start(list(reversed(every(0, 100))), T0 + 100 * S, gap) == T0  # any order
+
+
+def test_persistence_threshold():
+    (d,) = plan(every(150, 400))
+    assert (d.action, d.persisted_s) == ("skip", 250.0) and "after 300 s" in d.reason
+    (d,) = plan(every(100, 400))
+    assert d.action == "plan" and d.persisted_s == 300.0 and d.episode_start_ns == T0 + 100 * S
+    assert d.evidence["ratio"] == 9.5
+    # a break in the detections restarts the clock
+    (d,) = plan(every(0, 100) + every(200, 400))
+    assert d.action == "skip" and d.persisted_s == 200.0
+    (d,) = plan(every(0, 400), cfg=ControlConfig(migration_persist_s=0, migration_episode_gap_s=60))
+    assert d.action == "plan"
+
+
+def test_destinations_must_be_healthy_and_pins_win():
+    (d,) = plan(every(0, 400), pool=POOL | {"ost3"})
+    assert d.action == "skip" and "still in the placement pool" in d.reason
+    (d,) = plan(every(0, 400), pool=None)
+    assert d.action == "skip" and "no placement pool" in d.reason
+    (d,) = plan(every(0, 400), pin={"ost3", "ost0"})
+    assert d.action == "skip" and "admin-pinned pool" in d.reason
+    (d,) = plan(every(0, 400), pin={"ost0", "ost1"})
+    assert d.action == "plan"
+
+
+def task(i: int, state: str, source: str = "ost3") -> dict:
+    return {"id": i, "state": state, "source_target": source, "path": f"/f{i}"}
+
+
+def test_once_per_episode_adopt_and_resume():
+    times = every(0, 400)
+    done = {"fwd0": [task(1, "done"), task(2, "done")]}
+    # planned at 350 s, in this episode: nothing more, whatever the daemon lists
+    p = {"ost3": Planned(T0 + 350 * S, "fwd0", 2)}
+    (d,) = plan(times, p, done)
+    assert d.action == "skip" and d.reason == "planned in this episode already"
+    (d,) = plan(times, p, {"fwd0": [task(1, "copying"), task(2, "queued")]})
+    assert d.action == "skip"
+    # planned in an earlier episode (before this one began): planned again
+    (d,) = plan(every(300, 400), {"ost3": Planned(T0 + 100 * S, "fwd0", 2)}, done, now_s=600)
+    assert d.action == "skip"  # (only 100 s old yet)
+    (d,) = plan(every(200, 600), {"ost3": Planned(T0 + 100 * S, "fwd0", 2)}, done, now_s=600)
+    assert d.action == "plan"
+    # tasks off the target already under way (an admin's, or posted before a crash): adopted
+    (d,) = plan(times, None, {"fwd1": [task(7, "copying"), task(8, "done"), task(9, "queued", "ost1")]})
+    assert d.action == "adopt" and d.evidence["under_way"] == {"fwd1": [7]}
+    # only finished tasks of the target: a new episode is planned
+    (d,) = plan(times, None, done)
+    assert d.action == "plan"
+    # the daemon that planned the episode lists none of it any more (restarted): resumed
+    (d,) = plan(times, p, {"fwd0": [task(1, "queued", "ost1")]})
+    assert d.action == "resume" and "restarted" in d.reason
+    # ... not when it planned nothing, or did not answer
+    (d,) = plan(times, {"ost3": Planned(T0 + 350 * S, "fwd0", 0)}, {"fwd0": []})
+    assert d.action == "skip"
+    (d,) = plan(times, p, {}, answered=set())
+    assert d.action == "skip"
+
+
+# -- 2. the cycle against a stand-in daemon -----------------------------------------------------
+
+
+class FakeDaemon:
+    """The admin interface of one pharos-fwd as far as the loop's migration step uses it."""
+
+    def __init__(self, files: int = 3) -> None:
+        self.files = files
+        self.tasks: list[dict] = []
+        self.settings = {"max_total_mb_s": 200.0, "max_active": 4, "retry_s": 2.0}
+        self.posts: list[dict] = []
+        self.puts: list[dict] = []
+        self.placement = {"pools": {"pharos": {"targets": ["ost0", "ost1", "ost2"]}}, "default_pool": "pharos"}
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        assert req.headers["authorization"].startswith("Bearer ")
+        path, m = req.url.path, req.method
+        if path == "/status":
+            return httpx.Response(200, json={"ok": True})
+        if path == "/placement":
+            return httpx.Response(200, json=self.placement)
+        if path == "/migrations" and m == "GET":
+            return httpx.Response(200, json={"settings": self.settings, "minimums_scaled": False, "tasks": self.tasks})
+        if path == "/migrations" and m == "PUT":
+            self.puts.append(json.loads(req.content))
+            self.settings = json.loads(req.content)
+            return httpx.Response(200, json=self.settings)
+        if path == "/migrations" and m == "POST":
+            body = json.loads(req.content)
+            self.posts.append(body)
+            base = len(self.tasks)
+            new = [task(base + i + 1, "queued", body["source_target"]) for i in range(self.files)]
+            self.tasks += new
+            return httpx.Response(200, json={"ids": [t["id"] for t in new]})
+        return httpx.Response(404, json={"error": "no route"})
+
+
+def failslow(store, target: str, times: list[int], ratio: float = 9.5) -> None:
+    store.insert_rows(
+        "anomalies",
+        [
+            {
+                "detected": ns_to_datetime64(t),
+                "key": f"fail_slow_target:{target}",
+                "kind": "fail_slow_target",
+                "node": target,
+                "node_type": "target",
+                "job_id": "",
+                "culprit_job": "",
+                "persistence": "persistent",
+                "active": 1,
+                "severity": "critical",
+                "ratio": ratio,
+                "onset": None,
+                "start": None,
+                "end": None,
+                "evidence": "{}",
+            }
+            for t in times
+        ],
+    )
+
+
+def fake_loop(store, fake: FakeDaemon, tmp_path: Path, **kw) -> ControlLoop:
+    tok = tmp_path / "admin.token"
+    if not tok.exists():
+        fd = os.open(tok, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"t" * 64)
+        os.close(fd)
+    cfg = ControlConfig(
+        **(
+            dict(
+                admin_token_file=tok,
+                placement_enabled=False,
+                remap_enabled=False,
+                anomaly_max_age_s=30,
+                migration_persist_s=120,
+                migration_episode_gap_s=40,
+                migration_max_total_mb_s=50,
+            )
+            | kw
+        )
+    )
+    return ControlLoop(
+        store,
+        Settings(state_dir=tmp_path),
+        lambda: cfg,
+        client=httpx.Client(transport=httpx.MockTransport(fake)),
+        endpoints=Endpoints([], {"fwd0": "http://fwd0.test"}),
+    )
+
+
+def migration_rows(loop: ControlLoop, target: str) -> list[dict]:
+    return [a for a in loop.actions(kind="migration", limit=1000) if a["resource"] == f"target:{target}"]
+
+
+def test_cycle_plans_once_per_episode_across_restarts(store, tmp_path):
+    fake = FakeDaemon()
+    base = T0 + 10_000 * S  # away from the other tests' rows of this module's store
+    failslow(store, "mt1", [base + t * S for t in range(0, 301, 10)])
+    loop = fake_loop(store, fake, tmp_path)
+    # 100 s into the episode: not yet persistent
+    s = loop.cycle(base + 100 * S)
+    assert s["migrations"] == 0 and s["migrations_waiting"][0]["target"] == "mt1" and not fake.posts
+    s = loop.cycle(base + 130 * S)
+    assert s["migrations"] == 1
+    assert fake.posts == [
+        {"source_target": "mt1", "min_mb_s": 10.0, "priority": 0, "unit_bytes": 1 << 20, "pool": "pharos"}
+    ]
+    assert fake.settings["max_total_mb_s"] == 50 and fake.settings["max_active"] == 4  # the cap, set first
+    (row,) = migration_rows(loop, "mt1")
+    assert row["status"] == "applied" and row["to_state"] == "fwd0: 3 task(s)" and row["from_state"] == "mt1"
+    assert row["evidence"]["ids"] == [1, 2, 3] and row["evidence"]["action"] == "plan"
+    assert row["evidence"]["episode_start_ns"] == base and row["endpoints"] == ["http://fwd0.test/migrations"]
+    # next cycles, and a new loop on the same store (a restart): nothing posted again
+    loop.cycle(base + 200 * S)
+    fake_loop(store, fake, tmp_path).cycle(base + 300 * S)
+    assert len(fake.posts) == 1 and len(migration_rows(loop, "mt1")) == 1
+    # the daemon restarts and forgets its tasks: the episode is planned there again, once
+    fake.tasks = []
+    fake_loop(store, fake, tmp_path).cycle(base + 300 * S)
+    assert len(fake.posts) == 2 and migration_rows(loop, "mt1")[0]["evidence"]["action"] == "resume"
+    fake_loop(store, fake, tmp_path).cycle(base + 300 * S)
+    assert len(fake.posts) == 2
+    # the episode ends (no detection for longer than the gap), a new one begins: planned again
+    # once persistent (the tasks under way then would be adopted instead)
+    for t in fake.tasks:
+        t["state"] = "done"
+    failslow(store, "mt1", [base + t * S for t in range(400, 601, 10)])
+    for t in (420, 500):
+        fake_loop(store, fake, tmp_path).cycle(base + t * S)
+    assert len(fake.posts) == 2
+    fake_loop(store, fake, tmp_path).cycle(base + 530 * S)
+    assert len(fake.posts) == 3 and migration_rows(loop, "mt1")[0]["evidence"]["episode_start_ns"] == base + 400 * S
+
+
+def test_dry_run_disabled_adopted_and_unreachable(store, tmp_path):
+    base = T0 + 20_000 * S
+    failslow(store, "mt2", [base + t * S for t in range(0, 301, 10)])
+    fake = FakeDaemon()
+    off = fake_loop(store, fake, tmp_path, migration_enabled=False)
+    assert off.cycle(base + 200 * S)["migrations"] == 0 and not fake.posts
+    dry = fake_loop(store, fake, tmp_path, dry_run=True)
+    assert dry.cycle(base + 200 * S)["migrations"] == 1 and dry.cycle(base + 210 * S)["migrations"] == 0
+    (row,) = migration_rows(dry, "mt2")
+    assert row["status"] == "recorded" and row["dry_run"] and not fake.posts and not fake.puts
+    # the live loop does not take the dry run's row for a planning; tasks already under way are adopted
+    fake.tasks = [task(41, "copying", "mt2"), task(42, "queued", "mt2")]
+    live = fake_loop(store, fake, tmp_path)
+    assert live.cycle(base + 220 * S)["migrations"] == 1 and not fake.posts
+    row = migration_rows(live, "mt2")[0]
+    assert row["evidence"]["action"] == "adopt" and row["evidence"]["ids"] == [41, 42] and row["status"] == "applied"
+    # a POST that fails: a failed row, retried after the back-off, then applied
+    failslow(store, "mt3", [base + t * S for t in range(0, 301, 10)])
+    broken = FakeDaemon()
+    loop = fake_loop(store, broken, tmp_path)
+    real = loop.client
+    loop.client = httpx.Client(
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(500, json={"error": "disk"}) if r.method == "POST" else broken(r)
+        )
+    )
+    loop.cycle(base + 200 * S)
+    rows = migration_rows(loop, "mt3")
+    assert [r["status"] for r in rows] == ["failed"] and "HTTP 500" in rows[0]["error"]
+    loop.cycle(base + 201 * S)  # in back-off: nothing recorded
+    assert len(migration_rows(loop, "mt3")) == 1
+    loop.client = real
+    loop.cycle(base + 240 * S)
+    assert [r["status"] for r in migration_rows(loop, "mt3")] == ["applied", "failed"]
+    assert "mt3" in {p["source_target"] for p in broken.posts}
