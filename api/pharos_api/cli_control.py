@@ -7,6 +7,10 @@
 * ``pharos control actions``: the audit trail (decisions, pushes, failures).
 * ``pharos control pins``, ``pharos control pin job JOB NODE...``, ``pharos control pin pool
   POOL TARGET... [--max-perf ost0=50]``, ``pharos control unpin job|pool NAME``.
+* ``pharos control migrations [--unfinished]``: the online migrations off fail-slow targets, per
+  daemon (state, source -> destination, progress, bytes left, allocated and achieved MB/s) and
+  the loop's plannings; ``pharos control migration-set NODE ID [--pin|--unpin] [--priority N]
+  [--min-mb-s X] [--max-mb-s Y]`` and ``pharos control migration-cancel NODE ID`` (admin).
 
 Like ``pharos jobs``, these ask the API (``--api URL``, ``PHAROS_API_URL``, else
 ``Settings.api_url``) and never open the store; ``--json`` prints the API's JSON; errors are
@@ -102,6 +106,65 @@ def pins_table(data: dict) -> Table:
     return t
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+_STATE = {"done": "green", "failed": "bold red", "cancelled": "yellow", "copying": "cyan", "deferred": "magenta"}
+
+
+def render_migrations(console: Console, data: dict) -> None:
+    """Per daemon a table of its tasks (progress, bytes left, MB/s), then the loop's plannings."""
+    for d in data["daemons"]:
+        if not d["ok"]:
+            console.print(Text(f"{d['daemon']}: not answering ({d['error']})", "bold red"))
+            continue
+        st = d.get("settings") or {}
+        states = ", ".join(f"{n} {k}" for k, n in sorted(d["states"].items())) or "no task"
+        title = (
+            f"{d['daemon']}: {states}; {_size(d['bytes_left'])} left; cap {st.get('max_total_mb_s', '?')} MB/s, "
+            f"{st.get('max_active', '?')} at once" + (" (minimums scaled down)" if d["minimums_scaled"] else "")
+        )
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in ("id", "state", "file", "from → to", "progress", "left", "MB/s now", "achieved", "prio/min"):
+            t.add_column(
+                c, no_wrap=c != "file", justify="right" if c in ("id", "left", "MB/s now", "achieved") else "left"
+            )
+        for k in d["tasks"]:
+            total = k["bytes_done"] + k["bytes_left"]
+            pct = 100.0 if k["state"] == "done" else (100.0 * k["bytes_done"] / total if total else 0.0)
+            state = k["state"] + (" (pinned)" if k.get("pinned") else "")
+            t.add_row(
+                str(k["id"]),
+                Text(state + (f": {k['error']}" if k.get("error") else ""), _STATE.get(k["state"], "")),
+                k["path"],
+                f"{k['source_target']} → {k.get('dest_target') or '?'}",
+                f"{pct:5.1f} %",
+                _size(k["bytes_left"]),
+                f"{k['rate_mb_s']:.1f}",
+                f"{k['achieved_mb_s']:.1f}",
+                f"{k['priority']}/{k['min_mb_s']:g}",
+            )
+        console.print(t)
+    planned = Table(
+        "time (UTC)", "target", "daemon: tasks", "status", "reason", title="loop's plannings", title_justify="left"
+    )
+    planned.box = box.SIMPLE_HEAD
+    for a in data["planned"]:
+        status = Text(a["status"] + (" (dry-run)" if a["dry_run"] else ""), _STATUS.get(a["status"], ""))
+        reason = a["reason"] + (f" [error: {a['error']}]" if a["error"] else "")
+        planned.add_row(a["time"].replace("T", " ")[:19], a["from_state"], a["to_state"] or "-", status, reason)
+    console.print(planned)
+    if not data["enabled"]:
+        console.print("[yellow]migration planning is off ([control] migration_enabled)[/yellow]")
+    if data["dry_run"]:
+        console.print("[yellow]control loop in dry-run: nothing is posted[/yellow]")
+
+
 def _max_perf(items: list[str]) -> dict[str, float]:
     out = {}
     for it in items:
@@ -192,6 +255,55 @@ def register(app: typer.Typer) -> None:
     def pins_cmd(api: ApiOption = None, as_json: JsonOption = False) -> None:
         """Admins' pins of jobs and pools."""
         show(_api_url(api), "/v1/control/pins", as_json=as_json, render=pins_table)
+
+    @control.command("migrations")
+    def migrations_cmd(
+        unfinished: Annotated[bool, typer.Option("--unfinished", help="Only tasks not finished.")] = False,
+        since: Annotated[float, typer.Option(help="Plannings of the last SECONDS.", min=1)] = 7 * 86400.0,
+        api: ApiOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Online migrations off fail-slow targets: each daemon's tasks (progress, bytes left) and the loop's plannings."""
+        params = {"since_s": since, "unfinished": str(unfinished).lower()}
+        show(_api_url(api), "/v1/control/migrations", params, as_json=as_json, render_to=render_migrations)
+
+    def _task_call(api: str | None, method: str, node: str, task: int, body: Any = None, params=None) -> dict:
+        try:
+            path = f"/v1/control/migrations/{quote(node, safe='')}/{task}"
+            return api_request(_api_url(api), method, path, json=body, params=params).json()
+        except ApiError as exc:
+            _fail(str(exc))
+            raise  # unreachable: _fail exits
+
+    @control.command("migration-set")
+    def migration_set(
+        node: Annotated[str, typer.Argument(help="Forwarding node whose daemon runs the task.")],
+        task: Annotated[int, typer.Argument(help="Task id (pharos control migrations).", min=0)],
+        pin_it: Annotated[
+            bool | None, typer.Option("--pin/--unpin", help="Keep the file where it is / let it move again.")
+        ] = None,
+        priority: Annotated[int | None, typer.Option(help="MODM priority (higher first).")] = None,
+        min_mb_s: Annotated[float | None, typer.Option(help="Guaranteed MB/s.", min=0)] = None,
+        max_mb_s: Annotated[float | None, typer.Option(help="Ceiling MB/s.")] = None,
+        reason: Annotated[str, typer.Option(help="Why (kept in the audit trail).")] = "",
+        api: ApiOption = None,
+    ) -> None:
+        """Pin, re-prioritise or re-rate migration task TASK of NODE (admin; recorded)."""
+        body = {"pinned": pin_it, "priority": priority, "min_mb_s": min_mb_s, "max_mb_s": max_mb_s, "reason": reason}
+        r = _task_call(api, "PUT", node, task, {k: v for k, v in body.items() if v is not None})
+        typer.echo(f"migration {node}/{task}: {r['status']} {json.dumps(r['task']) if r['task'] else ''}".rstrip())
+
+    @control.command("migration-cancel")
+    def migration_cancel(
+        node: Annotated[str, typer.Argument(help="Forwarding node whose daemon runs the task.")],
+        task: Annotated[int, typer.Argument(help="Task id.", min=0)],
+        reason: Annotated[str, typer.Option(help="Why (kept in the audit trail).")] = "",
+        api: ApiOption = None,
+    ) -> None:
+        """Cancel migration task TASK of NODE (a copy under way is rolled back; admin; recorded)."""
+        r = _task_call(api, "DELETE", node, task, params={"reason": reason} if reason else None)
+        state = (r.get("task") or {}).get("state", "")
+        typer.echo(f"migration {node}/{task}: {r['status']}" + (f", {state}" if state else ""))
 
     @pin.command("job")
     def pin_job(

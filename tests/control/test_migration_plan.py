@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import httpx
@@ -86,7 +87,27 @@ def test_destinations_must_be_healthy_and_pins_win():
 
 
 def task(i: int, state: str, source: str = "ost3") -> dict:
-    return {"id": i, "state": state, "source_target": source, "path": f"/f{i}"}
+    """A task as the daemons list it (``GET /migrations``)."""
+    return {
+        "id": i,
+        "state": state,
+        "source_target": source,
+        "dest_target": None,
+        "path": f"/f{i}",
+        "pinned": False,
+        "priority": 0,
+        "min_mb_s": 10.0,
+        "max_mb_s": None,
+        "unit_bytes": 1 << 20,
+        "rate_mb_s": 0.0,
+        "bytes_done": 0,
+        "bytes_left": 4 << 20,
+        "recopies": 0,
+        "deferrals": 0,
+        "error": None,
+        "copy_s": 0.0,
+        "achieved_mb_s": 0.0,
+    }
 
 
 def test_once_per_episode_adopt_and_resume():
@@ -153,6 +174,17 @@ class FakeDaemon:
             new = [task(base + i + 1, "queued", body["source_target"]) for i in range(self.files)]
             self.tasks += new
             return httpx.Response(200, json={"ids": [t["id"] for t in new]})
+        m_id = re.fullmatch(r"/migrations/(\d+)", path)
+        t = next((t for t in self.tasks if m_id and t["id"] == int(m_id.group(1))), None)
+        if m_id and t is None:
+            return httpx.Response(404, json={"error": f"no migration {m_id.group(1)}"})
+        if m_id and m == "PUT":
+            t.update(json.loads(req.content))
+            return httpx.Response(200, json=t)
+        if m_id and m == "DELETE":
+            if t["state"] in ("queued", "deferred"):
+                t["state"] = "cancelled"
+            return httpx.Response(200, json={"id": t["id"], "state": t["state"]})
         return httpx.Response(404, json={"error": "no route"})
 
 
@@ -290,3 +322,57 @@ def test_dry_run_disabled_adopted_and_unreachable(store, tmp_path):
     loop.cycle(base + 240 * S)
     assert [r["status"] for r in migration_rows(loop, "mt3")] == ["applied", "failed"]
     assert "mt3" in {p["source_target"] for p in broken.posts}
+
+
+def test_api_and_cli_list_pin_and_cancel(store, tmp_path):
+    """GET /v1/control/migrations aggregates the daemons' tasks and the loop's plannings; PUT and
+    DELETE /v1/control/migrations/{daemon}/{id} reach the daemon and are recorded; the CLI prints
+    the table (progress, bytes left) and calls both."""
+    import typer
+    from fastapi.testclient import TestClient
+    from pharos_testkit import served
+    from typer.testing import CliRunner
+
+    from pharos_api.app import create_app
+    from pharos_api.cli_control import register
+
+    base = T0 + 30_000 * S
+    fake = FakeDaemon(files=2)
+    failslow(store, "mt4", [base + t * S for t in range(0, 301, 10)])
+    loop = fake_loop(store, fake, tmp_path)
+    loop.cycle(base + 200 * S)
+    fake.tasks[0] |= {"state": "copying", "bytes_done": 1 << 20, "bytes_left": 3 << 20, "rate_mb_s": 10.0}
+    app = create_app(store, Settings(state_dir=tmp_path, api_auth="none"))
+    app.state.control_on_demand = loop
+    c = TestClient(app)
+    doc = c.get("/v1/control/migrations", params={"since_s": 1e9}).json()
+    (d,) = doc["daemons"]
+    assert d["ok"] and d["states"] == {"copying": 1, "queued": 1} and d["bytes_left"] == 7 << 20
+    assert d["settings"]["max_total_mb_s"] == 50
+    assert any(p["from_state"] == "mt4" and p["status"] == "applied" for p in doc["planned"])
+    assert doc["enabled"] and doc["config"]["migration_persist_s"] == 120
+    r = c.put("/v1/control/migrations/fwd0/2", json={"pinned": True, "reason": "keep"})
+    assert r.status_code == 200 and r.json()["task"]["pinned"] and fake.tasks[1]["pinned"]
+    r = c.delete("/v1/control/migrations/fwd0/2")
+    assert r.status_code == 200 and r.json()["task"] == {"id": 2, "state": "cancelled"}
+    assert c.put("/v1/control/migrations/fwd9/1", json={}).status_code == 404  # unknown node
+    assert c.delete("/v1/control/migrations/fwd0/99").status_code == 404  # unknown task
+    assert c.put("/v1/control/migrations/fwd0/1", json={"min_mb_s": -1}).status_code == 422
+    kinds = [a["kind"] for a in loop.actions(limit=1000) if a["resource"] == "migration:fwd0/2"]
+    assert kinds == ["migration_cancel", "migration_change"]
+    app_cli = typer.Typer()
+    register(app_cli)
+    with served(app) as url:
+        run = lambda *a: CliRunner().invoke(app_cli, [*a, "--api", url], env={"COLUMNS": "200"})  # noqa: E731
+        r = run("control", "migrations", "--since", "1e9")
+        assert r.exit_code == 0, r.output
+        assert "mt4 → ?" in r.output and "25.0 %" in r.output and "3.0 MiB" in r.output and "cancelled" in r.output
+        assert "fwd0: 2 task(s)" in r.output
+        r = run("control", "migrations", "--unfinished", "--json")
+        assert [t["id"] for t in json.loads(r.output)["daemons"][0]["tasks"]] == [1]
+        r = run("control", "migration-set", "fwd0", "1", "--priority", "7")
+        assert r.exit_code == 0 and fake.tasks[0]["priority"] == 7, r.output
+        r = run("control", "migration-cancel", "fwd0", "1", "--reason", "test")
+        assert r.exit_code == 0 and "applied, copying" in r.output, r.output
+        r = run("control", "migration-cancel", "fwd0", "77")
+        assert r.exit_code == 1 and "no migration 77" in r.output

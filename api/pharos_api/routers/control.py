@@ -19,6 +19,12 @@
 * ``GET /v1/control/pins``, ``PUT``/``DELETE /v1/control/pins/jobs/{job_id}`` (a job's
   forwarding nodes) and ``/v1/control/pins/pools/{pool}`` (a placement pool): the loop never
   changes what is pinned.
+* ``GET /v1/control/migrations``: online migrations off fail-slow targets (issue 27; GVDS MODM):
+  every daemon's tasks (``GET /migrations``: state, source and destination target, bytes done
+  and left, allocated and achieved MB/s) and settings, and the loop's plannings
+  (pharos_analytics.control.migration). ``PUT``/``DELETE
+  /v1/control/migrations/{daemon}/{id}`` (admin): pin, re-prioritise or cancel a task on its
+  daemon, recorded (``migration_change``, ``migration_cancel``); in dry run recorded only.
 
 No hint route waits on an admin interface that does not answer: they read the kept view of the
 forwarding layer (pharos_analytics.control.liveness), and a claim's pushes are bounded by
@@ -39,11 +45,27 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from pharos_analytics.control.loop import ControlError, ControlLoop
+from pharos_analytics.control.migration import FINISHED, MigrationCallError
 
 from ..auth import Admin, HintReader, SchedulerCall, Staff, check_job
 from ..deps import SettingsDep, StoreDep, require_found
 from ..schemas.common import MAX_WINDOW_S, NAME_MAX, NOT_FOUND, ErrorOut, JobIdPath
-from ..schemas.control import KINDS, ActionsOut, HintOut, IoClassesOut, JobPinIn, PinOut, PinsOut, PoolName, PoolPinIn
+from ..schemas.control import (
+    KINDS,
+    ActionsOut,
+    DaemonName,
+    HintOut,
+    IoClassesOut,
+    JobPinIn,
+    MigrationCallOut,
+    MigrationChangeIn,
+    MigrationsOut,
+    PinOut,
+    PinsOut,
+    PoolName,
+    PoolPinIn,
+    TaskId,
+)
 from . import V1
 
 router = APIRouter(prefix=V1, tags=["control"])
@@ -283,3 +305,94 @@ def put_pool_pin(
 )
 def delete_pool_pin(pool: PoolName, request: Request, store: StoreDep, settings: SettingsDep, _: Admin) -> None:
     _delete_pin(request, store, settings, "pool", pool)
+
+
+@router.get(
+    "/control/migrations",
+    operation_id="list_migrations",
+    response_model=MigrationsOut,
+    summary="Online migrations off fail-slow targets: every daemon's tasks (progress, bytes left) and the loop's plannings",
+)
+def list_migrations(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    _: Staff,
+    unfinished: Annotated[bool, Query(description="Only tasks not done, failed or cancelled.")] = False,
+    since_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="Plannings recorded in the last seconds.")] = 7
+    * 86400.0,
+    limit: Annotated[int, Query(ge=1, le=10000, description="At most this many plannings.")] = 100,
+) -> dict[str, Any]:
+    """Asks every daemon at once (``[control] http_timeout_s`` each); one that does not answer
+    is listed with ``ok`` false and its error."""
+    loop = get_loop(request, store, settings)
+    daemons = loop.migrations_overview()
+    for d in daemons:
+        if unfinished:
+            d["tasks"] = [t for t in d["tasks"] if t.get("state") not in FINISHED]
+        d["bytes_left"] = sum(int(t.get("bytes_left") or 0) for t in d["tasks"] if t.get("state") not in FINISHED)
+        states: dict[str, int] = {}
+        for t in d["tasks"]:
+            states[t.get("state", "")] = states.get(t.get("state", ""), 0) + 1
+        d["states"] = states
+    planned = loop.actions(None, "migration", max(0, time.time_ns() - int(since_s * 1e9)), limit)
+    for it in planned:
+        it["time"] = _iso(it.pop("time_ns"))
+    cfg = loop.cfg
+    return {
+        "daemons": daemons,
+        "planned": planned,
+        "enabled": cfg.migration_enabled,
+        "dry_run": cfg.dry_run,
+        "config": {k: v for k, v in cfg.model_dump().items() if k.startswith("migration_")},
+    }
+
+
+#: The task routes' errors: unknown daemon or task (404), refused by the daemon (400), the daemon
+#: unreachable (502).
+TASK_ERRORS = {404: {"model": ErrorOut}, 400: {"model": ErrorOut}, 502: {"model": ErrorOut}}
+
+
+@router.put(
+    "/control/migrations/{daemon}/{task_id}",
+    operation_id="put_migration",
+    response_model=MigrationCallOut,
+    responses=TASK_ERRORS,
+    summary="Pin, re-prioritise or re-rate a migration task on its daemon (recorded)",
+)
+def put_migration(
+    daemon: DaemonName,
+    task_id: TaskId,
+    body: MigrationChangeIn,
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    _: Admin,
+) -> dict[str, Any]:
+    change = body.model_dump(exclude={"reason"}, exclude_none=True)
+    try:
+        return get_loop(request, store, settings).change_migration(daemon, task_id, change, body.reason)
+    except MigrationCallError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+
+
+@router.delete(
+    "/control/migrations/{daemon}/{task_id}",
+    operation_id="cancel_migration",
+    response_model=MigrationCallOut,
+    responses=TASK_ERRORS,
+    summary="Cancel a migration task on its daemon (a copy under way is rolled back; recorded)",
+)
+def cancel_migration(
+    daemon: DaemonName,
+    task_id: TaskId,
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    _: Admin,
+    reason: Annotated[str, Query(max_length=1000)] = "",
+) -> dict[str, Any]:
+    try:
+        return get_loop(request, store, settings).cancel_migration(daemon, task_id, reason)
+    except MigrationCallError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
