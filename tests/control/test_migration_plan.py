@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
@@ -376,3 +378,122 @@ def test_api_and_cli_list_pin_and_cancel(store, tmp_path):
         assert r.exit_code == 0 and "applied, copying" in r.output, r.output
         r = run("control", "migration-cancel", "fwd0", "77")
         assert r.exit_code == 1 and "no migration 77" in r.output
+
+
+# -- 3. end to end: real daemon, mount and fio ---------------------------------------------------
+
+E2E_TARGETS = [f"ost{i}" for i in range(4)]
+E2E_SLOW = "ost1"
+E2E_FILES, E2E_SIZE = 4, 8 << 20
+
+
+def fio_files(directory: Path, *extra: str) -> dict:
+    """fio's crc32c-verified sequential write of E2E_FILES files (``--verify_only``: the read-back
+    alone, failing on any bad block); its job summary."""
+    from forwarder_testkit import fio
+
+    job = fio(
+        "--name=mig",
+        f"--directory={directory}",
+        "--rw=write",
+        "--bs=256k",
+        f"--numjobs={E2E_FILES}",
+        f"--size={E2E_SIZE >> 20}M",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--verify_state_save=0",
+        "--verify_fatal=1",
+        "--group_reporting",
+        *extra,
+        timeout=60,
+    )["jobs"][0]
+    assert job["error"] == 0, job
+    return job
+
+
+def layout_targets(ns: Path) -> dict[str, list[int]]:
+    """Namespace path -> target indexes of its layout sidecar."""
+    return {
+        "/" + str(p.relative_to(ns)): [
+            int(t) for t in re.search(r"targets=([0-9,]+)", p.read_text()).group(1).split(",")
+        ]
+        for p in ns.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.timeout(120)
+def test_loop_migrates_off_a_persistently_fail_slow_target_end_to_end(store, cluster, tmp_path):
+    """Real pharos-fwd and FUSE mount: files striped over 4 targets in the pool ``pharos``; ost1
+    slowed 10x through the admin fault interface and its fail-slow detections in the store for
+    longer than ``migration_persist_s``. One control cycle drops ost1 from the pool (placement)
+    and plans the migration (POST /migrations); every task ends done, no layout names ost1, fio
+    verifies every byte through the mount, the next cycle plans nothing more, and ``GET
+    /v1/control/migrations`` shows the tasks done and the planning applied."""
+    from fastapi.testclient import TestClient
+    from forwarder_testkit import http, wait_for
+
+    from pharos_api.app import create_app
+
+    t_start = time.monotonic()
+    cluster.n_targets = len(E2E_TARGETS)
+    doc = {
+        "pools": {"pharos": {"targets": E2E_TARGETS, "stripe_count": 2}},
+        "default_pool": "pharos",
+        "stripe_size": 65536,
+    }
+    d = cluster.start_daemon("fwd0", "--placement", json.dumps(doc))
+    m = cluster.start_mount([d], 0)
+    work = m.path / "w"
+    work.mkdir()
+    fio_files(work, "--do_verify=1")
+    before = layout_targets(cluster.ns)
+    slow_i = E2E_TARGETS.index(E2E_SLOW)
+    moving = [p for p, ts in before.items() if slow_i in ts]
+    assert moving, before
+    http("PUT", d.admin + f"/targets/{E2E_SLOW}", {"slowdown": 10})
+    now = time.time_ns()
+    failslow(store, E2E_SLOW, [now - t * S for t in range(60, -1, -5)])
+    cfg = dict(
+        mount_admin_urls=[m.admin],
+        fwd_admin_urls={"fwd0": d.admin},
+        admin_token_file=cluster.token_file,
+        remap_enabled=False,
+        placement_component_size=0,
+        anomaly_max_age_s=30,
+        migration_persist_s=30,
+        migration_episode_gap_s=20,
+        migration_max_total_mb_s=100,
+        migration_min_mb_s=5,
+    )
+    c = ControlConfig(**cfg)
+    loop = ControlLoop(store, Settings(state_dir=tmp_path), lambda: c)
+    summary = loop.cycle(now)
+    assert summary["migrations"] == 1, summary
+    pool = http("GET", d.admin + "/placement")["pools"]["pharos"]
+    assert E2E_SLOW not in pool["targets"], pool
+    (row,) = migration_rows(loop, E2E_SLOW)
+    assert row["status"] == "applied" and len(row["evidence"]["ids"]) == len(moving), row
+    ids = set(row["evidence"]["ids"])
+
+    def tasks() -> list[dict]:
+        return [t for t in http("GET", d.admin + "/migrations")["tasks"] if t["id"] in ids]
+
+    assert wait_for(lambda: all(t["state"] in ("done", "failed", "cancelled") for t in tasks()), timeout=60)
+    assert all(t["state"] == "done" for t in tasks()), tasks()
+    assert all(t["dest_target"] in pool["targets"] for t in tasks()), tasks()
+    assert http("GET", d.admin + "/migrations")["settings"]["max_total_mb_s"] == 100
+    after = layout_targets(cluster.ns)
+    assert set(after) == set(before) and all(slow_i not in ts for ts in after.values()), after
+    job = fio_files(work, "--verify_only")
+    assert job["read"]["io_bytes"] == E2E_FILES * E2E_SIZE
+    # the next cycle (same episode): nothing planned again
+    assert loop.cycle(time.time_ns())["migrations"] == 0
+    app = create_app(store, Settings(state_dir=tmp_path, api_auth="none"))
+    app.state.control_on_demand = loop
+    out = TestClient(app).get("/v1/control/migrations").json()
+    (dm,) = out["daemons"]
+    assert dm["ok"] and dm["states"] == {"done": len(moving)} and dm["bytes_left"] == 0, dm
+    assert all(t["bytes_done"] > 0 and t["source_target"] == E2E_SLOW for t in dm["tasks"])
+    assert [p["status"] for p in out["planned"] if p["from_state"] == E2E_SLOW] == ["applied"]
+    assert time.monotonic() - t_start < 60
