@@ -1,0 +1,338 @@
+"""Online migration off a fail-slow target (issue 27, item 1: the Sunway storage paper's migration
+of data off anomalous storage nodes, GVDS's MODM bandwidth allocation), driven by the real
+control loop against a real pharos-fwd and pharos-mount on loopback.
+
+Setup: one daemon, 8 targets limited to ``--target-mb-s`` (200) MB/s each (token buckets), one
+mount. ``nn``: 8 files of ``--file-mib`` MiB written by an N-N fio job (crc32c headers), one per
+target (round-robin, stripe count 1), and a ``cold`` set the same way (data the job does not
+read, also on every target). The loop's pool ``pharos`` holds the 8 targets.
+
+1. **H** (healthy): the N-N read of ``nn`` (fio ``--verify_only``: every block read and its
+   checksum checked), median of ``--rounds`` runs.
+2. **S** (slowed): one target slowed 10x through the admin fault interface (``PUT
+   /targets/{name} {"slowdown": 10}``); the same read (its rank on the slow target straggles).
+3. The fail-slow detections of that target are written to the store's ``anomalies`` as the
+   detection loop writes them (active, for longer than ``migration_persist_s``; the detection
+   itself is measured by bench/failslow_windows.py), then ONE real ``ControlLoop.cycle``: the
+   placement step drops the target from the pool, the migration step plans the migration of its
+   files (``POST /migrations``, cap ``--cap-mb-s``).
+4. **F during**: while the migration copies, a foreground N-N write (``fg``: 4 ranks, new files
+   placed by the pool, crc32c verified) runs.
+5. **SIGKILL**: the daemon is killed while a task copies (its journal entry on disk), restarted on
+   the same ports (recovery rolls each entry back or forward), every file of ``nn``, ``cold`` and
+   ``fg`` verified through the mount; the loop's next cycle finds the daemon lost the episode's
+   tasks and plans them again (``resume``); they complete.
+6. **F alone**: the same foreground job with no migration; **A** (after): the N-N read of ``nn``.
+7. Every file verified again; no layout names the slow target.
+
+Ends with ``migration: after/healthy A, slowed/healthy S, foreground during/alone F, verified
+yes|no``. Goals (issue 27): A >= 0.90, F >= 0.90. Runs in a few minutes; root, /dev/fuse, fio.
+
+Usage: uv run python bench/migration.py [--rounds 3] [--file-mib 64] [--cap-mb-s 20] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchkit
+from benchkit import kit
+from pharos_testkit import free_port
+
+from pharos_analytics.control.config import ControlConfig
+from pharos_analytics.control.loop import ControlLoop
+from pharos_core.settings import Settings
+from pharos_core.store import migrate, ns_to_datetime64, open_store
+
+TARGETS = [f"ost{i}" for i in range(8)]
+SLOWDOWN = 10.0
+S = 1_000_000_000
+
+
+class Rig:
+    """One pharos-fwd (fixed ports: it is restarted on them) and one pharos-mount under ``root``."""
+
+    def __init__(self, root: Path, target_mb_s: float) -> None:
+        self.root = root
+        self.backend = root / "backend"
+        self.limits = [a for t in TARGETS for a in ("--limit", f"{t}={target_mb_s:g}")]
+        self.port, self.admin_port = free_port(), free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.mounts: list[Path] = []
+        self.fwd: subprocess.Popen | None = None
+        self.mnt = root / "mnt"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start_daemon(self, placement: dict | None = None) -> None:
+        argv = [
+            str(kit.BIN / "pharos-fwd"),
+            *("--node-name", "fwd0", "--listen", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{self.admin_port}"),
+            *("--mdt", str(self.backend / "mdt"), "--targets-root", str(self.backend)),
+            *("--target-count", str(len(TARGETS)), "--no-kafka", "--workers", "32", *self.limits),
+            *(["--placement", json.dumps(placement)] if placement else []),
+            *benchkit.auth_flags(self.root),
+        ]
+        (self.root / "fwd0.ready").unlink(missing_ok=True)
+        n = sum(1 for p in self.procs if p.args[0].endswith("pharos-fwd"))
+        benchkit.start_ready(argv, self.root, f"fwd0-{n}", self.procs)
+        self.fwd = self.procs[-1]
+
+    def start_mount(self) -> None:
+        self.mnt.mkdir(exist_ok=True)
+        argv = [
+            str(kit.BIN / "pharos-mount"),
+            *("--mountpoint", str(self.mnt), "--fwd", f"fwd0=127.0.0.1:{self.port}", "--admin", "127.0.0.1:0"),
+            *benchkit.auth_flags(self.root),
+        ]
+        benchkit.start_ready(argv, self.root, "mnt", self.procs)
+        self.mounts.append(self.mnt)
+
+    def http(self, method: str, path: str, body: dict | None = None) -> dict:
+        return kit.http(method, self.admin + path, body)
+
+    def layouts(self) -> dict[str, list[int]]:
+        """Namespace path -> target indexes of its layout sidecar."""
+        ns = self.backend / "mdt" / "ns"
+        out = {}
+        for p in ns.rglob("*"):
+            if p.is_file():
+                m = re.search(r"targets=([0-9,]+)", p.read_text())
+                out["/" + str(p.relative_to(ns))] = [int(t) for t in m.group(1).split(",")] if m else []
+        return out
+
+    def close(self) -> None:
+        benchkit.stop_all(self.procs, self.mounts)
+
+
+def nn_args(ranks: int, mib: int) -> list[str]:
+    """The N-N job: ``ranks`` files of ``mib`` MiB, 1 MiB requests, crc32c verification headers."""
+    return [
+        "--name=nn",
+        "--rw=write",
+        "--bs=1m",
+        f"--numjobs={ranks}",
+        f"--size={mib}m",
+        "--verify=crc32c",
+        "--verify_state_save=0",
+        "--verify_fatal=1",
+    ]
+
+
+def write(d: Path, ranks: int, mib: int) -> dict:
+    """Write the N-N files in ``d`` and read every block back (verified); fio's job summary."""
+    d.mkdir(exist_ok=True)
+    return benchkit.fio(d, *nn_args(ranks, mib), "--do_verify=1")
+
+
+def read_verify(d: Path, ranks: int, mib: int) -> float:
+    """The N-N read of ``d`` with every block's checksum checked (fio exits on a bad block, and
+    the run stops); aggregate read bandwidth, MB/s (10^6 B/s)."""
+    job = benchkit.fio(d, *nn_args(ranks, mib), "--verify_only")
+    assert job["read"]["io_bytes"] == ranks * mib << 20, job["read"]
+    return job["read"]["bw_bytes"] / 1e6
+
+
+def fg_job(rig: Rig, tag: str, mib: int) -> float:
+    """The foreground job: a 4-rank N-N write of new files (placed by the pool) then its verified
+    read-back; the write bandwidth, MB/s."""
+    job = write(rig.mnt / f"fg-{tag}", 4, mib)
+    return job["write"]["bw_bytes"] / 1e6
+
+
+def failslow_rows(target: str, now_ns: int, span_s: int) -> list[dict]:
+    """Active fail-slow detections of ``target`` every 5 s over the last ``span_s`` s, as the
+    detection loop (pharos_analytics.alerts.anomaly_rows) stores them."""
+    return [
+        {
+            "detected": ns_to_datetime64(now_ns - t * S),
+            "key": f"fail_slow_target:{target}",
+            "kind": "fail_slow_target",
+            "node": target,
+            "node_type": "target",
+            "job_id": "",
+            "culprit_job": "",
+            "persistence": "persistent",
+            "active": 1,
+            "severity": "critical",
+            "ratio": SLOWDOWN,
+            "onset": ns_to_datetime64(now_ns - span_s * S),
+            "start": None,
+            "end": None,
+            "evidence": json.dumps({"bench": "migration.py: slowed through the admin fault interface"}),
+        }
+        for t in range(span_s, -1, -5)
+    ]
+
+
+def wait(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            sys.exit(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def run(root: Path, args: argparse.Namespace) -> dict:
+    res: dict = {"verified": True}
+    rig = Rig(root, args.target_mb_s)
+    store = open_store(Settings(state_dir=root / "state"))
+    migrate(store)
+    try:
+        pool = {"targets": TARGETS, "max_perf": {t: args.target_mb_s for t in TARGETS}, "stripe_count": 1}
+        # round-robin until the loop makes its pool the default one: one nn file per target
+        rig.start_daemon({"pools": {"pharos": pool}, "stripe_count": 1, "stripe_size": 1 << 20})
+        rig.start_mount()
+        ranks, mib = len(TARGETS), args.file_mib
+        write(rig.mnt / "nn", ranks, mib)
+        write(rig.mnt / "cold", ranks, mib)
+        lay = rig.layouts()
+        per_target = [sum(1 for p, ts in lay.items() if p.startswith("/nn/") and i in ts) for i in range(len(TARGETS))]
+        if per_target != [1] * len(TARGETS):
+            sys.exit(f"the nn files are not one per target: {per_target}")
+        slow_i = 3
+        slow = TARGETS[slow_i]
+        res["H_runs"] = [read_verify(rig.mnt / "nn", ranks, mib) for _ in range(args.rounds)]
+        rig.http("PUT", f"/targets/{slow}", {"slowdown": SLOWDOWN})
+        res["S_runs"] = [read_verify(rig.mnt / "nn", ranks, mib) for _ in range(args.rounds)]
+        # the fail-slow detections, then the real control cycle
+        now = time.time_ns()
+        store.insert_rows("anomalies", failslow_rows(slow, now, 60))
+        cfg = ControlConfig(
+            fwd_admin_urls={"fwd0": rig.admin},
+            mount_admin_urls=[],
+            admin_token_file=root / "admin.token",
+            remap_enabled=False,
+            placement_component_size=0,
+            anomaly_max_age_s=60,
+            migration_persist_s=30,
+            migration_episode_gap_s=30,
+            migration_max_total_mb_s=args.cap_mb_s,
+            migration_min_mb_s=min(5.0, args.cap_mb_s),
+            migration_max_active=2,
+        )
+        loop = ControlLoop(store, Settings(state_dir=root / "state"), lambda: cfg)
+        t_plan = time.monotonic()
+        summary = loop.cycle(now)
+        planned = [a for a in loop.actions(kind="migration") if a["resource"] == f"target:{slow}"]
+        if summary["migrations"] != 1 or not planned or planned[0]["status"] != "applied":
+            sys.exit(f"the loop did not plan the migration: {summary} {planned}")
+        res["plan"] = planned[0]
+        res["pool_after"] = rig.http("GET", "/placement")["pools"]["pharos"]["targets"]
+        ids = set(planned[0]["evidence"]["ids"])
+
+        def tasks() -> list[dict]:
+            return [t for t in rig.http("GET", "/migrations")["tasks"] if t["id"] in ids]
+
+        wait(lambda: any(t["state"] == "copying" for t in tasks()), 30, "a task copying")
+        res["F_during"] = fg_job(rig, "during", args.fg_mib)
+        res["copying_after_F"] = sum(1 for t in tasks() if t["state"] == "copying")
+        res["migrated_during_F"] = sum(t["bytes_done"] for t in tasks())
+        # SIGKILL mid-migration, restart on the same ports
+        journal = rig.backend / "mdt" / "migrations"
+        wait(
+            lambda: any(t["state"] == "copying" and t["bytes_done"] > 0 for t in tasks()) and any(journal.iterdir()),
+            60,
+            "a copy under way with its journal entry",
+        )
+        res["killed_at"] = [(t["id"], t["state"], t["bytes_done"]) for t in tasks() if t["state"] != "queued"]
+        held = rig.http("GET", "/placement")  # a site restarts a daemon with its placement configuration
+        rig.fwd.kill()
+        rig.fwd.wait(10)
+        res["journal_at_kill"] = len(list(journal.iterdir()))
+        rig.start_daemon(held)
+        log = (root / f"fwd0-{sum(1 for p in rig.procs if p.args[0].endswith('pharos-fwd')) - 1}.log").read_text()
+        m = re.search(r"migration journal: (\d+) rolled back, (\d+) rolled forward, (\d+) kept", log)
+        res["recovery"] = m.group(0) if m else "no recovery line"
+        res["slowdown_after_restart"] = next(t for t in rig.http("GET", "/targets") if t["name"] == slow).get(
+            "slowdown"
+        )
+        rig.http("PUT", f"/targets/{slow}", {"slowdown": SLOWDOWN})
+        for d, n, sz in (("nn", ranks, mib), ("cold", ranks, mib), ("fg-during", 4, args.fg_mib)):
+            read_verify(rig.mnt / d, n, sz)  # exits on a bad block
+        res["verified_after_kill"] = True
+        # the loop's next cycle resumes the episode on the restarted daemon
+        loop.cycle(time.time_ns())
+        again = [a for a in loop.actions(kind="migration") if a["resource"] == f"target:{slow}"]
+        res["resume"] = again[0]["evidence"]["action"] if len(again) > len(planned) else "none"
+        ids = set(again[0]["evidence"]["ids"])
+        wait(lambda: all(t["state"] in ("done", "failed", "cancelled") for t in tasks()), 300, "the migration")
+        res["tasks"] = tasks()
+        res["migration_s"] = time.monotonic() - t_plan
+        if not all(t["state"] == "done" for t in res["tasks"]):
+            res["verified"] = False
+        res["F_alone_runs"] = [fg_job(rig, f"alone{i}", args.fg_mib) for i in range(args.rounds)]
+        res["A_runs"] = [read_verify(rig.mnt / "nn", ranks, mib) for _ in range(args.rounds)]
+        left = {p: ts for p, ts in rig.layouts().items() if slow_i in ts}
+        res["left_on_slow"] = sorted(left)
+        if left:
+            res["verified"] = False
+        for d, n, sz in (("nn", ranks, mib), ("cold", ranks, mib), ("fg-during", 4, args.fg_mib)):
+            read_verify(rig.mnt / d, n, sz)
+        res["overview"] = loop.migrations_overview()
+        res["slow"] = slow
+    finally:
+        rig.close()
+        store.close()
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each measured job (median)")
+    ap.add_argument("--file-mib", type=int, default=64, help="size of each N-N file")
+    ap.add_argument("--fg-mib", type=int, default=32, help="size of each foreground file")
+    ap.add_argument("--target-mb-s", type=float, default=200.0, help="token-bucket limit of each target")
+    ap.add_argument("--cap-mb-s", type=float, default=20.0, help="total cap of migration (MODM)")
+    ap.add_argument("--bin", type=Path, default=None, help="pharos-fwd / pharos-mount folder (default: build)")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    benchkit.use_binaries(args.bin)
+    t0 = time.monotonic()
+    with benchkit.scratch_dir("pharos-migration-", args.workdir, args.keep) as root:
+        r = run(root, args)
+    med = {k: statistics.median(r[k + "_runs"]) for k in ("H", "S", "A", "F_alone")}
+    a, s, f = med["A"] / med["H"], med["S"] / med["H"], r["F_during"] / med["F_alone"]
+    fmt = lambda xs: ", ".join(f"{x:.0f}" for x in xs)  # noqa: E731
+    print(f"targets: 8 x {args.target_mb_s:g} MB/s; {r['slow']} slowed {SLOWDOWN:g}x; N-N read 8 x {args.file_mib} MiB")
+    print(f"H healthy   {med['H']:7.1f} MB/s  (runs {fmt(r['H_runs'])})")
+    print(f"S slowed    {med['S']:7.1f} MB/s  (runs {fmt(r['S_runs'])})")
+    print(f"A after     {med['A']:7.1f} MB/s  (runs {fmt(r['A_runs'])})")
+    print(
+        f"F foreground 4 x {args.fg_mib} MiB write: during migration {r['F_during']:.1f} MB/s "
+        f"({r['copying_after_F']} task(s) still copying at its end, {r['migrated_during_F'] / 2**20:.0f} MiB moved by then), "
+        f"alone {med['F_alone']:.1f} MB/s (runs {fmt(r['F_alone_runs'])})"
+    )
+    print(f"plan: {r['plan']['to_state']} ({r['plan']['reason']}); pool after the cycle: {r['pool_after']}")
+    print(
+        f"SIGKILL mid-copy at {r['killed_at']} ({r['journal_at_kill']} journal entries); restart: {r['recovery']}; "
+        f"every file verified after it; loop's next cycle: {r['resume']}"
+    )
+    for t in r["tasks"]:
+        print(
+            f"  task {t['id']} {t['path']}: {t['state']} {t['source_target']} -> {t['dest_target']}, "
+            f"{t['bytes_done'] / 2**20:.0f} MiB, {t['achieved_mb_s']:.1f} MB/s achieved (cap {args.cap_mb_s:g})"
+        )
+    print(
+        f"migration planned -> done in {r['migration_s']:.1f} s; left on {r['slow']}: {r['left_on_slow'] or 'nothing'}"
+    )
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    verified = "yes" if r["verified"] else "no"
+    print(
+        f"migration: after/healthy {a:.2f}, slowed/healthy {s:.2f}, foreground during/alone {f:.2f}, verified {verified}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
