@@ -60,10 +60,14 @@ import benchkit
 from benchkit import kit
 from pharos_testkit import free_port
 
+sys.path.insert(0, str(benchkit.REPO / "tests" / "control"))
+# the detection loop's rows of a fail-slow target, as the tests write them
+from test_migration_plan import failslow
+
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
 from pharos_core.settings import Settings
-from pharos_core.store import migrate, ns_to_datetime64, open_store
+from pharos_core.store import migrate, open_store
 
 TARGETS = [f"ost{i}" for i in range(8)]
 SLOWDOWN = 10.0
@@ -178,31 +182,6 @@ def fg_job(rig: Rig, tag: str, mib: int) -> float:
     return job["write"]["bw_bytes"] / 1e6
 
 
-def failslow_rows(target: str, now_ns: int, span_s: int) -> list[dict]:
-    """Active fail-slow detections of ``target`` every 5 s over the last ``span_s`` s, as the
-    detection loop (pharos_analytics.alerts.anomaly_rows) stores them."""
-    return [
-        {
-            "detected": ns_to_datetime64(now_ns - t * S),
-            "key": f"fail_slow_target:{target}",
-            "kind": "fail_slow_target",
-            "node": target,
-            "node_type": "target",
-            "job_id": "",
-            "culprit_job": "",
-            "persistence": "persistent",
-            "active": 1,
-            "severity": "critical",
-            "ratio": SLOWDOWN,
-            "onset": ns_to_datetime64(now_ns - span_s * S),
-            "start": None,
-            "end": None,
-            "evidence": json.dumps({"bench": "migration.py: slowed through the admin fault interface"}),
-        }
-        for t in range(span_s, -1, -5)
-    ]
-
-
 def wait(pred, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while not pred():
@@ -245,7 +224,7 @@ def run(root: Path, args: argparse.Namespace) -> dict:
 
         def cycle(**kw) -> dict:
             now = time.time_ns()
-            store.insert_rows("anomalies", failslow_rows(slow, now, (now - seen[0]) // S))
+            failslow(store, slow, list(range(now - (now - seen[0]) // (5 * S) * 5 * S, now + 1, 5 * S)), SLOWDOWN)
             seen[0] = now
             cfg = ControlConfig(**(base_cfg | kw))
             return ControlLoop(store, Settings(state_dir=root / "state"), lambda: cfg).cycle(now)

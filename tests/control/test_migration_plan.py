@@ -24,12 +24,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pharos_analytics.alerts import anomaly_rows
 from pharos_analytics.control.config import ControlConfig
 from pharos_analytics.control.loop import ControlLoop
 from pharos_analytics.control.migration import Planned, episode_start, plan_migrations
 from pharos_analytics.control.push import Endpoints
+from pharos_analytics.failslow import Anomaly
 from pharos_core.settings import Settings
-from pharos_core.store import ns_to_datetime64
 
 S = 1_000_000_000
 T0 = 1_770_000_000 * S
@@ -191,29 +192,16 @@ class FakeDaemon:
 
 
 def failslow(store, target: str, times: list[int], ratio: float = 9.5) -> None:
-    store.insert_rows(
-        "anomalies",
-        [
-            {
-                "detected": ns_to_datetime64(t),
-                "key": f"fail_slow_target:{target}",
-                "kind": "fail_slow_target",
-                "node": target,
-                "node_type": "target",
-                "job_id": "",
-                "culprit_job": "",
-                "persistence": "persistent",
-                "active": 1,
-                "severity": "critical",
-                "ratio": ratio,
-                "onset": None,
-                "start": None,
-                "end": None,
-                "evidence": "{}",
-            }
-            for t in times
-        ],
-    )
+    """Active fail-slow detections of ``target`` at ``times`` (ns), stored as the detection loop
+    stores them (pharos_analytics.alerts.anomaly_rows); bench/migration.py writes its own so."""
+    rows = []
+    for t in times:
+        a = Anomaly(
+            "fail_slow_target", target, "target", "persistent", True, "critical", 60.0, [5.0, 60.0], ratio, 5.0, True,
+            min(times), t, {},
+        )  # fmt: skip
+        rows += anomaly_rows([a], [], t)
+    store.insert_rows("anomalies", rows)
 
 
 def fake_loop(store, fake: FakeDaemon, tmp_path: Path, **kw) -> ControlLoop:
