@@ -22,22 +22,25 @@ the healthy figure whatever the migration does (measured: 0.48).
    as the detection loop writes them (active, for longer than ``migration_persist_s``; the
    detection itself is measured by bench/failslow_windows.py). A real ``ControlLoop.cycle`` with
    migration off: the placement step drops the target from the pool and makes the pool the
-   default one. **F alone** (first half): a foreground N-N write (``fg``: 4 ranks, new files
-   placed by the pool, crc32c verified), ``--rounds`` times.
+   default one.
 3. A real cycle with migration on (a new ``ControlLoop`` per cycle, as after a restart): the
    migration step plans the migration of the target's files (``POST /migrations``, MODM cap
-   ``--cap-mb-s``). **F during**: the foreground job while the migration copies, ``--rounds``
-   times (the number of tasks still copying at the end of each run is printed).
+   ``--cap-mb-s``). **F during** and **F alone**, alternating ``--rounds`` times (rotating
+   order): a foreground N-N write (``fg``: 4 ranks, new files placed by the pool, crc32c
+   verified) while the migration copies, and the same job with the migration paused (its cap set
+   to 0 through ``PUT /migrations``: the tasks stay copying and move nothing), so both see the
+   same files, dirty pages and load (the number of tasks copying at the end of each run during
+   the migration is printed).
 4. **SIGKILL**: the daemon is killed while a task copies (its journal entry on disk), restarted
    on the same ports with the placement it held (recovery rolls each entry back or forward),
    every file of ``nn``, ``cold`` and ``fg`` verified through the mount; the loop's next cycle
    finds the daemon lost the episode's tasks and plans them again (``resume``); they complete.
-5. **F alone** (second half) after the migration; **A** (after; the target still slowed and now
-   holding nothing of the job) alternating with **H** again (its slowdown removed).
+5. **A** (after; the target still slowed and now holding nothing of the job) alternating with
+   **H** again (its slowdown removed).
 6. Every file verified again; no layout names the slow target.
 
 Each ratio is of medians, against the runs it alternated with (the machine's load falls on both
-alike): S over the healthy runs of 1, A over those of 5, F during over F alone of 2 and 5.
+alike): S over the healthy runs of 1, A over those of 5, F during over F alone of 3.
 
 Ends with ``migration: after/healthy A, slowed/healthy S, foreground during/alone F, verified
 yes|no``. Goals (issue 27): A >= 0.90, F >= 0.90. Runs in a few minutes; root, /dev/fuse, fio.
@@ -245,7 +248,6 @@ def run(root: Path, args: argparse.Namespace) -> dict:
         )
         cycle(migration_enabled=False)
         res["pool_after"] = rig.http("GET", "/placement")["pools"]["pharos"]["targets"]
-        res["F_alone_runs"] = [fg_job(rig, f"alone-before{i}", args.fg_mib) for i in range(args.rounds)]
         t_plan = time.monotonic()
         summary = cycle()
         loop = ControlLoop(store, Settings(state_dir=root / "state"), lambda: ControlConfig(**base_cfg))
@@ -259,10 +261,20 @@ def run(root: Path, args: argparse.Namespace) -> dict:
             return [t for t in rig.http("GET", "/migrations")["tasks"] if t["id"] in ids]
 
         wait(lambda: any(t["state"] == "copying" for t in tasks()), 30, "a task copying")
-        res["F_during_runs"], res["copying_after_F"] = [], []
+        # F during / F alone, alternating (rotating order): alone = the same state with the
+        # migration paused (its cap set to 0 through PUT /migrations: the tasks stay copying and
+        # move nothing), during = the cap given back
+        settings = rig.http("GET", "/migrations")["settings"]
+        res["F_during_runs"], res["F_alone_runs"], res["copying_after_F"] = [], [], []
         for i in range(args.rounds):
-            res["F_during_runs"].append(fg_job(rig, f"during{i}", args.fg_mib))
-            res["copying_after_F"].append(sum(1 for t in tasks() if t["state"] == "copying"))
+            for side in ("alone", "during") if i % 2 == 0 else ("during", "alone"):
+                cap = 0.0 if side == "alone" else args.cap_mb_s
+                rig.http("PUT", "/migrations", settings | {"max_total_mb_s": cap})
+                time.sleep(0.5)
+                res[f"F_{side}_runs"].append(fg_job(rig, f"{side}{i}", args.fg_mib))
+                if side == "during":
+                    res["copying_after_F"].append(sum(1 for t in tasks() if t["state"] == "copying"))
+        rig.http("PUT", "/migrations", settings)
         res["migrated_during_F"] = sum(t["bytes_done"] for t in tasks())
         # SIGKILL mid-migration, restart on the same ports
         journal = rig.backend / "mdt" / "migrations"
@@ -297,7 +309,6 @@ def run(root: Path, args: argparse.Namespace) -> dict:
         res["migration_s"] = time.monotonic() - t_plan
         if not all(t["state"] == "done" for t in res["tasks"]):
             res["verified"] = False
-        res["F_alone_runs"] += [fg_job(rig, f"alone-after{i}", args.fg_mib) for i in range(args.rounds)]
         # A (the target still slowed, holding nothing of the job now) alternating with the same job
         # with no slow target at all (its slowdown removed): H_end
         res["A_runs"], res["H_end_runs"] = [], []
@@ -352,7 +363,7 @@ def main() -> int:
         f"F foreground 4 x {args.fg_mib} MiB write: during migration {med['F_during']:.1f} MB/s "
         f"(runs {fmt(r['F_during_runs'])}; tasks still copying at the end of each: {r['copying_after_F']}; "
         f"{r['migrated_during_F'] / 2**20:.0f} MiB moved by then), "
-        f"alone {med['F_alone']:.1f} MB/s (runs before the migration, then after: {fmt(r['F_alone_runs'])})"
+        f"alone (the migration paused, alternating) {med['F_alone']:.1f} MB/s (runs {fmt(r['F_alone_runs'])})"
     )
     print(f"plan: {r['plan']['to_state']} ({r['plan']['reason']}); pool after the cycle: {r['pool_after']}")
     print(
