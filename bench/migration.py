@@ -383,7 +383,7 @@ def main() -> int:
     print(f"wall {time.monotonic() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f} (2 cores, shared)")
     verified = "yes" if r["verified"] else "no"
     print(
-        f"migration: after/healthy {a:.2f}, slowed/healthy {s:.2f}, foreground during/alone {f:.2f}, verified {verified}"
+        f"migration: after/healthy {a:.3f}, slowed/healthy {s:.3f}, foreground during/alone {f:.3f}, verified {verified}"
     )
     return 0
 
