@@ -236,6 +236,7 @@ class Migration:
         return out
 
     def _planned(self, targets: list[str]) -> dict[str, Planned]:
+        """Target -> its newest planning row (live rows; while in dry run, the dry run's)."""
         rows = self.store.query(
             PLANNED_SQL, {"resources": [f"target:{t}" for t in targets], "dry": int(self.cfg.dry_run)}
         )
@@ -248,6 +249,7 @@ class Migration:
         return out
 
     def _failslow_times(self, targets: list[str], since_ns: int, now_ns: int) -> dict[str, list[int]]:
+        """Target -> times (ns, sorted) of its active fail-slow detections in ``(since_ns, now_ns]``."""
         rows = self.store.query(
             FAILSLOW_TIMES_SQL,
             {"nodes": targets, "since": ns_to_datetime64(since_ns), "until": ns_to_datetime64(now_ns)},
@@ -300,15 +302,14 @@ class Migration:
     def _migration_row(
         self, now_ns: int, d: MigrationDecision, daemon: str, ids: list, body: dict, status: str, err: str = "", url=""
     ) -> dict:
-        n = len(ids)
-        where = daemon
+        """Record one planning (``migration`` row: resource ``target:<name>``, to ``<daemon>: <n> task(s)``)."""
         return self._record(
             now_ns,
             "migration",
             "",
             f"target:{d.target}",
             d.target,
-            f"{where}: {n} task(s)" if status != "failed" else "",
+            f"{daemon}: {len(ids)} task(s)" if status != "failed" else "",
             d.reason,
             d.evidence
             | {"action": d.action, "persisted_s": d.persisted_s, "daemon": daemon, "ids": ids, "request": body},
