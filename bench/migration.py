@@ -39,8 +39,10 @@ the healthy figure whatever the migration does (measured: 0.48).
    **H** again (its slowdown removed).
 6. Every file verified again; no layout names the slow target.
 
-Each ratio is of medians, against the runs it alternated with (the machine's load falls on both
-alike): S over the healthy runs of 1, A over those of 5, F during over F alone of 3.
+Each ratio is the median over the rounds of one run over the run it alternated with in that
+round (adjacent runs see the same load of the shared machine; the load drifts over a run): S over
+the healthy run of 1, A over that of 5, F during over F alone of 3. The ratios of the medians are
+printed too.
 
 Ends with ``migration: after/healthy A, slowed/healthy S, foreground during/alone F, verified
 yes|no``. Goals (issue 27): A >= 0.90, F >= 0.90. Runs in a few minutes; root, /dev/fuse, fio.
@@ -349,7 +351,16 @@ def main() -> int:
         r = run(root, args)
     med = {k: statistics.median(r[k + "_runs"]) for k in ("H", "H_end", "S", "A", "F_alone", "F_during")}
     # each ratio against the healthy runs it alternated with (the same load of the machine)
-    a, s, f = med["A"] / med["H_end"], med["S"] / med["H"], med["F_during"] / med["F_alone"]
+    pairs = {
+        k: [x / y for x, y in zip(r[num], r[den], strict=True)]
+        for k, num, den in (
+            ("A", "A_runs", "H_end_runs"),
+            ("S", "S_runs", "H_runs"),
+            ("F", "F_during_runs", "F_alone_runs"),
+        )
+    }
+    a, s, f = (statistics.median(pairs[k]) for k in ("A", "S", "F"))
+    of_medians = (med["A"] / med["H_end"], med["S"] / med["H"], med["F_during"] / med["F_alone"])
     fmt = lambda xs: ", ".join(f"{x:.0f}" for x in xs)  # noqa: E731
     print(f"targets: 8 x {args.target_mb_s:g} MB/s; {r['slow']} slowed {SLOWDOWN:g}x; N-N read 8 x {args.file_mib} MiB")
     print(f"H healthy   {med['H']:7.1f} MB/s  (before the fault, alternating with S: runs {fmt(r['H_runs'])})")
@@ -381,6 +392,13 @@ def main() -> int:
     for e in r["errors"]:
         print(f"verification failed: {e}")
     print(f"wall {time.monotonic() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f} (2 cores, shared)")
+    for k, name in (("A", "after/healthy"), ("S", "slowed/healthy"), ("F", "foreground during/alone")):
+        print(f"{name} per round (adjacent runs): {', '.join(f'{x:.3f}' for x in pairs[k])}")
+    print(
+        "ratios of the medians instead: after/healthy {:.3f}, slowed/healthy {:.3f}, foreground {:.3f}".format(
+            *of_medians
+        )
+    )
     verified = "yes" if r["verified"] else "no"
     print(
         f"migration: after/healthy {a:.3f}, slowed/healthy {s:.3f}, foreground during/alone {f:.3f}, verified {verified}"
