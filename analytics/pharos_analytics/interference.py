@@ -255,11 +255,12 @@ class _Lookups:
         """Every run of ``name`` with forwarder requests: job_id, last_minute (s), newest first."""
         if name not in self.runs_by_name:
             runs = self.runs_by_name[name] = self.store.query(PREVIOUS_RUNS_SQL, {"name": name})
-            # the exact spans of the runs that can precede this range's jobs, in one query by job id
+            # the exact spans of the runs that can precede this range's jobs (ended in the hour
+            # before it or inside it), in one query by job id; without a range, one by one as asked
             near = [
                 r["job_id"]
                 for r in runs
-                if int(r["last_minute"]) * 1_000_000_000 >= self.since_ns - 3_600_000_000_000
+                if self.since_ns - 3_600_000_000_000 <= int(r["last_minute"]) * 1_000_000_000 < self.until_ns
                 and r["job_id"] not in self.spans
             ]
             if near:
@@ -523,7 +524,8 @@ def job_interference(
     first, last = int(span[0]["first_ns"]), int(span[0]["last_ns"])
     since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
     by_w, jobw = _usage(store, since, until, win_ns, read_from=read_from)
-    events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns(), read_from)
+    seen = _Lookups(store, since, until, by_w, jobw)
+    events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns(), read_from, seen)
     shared = []
     for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):
         if j != job_id:

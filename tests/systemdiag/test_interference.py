@@ -167,3 +167,30 @@ def test_window_indexes_equal_their_definitions():
     lazy = _Usual(by_w, "job3", base)
     assert usual and all(lazy.get(k) == v for k, v in usual.items())
     assert lazy.get(("job99", resources[0])) == 0.0 and _Usual(by_w, "job3", []).get(next(iter(usual))) == 0.0
+
+
+def test_earlier_runs_spans_read_for_the_range_only():
+    """A job's interference (``pharos diagnose``) reads the exact spans of the earlier runs of its
+    name that ended in the hour before its range or inside it, not of every run of the name (at 1 B
+    stored records and 10,000 runs of one name that read was 4 s of a 9 s diagnosis)."""
+    from pharos_analytics.interference import _Lookups
+
+    class Store:  # records the job ids whose spans are asked for; pure logic
+        def __init__(self):
+            self.asked: list[list[str]] = []
+
+        def query(self, sql, params):
+            if "jobs" in params:
+                self.asked.append(sorted(params["jobs"]))
+                return [{"job_id": j, "first_ns": 0, "last_ns": 0, "n": 1} for j in params["jobs"]]
+            return [{"job_id": f"r{m}", "last_minute": m * 60} for m in range(100, 0, -1)]  # newest first
+
+    s = Store()
+    hour = 3600 * 10**9
+    seen = _Lookups(s, since_ns=50 * 60 * 10**9 + hour, until_ns=70 * 60 * 10**9 + hour, by_w={}, jobw={})
+    seen.runs("ior")
+    (asked,) = s.asked  # one query: the runs that ended in [since - 1 h, until) = minutes 50..100
+    assert set(asked) == {f"r{m}" for m in range(50, 101)}
+    s2 = Store()
+    _Lookups(s2, 0, 0, {}, {}).runs("ior")  # no range: nothing read ahead
+    assert s2.asked == []
