@@ -240,13 +240,16 @@ def _least_shared_baseline(by_w, jobw, job: str, cfg: DiagnosisConfig) -> dict |
 class _Lookups:
     """What one detection pass looks up once for all its jobs: names, exact spans, and the window
     sums it already loaded for ``[since, until)`` (a previous run whose whole windows lie in that
-    range is judged from them, with the same numbers a query of its own span would give)."""
+    range is judged from them, with the same numbers a query of its own span would give).
+    ``read_ahead``: read the spans of the runs that may precede the range's jobs in one query (a
+    pass over many jobs); off for one job, whose search reads a span or two, newest first."""
 
     store: Store
     since_ns: int
     until_ns: int
     by_w: dict
     jobw: dict
+    read_ahead: bool = True
     names: dict[str, str] = field(default_factory=dict)
     spans: dict[str, dict | None] = field(default_factory=dict)
     runs_by_name: dict[str, list[dict]] = field(default_factory=dict)
@@ -260,7 +263,8 @@ class _Lookups:
             near = [
                 r["job_id"]
                 for r in runs
-                if self.since_ns - 3_600_000_000_000 <= int(r["last_minute"]) * 1_000_000_000 < self.until_ns
+                if self.read_ahead
+                and self.since_ns - 3_600_000_000_000 <= int(r["last_minute"]) * 1_000_000_000 < self.until_ns
                 and r["job_id"] not in self.spans
             ]
             if near:
@@ -524,7 +528,7 @@ def job_interference(
     first, last = int(span[0]["first_ns"]), int(span[0]["last_ns"])
     since, until = first // win_ns * win_ns, (last // win_ns + 1) * win_ns
     by_w, jobw = _usage(store, since, until, win_ns, read_from=read_from)
-    seen = _Lookups(store, since, until, by_w, jobw)
+    seen = _Lookups(store, since, until, by_w, jobw, read_ahead=False)
     events = _events_for(store, by_w, jobw, job_id, cfg, win_ns, None, time.time_ns(), read_from, seen)
     shared = []
     for (j, w), s in sorted(jobw.items(), key=lambda kv: kv[0][1]):

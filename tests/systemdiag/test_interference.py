@@ -170,9 +170,10 @@ def test_window_indexes_equal_their_definitions():
 
 
 def test_earlier_runs_spans_read_for_the_range_only():
-    """A job's interference (``pharos diagnose``) reads the exact spans of the earlier runs of its
-    name that ended in the hour before its range or inside it, not of every run of the name (at 1 B
-    stored records and 10,000 runs of one name that read was 4 s of a 9 s diagnosis)."""
+    """The detection pass reads ahead the exact spans of the earlier runs of its jobs' names that
+    ended in the hour before its range or inside it, not of every run of the name (at 1 B stored
+    records and 10,000 runs of one name that read was 4 s of a 9 s diagnosis); one job's
+    interference (``pharos diagnose``) reads none ahead."""
     from pharos_analytics.interference import _Lookups
 
     class Store:  # records the job ids whose spans are asked for; pure logic
@@ -194,3 +195,6 @@ def test_earlier_runs_spans_read_for_the_range_only():
     s2 = Store()
     _Lookups(s2, 0, 0, {}, {}).runs("ior")  # no range: nothing read ahead
     assert s2.asked == []
+    s3 = Store()
+    _Lookups(s3, 50 * 60 * 10**9 + hour, 70 * 60 * 10**9 + hour, {}, {}, read_ahead=False).runs("ior")
+    assert s3.asked == []  # one job: its search reads spans one by one
