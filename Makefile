@@ -132,7 +132,7 @@ evaluate: setup ## Live figures: patterns, fail-slow precision/recall, interfere
 	@$(RUN) python bench/diagnosis_suite.py --cases 100 --seed 1 --json build/diagnosis_suite.json
 	@$(RUN) python bench/dfra_class_model.py
 
-bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest
+bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placement, control loop (interference cured, placement hints), ingest, online migration, node-local mode
 	@$(RUN) python bench/agent_overhead.py
 	@$(RUN) python bench/forwarder.py
 	@$(RUN) python bench/forwarder.py --cases 64KiB --baseline-mount-args "--parallel-writes false"
@@ -144,6 +144,8 @@ bench: setup ## Benchmarks: agent overhead, forwarding layer vs direct, placemen
 	@$(RUN) python bench/interference.py --rounds 2
 	@$(RUN) python bench/placement_hints.py --rounds 2
 	@$(RUN) python bench/ingest.py --rounds 2 --with-queries --stored 10000000
+	@$(RUN) python bench/migration.py
+	@$(RUN) python bench/nodelocal.py
 
 down: ## Stop a stack left running by `make demo`
 	@$(RUN) pharos down
