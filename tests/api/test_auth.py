@@ -61,6 +61,15 @@ ROUTES: dict[tuple[str, str], tuple[set[str], str, dict, bool, int]] = {
     ("GET", "/v1/hints/classes"): (ALL, "/v1/hints/classes", {}, False, 200),
     ("GET", "/v1/control/actions"): (STAFF, "/v1/control/actions", {}, False, 200),
     ("GET", "/v1/control/pins"): (STAFF, "/v1/control/pins", {}, False, 200),
+    ("GET", "/v1/control/migrations"): (STAFF, "/v1/control/migrations", {}, False, 200),
+    ("PUT", "/v1/control/migrations/{daemon}/{task_id}"): (
+        ADMIN,
+        "/v1/control/migrations/fwd0/1",
+        {"json": {"pinned": True, "reason": "auth matrix"}},
+        False,
+        200,
+    ),
+    ("DELETE", "/v1/control/migrations/{daemon}/{task_id}"): (ADMIN, "/v1/control/migrations/fwd0/1", {}, False, 200),
     ("PUT", "/v1/control/pins/jobs/{job_id}"): (
         ADMIN,
         "/v1/control/pins/jobs/mix",
