@@ -116,6 +116,7 @@ class KafkaBroker:
         self.replication = replication
         self.cluster_id_file = Path(cluster_id_file or self.data_dir / "cluster.id")
         self._proc: subprocess.Popen | None = None
+        self._log_start = 0  # offset in kafka.log of this object's last launch
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -254,6 +255,7 @@ class KafkaBroker:
         (self.data_dir / "log4j2.properties").write_text(self.log4j_properties())
         self._format_storage()
         with open(self.log_file, "ab") as out:
+            self._log_start = out.tell()  # this launch's lines start here (the log is appended to)
             self._proc = subprocess.Popen(
                 [*self._java(), "kafka.Kafka", str(self.properties_file)],
                 stdin=subprocess.DEVNULL,
@@ -266,10 +268,17 @@ class KafkaBroker:
         return True
 
     def _log_tail(self, n: int = 30) -> str:
+        """The cause (the first ERROR/FATAL lines of this launch: a JVM that cannot bind its port
+        logs a BindException, then pages of shutdown and config lines) and the last ``n`` lines."""
         try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
+            with open(self.log_file, "rb") as f:
+                f.seek(self._log_start)
+                lines = f.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no kafka.log)"
+        cause = [ln for ln in lines if " ERROR " in ln or " FATAL " in ln or "Exception" in ln][:3]
+        head = "first errors:\n" + "\n".join(cause) + "\nlast lines:\n" if cause else ""
+        return head + "\n".join(lines[-n:])
 
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient
