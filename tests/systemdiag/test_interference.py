@@ -139,11 +139,12 @@ def test_a_job_that_barely_used_the_node_is_not_blamed(store):
 
 
 def test_window_indexes_equal_their_definitions():
-    """The indexes the detection reads (``shared``, ``co_bytes``, the baseline's ``_Usual``) equal
+    """The indexes the detection reads (``shared``, ``co_bytes``, the baseline's ``_Usual``, each
+    job's windows) equal
     the per-(job, window) scans they replace, on a random usage of 12 jobs over 30 resources."""
     import random
 
-    from pharos_analytics.interference import _Usual, _Windows
+    from pharos_analytics.interference import _JobWindows, _Usual, _Windows
 
     rnd = random.Random(5)
     by_w = _Windows()
@@ -167,6 +168,11 @@ def test_window_indexes_equal_their_definitions():
     lazy = _Usual(by_w, "job3", base)
     assert usual and all(lazy.get(k) == v for k, v in usual.items())
     assert lazy.get(("job99", resources[0])) == 0.0 and _Usual(by_w, "job3", []).get(next(iter(usual))) == 0.0
+    # each job's windows, oldest first, as the scan of every (job, window) gave them
+    jobw = _JobWindows(((j, w), {"n": 1}) for (j, w) in rnd.sample(sorted(by_w.res_of), len(by_w.res_of)))
+    for j in {j for j, _ in by_w.res_of}:
+        assert jobw.windows(j) == sorted(w for (k, w) in jobw if k == j)
+    assert jobw.windows("job99") == [] and sorted(jobw.of) == sorted({j for j, _ in by_w.res_of})
 
 
 def test_earlier_runs_spans_read_for_the_range_only():
