@@ -98,3 +98,29 @@ Darshan's runtime library: see Darshan's own docs (darshan-runtime/README).
     assert findings(fine) == []
     # A build command far from any peer's name is the repository's own business.
     assert findings("cmake -S . -B build\n" + "\n" * 20 + "pjdfstest") == []
+
+
+def symlinks_out_of_the_repository(entries: str) -> list[tuple[str, str]]:
+    """(path, target) of each symbolic link in ``git ls-files -s -z`` output (mode 120000) whose
+    target is absolute or climbs out of the repository: such a link points at one machine's
+    folder (a worktree's ``node_modules`` once was committed as a link to another checkout)."""
+    out = []
+    for entry in filter(None, entries.split("\0")):
+        meta, path = entry.split("\t", 1)
+        mode, blob, _stage = meta.split()
+        if mode != "120000":
+            continue
+        target = subprocess.run(
+            ["git", "cat-file", "blob", blob], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+        depth = len(Path(path).parts) - 1
+        if target.startswith("/") or Path(target).parts[: depth + 1].count("..") > depth:
+            out.append((path, target))
+    return out
+
+
+def test_no_tracked_symlink_points_out_of_the_repository():
+    entries = subprocess.run(
+        ["git", "ls-files", "-s", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert symlinks_out_of_the_repository(entries) == []
