@@ -121,6 +121,9 @@ pub fn node_local_depth(path: &str) -> usize {
 /// far longer than the attribute TTL that bounds it elsewhere.
 pub const NODE_LOCAL_KNOWN: Duration = Duration::from_secs(3600);
 
+/// Most write-back tasks (creates, releases) an executor thread sends in one pipelined batch.
+const WRITEBACK_BATCH: usize = 64;
+
 /// The setuid and setgid permission bits.
 const SUIDGID: u32 = 0o6000;
 
@@ -299,8 +302,8 @@ impl PharosFs {
                 .name(format!("mount-wb-{i}"))
                 .spawn(move || {
                     let mut conns = Conns::default();
-                    while let Some(job) = sh.wb.next_job() {
-                        sh.send_create(&mut conns, job);
+                    while let Some(batch) = sh.wb.next_batch(WRITEBACK_BATCH) {
+                        sh.send_batch(&mut conns, batch);
                     }
                 })
                 .expect("spawn write-back thread");

@@ -31,7 +31,7 @@ use crate::fs::{PharosFs, Shared};
 use crate::rpc::{Mapping, Rpc, Slots};
 
 /// Threads sending write-back creates (`--writeback-creates`), each with its own connections.
-const WRITEBACK_THREADS: usize = 4;
+const WRITEBACK_THREADS: usize = 2;
 
 /// Bytes per shared-memory slot: the largest FUSE request (max_write, and max_pages 256 for reads).
 const SHM_SLOT_SIZE: usize = 1 << 20;

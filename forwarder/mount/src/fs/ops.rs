@@ -14,7 +14,7 @@ use fuser::{
 use pharos_fwd_proto::{errno, Attr, Body, Ctx, Kind, Op, SetAttr, Time};
 
 use super::attr::{fattr, join, tott};
-use super::writeback::{CreateJob, DeferredRelease, Outcome, PendingCreate};
+use super::writeback::{CreateJob, DeferredRelease, Outcome, PendingCreate, Task};
 use super::{Grant, Open, PharosFs, Shared, SUIDGID};
 
 impl Filesystem for PharosFs {
@@ -348,6 +348,13 @@ impl Filesystem for PharosFs {
             },
             Grant::Cap(_) => (ctx, path),
         };
+        if reply.is_none() && self.sh.wb.enabled() {
+            // Answered already: sent in a batch by the write-back threads.
+            if let Ok(cap) = f.cap() {
+                self.sh.wb.submit_release(ctx, path, cap);
+            }
+            return;
+        }
         self.spawn(move |sh, c| {
             // close(2) does not report release errors; the daemon counts failures. A refused
             // write-back create opened nothing: nothing to release.
@@ -596,12 +603,43 @@ impl Shared {
         }
     }
 
-    /// Sends a write-back create (an executor thread of `writeback.rs`, its own connections
-    /// `c`), then the file's release if it came meanwhile. A refusal is the file's errno from
-    /// then on, and the name is no longer known in its directory.
-    pub(super) fn send_create(&self, c: &mut crate::rpc::Conns, job: CreateJob) {
-        let op = Op::Create { path: job.path.clone(), mode: job.mode, flags: job.flags, token: job.token };
-        let outcome = match self.rpc.call(c, &job.ctx, op) {
+    /// Sends a batch of write-back tasks (an executor thread of `writeback.rs`, its own
+    /// connections `c`): the creates pipelined, then the releases (those queued, and those of
+    /// files whose create was in flight at their close). A refused create is the file's errno
+    /// from then on, and the name is no longer known in its directory.
+    pub(super) fn send_batch(&self, c: &mut crate::rpc::Conns, batch: Vec<Task>) {
+        let mut creates = Vec::new();
+        let mut releases = Vec::new();
+        for t in batch {
+            match t {
+                Task::Create(j) => creates.push(j),
+                Task::Release(ctx, path, cap) => releases.push((ctx, Op::Release { path, cap })),
+            }
+        }
+        if !creates.is_empty() {
+            let reqs = creates
+                .iter()
+                .map(|j| {
+                    let op = Op::Create { path: j.path.clone(), mode: j.mode, flags: j.flags, token: j.token };
+                    (j.ctx.clone(), op)
+                })
+                .collect();
+            for (job, reply) in creates.into_iter().zip(self.rpc.call_many(c, reqs)) {
+                if let Some(r) = self.created(job, reply) {
+                    releases.push(r);
+                }
+            }
+        }
+        if !releases.is_empty() {
+            // close(2) does not report release errors; the daemon counts failures.
+            let _ = self.rpc.call_many(c, releases);
+        }
+    }
+
+    /// The daemon's `reply` to write-back create `job`: recorded; the file's release to send
+    /// now, if its close came meanwhile.
+    fn created(&self, job: CreateJob, reply: Result<Body, i32>) -> Option<(Ctx, Op)> {
+        let outcome = match reply {
             Ok(Body::Created { attr, cap, parent }) => {
                 self.dir_attrs.put(job.parent, parent, self.ttl);
                 Ok((attr, cap))
@@ -622,9 +660,9 @@ impl Shared {
                 Outcome::Failed(e)
             }
         };
-        if let (Some(r), Outcome::Made(cap)) = (job.pc.finish(outcome.clone()), outcome) {
-            // close(2) does not report release errors; the daemon counts failures.
-            let _ = self.rpc.call(c, &r.ctx, Op::Release { path: r.path, cap });
+        match (job.pc.finish(outcome.clone()), outcome) {
+            (Some(r), Outcome::Made(cap)) => Some((r.ctx, Op::Release { path: r.path, cap })),
+            _ => None,
         }
     }
 }

@@ -143,8 +143,18 @@ pub struct CreateJob {
     pub pc: Arc<PendingCreate>,
 }
 
+/// What the executor threads send: a create, or the release of a node-local file (after its
+/// create: a release that came first waits in its [`PendingCreate`]).
+#[derive(Debug)]
+pub enum Task {
+    /// A write-back create.
+    Create(CreateJob),
+    /// A release answered to the kernel already: context, path, the open's capability.
+    Release(Ctx, String, Cap),
+}
+
 struct State {
-    queue: VecDeque<CreateJob>,
+    queue: VecDeque<Task>,
     /// Creates queued or being sent: kernel inode → (path, parent).
     pending: HashMap<u64, (String, u64)>,
     /// Files whose create failed: kernel inode → errno (until the kernel forgets the inode).
@@ -212,18 +222,27 @@ impl WriteBack {
             g = self.done.wait(g).unwrap();
         }
         g.pending.insert(job.ino, (job.path.clone(), job.parent));
-        g.queue.push_back(job);
+        g.queue.push_back(Task::Create(job));
         self.answered.fetch_add(1, Relaxed);
         drop(g);
         self.work.notify_one();
     }
 
-    /// The next create to send, oldest first; `None` once closed and drained (executor threads).
-    pub fn next_job(&self) -> Option<CreateJob> {
+    /// Queues the release of a node-local file whose close the kernel was answered already
+    /// (sent in a batch with others; not counted as pending).
+    pub fn submit_release(&self, ctx: Ctx, path: String, cap: Cap) {
+        self.st.lock().unwrap().queue.push_back(Task::Release(ctx, path, cap));
+        self.work.notify_one();
+    }
+
+    /// The next tasks to send, oldest first, at most `max` (at least 1; waits for one);
+    /// `None` once closed and drained (executor threads).
+    pub fn next_batch(&self, max: usize) -> Option<Vec<Task>> {
         let mut g = self.st.lock().unwrap();
         loop {
-            if let Some(j) = g.queue.pop_front() {
-                return Some(j);
+            if !g.queue.is_empty() {
+                let n = g.queue.len().min(max.max(1));
+                return Some(g.queue.drain(..n).collect());
             }
             if g.closed {
                 return None;
@@ -376,12 +395,12 @@ mod tests {
             w.wait_under("nl/j/0");
             w.wait_ino(i2)
         });
-        let first = wb.next_job().unwrap();
+        let first = create_of(wb.next_batch(1));
         assert_eq!(first.ino, i1, "oldest first");
         wb.complete(&first, Ok(4242));
         assert!(first.pc.finish(Outcome::Made(cap())).is_none());
         assert_eq!(wb.kernel_ino(4242), i1);
-        let second = wb.next_job().unwrap();
+        let second = create_of(wb.next_batch(8));
         assert!(pc2.defer_release(DeferredRelease { ctx: Ctx::default(), path: second.path.clone() }).is_ok());
         wb.complete(&second, Err(libc::EACCES));
         assert!(second.pc.finish(Outcome::Failed(libc::EACCES)).is_some(), "the deferred release");
@@ -412,18 +431,22 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(wb.pending(), 2, "the third waits");
-        let j = wb.next_job().unwrap();
+        let j = create_of(wb.next_batch(1));
         wb.complete(&j, Ok(7));
         assert!(t.join().unwrap() >= Duration::from_millis(90));
         assert_eq!(wb.pending(), 2);
         assert!(!wb.drain(Duration::from_millis(20)), "two left");
-        for _ in 0..2 {
-            let j = wb.next_job().unwrap();
-            wb.complete(&j, Ok(j.ino & 0xff));
+        wb.submit_release(Ctx::default(), "d/a".into(), cap());
+        let batch = wb.next_batch(8).unwrap();
+        assert_eq!(batch.len(), 3, "the two creates left and the release, in one batch");
+        for t in batch {
+            if let Task::Create(j) = t {
+                wb.complete(&j, Ok(j.ino & 0xff));
+            }
         }
         assert!(wb.drain(Duration::from_millis(20)));
         wb.close();
-        assert!(wb.next_job().is_none() && !wb.enabled());
+        assert!(wb.next_batch(8).is_none() && !wb.enabled());
     }
 
     #[test]
@@ -435,6 +458,13 @@ mod tests {
         wb.wait_under("nl/j/0/a");
         wb.wait_under("nl/j/1");
         assert_eq!(wb.pending(), 1);
+    }
+
+    fn create_of(batch: Option<Vec<Task>>) -> CreateJob {
+        match batch.unwrap().pop() {
+            Some(Task::Create(j)) => j,
+            other => panic!("{other:?}"),
+        }
     }
 
     fn cap() -> Cap {
