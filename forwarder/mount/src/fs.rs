@@ -122,7 +122,7 @@ pub fn node_local_depth(path: &str) -> usize {
 pub const NODE_LOCAL_KNOWN: Duration = Duration::from_secs(3600);
 
 /// Most write-back tasks (creates, releases) an executor thread sends in one pipelined batch.
-const WRITEBACK_BATCH: usize = 64;
+const WRITEBACK_BATCH: usize = 128;
 
 /// The setuid and setgid permission bits.
 const SUIDGID: u32 = 0o6000;

@@ -31,7 +31,7 @@ use crate::fs::{PharosFs, Shared};
 use crate::rpc::{Mapping, Rpc, Slots};
 
 /// Threads sending write-back creates (`--writeback-creates`), each with its own connections.
-const WRITEBACK_THREADS: usize = 2;
+const WRITEBACK_THREADS: usize = 1;
 
 /// Bytes per shared-memory slot: the largest FUSE request (max_write, and max_pages 256 for reads).
 const SHM_SLOT_SIZE: usize = 1 << 20;
@@ -141,6 +141,7 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     v["deferred_creates"] = json!(a.sh.wb.answered.load(Ordering::Relaxed));
     v["deferred_create_errors"] = json!(a.sh.wb.errors.load(Ordering::Relaxed));
     v["pending_creates"] = json!(a.sh.wb.pending());
+    v["writeback_batches"] = json!(a.sh.wb.batches.load(Ordering::Relaxed));
     Json(v)
 }
 

@@ -179,6 +179,9 @@ pub struct WriteBack {
     pub answered: AtomicU64,
     /// Creates the daemon refused after the mount had answered (`deferred_create_errors`).
     pub errors: AtomicU64,
+    /// Batches sent by the executor threads (`writeback_batches`: tasks per batch =
+    /// (creates + releases) / batches).
+    pub batches: AtomicU64,
 }
 
 impl Default for WriteBack {
@@ -198,6 +201,7 @@ impl Default for WriteBack {
             aliases: Mutex::new((HashMap::new(), HashMap::new())),
             answered: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
         }
     }
 }
@@ -242,6 +246,7 @@ impl WriteBack {
         loop {
             if !g.queue.is_empty() {
                 let n = g.queue.len().min(max.max(1));
+                self.batches.fetch_add(1, Relaxed);
                 return Some(g.queue.drain(..n).collect());
             }
             if g.closed {
