@@ -182,6 +182,7 @@ def test_a_create_the_daemon_refuses_surfaces_at_the_next_operation(cluster):
     assert wait_for(lambda: m.status()["deferred_create_errors"] == 1)
     assert "deferred create of" in m.log.read_text()
     assert not (on_target / "refused").exists()
+
     # The directory's next fsync reports it too, once; the directory works again.
     def fsync_dir() -> int:
         dfd = os.open(rd, os.O_RDONLY | os.O_DIRECTORY)

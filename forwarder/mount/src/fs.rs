@@ -1,4 +1,6 @@
-//! The FUSE file system: every operation becomes one request to the forwarding layer.
+//! The FUSE file system: every operation becomes one request to the forwarding layer, but
+//! what the mount answers itself (absent names and directory attributes in directories it
+//! knows whole, and creates in node-local rank directories: `writeback.rs`).
 //!
 //! No data cache: files are opened `FOPEN_DIRECT_IO`, attribute and entry TTLs are
 //! `--attr-ttl-ms` (0 by default). The fuser session thread only decodes; each operation
