@@ -82,6 +82,18 @@ def test_create_then_stat_write_read_and_exclusive_create(cluster):
 
 
 @pytest.mark.timeout(60)
+def test_writeback_off_creates_wait_for_the_daemon(cluster):
+    d = cluster.start_daemon("fwd0")
+    m = cluster.start_mount([d], 0, "--writeback-creates", "0")
+    rd = rank_dir(m.path, 7)
+    fd = create(rd / "sync")
+    os.write(fd, b"sync")
+    os.close(fd)
+    assert (rd / "sync").read_bytes() == b"sync"
+    assert m.status()["deferred_creates"] == 0
+
+
+@pytest.mark.timeout(60)
 def test_unlink_and_rename_right_after_create(cluster):
     d = cluster.start_daemon("fwd0")
     m = cluster.start_mount([d], 0)
