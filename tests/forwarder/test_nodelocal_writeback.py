@@ -194,6 +194,8 @@ def test_a_create_the_daemon_refuses_surfaces_at_the_next_operation(cluster):
     assert wait_for(lambda: m.status()["deferred_create_errors"] == 1)
     assert "deferred create of" in m.log.read_text()
     assert not (on_target / "refused").exists()
+    # The name was never made: it leaves the kernel's caches at once (not after the entry TTL).
+    assert wait_for(lambda: not (rd / "refused").exists(), 5)
 
     # The directory's next fsync reports it too, once; the directory works again.
     def fsync_dir() -> int:
@@ -208,9 +210,11 @@ def test_a_create_the_daemon_refuses_surfaces_at_the_next_operation(cluster):
 
     assert fsync_dir() == errno.EPERM
     os.close(create(rd / "after"))
+    os.close(create(rd / "refused"))  # the name is free
     assert fsync_dir() == 0
+    assert (on_target / "refused").exists()
     assert (on_target / "after").exists()
-    assert "refused" not in os.listdir(rd)
+    assert sorted(os.listdir(rd)) == ["after", "before", "refused"]
 
 
 @pytest.mark.timeout(120)

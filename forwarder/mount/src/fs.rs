@@ -41,6 +41,7 @@ use pharos_fwd_proto::{errno, Attr, Cap, Ctx, DirEntry};
 use crate::rpc::{Conns, Rpc};
 use jobs::JobCache;
 use pool::TaskQueue;
+pub use writeback::RefusedHook;
 
 /// Inode number of the mount's root (FUSE's `FUSE_ROOT_ID`); stands for the namespace root.
 pub const ROOT: u64 = 1;

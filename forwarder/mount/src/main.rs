@@ -359,6 +359,26 @@ fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| format!("spawn watch thread: {e}"))?;
         }
     }
+    {
+        // A write-back create the daemon refused: its name and inode leave the kernel's caches
+        // (the name was never made), from a thread of its own.
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, String, u64)>();
+        let tx = std::sync::Mutex::new(tx);
+        let f: crate::fs::RefusedHook = Box::new(move |parent, name, ino| {
+            let _ = tx.lock().unwrap().send((parent, name.to_string(), ino));
+        });
+        let _ = a_sh.wb.on_refused.set(f);
+        let notifier = session.notifier();
+        std::thread::Builder::new()
+            .name("mount-refused".into())
+            .spawn(move || {
+                for (parent, name, ino) in rx {
+                    let _ = notifier.inval_entry(parent, std::ffi::OsStr::new(&name));
+                    let _ = notifier.inval_inode(ino, -1, 0);
+                }
+            })
+            .map_err(|e| format!("spawn thread: {e}"))?;
+    }
     if let Some(f) = &cli.ready_file {
         daemon::write_ready_file(f, &[("mountpoint", &cli.mountpoint.display()), ("admin", &admin_addr)])?;
     }

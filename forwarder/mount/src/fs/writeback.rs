@@ -44,6 +44,9 @@ pub fn local_ino(n: u64) -> u64 {
     LOCAL_INO_TAG | (n & ((1 << 56) - 1))
 }
 
+/// Called with (directory inode, name, file inode) of a create the daemon refused.
+pub type RefusedHook = Box<dyn Fn(u64, &str, u64) + Send + Sync>;
+
 /// Where a create answered by the mount stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -179,6 +182,10 @@ pub struct WriteBack {
     pub answered: AtomicU64,
     /// Creates the daemon refused after the mount had answered (`deferred_create_errors`).
     pub errors: AtomicU64,
+    /// Told of each refused create (directory inode, name, file inode): drops the name and the
+    /// inode from the kernel's caches (`main.rs`, through a thread of its own: the kernel takes
+    /// the directory's lock, which a create waiting for room here may hold).
+    pub on_refused: std::sync::OnceLock<RefusedHook>,
     /// Batches sent by the executor threads (`writeback_batches`: tasks per batch =
     /// (creates + releases) / batches).
     pub batches: AtomicU64,
@@ -202,6 +209,7 @@ impl Default for WriteBack {
             answered: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            on_refused: std::sync::OnceLock::new(),
         }
     }
 }
@@ -275,6 +283,9 @@ impl WriteBack {
         }
         drop(g);
         self.done.notify_all();
+        if let (Err(_), Some(f)) = (made, self.on_refused.get()) {
+            f(job.parent, &job.name, job.ino);
+        }
     }
 
     /// Waits until inode `ino`'s create (if the mount made it) is done. Errors: the errno the
