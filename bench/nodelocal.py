@@ -14,9 +14,12 @@ carry it); all ranks start at once (a line on their stdin) and the figure is the
 aggregate: creates (``O_CREAT|O_EXCL`` + close) per second, and written MiB/s (1 MiB writes;
 the fsync that follows is not timed: the figure is the forwarding path's, not the loop device's
 writeback, which varied ±40 % from run to run), from the start to the last rank's end, each
-run after ``sync`` and a drop of the page cache. Ranks are spread over --nodes compute nodes
-(mounts ``cn0``, ``cn1``, ..., rank r on ``cn{r mod nodes}``); the MDT and the targets are each
-on a fresh journaled ext4 (--backing). Rounds alternate the order of the two modes; the ratios
+run after ``sync`` and a drop of the page cache. Node-local creates are write-back (the mount
+answers them, the daemon's creates follow: forwarder/README.md, "Write-back creates"): each
+round also says when the daemon had every create (the mounts' ``pending_creates`` back to 0),
+and a second creates ratio counts that time (the daemon's view, not the application's). Ranks
+are spread over --nodes compute nodes (mounts ``cn0``, ``cn1``, ..., rank r on
+``cn{r mod nodes}``); the MDT and the targets are each on a fresh journaled ext4 (--backing). Rounds alternate the order of the two modes; the ratios
 are the medians of the per-round ratios (node-local / shared). Then, with one more compute
 node (the spare, ``cn{nodes}``):
 
@@ -104,6 +107,19 @@ def rank_dirs(mnts: list[Path], mode: str, job: str, ranks: int) -> list[Path]:
     return [mnts[r % len(mnts)] / job / f"rank.{r}" for r in range(ranks)]
 
 
+def wait_drained(mounts: list[kit.Mount], timeout: float) -> float:
+    """Waits until no mount has a write-back create pending (``pending_creates`` 0: the daemon
+    made every create the mounts answered); the seconds waited (0 when none was pending; counted
+    from the ranks' reaping, so slightly more than the drain itself)."""
+    t0 = time.monotonic()
+    end = t0 + timeout
+    if not any(m.status().get("pending_creates", 0) for m in mounts):
+        return 0.0
+    while time.monotonic() < end and any(m.status().get("pending_creates", 0) for m in mounts):
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
 def check_view(view: Path, ranks: int, files: int, write_mb: int, cjob: str, wjob: str) -> list[str]:
     """What the global view at `view` (`<mount>/.nodelocal`) misses; empty when complete."""
     bad = []
@@ -186,7 +202,7 @@ def main() -> int:
         try:
             d = c.start_daemon("fwd0")
             mnts = [c.start_mount([d], i).path for i in range(a.nodes)]
-            ratios: dict[str, list[float]] = {"create": [], "write": []}
+            ratios: dict[str, list[float]] = {"create": [], "write": [], "drained": []}
             last = {}
             for what in ("create", "write"):
                 n = a.files if what == "create" else a.write_mb
@@ -195,15 +211,25 @@ def main() -> int:
                     job = f"create{r}" if what == "create" else "write"  # a write round rewrites the files
                     drop_caches()  # sync, then the page cache: the round before is on disk
                     took = run_job(what, rank_dirs(mnts, mode, job, a.ranks), n, a.timeout)
+                    # Write-back creates (node-local): the time until the daemon has every one.
+                    extra = wait_drained(c.mounts[: a.nodes], a.timeout) if what == "create" else 0.0
                     rate = a.ranks * n / took
                     got.setdefault(r, {})[mode] = rate
+                    got[r][mode + "+drain"] = a.ranks * n / (took + extra)
                     last[(what, mode)] = job
                     unit = "creates/s" if what == "create" else "MiB/s"
-                    print(f"round {r} {what:6} {mode:10} {rate:10.0f} {unit} ({took:.2f} s)", flush=True)
+                    tail = f", {took + extra:.2f} s until the daemon had every create" if extra else ""
+                    print(f"round {r} {what:6} {mode:10} {rate:10.0f} {unit} ({took:.2f} s{tail})", flush=True)
                 for _, g in sorted(got.items()):
                     ratios[what].append(g["node-local"] / g["shared"])
+                    if what == "create":
+                        ratios["drained"].append(g["node-local+drain"] / g["shared+drain"])
             c_ratio, w_ratio = (statistics.median(ratios[k]) for k in ("create", "write"))
             print(f"creates/s node-local / shared per round: {', '.join(f'{x:.2f}' for x in ratios['create'])}")
+            print(
+                "creates/s node-local / shared per round, until the daemon had every create: "
+                f"{', '.join(f'{x:.2f}' for x in ratios['drained'])} (median {statistics.median(ratios['drained']):.2f})"
+            )
             print(f"write MiB/s node-local / shared per round: {', '.join(f'{x:.3f}' for x in ratios['write'])}")
             spare = c.start_mount([d], a.nodes)
             cjob, wjob = last[("create", "node-local")], last[("write", "node-local")]

@@ -1,4 +1,6 @@
-//! The FUSE file system: every operation becomes one request to the forwarding layer.
+//! The FUSE file system: every operation becomes one request to the forwarding layer, but
+//! what the mount answers itself (absent names and directory attributes in directories it
+//! knows whole, and creates in node-local rank directories: `writeback.rs`).
 //!
 //! No data cache: files are opened `FOPEN_DIRECT_IO`, attribute and entry TTLs are
 //! `--attr-ttl-ms` (0 by default). The fuser session thread only decodes; each operation
@@ -25,6 +27,7 @@ mod inodes;
 mod jobs;
 mod ops;
 mod pool;
+mod writeback;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -38,6 +41,7 @@ use pharos_fwd_proto::{errno, Attr, Cap, Ctx, DirEntry};
 use crate::rpc::{Conns, Rpc};
 use jobs::JobCache;
 use pool::TaskQueue;
+pub use writeback::RefusedHook;
 
 /// Inode number of the mount's root (FUSE's `FUSE_ROOT_ID`); stands for the namespace root.
 pub const ROOT: u64 = 1;
@@ -45,14 +49,22 @@ pub const ROOT: u64 = 1;
 /// path, so nothing resolves to it.
 const STALE: &str = "\0stale";
 
+/// The daemon's grant of an open file: known, or to come with its write-back create.
+enum Grant {
+    /// What the daemon granted: layout, open handle (released with it; keeps unlinked data
+    /// alive) and rights, signed.
+    Cap(Cap),
+    /// A create the mount answered itself (`writeback.rs`): the capability comes with the
+    /// daemon's answer.
+    Pending(Arc<writeback::PendingCreate>),
+}
+
 /// An open file (a FUSE file handle).
 struct Open {
     /// Attributes at open (an fstat of the open file once its last name is gone).
     attr: Attr,
     ino: u64,
-    /// What the daemon granted: layout, open handle (released with it; keeps unlinked data
-    /// alive) and rights, signed.
-    cap: Cap,
+    grant: Grant,
     /// The file may have setuid/setgid set (at open, or a chmod through this mount since):
     /// the next write the kernel flags `FUSE_WRITE_KILL_PRIV` (a writer without
     /// `CAP_FSETID`; set on every direct-I/O write of such a caller) clears them first.
@@ -67,8 +79,29 @@ impl Open {
     /// The open of inode `ino` with attributes `attr` at open and capability `cap`, made by
     /// a request with context `ctx`.
     fn new(attr: Attr, ino: u64, cap: Cap, ctx: &Ctx) -> Open {
+        Open::granted(attr, ino, Grant::Cap(cap), ctx)
+    }
+
+    fn granted(attr: Attr, ino: u64, grant: Grant, ctx: &Ctx) -> Open {
         let suidgid = AtomicBool::new(attr.perm & SUIDGID != 0);
-        Open { attr, ino, cap, suidgid, job: (ctx.job_id.clone(), ctx.rank) }
+        Open { attr, ino, grant, suidgid, job: (ctx.job_id.clone(), ctx.rank) }
+    }
+
+    /// The open's capability; for a write-back create, once the daemon made the file (waits).
+    /// Errors: the errno the daemon refused the create with.
+    fn cap(&self) -> Result<Cap, i32> {
+        match &self.grant {
+            Grant::Cap(c) => Ok(c.clone()),
+            Grant::Pending(p) => p.wait(),
+        }
+    }
+
+    /// The errno of this open's write-back create, when it is known to have failed.
+    fn failed(&self) -> Option<i32> {
+        match &self.grant {
+            Grant::Cap(_) => None,
+            Grant::Pending(p) => p.failed(),
+        }
     }
 }
 
@@ -90,6 +123,9 @@ pub fn node_local_depth(path: &str) -> usize {
 /// itself) is known whole: no other compute node changes names there (they get `EROFS`), so
 /// far longer than the attribute TTL that bounds it elsewhere.
 pub const NODE_LOCAL_KNOWN: Duration = Duration::from_secs(3600);
+
+/// Most write-back tasks (creates, releases) an executor thread sends in one pipelined batch.
+const WRITEBACK_BATCH: usize = 128;
 
 /// The setuid and setgid permission bits.
 const SUIDGID: u32 = 0o6000;
@@ -118,6 +154,9 @@ pub struct Shared {
     pub answer_absent: bool,
     /// Directories' attributes as the daemon answered them after a change (`dirattrs.rs`).
     pub dir_attrs: dirattrs::DirAttrs,
+    /// Creates answered by the mount in node-local rank directories, pending at the daemon
+    /// (`writeback.rs`).
+    pub wb: writeback::WriteBack,
 }
 
 /// `FOPEN_PARALLEL_DIRECT_WRITES` (FUSE protocol 7.36, Linux 6.2; not in fuser 0.15's
@@ -155,6 +194,7 @@ impl Shared {
     /// Remembers `path` for the backend inode `ino` (one more kernel lookup). Returns the
     /// inode number the kernel sees (the root stays 1).
     fn learn(&self, ino: u64, path: &str) -> u64 {
+        let ino = self.wb.kernel_ino(ino);
         self.inodes.lock().unwrap().learn(ino, path);
         ino
     }
@@ -223,6 +263,7 @@ impl PharosFs {
             complete: complete::Complete::default(),
             answer_absent: false,
             dir_attrs: dirattrs::DirAttrs::default(),
+            wb: writeback::WriteBack::default(),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
         for i in 0..threads.max(1) {
@@ -249,8 +290,33 @@ impl PharosFs {
     }
 }
 
+impl PharosFs {
+    /// Answers creates in node-local rank directories here, at most `max` pending at the daemon
+    /// (`--writeback-creates`; 0: off), sent by `threads` executor threads with connections of
+    /// their own (`writeback.rs`).
+    pub fn start_writeback(&self, max: usize, threads: usize) {
+        self.sh.wb.max.store(max, Relaxed);
+        if max == 0 {
+            return;
+        }
+        for i in 0..threads.max(1) {
+            let sh = self.sh.clone();
+            std::thread::Builder::new()
+                .name(format!("mount-wb-{i}"))
+                .spawn(move || {
+                    let mut conns = Conns::default();
+                    while let Some(batch) = sh.wb.next_batch(WRITEBACK_BATCH) {
+                        sh.send_batch(&mut conns, batch);
+                    }
+                })
+                .expect("spawn write-back thread");
+        }
+    }
+}
+
 impl Drop for PharosFs {
     fn drop(&mut self) {
         self.pool.close();
+        self.sh.wb.close();
     }
 }

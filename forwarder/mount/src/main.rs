@@ -30,6 +30,9 @@ use serde_json::{json, Value};
 use crate::fs::{PharosFs, Shared};
 use crate::rpc::{Mapping, Rpc, Slots};
 
+/// Threads sending write-back creates (`--writeback-creates`), each with its own connections.
+const WRITEBACK_THREADS: usize = 1;
+
 /// Bytes per shared-memory slot: the largest FUSE request (max_write, and max_pages 256 for reads).
 const SHM_SLOT_SIZE: usize = 1 << 20;
 
@@ -101,6 +104,13 @@ struct Cli {
     /// to a node (mdtest -u, N-N per-node directories).
     #[arg(long, env = "PHAROS_MOUNT_ANSWER_ABSENT_NAMES", default_value_t = false, action = clap::ArgAction::Set)]
     answer_absent_names: bool,
+    /// Write-back creates in node-local rank directories (`<mount>/.nodelocal/<job>/<rank>`,
+    /// written by this compute node only): a create there is answered by the mount and sent to
+    /// the forwarding node in the background, at most this many pending at once (a create
+    /// beyond waits); 0 = every create waits for the forwarding node. A pending create is lost
+    /// if the mount dies; fsync of the file or its directory, and the unmount, wait for them.
+    #[arg(long, env = "PHAROS_MOUNT_WRITEBACK_CREATES", default_value_t = 256)]
+    writeback_creates: usize,
     /// Time a forwarding node may take to answer a request, ms.
     #[arg(long, env = "PHAROS_MOUNT_RPC_TIMEOUT_MS", default_value_t = 60000)]
     rpc_timeout_ms: u64,
@@ -128,6 +138,10 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
     v["lookups_answered_locally"] = json!(a.sh.complete.answered.load(Ordering::Relaxed));
     v["getattrs_answered_locally"] = json!(a.sh.dir_attrs.answered.load(Ordering::Relaxed));
+    v["deferred_creates"] = json!(a.sh.wb.answered.load(Ordering::Relaxed));
+    v["deferred_create_errors"] = json!(a.sh.wb.errors.load(Ordering::Relaxed));
+    v["pending_creates"] = json!(a.sh.wb.pending());
+    v["writeback_batches"] = json!(a.sh.wb.batches.load(Ordering::Relaxed));
     Json(v)
 }
 
@@ -206,6 +220,13 @@ impl Collector for MountCollector {
             help,
             self.0.complete.answered.load(Ordering::Relaxed),
         )?;
+        let help = "Creates in node-local rank directories answered by the mount (write-back: sent to the forwarding node after)";
+        counter(&mut e, "pharos_mount_deferred_creates", help, self.0.wb.answered.load(Ordering::Relaxed))?;
+        let help = "Write-back creates the forwarding node refused after the mount had answered (the file's next operation gets the errno)";
+        counter(&mut e, "pharos_mount_deferred_create_errors", help, self.0.wb.errors.load(Ordering::Relaxed))?;
+        let help = "Write-back creates not yet answered by the forwarding node";
+        let f = e.encode_descriptor("pharos_mount_pending_creates", help, None, MetricType::Gauge)?;
+        ConstGauge::new(self.0.wb.pending() as i64).encode(f)?;
         let shm = &st["shm"];
         let help = "Data requests sent through the shared-memory region (WriteShm/ReadShm)";
         counter(&mut e, "pharos_mount_shm_requests", help, num(shm, "requests"))?;
@@ -282,8 +303,13 @@ fn run(cli: Cli) -> Result<(), String> {
 
     let mut fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
     Arc::get_mut(&mut fs.sh).expect("not shared yet").answer_absent = cli.answer_absent_names;
+    if cli.writeback_creates > 0 && cli.attr_ttl_ms == 0 {
+        log::info!("--writeback-creates: off with --attr-ttl-ms 0 (the mount knows no directory whole)");
+    }
+    fs.start_writeback(cli.writeback_creates, WRITEBACK_THREADS);
     let sh = fs.sh.clone();
     let a_sh = fs.sh.clone();
+    let sh_term = fs.sh.clone();
     let opts = [
         MountOption::FSName("pharos".into()),
         MountOption::Subtype("pharos".into()),
@@ -333,6 +359,26 @@ fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| format!("spawn watch thread: {e}"))?;
         }
     }
+    {
+        // A write-back create the daemon refused: its name and inode leave the kernel's caches
+        // (the name was never made), from a thread of its own.
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, String, u64)>();
+        let tx = std::sync::Mutex::new(tx);
+        let f: crate::fs::RefusedHook = Box::new(move |parent, name, ino| {
+            let _ = tx.lock().unwrap().send((parent, name.to_string(), ino));
+        });
+        let _ = a_sh.wb.on_refused.set(f);
+        let notifier = session.notifier();
+        std::thread::Builder::new()
+            .name("mount-refused".into())
+            .spawn(move || {
+                for (parent, name, ino) in rx {
+                    let _ = notifier.inval_entry(parent, std::ffi::OsStr::new(&name));
+                    let _ = notifier.inval_inode(ino, -1, 0);
+                }
+            })
+            .map_err(|e| format!("spawn thread: {e}"))?;
+    }
     if let Some(f) = &cli.ready_file {
         daemon::write_ready_file(f, &[("mountpoint", &cli.mountpoint.display()), ("admin", &admin_addr)])?;
     }
@@ -341,6 +387,12 @@ fn run(cli: Cli) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     log::info!("pharos-mount: unmounting {}", cli.mountpoint.display());
+    // The creates answered here reach the forwarding nodes first (a durability point).
+    let left = sh_term.wb.pending();
+    if left > 0 && !sh_term.wb.drain(timeout) {
+        log::error!("{} write-back creates not sent before the unmount (of {left})", sh_term.wb.pending());
+    }
+    sh_term.wb.close();
     // Lazy unmount first so a busy mount point cannot keep us alive; then end the session.
     if let Ok(c) = std::ffi::CString::new(cli.mountpoint.as_os_str().as_encoded_bytes()) {
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };

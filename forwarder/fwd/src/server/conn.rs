@@ -156,7 +156,21 @@ impl Server {
     fn serve_conn(&self, stream: TcpStream) {
         if let Some(mut c) = self.open_conn(stream) {
             let inline = self.cfg.threads.serve_inline;
-            while self.decode_then(&mut c, inline) {}
+            let mut corked = false;
+            loop {
+                // A client that pipelines requests (a mount's write-back creates) has more of them
+                // buffered here: their replies are corked (TCP_CORK) until the buffer is empty,
+                // so they leave in as few segments as possible (one wakeup of the client, not one
+                // per reply); uncorked before waiting for more. A lone request is never corked.
+                let more = !c.r.buffer().is_empty();
+                if more != corked {
+                    set_cork(c.r.get_ref(), more);
+                    corked = more;
+                }
+                if !self.decode_then(&mut c, inline) {
+                    break;
+                }
+            }
         }
     }
 
@@ -436,5 +450,22 @@ impl Frontend for Server {
 
     fn conn_closed(&self) {
         self.counters.conns.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Sets or clears `TCP_CORK` on `s` (clearing sends what is held at once). Errors are ignored:
+/// corking only saves segments.
+fn set_cork(s: &TcpStream, on: bool) {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = on as libc::c_int;
+    // SAFETY: an int option on the connection's open socket.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }

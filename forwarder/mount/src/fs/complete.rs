@@ -65,6 +65,12 @@ impl Complete {
         absent
     }
 
+    /// Whether `name` is known absent from directory `parent` (not counted: a create's check).
+    pub fn knows_absent(&self, parent: u64, name: &str) -> bool {
+        let m = self.dirs.lock().unwrap();
+        m.get(&parent).is_some_and(|d| d.until > Instant::now() && !d.names.contains(name))
+    }
+
     /// `name` was made in `parent` through this mount.
     pub fn added(&self, parent: u64, name: &str) {
         let mut m = self.dirs.lock().unwrap();

@@ -42,8 +42,12 @@ impl PharosFs {
     pub(super) fn read_data(&self, a: DataArgs, size: u32, reply: ReplyData) {
         let DataArgs { ctx, f, path, offset } = a;
         self.spawn(move |sh, c| {
+            let cap = match f.cap() {
+                Ok(cap) => cap, // (a write-back create: once the daemon made the file)
+                Err(e) => return reply.error(e),
+            };
             let slot = sh.rpc.shm.as_ref().and_then(|s| s.get(size as usize)).map(|s| (s, size));
-            let op = Op::Read { path, cap: f.cap.clone(), offset, size };
+            let op = Op::Read { path, cap, offset, size };
             match sh.rpc.call_slot(c, &ctx, op, slot) {
                 Ok(Body::Data { data }) => {
                     reply.data(&data);
@@ -86,13 +90,23 @@ impl PharosFs {
         // daemon does it once per open, before the first such write, if the file had them.
         let kill = wflags & FUSE_WRITE_KILL_PRIV != 0 && f.suidgid.swap(false, Relaxed);
         self.spawn(move |sh, c| {
+            let cap = match f.cap() {
+                Ok(cap) => cap, // (a write-back create: once the daemon made the file)
+                Err(e) => {
+                    if slot.is_none() {
+                        sh.rpc.bufs.put(data);
+                    }
+                    put_slot(sh, slot);
+                    return reply.error(e);
+                }
+            };
             if kill {
-                let op = Op::KillSuidgid { path: path.clone(), cap: f.cap.clone() };
+                let op = Op::KillSuidgid { path: path.clone(), cap: cap.clone() };
                 if let Err(e) = sh.rpc.call(c, &ctx, op) {
                     log::warn!("clearing setuid/setgid of {path:?} before a write: errno {e}");
                 }
             }
-            let op = Op::Write { path, cap: f.cap.clone(), offset, data };
+            let op = Op::Write { path, cap, offset, data };
             match sh.rpc.call_slot(c, &ctx, op, slot) {
                 Ok(Body::Written(n)) => reply.written(n),
                 Ok(_) => reply.error(errno::EIO),

@@ -37,6 +37,7 @@ impl PharosFs {
             Some(c) => c.clone().filter(|p| p.attrs.is_empty() != plus),
         };
         self.spawn(move |sh, c| {
+            sh.wait_name(&path); // the daemon lists the names this mount made: their creates first
             let mut pos = offset.max(0) as u64;
             let mut page = cached.filter(|_| pos != 0);
             loop {
@@ -77,7 +78,7 @@ impl PharosFs {
                     let (eino, k) = match e.name.as_str() {
                         "." => (ino, FileType::Directory),
                         ".." => (ROOT, FileType::Directory),
-                        _ => (e.ino, ftype(e.kind)),
+                        _ => (sh.wb.kernel_ino(e.ino), ftype(e.kind)),
                     };
                     let full = match &mut reply {
                         Listing::Plain(r) => r.add(eino, e.next as i64, k, &e.name),
@@ -87,7 +88,7 @@ impl PharosFs {
                             // fuser sends the attributes' inode as the entry's: never 0 (readdir(3)
                             // skips an entry whose d_ino is 0).
                             let (fa, ttl) = match &attrs {
-                                Some(a) => (fattr(a, a.ino), sh.ttl),
+                                Some(a) => (fattr(a, eino), sh.ttl),
                                 // `.`, `..` (not looked up by the kernel) and an entry without
                                 // attributes (unreadable, gone since): valid for no time, so
                                 // the kernel asks before it uses them.

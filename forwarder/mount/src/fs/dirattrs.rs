@@ -64,6 +64,12 @@ impl DirAttrs {
         }
     }
 
+    /// The attributes of `ino` while valid, not counted (a check of the mount's own).
+    pub fn peek(&self, ino: u64) -> Option<Attr> {
+        let m = self.m.lock().unwrap();
+        m.get(&ino).filter(|(_, until)| *until > Instant::now()).map(|(a, _)| a.clone())
+    }
+
     /// Forget `ino`'s attributes (changed without an answer carrying them, or elsewhere).
     pub fn drop_ino(&self, ino: u64) {
         self.m.lock().unwrap().remove(&ino);

@@ -11,10 +11,11 @@ use fuser::{
     Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
-use pharos_fwd_proto::{errno, Body, Ctx, Op, SetAttr};
+use pharos_fwd_proto::{errno, Attr, Body, Ctx, Kind, Op, SetAttr, Time};
 
 use super::attr::{fattr, join, tott};
-use super::{Open, PharosFs, SUIDGID};
+use super::writeback::{CreateJob, DeferredRelease, Outcome, PendingCreate, Task};
+use super::{Grant, Open, PharosFs, Shared, SUIDGID};
 
 impl Filesystem for PharosFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
@@ -45,13 +46,16 @@ impl Filesystem for PharosFs {
             return reply.error(errno::ENOENT);
         }
         let ctx = self.sh.ctx(req);
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Lookup { path: path.clone() }) {
-            Ok(Body::Attr(a)) => {
-                let ino = sh.learn(a.ino, &path);
-                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+        self.spawn(move |sh, c| {
+            sh.wait_name(&path); // a create this mount answered reaches the daemon first
+            match sh.rpc.call(c, &ctx, Op::Lookup { path: path.clone() }) {
+                Ok(Body::Attr(a)) => {
+                    let ino = sh.learn(a.ino, &path);
+                    reply.entry(&sh.ttl, &fattr(&a, ino), 0)
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
         });
     }
 
@@ -59,6 +63,7 @@ impl Filesystem for PharosFs {
         if self.sh.inodes.lock().unwrap().forget(ino, nlookup) {
             self.sh.complete.drop_dir(ino);
             self.sh.dir_attrs.drop_ino(ino);
+            self.sh.wb.forget(ino);
         }
     }
 
@@ -81,10 +86,15 @@ impl Filesystem for PharosFs {
             }
         };
         let kino = ino;
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Getattr { path }) {
-            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, kino)),
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
+        self.spawn(move |sh, c| {
+            if let Err(e) = sh.wb.wait_ino(kino) {
+                return reply.error(e);
+            }
+            match sh.rpc.call(c, &ctx, Op::Getattr { path }) {
+                Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, kino)),
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
+            }
         });
     }
 
@@ -114,17 +124,23 @@ impl Filesystem for PharosFs {
         let set = SetAttr { mode, uid, gid, size, atime: tott(atime), mtime: tott(mtime) };
         self.sh.dir_attrs.drop_ino(ino);
         // Through an open file (ftruncate): its capability (the open already checked the access).
-        let fd = fh.and_then(|fh| self.sh.files.lock().unwrap().get(&fh).map(|f| f.cap.clone()));
+        let fd = fh.and_then(|fh| self.sh.files.lock().unwrap().get(&fh).cloned());
         if mode.is_some_and(|m| m & SUIDGID != 0) {
             // chmod u+s/g+s through this mount: open files' next flagged write clears them again.
             for f in self.sh.files.lock().unwrap().values().filter(|f| f.ino == ino) {
                 f.suidgid.store(true, Relaxed);
             }
         }
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Setattr { path, set, fd }) {
-            Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
+        self.spawn(move |sh, c| {
+            let fd = match (sh.wb.wait_ino(ino), fd.map(|f| f.cap()).transpose()) {
+                (Ok(()), Ok(fd)) => fd,
+                (Err(e), _) | (_, Err(e)) => return reply.error(e),
+            };
+            match sh.rpc.call(c, &ctx, Op::Setattr { path, set, fd }) {
+                Ok(Body::Attr(a)) => reply.attr(&sh.ttl, &fattr(&a, ino)),
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
+            }
         });
     }
 
@@ -170,6 +186,8 @@ impl Filesystem for PharosFs {
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
         let (name, newname) = (name.to_string_lossy().into_owned(), newname.to_string_lossy().into_owned());
         self.spawn(move |sh, c| {
+            sh.wait_name(&from);
+            sh.wait_name(&to);
             match sh.rpc.call(c, &ctx, Op::Rename { from: from.clone(), to: to.clone(), noreplace }) {
                 Ok(_) => {
                     sh.dir_attrs.drop_ino(parent);
@@ -201,29 +219,31 @@ impl Filesystem for PharosFs {
         };
         let token = crate::random_token();
         let name = name.to_string_lossy().into_owned();
-        self.spawn(move |sh, c| {
-            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode: mode & !umask & 0o7777, flags, token }) {
-                Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
-                    let (attr, cap) = match body {
-                        Body::Created { attr, cap, parent: pa } => {
-                            sh.dir_attrs.put(parent, pa, sh.ttl);
-                            (attr, cap)
-                        }
-                        Body::Opened { attr, cap } => {
-                            sh.dir_attrs.drop_ino(parent);
-                            (attr, cap)
-                        }
-                        _ => unreachable!(),
-                    };
-                    let ino = sh.learn(attr.ino, &path);
-                    sh.complete.added(parent, &name);
-                    let fh = sh.next_fh.fetch_add(1, Relaxed);
-                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
-                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
-                }
-                Ok(_) => reply.error(errno::EIO),
-                Err(e) => reply.error(e),
+        let mode = mode & !umask & 0o7777;
+        if let Some(dir) = self.writeback_parent(parent, &name, &path) {
+            return self.create_here(ctx, (parent, dir, name), path, (mode, flags, token), reply);
+        }
+        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode, flags, token }) {
+            Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
+                let (attr, cap) = match body {
+                    Body::Created { attr, cap, parent: pa } => {
+                        sh.dir_attrs.put(parent, pa, sh.ttl);
+                        (attr, cap)
+                    }
+                    Body::Opened { attr, cap } => {
+                        sh.dir_attrs.drop_ino(parent);
+                        (attr, cap)
+                    }
+                    _ => unreachable!(),
+                };
+                let ino = sh.learn(attr.ino, &path);
+                sh.complete.added(parent, &name);
+                let fh = sh.next_fh.fetch_add(1, Relaxed);
+                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
+                reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
             }
+            Ok(_) => reply.error(errno::EIO),
+            Err(e) => reply.error(e),
         });
     }
 
@@ -233,14 +253,19 @@ impl Filesystem for PharosFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
-            Ok(Body::Opened { attr, cap }) => {
-                let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap, &ctx)));
-                reply.opened(fh, sh.open_flags)
+        self.spawn(move |sh, c| {
+            if let Err(e) = sh.wb.wait_ino(ino) {
+                return reply.error(e);
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
+            match sh.rpc.call(c, &ctx, Op::Open { path, flags }) {
+                Ok(Body::Opened { attr, cap }) => {
+                    let fh = sh.next_fh.fetch_add(1, Relaxed);
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr, ino, cap, &ctx)));
+                    reply.opened(fh, sh.open_flags)
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
+            }
         });
     }
 
@@ -280,11 +305,13 @@ impl Filesystem for PharosFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
-        // No client-side data cache: nothing to write back.
-        if self.sh.files.lock().unwrap().contains_key(&fh) {
-            reply.ok()
-        } else {
-            reply.error(errno::EBADF)
+        // No client-side data cache: nothing to write back. A write-back create already known
+        // to have failed is reported here (close(2)); one still in flight is not waited for:
+        // fsync is the point that waits.
+        match self.sh.files.lock().unwrap().get(&fh).map(|f| f.failed()) {
+            Some(None) => reply.ok(),
+            Some(Some(e)) => reply.error(e),
+            None => reply.error(errno::EBADF),
         }
     }
 
@@ -313,9 +340,27 @@ impl Filesystem for PharosFs {
             }
             false => Some(reply),
         };
+        // The release of a file whose write-back create is in flight is sent after it.
+        let (ctx, path) = match &f.grant {
+            Grant::Pending(p) => match p.defer_release(DeferredRelease { ctx, path }) {
+                Ok(()) => return,
+                Err(d) => (d.ctx, d.path),
+            },
+            Grant::Cap(_) => (ctx, path),
+        };
+        if reply.is_none() && self.sh.wb.enabled() {
+            // Answered already: sent in a batch by the write-back threads.
+            if let Ok(cap) = f.cap() {
+                self.sh.wb.submit_release(ctx, path, cap);
+            }
+            return;
+        }
         self.spawn(move |sh, c| {
-            // close(2) does not report release errors; the daemon counts failures.
-            let _ = sh.rpc.call(c, &ctx, Op::Release { path, cap: f.cap.clone() });
+            // close(2) does not report release errors; the daemon counts failures. A refused
+            // write-back create opened nothing: nothing to release.
+            if let Ok(cap) = f.cap() {
+                let _ = sh.rpc.call(c, &ctx, Op::Release { path, cap });
+            }
             if let Some(r) = reply {
                 r.ok()
             }
@@ -326,9 +371,33 @@ impl Filesystem for PharosFs {
         let ctx = self.sh.ctx(req);
         let Some(f) = self.sh.files.lock().unwrap().get(&fh).cloned() else { return reply.error(errno::EBADF) };
         let path = self.sh.path(ino).unwrap_or_default();
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Fsync { path, cap: f.cap.clone(), datasync }) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
+        self.spawn(move |sh, c| {
+            // A write-back create reaches the daemon first (the durability point).
+            let cap = match f.cap() {
+                Ok(cap) => cap,
+                Err(e) => return reply.error(e),
+            };
+            match sh.rpc.call(c, &ctx, Op::Fsync { path, cap, datasync }) {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        // The names made in the directory are the daemon's once its write-back creates are done
+        // (a durability point, as fsync of a directory is for a local file system); the first
+        // create there that failed since the last fsync is its answer.
+        let path = match self.sh.path(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh, _| {
+            sh.wb.wait_under(&path);
+            match sh.wb.take_dir_error(ino) {
+                Some(e) => reply.error(e),
+                None => reply.ok(),
+            }
         });
     }
 
@@ -379,7 +448,12 @@ impl Filesystem for PharosFs {
     fn link(&mut self, req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
         let ctx = self.sh.ctx(req);
         match (self.sh.path(ino), self.sh.path(newparent).and_then(|p| join(&p, newname))) {
-            (Ok(from), Ok(to)) => self.entry_op(ctx, (newparent, newname), to.clone(), Op::Link { from, to }, reply),
+            (Ok(from), Ok(to)) => {
+                if let Err(e) = self.sh.wb.wait_ino(ino) {
+                    return reply.error(e); // (rare: a link to a file just made; waits on this thread)
+                }
+                self.entry_op(ctx, (newparent, newname), to.clone(), Op::Link { from, to }, reply)
+            }
             (Err(e), _) | (_, Err(e)) => reply.error(e),
         }
     }
@@ -431,6 +505,10 @@ impl PharosFs {
                 if made_dir {
                     let private = super::node_local_depth(&path) >= 2 && !sh.ttl.is_zero();
                     sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl });
+                    if private {
+                        // Its attributes: the permission check before a write-back create there.
+                        sh.dir_attrs.put(ino, a.clone(), sh.ttl);
+                    }
                 }
                 reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
@@ -447,6 +525,7 @@ impl PharosFs {
         };
         let name = name.to_string_lossy().into_owned();
         self.spawn(move |sh, c| {
+            sh.wait_name(&path);
             let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };
             match sh.rpc.call(c, &ctx, op) {
                 Ok(body) => {
@@ -461,5 +540,129 @@ impl PharosFs {
                 Err(e) => reply.error(e),
             }
         });
+    }
+}
+
+impl PharosFs {
+    /// The attributes of directory `parent` when a create of `name` at `path` may be answered
+    /// by the mount (`writeback.rs`): write-back on, a node-local rank directory whose names
+    /// the mount knows whole (`name` is absent) and whose attributes it holds (the kernel's
+    /// permission check; no setgid bit, so the file's group is the caller's).
+    fn writeback_parent(&self, parent: u64, name: &str, path: &str) -> Option<Attr> {
+        if !super::node_local(path) || !self.sh.wb.enabled() || !self.sh.complete.knows_absent(parent, name) {
+            return None;
+        }
+        self.sh.dir_attrs.peek(parent).filter(|d| d.perm & libc::S_ISGID == 0)
+    }
+
+    /// Answers a create at `path` (`at`: the directory's inode, its attributes, the name) here:
+    /// an inode number of the mount's, the attributes the daemon would give, an open handle
+    /// whose capability comes with the daemon's answer; the daemon's create is queued (`how`:
+    /// mode with the umask applied, open flags, token). Blocks while the write-back table is
+    /// full (back-pressure).
+    fn create_here(&self, ctx: Ctx, at: (u64, Attr, String), path: String, how: (u32, i32, u64), reply: ReplyCreate) {
+        let ((parent, dir, name), (mode, flags, token)) = (at, how);
+        let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() };
+        let sh = &self.sh;
+        let ino = sh.wb.new_ino();
+        let attr = Attr {
+            ino,
+            kind: Kind::File,
+            perm: mode,
+            nlink: 1,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+        };
+        // The directory as the kernel will ask for it next (its permission check): changed now.
+        sh.dir_attrs.put(parent, Attr { mtime: now, ctime: now, ..dir }, sh.ttl);
+        sh.complete.added(parent, &name);
+        sh.learn(ino, &path);
+        let pc = PendingCreate::new();
+        let open = Open::granted(attr.clone(), ino, Grant::Pending(pc.clone()), &ctx);
+        let job = CreateJob { ctx, path, mode, flags, token, ino, parent, name, pc };
+        sh.wb.submit(job);
+        let fh = sh.next_fh.fetch_add(1, Relaxed);
+        sh.files.lock().unwrap().insert(fh, Arc::new(open));
+        reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
+    }
+}
+
+impl Shared {
+    /// Waits until the write-back creates at `path` or below it are done (a node-local path;
+    /// elsewhere there are none).
+    pub(super) fn wait_name(&self, path: &str) {
+        if super::node_local_depth(path) >= 2 {
+            self.wb.wait_under(path);
+        }
+    }
+
+    /// Sends a batch of write-back tasks (an executor thread of `writeback.rs`, its own
+    /// connections `c`): the creates pipelined, then the releases (those queued, and those of
+    /// files whose create was in flight at their close). A refused create is the file's errno
+    /// from then on, and the name is no longer known in its directory.
+    pub(super) fn send_batch(&self, c: &mut crate::rpc::Conns, batch: Vec<Task>) {
+        let mut creates = Vec::new();
+        let mut releases = Vec::new();
+        for t in batch {
+            match t {
+                Task::Create(j) => creates.push(j),
+                Task::Release(ctx, path, cap) => releases.push((ctx, Op::Release { path, cap })),
+            }
+        }
+        if !creates.is_empty() {
+            let reqs = creates
+                .iter()
+                .map(|j| {
+                    let op = Op::Create { path: j.path.clone(), mode: j.mode, flags: j.flags, token: j.token };
+                    (j.ctx.clone(), op)
+                })
+                .collect();
+            for (job, reply) in creates.into_iter().zip(self.rpc.call_many(c, reqs)) {
+                if let Some(r) = self.created(job, reply) {
+                    releases.push(r);
+                }
+            }
+        }
+        if !releases.is_empty() {
+            // close(2) does not report release errors; the daemon counts failures.
+            let _ = self.rpc.call_many(c, releases);
+        }
+    }
+
+    /// The daemon's `reply` to write-back create `job`: recorded; the file's release to send
+    /// now, if its close came meanwhile.
+    fn created(&self, job: CreateJob, reply: Result<Body, i32>) -> Option<(Ctx, Op)> {
+        let outcome = match reply {
+            Ok(Body::Created { attr, cap, parent }) => {
+                self.dir_attrs.put(job.parent, parent, self.ttl);
+                Ok((attr, cap))
+            }
+            Ok(Body::Opened { attr, cap }) => Ok((attr, cap)),
+            Ok(_) => Err(errno::EIO),
+            Err(e) => Err(e),
+        };
+        let outcome = match outcome {
+            Ok((attr, cap)) => {
+                self.wb.complete(&job, Ok(attr.ino));
+                Outcome::Made(cap)
+            }
+            Err(e) => {
+                self.complete.removed(job.parent, &job.name);
+                self.dir_attrs.drop_ino(job.parent);
+                self.wb.complete(&job, Err(e));
+                Outcome::Failed(e)
+            }
+        };
+        match (job.pc.finish(outcome.clone()), outcome) {
+            (Some(r), Outcome::Made(cap)) => Some((r.ctx, Op::Release { path: r.path, cap })),
+            _ => None,
+        }
     }
 }
