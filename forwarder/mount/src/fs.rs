@@ -28,6 +28,7 @@ mod jobs;
 mod ops;
 mod pool;
 mod writeback;
+mod writeback_path;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -11,11 +11,11 @@ use fuser::{
     Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
-use pharos_fwd_proto::{errno, Attr, Body, Ctx, Kind, Op, SetAttr, Time};
+use pharos_fwd_proto::{errno, Body, Ctx, Op, SetAttr};
 
 use super::attr::{fattr, join, tott};
-use super::writeback::{CreateJob, DeferredRelease, Outcome, PendingCreate, Task};
-use super::{Grant, Open, PharosFs, Shared, SUIDGID};
+use super::writeback::DeferredRelease;
+use super::{Grant, Open, PharosFs, SUIDGID};
 
 impl Filesystem for PharosFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
@@ -540,129 +540,5 @@ impl PharosFs {
                 Err(e) => reply.error(e),
             }
         });
-    }
-}
-
-impl PharosFs {
-    /// The attributes of directory `parent` when a create of `name` at `path` may be answered
-    /// by the mount (`writeback.rs`): write-back on, a node-local rank directory whose names
-    /// the mount knows whole (`name` is absent) and whose attributes it holds (the kernel's
-    /// permission check; no setgid bit, so the file's group is the caller's).
-    fn writeback_parent(&self, parent: u64, name: &str, path: &str) -> Option<Attr> {
-        if !super::node_local(path) || !self.sh.wb.enabled() || !self.sh.complete.knows_absent(parent, name) {
-            return None;
-        }
-        self.sh.dir_attrs.peek(parent).filter(|d| d.perm & libc::S_ISGID == 0)
-    }
-
-    /// Answers a create at `path` (`at`: the directory's inode, its attributes, the name) here:
-    /// an inode number of the mount's, the attributes the daemon would give, an open handle
-    /// whose capability comes with the daemon's answer; the daemon's create is queued (`how`:
-    /// mode with the umask applied, open flags, token). Blocks while the write-back table is
-    /// full (back-pressure).
-    fn create_here(&self, ctx: Ctx, at: (u64, Attr, String), path: String, how: (u32, i32, u64), reply: ReplyCreate) {
-        let ((parent, dir, name), (mode, flags, token)) = (at, how);
-        let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let now = Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() };
-        let sh = &self.sh;
-        let ino = sh.wb.new_ino();
-        let attr = Attr {
-            ino,
-            kind: Kind::File,
-            perm: mode,
-            nlink: 1,
-            uid: ctx.uid,
-            gid: ctx.gid,
-            size: 0,
-            blocks: 0,
-            rdev: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-        };
-        // The directory as the kernel will ask for it next (its permission check): changed now.
-        sh.dir_attrs.put(parent, Attr { mtime: now, ctime: now, ..dir }, sh.ttl);
-        sh.complete.added(parent, &name);
-        sh.learn(ino, &path);
-        let pc = PendingCreate::new();
-        let open = Open::granted(attr.clone(), ino, Grant::Pending(pc.clone()), &ctx);
-        let job = CreateJob { ctx, path, mode, flags, token, ino, parent, name, pc };
-        sh.wb.submit(job);
-        let fh = sh.next_fh.fetch_add(1, Relaxed);
-        sh.files.lock().unwrap().insert(fh, Arc::new(open));
-        reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
-    }
-}
-
-impl Shared {
-    /// Waits until the write-back creates at `path` or below it are done (a node-local path;
-    /// elsewhere there are none).
-    pub(super) fn wait_name(&self, path: &str) {
-        if super::node_local_depth(path) >= 2 {
-            self.wb.wait_under(path);
-        }
-    }
-
-    /// Sends a batch of write-back tasks (an executor thread of `writeback.rs`, its own
-    /// connections `c`): the creates pipelined, then the releases (those queued, and those of
-    /// files whose create was in flight at their close). A refused create is the file's errno
-    /// from then on, and the name is no longer known in its directory.
-    pub(super) fn send_batch(&self, c: &mut crate::rpc::Conns, batch: Vec<Task>) {
-        let mut creates = Vec::new();
-        let mut releases = Vec::new();
-        for t in batch {
-            match t {
-                Task::Create(j) => creates.push(j),
-                Task::Release(ctx, path, cap) => releases.push((ctx, Op::Release { path, cap })),
-            }
-        }
-        if !creates.is_empty() {
-            let reqs = creates
-                .iter()
-                .map(|j| {
-                    let op = Op::Create { path: j.path.clone(), mode: j.mode, flags: j.flags, token: j.token };
-                    (j.ctx.clone(), op)
-                })
-                .collect();
-            for (job, reply) in creates.into_iter().zip(self.rpc.call_many(c, reqs)) {
-                if let Some(r) = self.created(job, reply) {
-                    releases.push(r);
-                }
-            }
-        }
-        if !releases.is_empty() {
-            // close(2) does not report release errors; the daemon counts failures.
-            let _ = self.rpc.call_many(c, releases);
-        }
-    }
-
-    /// The daemon's `reply` to write-back create `job`: recorded; the file's release to send
-    /// now, if its close came meanwhile.
-    fn created(&self, job: CreateJob, reply: Result<Body, i32>) -> Option<(Ctx, Op)> {
-        let outcome = match reply {
-            Ok(Body::Created { attr, cap, parent }) => {
-                self.dir_attrs.put(job.parent, parent, self.ttl);
-                Ok((attr, cap))
-            }
-            Ok(Body::Opened { attr, cap }) => Ok((attr, cap)),
-            Ok(_) => Err(errno::EIO),
-            Err(e) => Err(e),
-        };
-        let outcome = match outcome {
-            Ok((attr, cap)) => {
-                self.wb.complete(&job, Ok(attr.ino));
-                Outcome::Made(cap)
-            }
-            Err(e) => {
-                self.complete.removed(job.parent, &job.name);
-                self.dir_attrs.drop_ino(job.parent);
-                self.wb.complete(&job, Err(e));
-                Outcome::Failed(e)
-            }
-        };
-        match (job.pc.finish(outcome.clone()), outcome) {
-            (Some(r), Outcome::Made(cap)) => Some((r.ctx, Op::Release { path: r.path, cap })),
-            _ => None,
-        }
     }
 }
