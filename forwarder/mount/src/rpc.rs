@@ -325,6 +325,13 @@ impl Rpc {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
+    /// Node `i` failed: one more failure counted, and tried last for `DOWN_FOR`.
+    fn mark_down(&self, i: usize) {
+        let n = &self.nodes[i];
+        n.failures.fetch_add(1, Relaxed);
+        n.down_until_ms.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Relaxed);
+    }
+
     fn is_down(&self, i: usize) -> bool {
         self.nodes[i].down_until_ms.load(Relaxed) > self.now_ms()
     }
@@ -373,8 +380,7 @@ impl Rpc {
                     }
                     conns.m.remove(&i);
                     let n = &self.nodes[i];
-                    n.failures.fetch_add(1, Relaxed);
-                    n.down_until_ms.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Relaxed);
+                    self.mark_down(i);
                     match f {
                         Fail::NotSent(e) => {
                             log::warn!("forwarding node {} ({}): {e}; trying the next node", n.name, n.addr)

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::*;
 
 use pharos_fwd_proto::{self as proto, errno, Body, Ctx, Op, Reply, Request};
 
-use super::{reusable, Conns, Fail, Rpc, DOWN_FOR};
+use super::{reusable, Conns, Fail, Rpc};
 
 impl Rpc {
     /// Sends the idempotent requests `reqs` pipelined: those whose first candidate node is the
@@ -35,8 +35,7 @@ impl Rpc {
             if let Some(f) = failed {
                 conns.m.remove(&i);
                 let n = &self.nodes[i];
-                n.failures.fetch_add(1, Relaxed);
-                n.down_until_ms.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Relaxed);
+                self.mark_down(i);
                 let (sent, e) = match f {
                     Fail::NotSent(e) => (false, e),
                     Fail::Sent(e) => (true, e),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use pharos_fwd_proto::{Body, Ctx, Op, Reply, Request};
 use serde::Serialize;
 
-use super::{Conns, Fail, Mapping, Rpc, DOWN_FOR};
+use super::{Conns, Fail, Mapping, Rpc};
 
 /// One node's flush before a remap: its name, and the error when it did not flush.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -64,8 +64,7 @@ impl Rpc {
                     Ok(Reply { body: Ok(b), .. }) => Some(format!("unexpected reply {b:?}")),
                     Ok(Reply { body: Err(e), .. }) => Some(format!("errno {}: {}", e.errno, e.msg)),
                     Err(Fail::NotSent(e) | Fail::Sent(e)) => {
-                        n.failures.fetch_add(1, Relaxed);
-                        n.down_until_ms.store(self.now_ms() + DOWN_FOR.as_millis() as u64, Relaxed);
+                        self.mark_down(i);
                         Some(e)
                     }
                 }
