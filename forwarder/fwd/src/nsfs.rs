@@ -143,11 +143,18 @@ pub fn linkat(a: RawFd, an: &CStr, b: RawFd, bn: &CStr, flags: libc::c_int) -> i
     cvt(unsafe { libc::linkat(a, an.as_ptr(), b, bn.as_ptr(), flags) }).map(drop)
 }
 
-/// Gives the unnamed file `f` (`O_TMPFILE`) the name `name` in `dir` (no capability needed,
-/// unlike `AT_EMPTY_PATH`).
+/// Gives the unnamed file `f` (`O_TMPFILE`) the name `name` in `dir`: by the file itself
+/// (`AT_EMPTY_PATH`: needs `CAP_DAC_READ_SEARCH`, which a root caller's credentials keep, or,
+/// since Linux 6.10, the opener's credentials), else, refused with `ENOENT`, by its
+/// `/proc/self/fd` link (no capability needed; a path walk through procfs more).
 pub fn link_tmpfile(f: &File, dir: RawFd, name: &CStr) -> io::Result<()> {
-    let proc = cstr(&format!("/proc/self/fd/{}", f.as_raw_fd()))?;
-    linkat(libc::AT_FDCWD, &proc, dir, name, libc::AT_SYMLINK_FOLLOW)
+    match linkat(f.as_raw_fd(), c"", dir, name, libc::AT_EMPTY_PATH) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            let proc = cstr(&format!("/proc/self/fd/{}", f.as_raw_fd()))?;
+            linkat(libc::AT_FDCWD, &proc, dir, name, libc::AT_SYMLINK_FOLLOW)
+        }
+        r => r,
+    }
 }
 
 pub fn symlinkat(target: &CStr, dir: RawFd, name: &CStr) -> io::Result<()> {

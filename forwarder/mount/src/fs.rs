@@ -144,8 +144,8 @@ pub struct Shared {
     groups: crate::creds::GroupsCache,
     next_fh: AtomicU64,
     ttl: Duration,
-    /// `FOPEN_*` flags of every open and create reply: [`FOPEN_DIRECT_IO`], plus
-    /// [`FOPEN_PARALLEL_DIRECT_WRITES`] with `--parallel-writes`.
+    /// `FOPEN_*` flags of every open and create reply: [`FOPEN_DIRECT_IO`] and
+    /// [`FOPEN_NOFLUSH`], plus [`FOPEN_PARALLEL_DIRECT_WRITES`] with `--parallel-writes`.
     open_flags: u32,
     /// FUSE operations handed to the I/O pool (`/status` and `/metrics`: `ops`).
     pub ops: AtomicU64,
@@ -165,6 +165,14 @@ pub struct Shared {
 /// concurrently, instead of one at a time under the inode lock. Writes that extend the file,
 /// and O_APPEND writes, stay serialised by the kernel. Older kernels ignore the bit.
 pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
+
+/// `FOPEN_NOFLUSH` (FUSE protocol 7.35, Linux 5.16; not in fuser 0.15's constants): close(2)
+/// sends no FLUSH. The mount has no data cache and no POSIX locks of its own (the kernel's
+/// local locks), so a FLUSH had nothing to do: one request less per close. A write-back
+/// create's refusal is reported at the file's next operation and at fsync, not at close
+/// (`writeback.rs`; close could not wait for a create still in flight anyway). Older kernels
+/// ignore the bit and send FLUSH, answered as before (`flush` in `ops.rs`).
+pub const FOPEN_NOFLUSH: u32 = 1 << 5;
 
 /// The FUSE file system (`fuser::Filesystem`, in `ops.rs`) and its I/O pool, whose threads
 /// stop when it is dropped.
@@ -259,7 +267,9 @@ impl PharosFs {
             groups: crate::creds::GroupsCache::default(),
             next_fh: AtomicU64::new(1),
             ttl,
-            open_flags: FOPEN_DIRECT_IO | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
+            open_flags: FOPEN_DIRECT_IO
+                | FOPEN_NOFLUSH
+                | if parallel_writes { FOPEN_PARALLEL_DIRECT_WRITES } else { 0 },
             ops: AtomicU64::new(0),
             complete: complete::Complete::default(),
             answer_absent: false,

@@ -305,9 +305,9 @@ impl Filesystem for PharosFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock: u64, reply: ReplyEmpty) {
-        // No client-side data cache: nothing to write back. A write-back create already known
-        // to have failed is reported here (close(2)); one still in flight is not waited for:
-        // fsync is the point that waits.
+        // Sent only by kernels older than FOPEN_NOFLUSH (`fs.rs`). No client-side data cache:
+        // nothing to write back. A write-back create already known to have failed is reported
+        // here (close(2)); one still in flight is not waited for: fsync is the point that waits.
         match self.sh.files.lock().unwrap().get(&fh).map(|f| f.failed()) {
             Some(None) => reply.ok(),
             Some(Some(e)) => reply.error(e),

@@ -16,8 +16,8 @@
 //!   [`PendingCreate::wait`]); the daemon never sees an operation on a name it has not made.
 //! * **Errors.** A create the daemon refused (`EACCES`, `ENOSPC`, `EDQUOT`, ...) is counted
 //!   ([`WriteBack::errors`], `deferred_create_errors`), logged, and its errno is the answer of
-//!   the next operation on the file (and of `close` when already known, of `fsync` always, of an
-//!   `fsync` of its directory once).
+//!   the next operation on the file (of `fsync` always, of an `fsync` of its directory once;
+//!   not of `close`: files are opened `FOPEN_NOFLUSH`, so close(2) asks the mount nothing).
 //! * **Bounded.** At most [`WriteBack::max`] creates are pending; a create beyond waits for
 //!   room (back-pressure towards the application, as the I/O pool's queue).
 //! * **Durability.** `fsync` of the file or of its directory, and the unmount (SIGTERM), wait
