@@ -134,19 +134,17 @@ def _usage(
         usage_sql, job_sql = (q.replace("__SRC__", src) for q in (ROLLUP_USAGE_SQL, ROLLUP_JOB_SQL))
     else:
         usage_sql, job_sql = WINDOW_USAGE_SQL, WINDOW_JOB_SQL
-    use = store.query(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
-    own = store.query(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    # Columns, not a dict per row: a site's hour is ~10^6 usage rows (bench/failslow_windows.py).
+    use = store.query_columns(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    own = store.query_columns(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
     by_w = _Windows()
-    for r in use:
-        by_w.setdefault(int(r["w"]), {}).setdefault((r["rtype"], r["res"]), {})[r["job_id"]] = {
-            "n": int(r["n"]),
-            "bytes": int(r["bytes"]),
-            "svc_ns": int(r["svc_ns"]),
-        }
-    by_w.index()
+    by_w.fill(use["w"], use["rtype"], use["res"], use["job_id"], use["n"], use["bytes"], use["svc_ns"])
     jobw = _JobWindows(
-        ((r["job_id"], int(r["w"])), {k: int(r[k]) for k in ("n", "bytes", "svc_ns", "qw_ns")}) for r in own
+        ((j, w), {"n": n, "bytes": b, "svc_ns": s, "qw_ns": q})
+        for j, w, n, b, s, q in zip(
+            own["job_id"], own["w"], own["n"], own["bytes"], own["svc_ns"], own["qw_ns"], strict=True
+        )
     )
     return by_w, jobw
 
@@ -187,11 +185,24 @@ class _Windows(dict):
         self.shared: dict[tuple[str, int], bool] = {}
         self.co_bytes: dict[tuple[str, int], int] = {}
 
+    def fill(self, ws, rtypes, ress, jobs, ns, nbytes, svcs) -> None:
+        """Adds the usage rows given as columns (window, resource type, resource, job, requests,
+        bytes, service ns; ints), then indexes them (:meth:`index`)."""
+        bytes_on, add = self.bytes_on, self.setdefault
+        for w, rt, r, j, n, b, s in zip(ws, rtypes, ress, jobs, ns, nbytes, svcs, strict=True):
+            res = (rt, r)
+            add(w, {}).setdefault(res, {})[j] = {"n": n, "bytes": b, "svc_ns": s}
+            k = (w, res)
+            bytes_on[k] = bytes_on.get(k, 0) + b
+        self.index()
+
     def index(self) -> None:
+        """The indexes of the usage (the bytes of all jobs on each (window, resource) summed
+        already, by :meth:`fill`)."""
         res_of, shared, co = self.res_of, self.shared, self.co_bytes
         for w, by_res in self.items():
             for res, jobs in by_res.items():
-                total = self.bytes_on[(w, res)] = sum(st["bytes"] for st in jobs.values())
+                total = self.bytes_on[(w, res)]
                 many = len(jobs) > 1
                 for j, st in jobs.items():
                     k = (j, w)

@@ -42,7 +42,7 @@ class _BrokenStore(Store):
     def _command(self, sql, params):
         raise RuntimeError("boom")
 
-    _query = _command
+    _query = _query_columns = _command
 
     def _insert_json(self, table, payload):
         raise RuntimeError("boom")

@@ -92,3 +92,20 @@ def test_query_rows_keep_their_values(store):
         for i in range(3)
     ]
     assert store.query("SELECT 1 AS x WHERE 0") == []
+
+
+def test_query_columns_are_the_rows_transposed(store):
+    # the interference pass reads its ~10^6 usage rows as columns (Store.query_columns)
+    sql = (
+        "SELECT number AS n, toUInt64(9223372036854775808 + number) AS big, concat('a\\n,b]', toString(number)) AS s, "
+        "[number, 2] AS a, if(number = 1, NULL, number) AS z, "
+        "toDateTime64('2026-01-02 03:04:05.5', 3, 'UTC') AS t FROM numbers(3) ORDER BY n"
+    )
+    cols = store.query_columns(sql)
+    assert list(cols) == ["n", "big", "s", "a", "z", "t"]
+    assert cols["big"] == [2**63 + i for i in range(3)] and all(type(v) is int for v in cols["big"])
+    rows = store.query(sql)
+    assert {k: [r[k] for r in rows] for k in cols if k != "big"} == {k: v for k, v in cols.items() if k != "big"}
+    assert store.query_columns("SELECT 1 AS x WHERE 0") == {"x": []}
+    with pytest.raises(StoreError):
+        store.query_columns("SELECT no_such_column")

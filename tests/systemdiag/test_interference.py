@@ -149,11 +149,20 @@ def test_window_indexes_equal_their_definitions():
     rnd = random.Random(5)
     by_w = _Windows()
     resources = [("forwarding_node", f"fwd{i}") for i in range(6)] + [("target", f"ost{i}") for i in range(24)]
-    for w in range(40):
-        for j in (f"job{k}" for k in range(12)):
-            for res in rnd.sample(resources, rnd.randint(0, 4)):
-                by_w.setdefault(w, {}).setdefault(res, {})[j] = {"n": 1, "bytes": rnd.randint(1, 10**6), "svc_ns": 1}
-    by_w.index()
+    rows = [  # the usage query's rows (window, resource type, resource, job, n, bytes, svc_ns)
+        (w, *res, j, 1, rnd.randint(1, 10**6), 1)
+        for w in range(40)
+        for j in (f"job{k}" for k in range(12))
+        for res in rnd.sample(resources, rnd.randint(0, 4))
+    ]
+    rnd.shuffle(rows)  # in no particular order, as a GROUP BY gives them
+    by_w.fill(*(list(c) for c in zip(*rows, strict=True)))
+    assert sum(len(jobs) for by_res in by_w.values() for jobs in by_res.values()) == len(rows)
+    for w, rt, r, j, _, b, _ in rows:
+        assert by_w[w][(rt, r)][j]["bytes"] == b
+    for w, by_res in by_w.items():
+        for res, jobs in by_res.items():
+            assert by_w.bytes_on[(w, res)] == sum(st["bytes"] for st in jobs.values())
     assert by_w.shared and any(by_w.shared.values()) and not all(by_w.shared.values())
     for (j, w), res in by_w.res_of.items():
         others = {o for r in res for o in by_w[w][r]} - {j}
