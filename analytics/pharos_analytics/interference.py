@@ -46,6 +46,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow_sql import FORWARDER_ROLLUPS, forwarder_rollup
 from .interference_sql import (
+    INDEX_SQL,
     JOB_NAME_SQL,
     JOB_NAMES_SQL,
     JOB_SPAN_SQL,
@@ -134,12 +135,10 @@ def _usage(
         usage_sql, job_sql = (q.replace("__SRC__", src) for q in (ROLLUP_USAGE_SQL, ROLLUP_JOB_SQL))
     else:
         usage_sql, job_sql = WINDOW_USAGE_SQL, WINDOW_JOB_SQL
-    # Columns, not a dict per row: a site's hour is ~10^6 usage rows (bench/failslow_windows.py).
-    use = store.query_columns(usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
+    # (w) -> (rtype, res) -> job -> stats, read when first asked ; (job, w) -> stats. Columns, not
+    # a dict per row: a site's hour is ~10^6 usage rows (bench/failslow_windows.py).
+    by_w = _Windows.read(store, usage_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
     own = store.query_columns(job_sql.replace("__JOBS__", _jobs_clause(job_ids)), p)
-    # (w) -> (rtype, res) -> job -> stats ; (job, w) -> stats
-    by_w = _Windows()
-    by_w.fill(use["w"], use["rtype"], use["res"], use["job_id"], use["n"], use["bytes"], use["svc_ns"])
     jobw = _JobWindows(
         ((j, w), {"n": n, "bytes": b, "svc_ns": s, "qw_ns": q})
         for j, w, n, b, s, q in zip(
@@ -168,50 +167,70 @@ class _JobWindows(dict):
         return self.of.get(job, [])
 
 
-class _Windows(dict):
-    """The usage of :func:`_usage`: window -> (resource type, resource) -> job -> stats, with
-    indexes built once, in one pass over the usage (:meth:`index`): the resources of each (job,
-    window), in the same order; the bytes of all jobs on each (window, resource); whether another
-    job used one of a (job, window)'s resources (``shared``) and the bytes the others moved on
-    them (``co_bytes``). The detection asks per job and window, and scanning every resource of the
-    window, or every job of each of its resources, for each ask was the cycle's cost at a site's
-    size (50 jobs x 60 windows x 280 resources of ~25 jobs each: 72 s of a 74 s cycle,
-    bench/failslow_windows.py)."""
+class _Windows:
+    """The usage of :func:`_usage`: window -> (resource type, resource) -> job -> {n, bytes,
+    svc_ns} (``by_w[w]``, ``by_w.get(w)``), with the indexes the detection asks per job and
+    window: the resources of each (job, window) (sorted), whether another job used one of them
+    (``shared``) and the bytes the others moved on them (``co_bytes``).
 
-    def __init__(self) -> None:
-        super().__init__()
+    The indexes come from the store (:data:`INDEX_SQL` over the usage query: a window function
+    per (window, resource), one row per (job, window)); the usage itself is read, whole, on the
+    first ``by_w[w]``, which only an interfered window, a baseline's co-located bytes or a report
+    asks for. A cycle with no interference reads ~(jobs x windows) rows, not the ~10^6 usage rows
+    of a site's hour (bench/failslow_windows.py: building them in Python was most of the pass).
+    Scanning every resource of a window, or every job of each resource, per ask was the cycle's
+    cost before the indexes (50 jobs x 60 windows x 280 resources of ~25 jobs each: 72 s of a
+    74 s cycle)."""
+
+    def __init__(self, index: dict[str, list], load) -> None:
+        """``index``: :data:`INDEX_SQL`'s columns; ``load()``: the usage query's columns."""
         self.res_of: dict[tuple[str, int], list[tuple[str, str]]] = {}
-        self.bytes_on: dict[tuple[int, tuple[str, str]], int] = {}
         self.shared: dict[tuple[str, int], bool] = {}
         self.co_bytes: dict[tuple[str, int], int] = {}
+        for j, w, rs, shared, co in zip(
+            index["job_id"], index["w"], index["rs"], index["shared"], index["co"], strict=True
+        ):
+            k = (j, w)
+            self.res_of[k], self.shared[k], self.co_bytes[k] = [tuple(r) for r in rs], bool(shared), co
+        self._load = load
+        self._by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] | None = None
 
-    def fill(self, ws, rtypes, ress, jobs, ns, nbytes, svcs) -> None:
-        """Adds the usage rows given as columns (window, resource type, resource, job, requests,
-        bytes, service ns; ints), then indexes them (:meth:`index`)."""
-        bytes_on, add = self.bytes_on, self.setdefault
-        for w, rt, r, j, n, b, s in zip(ws, rtypes, ress, jobs, ns, nbytes, svcs, strict=True):
-            res = (rt, r)
-            add(w, {}).setdefault(res, {})[j] = {"n": n, "bytes": b, "svc_ns": s}
-            k = (w, res)
-            bytes_on[k] = bytes_on.get(k, 0) + b
-        self.index()
+    @classmethod
+    def read(cls, store: Store, usage_sql: str, params: dict) -> _Windows:
+        """The usage of ``usage_sql`` (columns w, rtype, res, job_id, n, bytes, svc_ns; a row per
+        (job, window, resource)) in ``store``, with ``params``: its indexes now, itself when asked.
+        Raises StoreError."""
+        index = store.query_columns(INDEX_SQL.replace("__USAGE__", usage_sql), params)
+        return cls(index, lambda: store.query_columns(usage_sql, params))
 
-    def index(self) -> None:
-        """The indexes of the usage (the bytes of all jobs on each (window, resource) summed
-        already, by :meth:`fill`)."""
-        res_of, shared, co = self.res_of, self.shared, self.co_bytes
-        for w, by_res in self.items():
-            for res, jobs in by_res.items():
-                total = self.bytes_on[(w, res)]
-                many = len(jobs) > 1
-                for j, st in jobs.items():
-                    k = (j, w)
-                    if k in res_of:
-                        res_of[k].append(res)
-                        shared[k] = shared[k] or many
-                        co[k] += total - st["bytes"]
-                    else:
-                        res_of[k], shared[k], co[k] = [res], many, total - st["bytes"]
+    def _windows(self) -> dict[int, dict[tuple[str, str], dict[str, dict]]]:
+        if self._by_w is None:
+            u = self._load()
+            by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
+            add = by_w.setdefault
+            for w, rt, r, j, n, b, sv in zip(
+                u["w"], u["rtype"], u["res"], u["job_id"], u["n"], u["bytes"], u["svc_ns"], strict=True
+            ):
+                add(w, {}).setdefault((rt, r), {})[j] = {"n": n, "bytes": b, "svc_ns": sv}
+            self._by_w, self._load = by_w, None
+        return self._by_w
+
+    def __getitem__(self, w: int) -> dict[tuple[str, str], dict[str, dict]]:
+        return self._windows()[w]
+
+    def get(self, w: int, default=None):
+        return self._windows().get(w, default)
+
+    def __bool__(self) -> bool:
+        return bool(self.res_of)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Windows):
+            return NotImplemented
+        mine = (self.res_of, self.shared, self.co_bytes, self._windows())
+        return mine == (other.res_of, other.shared, other.co_bytes, other._windows())
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _resources(by_w: _Windows, job: str, w: int) -> list[tuple[str, str]]:

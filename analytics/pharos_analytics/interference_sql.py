@@ -56,6 +56,19 @@ FROM (__SRC__)
 WHERE 1 __JOBS__
 GROUP BY job_id, w
 """
+#: The indexes of a usage query (``__USAGE__``: one of the two above): per (job, window), its
+#: resources (sorted), whether another job used one of them in the window, and the bytes the
+#: others moved on them (:class:`~pharos_analytics.interference._Windows`).
+INDEX_SQL = """
+SELECT job_id, w, arraySort(groupArray((rtype, res))) AS rs, max(k) > 1 AS shared, sum(tot - bytes) AS co
+FROM
+(
+    SELECT job_id, w, rtype, res, bytes, count() OVER p AS k, sum(bytes) OVER p AS tot
+    FROM (__USAGE__)
+    WINDOW p AS (PARTITION BY w, rtype, res)
+)
+GROUP BY job_id, w
+"""
 #: io_rollup_1s keeps 8 days (TTL by ingest time, migration 009): older ranges read raw records.
 ROLLUP_1S_RETENTION_NS = 7 * 86400 * 10**9
 

@@ -138,16 +138,15 @@ def test_a_job_that_barely_used_the_node_is_not_blamed(store):
     assert r["events"] == [], r["events"]
 
 
-def test_window_indexes_equal_their_definitions():
-    """The indexes the detection reads (``shared``, ``co_bytes``, the baseline's ``_Usual``, each
-    job's windows) equal
-    the per-(job, window) scans they replace, on a random usage of 12 jobs over 30 resources."""
+def test_window_indexes_equal_their_definitions(store):
+    """The indexes the detection reads (``shared``, ``co_bytes``: the store's ``INDEX_SQL``; the
+    baseline's ``_Usual``, each job's windows) equal the per-(job, window) scans they replace, on
+    a random usage of 12 jobs over 30 resources; the usage itself is read only when asked."""
     import random
 
     from pharos_analytics.interference import _JobWindows, _Usual, _Windows
 
     rnd = random.Random(5)
-    by_w = _Windows()
     resources = [("forwarding_node", f"fwd{i}") for i in range(6)] + [("target", f"ost{i}") for i in range(24)]
     rows = [  # the usage query's rows (window, resource type, resource, job, n, bytes, svc_ns)
         (w, *res, j, 1, rnd.randint(1, 10**6), 1)
@@ -156,15 +155,21 @@ def test_window_indexes_equal_their_definitions():
         for res in rnd.sample(resources, rnd.randint(0, 4))
     ]
     rnd.shuffle(rows)  # in no particular order, as a GROUP BY gives them
-    by_w.fill(*(list(c) for c in zip(*rows, strict=True)))
-    assert sum(len(jobs) for by_res in by_w.values() for jobs in by_res.values()) == len(rows)
+    cols = "w UInt64, rtype String, res String, job_id String, n UInt64, bytes UInt64, svc_ns UInt64"
+    usage_sql = (
+        f"SELECT * FROM values('{cols}', "
+        + ", ".join(f"({w}, '{t}', '{r}', '{j}', {n}, {b}, {v})" for w, t, r, j, n, b, v in rows)
+        + ")"
+    )
+    by_w = _Windows.read(store, usage_sql, {})
+    assert by_w._by_w is None  # not read yet: the indexes are
+    assert sum(len(jobs) for w in range(40) for jobs in (by_w.get(w) or {}).values()) == len(rows)
     for w, rt, r, j, _, b, _ in rows:
         assert by_w[w][(rt, r)][j]["bytes"] == b
-    for w, by_res in by_w.items():
-        for res, jobs in by_res.items():
-            assert by_w.bytes_on[(w, res)] == sum(st["bytes"] for st in jobs.values())
+    assert sorted(by_w.res_of) == sorted({(j, w) for w, _, _, j, *_ in rows})
     assert by_w.shared and any(by_w.shared.values()) and not all(by_w.shared.values())
     for (j, w), res in by_w.res_of.items():
+        assert res == sorted((t, r) for x, t, r, k, *_ in rows if (k, x) == (j, w))
         others = {o for r in res for o in by_w[w][r]} - {j}
         assert by_w.shared[(j, w)] == bool(others)
         assert by_w.co_bytes[(j, w)] == sum(st["bytes"] for r in res for o, st in by_w[w][r].items() if o != j)
