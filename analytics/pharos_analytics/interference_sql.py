@@ -58,7 +58,7 @@ GROUP BY job_id, w
 """
 #: The indexes of a usage query (``__USAGE__``: one of the two above): per (job, window), its
 #: resources (sorted), whether another job used one of them in the window, and the bytes the
-#: others moved on them (:class:`~pharos_analytics.interference._Windows`).
+#: others moved on them (:class:`~pharos_analytics.interference_usage._Windows`).
 INDEX_SQL = """
 SELECT job_id, w, arraySort(groupArray((rtype, res))) AS rs, max(k) > 1 AS shared, sum(tot - bytes) AS co
 FROM
