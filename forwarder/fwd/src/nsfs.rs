@@ -83,6 +83,16 @@ pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Res
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// `flock(fd, op)` (`LOCK_SH`, `LOCK_EX`, `LOCK_UN`), retried on `EINTR`.
+pub fn flock(fd: RawFd, op: libc::c_int) -> io::Result<()> {
+    loop {
+        match cvt(unsafe { libc::flock(fd, op) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r.map(drop),
+        }
+    }
+}
+
 /// The object `name` of `dir` itself (`O_PATH | O_NOFOLLOW`: a symlink is not followed), for
 /// the calls below that act on it by fd.
 pub fn open_obj(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {

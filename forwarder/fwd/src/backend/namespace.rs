@@ -180,6 +180,12 @@ impl Namespace {
     /// any mode); also returns the open sidecar (its link count tells when the last name
     /// went).
     fn layout_at(&self, dir: &OwnedFd, name: &CStr) -> Res<(Layout, u64, File)> {
+        self.layout_or_adopt(dir, name, 0)
+    }
+
+    /// [`Namespace::layout_at`]; a node-local sidecar still empty is adopted with create token
+    /// `token` (`namespace/inplace.rs`).
+    fn layout_or_adopt(&self, dir: &OwnedFd, name: &CStr, token: u64) -> Res<(Layout, u64, File)> {
         // O_NOATIME: reading the layout is not an access of the file (its atime is the sidecar's).
         let ro = libc::O_RDONLY | libc::O_NOFOLLOW;
         let mut f = match nsfs::openat(dir.as_raw_fd(), name, ro | libc::O_NOATIME, 0) {
@@ -202,9 +208,11 @@ impl Namespace {
                 Err(e) => return Err(werr(e)),
             }
         }
-        let s =
-            std::str::from_utf8(&buf[..n]).map_err(|_| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
-        let (l, tok) = parse_layout(s).ok_or_else(|| eno(errno::EIO, format!("corrupt layout sidecar {name:?}")))?;
+        let (l, tok) = match std::str::from_utf8(&buf[..n]).ok().and_then(parse_layout) {
+            Some(x) => x,
+            // Empty or torn: a node-local create in place (else `EIO`, a corrupt sidecar).
+            None => self.settle_in_place(dir, name, &f, token)?,
+        };
         Ok((l, tok, f))
     }
 
@@ -551,6 +559,7 @@ impl Namespace {
 }
 
 mod files;
+mod inplace;
 mod plus;
 mod swap;
 pub use swap::SwapRefused;

@@ -1,9 +1,10 @@
 //! Regular files of the namespace: create (placement, open marker, the sidecar linked into
 //! place; no object: objects are made by the first write), open (access checked, marker, re-check against a racing unlink) and
 //! release (open counts, marker, an orphan's last close).
+use std::ffi::CStr;
 use std::fs;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 
@@ -23,7 +24,7 @@ impl Namespace {
     /// (`O_TMPFILE`, with the caller's credentials) and linked into place, so other daemons
     /// never see it half-written and the kernel decides EEXIST races.
     /// In a node-local store (`backend/nodelocal.rs`), the file is on the store's target, with no
-    /// placement and no open marker.
+    /// placement and no open marker, and its sidecar is made in place (`namespace/inplace.rs`).
     pub fn create(
         &self,
         b: &Backend,
@@ -46,6 +47,12 @@ impl Namespace {
         nsfs::private_umask();
         // Permission to create there first (search and write), before anything is placed.
         let (d, name) = self.parent(path)?;
+        if let Some(ti) = self.local {
+            return match self.create_in_place(b, &d, &name, ti, mode, token, ctx)? {
+                Some(made) => Ok(made),
+                None => self.create_found(b, path, (&d, &name), flags, token, ctx),
+            };
+        }
         let g = caller(ctx);
         let staged = nsfs::openat(d.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, mode & 0o7777);
         drop(g);
@@ -90,15 +97,7 @@ impl Namespace {
             }
             cleanup(&made);
             if e.raw_os_error() == Some(errno::EEXIST) {
-                // A replay of this very create (same token) succeeded earlier: open it.
-                if let Ok((_, tok, _)) = self.layout_at(&d, &name) {
-                    if tok == token && token != 0 {
-                        return self.open(b, path, libc::O_RDWR, ctx);
-                    }
-                }
-                if !excl {
-                    return self.open(b, path, flags & !libc::O_TRUNC, ctx);
-                }
+                return self.create_found(b, path, (&d, &name), flags, token, ctx);
             }
             return Err(werr(e));
         }
@@ -115,6 +114,29 @@ impl Namespace {
                 Err(e)
             }
         }
+    }
+
+    /// A create of `path` (`at`: its directory and name) found the name taken: a replay of this
+    /// very create (same `token`) that succeeded earlier opens it, as does a create without
+    /// `O_EXCL`; else `EEXIST`.
+    fn create_found(
+        &self,
+        b: &Backend,
+        path: &str,
+        at: (&OwnedFd, &CStr),
+        flags: i32,
+        token: u64,
+        ctx: &Ctx,
+    ) -> Res<(Attr, Layout, OpenHandle)> {
+        if let Ok((_, tok, _)) = self.layout_or_adopt(at.0, at.1, token) {
+            if tok == token && token != 0 {
+                return self.open(b, path, libc::O_RDWR, ctx);
+            }
+        }
+        if flags & libc::O_EXCL == 0 {
+            return self.open(b, path, flags & !libc::O_TRUNC, ctx);
+        }
+        Err(eno(errno::EEXIST, "file exists"))
     }
 
     /// The access an open with `flags` needs (`O_TRUNC` needs write permission).

@@ -22,15 +22,7 @@ use crate::nsfs;
 
 /// Takes a shared `flock` on a sidecar (released when the file is closed).
 pub(super) fn lock_shared(f: &File) -> Res<()> {
-    loop {
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(werr(e));
-        }
-    }
+    nsfs::flock(f.as_raw_fd(), libc::LOCK_SH).map_err(werr)
 }
 
 /// Why a switch did not happen.
@@ -64,15 +56,7 @@ impl Namespace {
         let (d, name) = self.parent(path).map_err(wio)?;
         let mut f = nsfs::openat(d.as_raw_fd(), &name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)
             .map_err(|e| SwapRefused::Changed(format!("{path}: {e}")))?;
-        loop {
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                break;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io(e));
-            }
-        }
+        nsfs::flock(f.as_raw_fd(), libc::LOCK_EX).map_err(io)?;
         let st = nsfs::fstat(f.as_raw_fd()).map_err(io)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(SwapRefused::Changed(format!("{path}: not a regular file")));

@@ -95,3 +95,38 @@ fn only_the_attached_node_writes_until_a_replacement_takes_over() {
         [("42", "1", "cn9"), ("42", "2", "cn1")]
     );
 }
+
+#[test]
+fn a_sidecar_left_empty_by_a_stopped_create_is_adopted_once() {
+    // A create in place whose daemon stopped between making the name and writing its layout
+    // (`namespace/inplace.rs`): the name holds an empty sidecar.
+    let (d, b) = backend(4);
+    let c = on("cn0");
+    b.mkdir("/.nodelocal/42/5", 0o755, &c).unwrap();
+    let side = d.path().join(format!("ost{}/.nodelocal/42/5", rank_target("5", 4)));
+    fs::write(side.join("stopped"), "").unwrap();
+    // Every reader sees one layout: the first adopts it, the others read it.
+    let a = b.getattr("/.nodelocal/42/5/stopped", &on("cn1")).unwrap();
+    assert_eq!(a.size, 0);
+    let text = fs::read_to_string(side.join("stopped")).unwrap();
+    let (l, tok) = layout::parse_layout(&text).unwrap();
+    assert!(layout::is_local_oid(l.oid));
+    assert_eq!((l.targets.clone(), tok), (vec![rank_target("5", 4)], 0));
+    let (_, l2, h2) = b.open("/.nodelocal/42/5/stopped", libc::O_RDWR, &c).unwrap();
+    assert_eq!(l2, l);
+    let mut info = IoInfo::default();
+    b.write(&l2, h2, 0, b"data", &mut info).unwrap();
+    b.release(&l2, h2).unwrap();
+    assert_eq!(b.getattr("/.nodelocal/42/5/stopped", &on("cn1")).unwrap().size, 4);
+    // The replay of a stopped create (same token) finds its file: adopted with its token.
+    fs::write(side.join("replayed"), "").unwrap();
+    let (_, l3, h3) = b.create("/.nodelocal/42/5/replayed", 0o644, EXCL, 77, &c).unwrap();
+    b.release(&l3, h3).unwrap();
+    let (_, tok) = layout::parse_layout(&fs::read_to_string(side.join("replayed")).unwrap()).unwrap();
+    assert_eq!(tok, 77);
+    // Another create of a taken name: EEXIST, the file untouched; a sidecar that is not a layout: EIO.
+    assert_eq!(b.create("/.nodelocal/42/5/replayed", 0o644, EXCL, 78, &c).unwrap_err().errno, errno::EEXIST);
+    fs::write(side.join("junk"), "not a layout").unwrap();
+    assert_eq!(b.getattr("/.nodelocal/42/5/junk", &c).unwrap_err().errno, errno::EIO);
+    assert_eq!(fs::read_to_string(side.join("junk")).unwrap(), "not a layout");
+}
