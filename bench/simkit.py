@@ -479,6 +479,7 @@ class Machine:
                 entry = b"\x32" + varint(len(rb)) + rb
                 if n and (n >= BATCH_MAX_RECORDS or size + len(entry) > BATCH_MAX_BYTES):
                     msgs.append(_Msg(producer, a, at, n))
+                    total += n  # a full batch's records count too, not only the producer's last
                     a, n, size = at, 0, 0
                 p0 = at + len(entry) - len(rb)
                 pos.extend((p0 + 1, p0 + _end_at(rb)))
