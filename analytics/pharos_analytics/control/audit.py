@@ -53,27 +53,50 @@ class Audit:
         error: str = "",
         endpoints: list[str] | None = None,
     ) -> dict:
-        row = {
-            "time": ns_to_datetime64(now_ns),
-            "action_id": uuid.uuid4().hex,
-            "job_id": job_id,
-            "kind": kind,
-            "resource": resource,
-            "from_state": before,
-            "to_state": after,
-            "reason": reason,
-            "evidence": json.dumps(evidence, default=str, separators=(",", ":")),
-            "dry_run": int(self.cfg.dry_run),
-            "status": status,
-            "error": error,
-            "endpoints": endpoints or [],
-        }
-        self.store.insert_rows("control_actions", [row])
-        if status == "failed":
-            log.warning("control %s %s %s failed: %s", kind, job_id or resource, after, error)
-        else:
-            log.info("control %s %s %s -> %s (%s): %s", kind, job_id or resource, before, after, status, reason)
-        return row
+        """Records one action row (``control_actions``) and logs it; returns the row."""
+        args = dict(kind=kind, job_id=job_id, resource=resource, before=before, after=after, reason=reason)
+        return self._record_many(now_ns, [args | {"evidence": evidence}], status, error, endpoints)[0]
+
+    def _record_many(
+        self, now_ns: int, actions: list[dict], status: str, error: str = "", endpoints: list[str] | None = None
+    ) -> list[dict]:
+        """:meth:`_record` for many actions (each a dict of its ``kind``, ``job_id``, ``resource``,
+        ``before``, ``after``, ``reason``, ``evidence``) with one status, in one insert: a cycle's
+        DFRA decisions at 2,000 jobs were 2,000 inserts (~7 s, ``bench/simulate.py``)."""
+        rows = [
+            {
+                "time": ns_to_datetime64(now_ns),
+                "action_id": uuid.uuid4().hex,
+                "job_id": a["job_id"],
+                "kind": a["kind"],
+                "resource": a["resource"],
+                "from_state": a["before"],
+                "to_state": a["after"],
+                "reason": a["reason"],
+                "evidence": json.dumps(a["evidence"], default=str, separators=(",", ":")),
+                "dry_run": int(self.cfg.dry_run),
+                "status": status,
+                "error": error,
+                "endpoints": endpoints or [],
+            }
+            for a in actions
+        ]
+        if rows:
+            self.store.insert_rows("control_actions", rows)
+        for a in actions:
+            if status == "failed":
+                log.warning("control %s %s %s failed: %s", a["kind"], a["job_id"] or a["resource"], a["after"], error)
+            else:
+                log.info(
+                    "control %s %s %s -> %s (%s): %s",
+                    a["kind"],
+                    a["job_id"] or a["resource"],
+                    a["before"],
+                    a["after"],
+                    status,
+                    a["reason"],
+                )
+        return rows
 
     # -- pins -------------------------------------------------------------------------------------
     def pins(self) -> dict[str, dict[str, dict]]:

@@ -137,6 +137,7 @@ class Leases:
                 for n in nodes
             ],
         )
+        self._allocations_changed()
 
     def _slurm_view(self) -> tuple[set[str] | None, str]:
         """Slurm's answer for the jobs holding reserved nodes (:func:`slurm_alive`); (None,

@@ -222,7 +222,7 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migra
             t0 = time.monotonic()
             view = self.refresh_view(cfg.http_timeout_s)
             slurm = self._slurm_view()
-            with self._lock:
+            with self._lock, self.memo_cycle():
                 rows, pins, anomalies, summary = self._cycle(now_ns, view, slurm)
             placement = self._placement(now_ns, pins, anomalies, view) if cfg.placement_enabled else None
             if placement:
@@ -374,7 +374,7 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migra
         and the pins (ended jobs' entries dropped); a ``sync`` row when only a re-push happened.
         Dry run: recorded, nothing pushed. Returns the action rows."""
         if self.cfg.dry_run:
-            return [self._record(now_ns, status="recorded", **args) for args, _ in new_rows]
+            return self._record_many(now_ns, [args for args, _ in new_rows], "recorded")
         rows = []
         desired = self._desired_entries(managed, pins, view)
         for args, job in new_rows:
@@ -387,10 +387,7 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migra
         failed = [r for r in results if not r.ok]
         err = "; ".join(f"{r.url}: {r.error}" for r in failed)
         urls = [r.url for r in results]
-        for args, _ in new_rows:
-            rows.append(
-                self._record(now_ns, status="failed" if failed else "applied", error=err, endpoints=urls, **args)
-            )
+        rows += self._record_many(now_ns, [args for args, _ in new_rows], "failed" if failed else "applied", err, urls)
         if not new_rows and any(r.changed for r in results):
             pushed = [r for r in results if r.changed and r.error != "in back-off after a failed push"]
             if pushed:

@@ -3,6 +3,9 @@ loads and capacity of the forwarding nodes, reservations (the SQL and the reads)
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from pharos_core.store import ns_to_datetime64
 
 from ..failslow_sql import ROLLUP_FWD_WINDOW
@@ -83,6 +86,37 @@ class ControlState:
     def _q(self, sql: str, **p) -> list[dict]:
         return self.store.query(sql, p)
 
+    def _cycle_memo(self, key: tuple, fn):
+        """``fn()``, once per control cycle for ``key`` while a cycle runs (:meth:`memo_cycle`):
+        the capacity, loads and holders every DFRA decision of the cycle asks for (2,000 jobs at
+        TaihuLight's scale asked them 2,000 times: ~60 s of a 75 s cycle, ``bench/simulate.py``);
+        outside a cycle (or in another thread than the cycle's), ``fn()`` each time."""
+        memo = self._memo_here()
+        if memo is None:
+            return fn()
+        if key not in memo:
+            memo[key] = fn()
+        return memo[key]
+
+    @contextlib.contextmanager
+    def memo_cycle(self):
+        """The scope of one cycle's memo (:meth:`_cycle_memo`), dropped at its end."""
+        self._memo = (threading.get_ident(), {})
+        try:
+            yield
+        finally:
+            self._memo = None
+
+    def _memo_here(self) -> dict | None:
+        m = getattr(self, "_memo", None)
+        return m[1] if m is not None and m[0] == threading.get_ident() else None
+
+    def _allocations_changed(self) -> None:
+        """An allocation row was written: the cycle's holders are read again."""
+        memo = self._memo_here()
+        if memo:
+            memo.pop(("holders",), None)
+
     def _active_jobs(self, now_ns: int) -> dict[str, dict]:
         """Jobs started (and not ended) no longer than ``active_job_max_age_s`` ago, not after
         ``now_ns``: job -> its start row (name, user, command, start_ns)."""
@@ -129,7 +163,7 @@ class ControlState:
 
     def _holders(self) -> dict[str, str]:
         """Reserved node -> the job holding it ('' = free), every node with an allocation row."""
-        return {r["node"]: r["job_id"] for r in self._q(ALLOCATIONS_SQL)}
+        return self._cycle_memo(("holders",), lambda: {r["node"]: r["job_id"] for r in self._q(ALLOCATIONS_SQL)})
 
     def _anomalies(self, now_ns: int) -> list[dict]:
         cfg = self.cfg
@@ -147,6 +181,10 @@ class ControlState:
         return [r for r in rows if int(r["t_ns"]) == newest and int(r["active"])]
 
     def _loads(self, now_ns: int) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+        """Forwarded bytes/s over the last ``load_window_s``: per node, per (job, node)."""
+        return self._cycle_memo(("loads", now_ns, self.cfg.load_window_s), lambda: self._read_loads(now_ns))
+
+    def _read_loads(self, now_ns: int) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
         w = self.cfg.load_window_s
         rows = self._q(LOAD_SQL, since=ns_to_datetime64(now_ns - int(w * 1e9)), until=ns_to_datetime64(now_ns))
         node: dict[str, float] = {}
@@ -162,6 +200,11 @@ class ControlState:
         cfg = self.cfg
         if cfg.node_capacity_b_s > 0:
             return cfg.node_capacity_b_s, "config"
+        key = ("capacity", now_ns, cfg.capacity_lookback_s, cfg.node_capacity_fallback_b_s)
+        return self._cycle_memo(key, lambda: self._measured_capacity(now_ns))
+
+    def _measured_capacity(self, now_ns: int) -> tuple[float, str]:
+        cfg = self.cfg
         r = self._q(
             CAPACITY_SQL,
             since=ns_to_datetime64(now_ns - int(cfg.capacity_lookback_s * 1e9)),
