@@ -2,11 +2,16 @@
 Pharos job_submit.lua (Slurm's job_submit/lua plugin; slurm.conf: JobSubmitPlugins=lua, this
 file next to slurm.conf). It tags each submitted job with Pharos's predicted I/O class from
 history, in the job's admin_comment ("pharos:class=dedicated,pattern=N-1,runs=3"), which
-operators see in `scontrol show job` (AdminComment=) and `squeue -O AdminComment`.
+operators see in `scontrol show job` (AdminComment=) and `squeue -O AdminComment`. When the
+control loop suggests node-local mode for the job (an N-N job, metadata-heavy or
+metadata-dominated: Sunway storage paper §6), the tag ends in ",node_local=suggested"
+("pharos:class=dedicated,pattern=N-N,runs=3,node_local=suggested"); the job asks for it itself
+(srun --pharos-node-local=MOUNT): the tag changes nothing of the job.
 
 slurmctld runs job_submit with its locks held, so this never calls the network: it reads the
 table that `pharos slurm classes --out FILE` writes (user, job name, DFRA class, usual pattern,
-runs; from GET /v1/hints/classes), parsed again whenever its content changes. FILE is
+runs, node_local yes/no; from GET /v1/hints/classes; rows of 5 columns, without node_local, as
+older versions wrote them, are read too), parsed again whenever its content changes. FILE is
 $PHAROS_SLURM_CLASSES in slurmctld's environment, else /var/lib/pharos/slurm/classes.tsv.
 A job with no history, or no table, is submitted untouched; an admin_comment someone else set
 is kept (the tag is appended).
@@ -41,9 +46,18 @@ local function load_classes()
 	for line in text:gmatch("[^\n]+") do
 		line = line:gsub("\r$", "")
 		if line:sub(1, 1) ~= "#" then
-			local user, name, class, pattern, runs = line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$")
+			-- user, name, class, pattern, runs[, node_local]
+			local user, name, class, pattern, runs, node_local =
+				line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$")
+			if not user then
+				user, name, class, pattern, runs = line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$")
+			end
 			if user then
-				rows[user .. "\t" .. name] = string.format("pharos:class=%s,pattern=%s,runs=%s", class, pattern, runs)
+				local tag = string.format("pharos:class=%s,pattern=%s,runs=%s", class, pattern, runs)
+				if node_local == "yes" then
+					tag = tag .. ",node_local=suggested"
+				end
+				rows[user .. "\t" .. name] = tag
 				n = n + 1
 			end
 		end

@@ -50,7 +50,14 @@ def _pin_call(api: str | None, method: str, scope: str, name: str, body: Any = N
         _fail(str(exc))
 
 
+#: How a job asks for node-local mode (agents/slurm/pharos_spank.c, ``pharos run``), MOUNT a pharos-mount.
+NODE_LOCAL_HOW = "srun --pharos-node-local=MOUNT / pharos run --node-local MOUNT"
+
+
 def render_hint(console: Console, h: dict) -> None:
+    """A hint (``GET /v1/hints...``): class and nodes, why, the Beacon/DFRA criteria, node-local
+    mode when suggested (its reason from ``evidence["node_local"]`` and how to ask for it),
+    pins, remaps, push status."""
     who = f"job {h['job_id']}" if h["job_id"] else "a new job"
     console.print(
         Text.assemble(
@@ -68,6 +75,9 @@ def render_hint(console: Console, h: dict) -> None:
         for k, c in crit.items():
             t.add_row(k, str(c["value"]), str(c["need"]), Text("yes", "green") if c["ok"] else Text("no", "red"))
         console.print(t)
+    if h.get("node_local"):
+        why = ((h.get("evidence") or {}).get("node_local") or {}).get("reason", "")
+        console.print(Text(f"  node-local: suggested ({why}): {NODE_LOCAL_HOW}", "bold cyan"))
     if h.get("pinned"):
         console.print(f"  [yellow]pinned by an admin to {', '.join(h['pinned'])}[/yellow]")
     cur = h.get("current_nodes")

@@ -1,8 +1,9 @@
 """``pharos slurm ...``: the site side of the Slurm integration (agents/slurm, docs/slurm.md).
 
 * ``pharos slurm classes [--out FILE]``: the predicted I/O class of each (user, job name) with
-  history (``GET /v1/hints/classes``), as a table or as the tab-separated file the
-  ``job_submit.lua`` reads (written atomically: a temporary file renamed over FILE).
+  history and whether node-local mode is suggested (``GET /v1/hints/classes``), as a table or as
+  the tab-separated file the ``job_submit.lua`` reads (written atomically: a temporary file
+  renamed over FILE).
 * ``pharos slurm status [--statedir DIR]``: the SPANK plugin's counters on this node (events
   sent/failed, spooled/resent/dropped, hints applied/skipped, tasks placed/unplaced/left in
   Slurm's cgroup) and its spool's backlog: how many jobs ran without their hint because the API
@@ -69,15 +70,23 @@ def spool_pending(statedir: Path) -> int | None:
 
 
 def classes_tsv(items: list[dict]) -> str:
-    """The job_submit.lua table: a comment line, then user, name, class, pattern, runs per line
-    (tabs and newlines inside names replaced by spaces)."""
+    """The job_submit.lua table: a comment line, then user, name, class, pattern, runs, node_local
+    (``yes``: node-local mode suggested, else ``no``) per line (tabs and newlines inside names
+    replaced by spaces). An item without ``node_local`` (an API before it) gets ``no``."""
 
     def clean(x) -> str:
         return str(x).replace("\t", " ").replace("\n", " ")
 
-    lines = ["# user\tname\tclass\tpattern\truns (pharos slurm classes)"]
-    lines += ["\t".join(clean(i[k]) for k in ("user", "name", "class", "pattern", "runs")) for i in items]
+    lines = ["# user\tname\tclass\tpattern\truns\tnode_local (pharos slurm classes)"]
+    lines += [
+        "\t".join([*(clean(i[k]) for k in ("user", "name", "class", "pattern", "runs")), yes_no(i.get("node_local"))])
+        for i in items
+    ]
     return "\n".join(lines) + "\n"
+
+
+def yes_no(x) -> str:
+    return "yes" if x else "no"
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -109,15 +118,18 @@ def register(app: typer.Typer) -> None:
         since_s: Annotated[float, typer.Option(min=1, help="History of the last seconds.")] = 30 * 86400.0,
         as_json: JsonOption = False,
     ) -> None:
-        """Predicted I/O class (DFRA: default, more_nodes, dedicated) of each user's job names."""
+        """Predicted I/O class (DFRA: default, more_nodes, dedicated) of each user's job names, and
+        whether node-local mode is suggested."""
         url = _api_url(api)
         params = {"since_s": since_s}
         if out is None:
 
             def render(doc: dict) -> Table:
-                t = Table("user", "job name", "class", "pattern", "runs", title="Predicted I/O classes")
+                t = Table("user", "job name", "class", "pattern", "runs", "node-local", title="Predicted I/O classes")
                 for i in doc["items"]:
-                    t.add_row(i["user"], i["name"], i["class"], i["pattern"], str(i["runs"]))
+                    t.add_row(
+                        i["user"], i["name"], i["class"], i["pattern"], str(i["runs"]), yes_no(i.get("node_local"))
+                    )
                 return t
 
             show(url, "/v1/hints/classes", params, as_json=as_json, render=render)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from pharos_api.app import create_app
 from pharos_api.cli_control import register
+from pharos_api.cli_slurm import classes_tsv
 from pharos_core.settings import Settings
 
 T = time.time_ns() - 3600 * cr.NS
@@ -26,6 +27,9 @@ def app(store, tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setenv("PHAROS_CONTROL_PLACEMENT_ENABLED", "false")
     store.insert_rows("job_events", cr.job_events("w-prev", T, T + 20 * cr.NS, "wave", ranks=8))
     store.insert_rows("io_requests", cr.requests("w-prev", T, 8, 64))
+    # an N-N job with 2,000 metadata ops/s over 10 s (metadata-heavy, Beacon): node-local suggested
+    store.insert_rows("job_events", cr.job_events("md-prev", T, T + 20 * cr.NS, "mdwave", ranks=4))
+    store.insert_rows("io_requests", cr.requests("md-prev", T, 4, 2, metadata_per_rank=5000))
     # fwd_nodes=2 on closed ports: nodes fwd0/fwd1 exist by name, their daemons do not answer
     s = Settings(
         state_dir=tmp_path_factory.mktemp("api"), fwd_nodes=2, fwd_port_base=9, mount_admin_port=9, api_auth="none"
@@ -48,6 +52,23 @@ def test_hints(client):
     again = client.get("/v1/hints/jobs/w1").json()
     assert again["decided"] and not again["new"] and again["class"] == h["class"]
     assert not client.post("/v1/hints/jobs/w1").json()["new"]
+    assert p["node_local"] is False and h["node_local"] is False and again["node_local"] is False
+
+
+def test_hints_suggest_node_local_for_an_n_n_metadata_heavy_job(client):
+    """Preview, read, claim and the recorded decision read back (its evidence) all carry it."""
+    ident = {"name": "mdwave", "user": "alice", "command": ["mdwave"]}
+    p = client.get("/v1/hints", params=ident).json()
+    assert p["node_local"] is True, p["evidence"]["node_local"]
+    nl = p["evidence"]["node_local"]
+    assert nl["suggested"] and nl["reason"].startswith("N-N, 2000 metadata ops/s >= 1000 (metadata-heavy)"), nl
+    assert nl["criteria"]["pattern"] == {"value": "N-N", "need": ["N-N"], "ok": True}
+    assert client.get("/v1/hints/jobs/md1", params=ident).json()["node_local"] is True
+    claimed = client.post("/v1/hints/jobs/md1", params=ident).json()
+    assert claimed["new"] and claimed["node_local"] is True
+    stored = client.get("/v1/hints/jobs/md1").json()
+    assert stored["decided"] and not stored["new"] and stored["node_local"] is True
+    assert stored["evidence"]["node_local"]["reason"] == nl["reason"]
     assert client.get("/v1/hints", params={"name": ""}).status_code == 422
 
 
@@ -93,6 +114,13 @@ def test_cli(api_url):
     r = run("hint", "--name", "wave", "--user", "alice", "--command", "wave")
     assert r.exit_code == 0, r.output
     assert "a new job: default" in r.output and "io_ranks" in r.output
+    assert "node-local" not in r.output
+    r = run("hint", "--name", "mdwave", "--user", "alice", "--command", "mdwave")
+    assert r.exit_code == 0, r.output
+    assert (
+        "node-local: suggested (N-N, 2000 metadata ops/s >= 1000 (metadata-heavy)): "
+        "srun --pharos-node-local=MOUNT / pharos run --node-local MOUNT" in r.output
+    ), r.output
     r = run("hint", "w2", "--name", "wave", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["job_id"] == "w2" and not json.loads(r.output)["decided"]
     r = run("hint", "w2", "--name", "wave", "--claim", "--json")  # recorded: the actions below show it
@@ -120,5 +148,15 @@ def test_io_classes_for_job_submit(client, tmp_path):
     wave = [i for i in doc["items"] if i["name"] == "wave"]
     assert len(wave) == 1 and wave[0]["runs"] >= 1 and wave[0]["pattern"] == "N-N", doc
     want = client.get("/v1/hints", params={"name": "wave", "user": wave[0]["user"]}).json()["class"]
-    assert wave[0]["class"] == want
+    assert wave[0]["class"] == want and wave[0]["node_local"] is False
+    md = [i for i in doc["items"] if i["name"] == "mdwave"]
+    assert len(md) == 1 and md[0]["pattern"] == "N-N" and md[0]["node_local"] is True, doc
     assert client.get("/v1/hints/classes", params={"since_s": 0}).status_code == 422
+    # the table job_submit.lua reads: a 6th column node_local, yes or no
+    lines = classes_tsv([*wave, *md]).splitlines()
+    assert lines[0] == "# user\tname\tclass\tpattern\truns\tnode_local (pharos slurm classes)"
+    assert lines[1].split("\t") == ["alice", "wave", wave[0]["class"], "N-N", str(wave[0]["runs"]), "no"]
+    assert lines[2].split("\t") == ["alice", "mdwave", md[0]["class"], "N-N", str(md[0]["runs"]), "yes"]
+    assert classes_tsv([{"user": "bob", "name": "a\tb", "class": "default", "pattern": "1-1", "runs": 1}]).splitlines()[
+        1
+    ].split("\t") == ["bob", "a b", "default", "1-1", "1", "no"]  # an API without node_local

@@ -9,7 +9,15 @@ import control_rows as cr
 import pytest
 
 from pharos_analytics.control.config import GB, ControlConfig
-from pharos_analytics.control.dfra import JobHistory, NodeState, classify, decide, job_history
+from pharos_analytics.control.dfra import (
+    JobHistory,
+    LearnedClass,
+    NodeState,
+    classify,
+    decide,
+    job_history,
+    node_local_suggestion,
+)
 
 CAP = 100e6  # one forwarding node: 100 MB/s
 
@@ -110,6 +118,65 @@ def test_reserved_node_held_by_another_job_is_not_handed_out():
 def test_saturated_history_asks_one_node_more_than_it_had():
     d = decide("j9", hist(bandwidth_b_s=0.9 * CAP, forwarding_nodes=1), nodes(), "fwd0", CAP, cfg())
     assert d.evidence["sizing"]["saturated"] and d.evidence["sizing"]["wanted"] == 2
+
+
+# -- node-local mode suggested (Sunway storage paper §6; Beacon's metadata-heavy rule) ----------
+
+
+def test_n_n_metadata_heavy_job_is_suggested_node_local():
+    """N-N at 1,500 metadata ops/s over 160 s (Beacon: >= 1,000): suggested, in the decision, its
+    dict and its evidence, whatever the forwarding nodes."""
+    h = hist(metadata_ops=240_000, metadata_ops_s=1500.0)
+    d = decide("j10", h, nodes(), "fwd0", CAP, cfg())
+    assert d.klass == "dedicated" and d.nodes == ["fwd2"]  # metadata-heavy: isolated as before
+    assert d.node_local is True and d.to_dict()["node_local"] is True
+    nl = d.evidence["node_local"]
+    assert nl["suggested"] is True and nl["reason"] == "N-N, 1500 metadata ops/s >= 1000 (metadata-heavy)"
+    assert nl["criteria"]["pattern"] == {"value": "N-N", "need": ["N-N"], "ok": True}
+    assert nl["criteria"]["metadata_ops_s"]["value"] == 1500.0 and nl["criteria"]["metadata_ops_s"]["ok"]
+    # metadata-dominated without Beacon's rate: 2 metadata ops per data op, 20,000 per run
+    d = decide(
+        "j11", hist(data_requests=10_000, metadata_ops=20_000, metadata_ops_s=125.0), nodes(), "fwd0", CAP, cfg()
+    )
+    assert d.node_local and d.evidence["node_local"]["reason"] == "N-N, 2 metadata ops per data op >= 1 (20000 per run)"
+    assert not d.evidence["node_local"]["criteria"]["metadata_ops_s"]["ok"]
+
+
+def test_node_local_is_not_suggested_for_n_1_data_heavy_or_unknown_jobs():
+    c = cfg()
+    n1 = node_local_suggestion(hist(pattern="N-1", metadata_ops=240_000, metadata_ops_s=1500.0), c)
+    assert not n1["suggested"] and n1["reason"].startswith("pattern N-1, not N-N")
+    assert n1["criteria"]["pattern"]["ok"] is False and n1["criteria"]["metadata_ops_s"]["ok"] is True
+    data = decide("j12", hist(), nodes(), "fwd0", CAP, c)  # N-N, 10 metadata ops/s, 0.0025 per data op
+    assert data.klass == "more_nodes" and data.node_local is False
+    assert data.evidence["node_local"]["criteria"]["metadata_per_data_op"] == {
+        "value": 0.003,
+        "need": ">= 1",
+        "ok": False,
+    }
+    assert "neither metadata-heavy (10 metadata ops/s)" in data.evidence["node_local"]["reason"]
+    # many metadata ops per data op, but a small job: 200 metadata ops per run
+    small = node_local_suggestion(hist(data_requests=100, metadata_ops=200, metadata_ops_s=1.25), c)
+    assert not small["suggested"] and small["criteria"]["metadata_ops"] == {
+        "value": 200,
+        "need": ">= 10000",
+        "ok": False,
+    }
+    # a short burst is not metadata-heavy (Beacon's sustained rate), and the ratio is low
+    assert not node_local_suggestion(hist(metadata_ops_s=5000.0, span_s=0.5), c)["suggested"]
+    none = decide("j13", None, nodes(), "fwd0", CAP, c)
+    assert none.node_local is False and none.evidence["node_local"] == {
+        "suggested": False,
+        "reason": "no earlier run with this name, user and command",
+        "criteria": {},
+    }
+    # a learned class only (no exact history): its estimated profile is N-N and metadata-heavy, not the job's
+    guess = hist(jobs=["x1"], metadata_ops=240_000, metadata_ops_s=1500.0)
+    learned = LearnedClass("dedicated", "dedicated", 0.9, True, {"dedicated": 0.9}, guess, "learned: dedicated")
+    d = decide("j14", None, nodes(), "fwd0", CAP, c, learned=learned)
+    assert d.klass == "dedicated" and d.node_local is False and not d.evidence["node_local"]["suggested"]
+    off = node_local_suggestion(hist(metadata_ops=240_000, metadata_ops_s=1500.0), cfg(dfra_node_local_enabled=False))
+    assert not off["suggested"] and off["reason"] == "off ([control] dfra_node_local_enabled)"
 
 
 # -- on the store -----------------------------------------------------------------------------

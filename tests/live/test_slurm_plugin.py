@@ -7,7 +7,9 @@ job_submit.lua's class table, and where the SPANK plugin leaves a task when Slur
   the fixture still comes up, on other ports.
 * **Class table** (item 4): job_submit.lua parses its table again whenever its content changes;
   the test changes a job's class without changing the file's size, first line or modification
-  time, and the next submission of that job is tagged with the new class.
+  time, and the next submission of that job is tagged with the new class. The table's 6th
+  column (issue 27, item 2: node-local mode suggested) adds ``node_local=suggested`` to the tag;
+  a 5-column row (an older table) still tags.
 * **Slurm's cgroups on a hybrid host** (item 5): with ``ProctrackType=proctrack/cgroup`` and
   ``TaskPlugin=task/cgroup``, Slurm's cgroup/v1 plugin keeps each task in its v1 hierarchies
   (``/slurm[_<node>]/uid_<u>/job_<id>/step_<n>/...``) while the plugin moves it into Pharos's own v2 cgroup:
@@ -113,6 +115,33 @@ def test_job_submit_reads_a_changed_class_of_the_same_size(tmp_path: Path):
         assert cluster.classes.stat().st_size == st.st_size
         assert cluster.classes.stat().st_mtime_ns == st.st_mtime_ns
         assert tag() == "pharos:class=default,pattern=N-1,runs=333"
+
+
+@pytest.mark.timeout(300)
+def test_job_submit_tags_node_local_from_the_sixth_column(tmp_path: Path):
+    """The table ``pharos slurm classes`` writes (6 columns: node_local yes/no) and a row of an older
+    one (5 columns): a job whose row says yes is tagged ``node_local=suggested``, the others not."""
+    from pharos_api.cli_slurm import classes_tsv
+
+    items = [
+        {"user": "root", "name": "js-md", "class": "dedicated", "pattern": "N-N", "runs": 3, "node_local": True},
+        {"user": "root", "name": "js-data", "class": "more_nodes", "pattern": "N-N", "runs": 2, "node_local": False},
+    ]
+    with running_slurm(CLOSED_API, job_submit=True) as cluster:
+        cluster.classes.parent.mkdir(parents=True, exist_ok=True)
+        cluster.classes.write_text(classes_tsv(items) + "root\tjs-old\tdedicated\tN-1\t4\n")
+
+        def tag(name: str) -> str:
+            job = cluster.run("sbatch", "--parsable", "--hold", f"--job-name={name}", "--wrap", "true").strip()
+            try:
+                return cluster.job(job).get("AdminComment", "")
+            finally:
+                cluster.run("scancel", job)
+
+        assert tag("js-md") == "pharos:class=dedicated,pattern=N-N,runs=3,node_local=suggested"
+        assert tag("js-data") == "pharos:class=more_nodes,pattern=N-N,runs=2"
+        assert tag("js-old") == "pharos:class=dedicated,pattern=N-1,runs=4"
+        assert tag("js-none") == ""
 
 
 # ---- Slurm's cgroups -----------------------------------------------------------------------------

@@ -23,6 +23,10 @@ Sources of the defaults:
 * **Sunway storage lessons** §5: performance-aware pools (``max_perf`` per target), slow
   targets kept out of the pool; and the migration of data off anomalous storage nodes (an N-N
   job went from 20 to about 70 GB/s once its data left them).
+* **Sunway storage lessons** §6 (remote node-local storage): N-N jobs whose metadata load is on the
+  shared namespace are the ones node-local mode is for; the control loop suggests it in the DFRA
+  decision (``dfra_node_local_*``) for N-N jobs that are metadata-heavy (Beacon's rate above) or
+  whose metadata operations dominate.
 * **GVDS** (Huo et al. 2024), its multi-task data migration module (MODM): each migration task
   is guaranteed a minimum bandwidth, the rest of a total cap goes by priority, data moves in
   bounded units (the daemons' engine, forwarder/README.md "Online migration").
@@ -166,6 +170,32 @@ class ControlConfig(PharosSettings):
     )
     dfra_more_nodes_min: int = Field(
         default=2, ge=2, description="Pharos. 'More forwarding nodes' means at least this many."
+    )
+    # -- node-local mode suggested in the decision (Sunway storage paper §6; Beacon metadata-heavy) -
+    dfra_node_local_enabled: bool = Field(
+        default=True,
+        description="Pharos. The DFRA decision says whether the job's history suggests node-local mode "
+        "(control/dfra.py node_local_suggestion; the job asks for it: srun --pharos-node-local=MOUNT, "
+        "pharos run --node-local MOUNT).",
+    )
+    dfra_node_local_patterns: list[Pattern] = Field(
+        default=["N-N"],
+        description="Sunway storage paper §6. I/O patterns whose jobs node-local mode suits: each rank's files "
+        "its own, in the rank's private directory (a file shared by ranks, N-1, cannot be).",
+    )
+    dfra_node_local_min_metadata_per_data_op: float = Field(
+        default=1.0,
+        ge=0,
+        description="Pharos. Metadata operations per data operation from which "
+        "metadata dominates a job that is not metadata-heavy (Beacon's rate, [diagnosis] metadata_rate_ops_s): "
+        "as many opens, creates and stats as reads and writes, i.e. small files.",
+    )
+    dfra_node_local_min_metadata_ops: float = Field(
+        default=10_000.0,
+        ge=0,
+        description="Pharos. Metadata operations per run (mean of the history) a metadata-dominated job also "
+        "needs: a small job's few opens and closes, however many per data operation, are no load on the "
+        "shared namespace.",
     )
     # -- learned job classes when there is no exact history (Pharos; DFRA FAST'19 §3-4 history) -
     dfra_model_enabled: bool = Field(

@@ -28,6 +28,15 @@ A job without history gets ``default``, unless the learned job-class model
 (:mod:`.class_model`, ``[control] dfra_model_*``) predicts another class confidently from the
 jobs it resembles. Fail-slow nodes, and nodes whose daemon does not
 answer, are never chosen.
+
+Node-local mode (:func:`node_local_suggestion`, ``node_local`` of the decision): besides the
+forwarding nodes, the decision says whether the job's history suggests the forwarding layer's
+node-local mode (Sunway storage paper §6: each rank a private directory
+``MOUNT/.nodelocal/<job>/<rank>`` on the storage target its rank id hashes to, no metadata
+operation in the shared namespace; forwarder/README.md "Node-local mode"): an N-N job that is
+metadata-heavy (Beacon's rule, :func:`metadata_heavy`) or whose metadata operations dominate its
+data operations. A suggestion only: the job asks for it (``srun --pharos-node-local=MOUNT``,
+``pharos run --node-local MOUNT``), since only the job knows which of its paths are private.
 """
 
 from __future__ import annotations
@@ -101,7 +110,9 @@ class NodeState:
 @dataclass
 class DfraDecision:
     """The forwarding nodes of one job. ``nodes``: primary first (the mount's mapping entry);
-    ``reserved``: those of ``nodes`` held by the job until it ends."""
+    ``reserved``: those of ``nodes`` held by the job until it ends; ``node_local``: node-local
+    mode suggested for the job (:func:`node_local_suggestion`, its reason and criteria in
+    ``evidence["node_local"]``)."""
 
     job_id: str
     klass: DfraClass
@@ -109,6 +120,7 @@ class DfraDecision:
     reserved: list[str]
     reason: str
     evidence: dict = field(default_factory=dict)
+    node_local: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -229,6 +241,68 @@ def classify(
     return "more_nodes", "benefits from more forwarding nodes (Beacon rule: pattern, volume, metadata, ranks)", ev
 
 
+def node_local_suggestion(h: JobHistory | None, cfg: ControlConfig, diag: DiagnosisConfig | None = None) -> dict:
+    """Whether the job's history suggests node-local mode (Sunway storage paper §6: a rank's files
+    in its private directory on the target its rank id hashes to, no metadata operation in the
+    shared namespace; the paper moves N-N jobs there, whose ranks share no file). Suggested when
+    ``dfra_node_local_enabled``, the usual pattern is one of ``dfra_node_local_patterns`` (N-N)
+    and the runs are metadata-heavy (Beacon's rule, :func:`metadata_heavy`: ``[diagnosis]
+    metadata_rate_ops_s`` sustained) or their metadata operations dominate (at least
+    ``dfra_node_local_min_metadata_per_data_op`` metadata ops per data op and
+    ``dfra_node_local_min_metadata_ops`` metadata ops per run). A job without history is not
+    suggested (nor one with a learned class only: the model predicts the class, not the pattern).
+
+    Returns ``{"suggested": bool, "reason": str, "criteria": {name: {"value", "need", "ok"}}}``
+    (criteria as :func:`classify`'s: ``pattern``; ``metadata_ops_s`` in ops/s, ok when
+    metadata-heavy; ``metadata_per_data_op``; ``metadata_ops`` per run). Pure (given ``diag``)."""
+    d = diag or DiagnosisConfig()
+    if h is None:
+        return {"suggested": False, "reason": "no earlier run with this name, user and command", "criteria": {}}
+    heavy = metadata_heavy(h, d)
+    ratio = h.metadata_per_data_op
+    crit = {
+        "pattern": {
+            "value": h.pattern,
+            "need": list(cfg.dfra_node_local_patterns),
+            "ok": h.pattern in cfg.dfra_node_local_patterns,
+        },
+        "metadata_ops_s": {
+            "value": round(h.metadata_ops_s, 1),
+            "need": f">= {d.metadata_rate_ops_s:g} over >= {d.metadata_sustained_s} s (metadata-heavy)",
+            "ok": heavy,
+        },
+        "metadata_per_data_op": {
+            "value": round(ratio, 3),
+            "need": f">= {cfg.dfra_node_local_min_metadata_per_data_op:g}",
+            "ok": ratio >= cfg.dfra_node_local_min_metadata_per_data_op,
+        },
+        "metadata_ops": {
+            "value": h.metadata_ops,
+            "need": f">= {cfg.dfra_node_local_min_metadata_ops:g}",
+            "ok": h.metadata_ops >= cfg.dfra_node_local_min_metadata_ops,
+        },
+    }
+    dominated = crit["metadata_per_data_op"]["ok"] and crit["metadata_ops"]["ok"]
+    if not cfg.dfra_node_local_enabled:
+        why = "off ([control] dfra_node_local_enabled)"
+    elif not crit["pattern"]["ok"]:
+        why = f"pattern {h.pattern}, not {'/'.join(cfg.dfra_node_local_patterns)} (ranks each with files of their own)"
+    elif heavy:
+        why = f"{h.pattern}, {h.metadata_ops_s:.0f} metadata ops/s >= {d.metadata_rate_ops_s:g} (metadata-heavy)"
+    elif dominated:
+        why = (
+            f"{h.pattern}, {ratio:.3g} metadata ops per data op >= "
+            f"{cfg.dfra_node_local_min_metadata_per_data_op:g} ({h.metadata_ops:.0f} per run)"
+        )
+    else:
+        why = (
+            f"{h.pattern}, neither metadata-heavy ({h.metadata_ops_s:.0f} metadata ops/s) nor metadata-dominated "
+            f"({ratio:.3g} metadata ops per data op, {h.metadata_ops:.0f} per run)"
+        )
+    ok = cfg.dfra_node_local_enabled and crit["pattern"]["ok"] and (heavy or dominated)
+    return {"suggested": ok, "reason": why, "criteria": crit}
+
+
 def wanted_nodes(
     h: JobHistory, klass: DfraClass, capacity_b_s: float, cfg: ControlConfig, diag: DiagnosisConfig | None = None
 ) -> tuple[int, dict]:
@@ -273,10 +347,14 @@ def decide(
     exists; ``default_node``: the mount's default (None: unknown); ``diag`` as in
     :func:`classify`; ``learned``: the class model's prediction
     (:mod:`.class_model`), used only when ``history`` is None: its class (``default`` when it is
-    unsure) and its estimated profile for the sizing. Never names a fail-slow node, a reserved node
-    held by another job, or more nodes than exist. Pure (given ``diag``)."""
+    unsure) and its estimated profile for the sizing. ``node_local``: :func:`node_local_suggestion`
+    of ``history`` (never of the learned profile), in ``evidence["node_local"]``. Never names a
+    fail-slow node, a reserved node held by another job, or more nodes than exist. Pure (given
+    ``diag``)."""
     diag = diag or DiagnosisConfig()
     klass, reason, ev = classify(history, cfg, diag)
+    local = node_local_suggestion(history, cfg, diag)  # the exact history only, not the learned one
+    nl = local["suggested"]
     if history is None and learned is not None:
         klass, history = learned.klass, learned.history
         reason += "; " + learned.reason
@@ -284,7 +362,12 @@ def decide(
     healthy = [n for n in nodes if n.usable]
     shared = _by_load([n for n in healthy if not n.reserved])
     free_reserved = _by_load([n for n in healthy if n.reserved and n.holder in ("", job_id)])
-    ev = dict(ev, fail_slow=sorted(n.name for n in nodes if n.fail_slow), down=sorted(n.name for n in nodes if n.down))
+    ev = dict(
+        ev,
+        fail_slow=sorted(n.name for n in nodes if n.fail_slow),
+        down=sorted(n.name for n in nodes if n.down),
+        node_local=local,
+    )
 
     def default(why: str) -> DfraDecision:
         by = {n.name: n for n in shared}
@@ -293,7 +376,7 @@ def decide(
         elif shared:
             pick = [shared[0].name]
         elif free_reserved:  # only reserved nodes are healthy: borrow one rather than a fail-slow node
-            return DfraDecision(job_id, "default", [free_reserved[0].name], [free_reserved[0].name], why, ev)
+            return DfraDecision(job_id, "default", [free_reserved[0].name], [free_reserved[0].name], why, ev, nl)
         else:
             pick = []
         if default_node is not None and pick and pick[0] != default_node:
@@ -303,7 +386,7 @@ def decide(
             why += f"; default node {default_node} is {state}"
         if not pick:
             why += "; no healthy forwarding node: mount default kept"
-        return DfraDecision(job_id, "default", pick, [], why, ev)
+        return DfraDecision(job_id, "default", pick, [], why, ev, nl)
 
     if klass == "default" or history is None:
         return default(reason)
@@ -313,7 +396,7 @@ def decide(
         if free_reserved:
             got = [n.name for n in free_reserved[:want]]
             note = "" if len(got) == want else f" (wanted {want}, {len(got)} free)"
-            return DfraDecision(job_id, "dedicated", got, got, f"{reason}; {len(got)} dedicated node(s){note}", ev)
+            return DfraDecision(job_id, "dedicated", got, got, f"{reason}; {len(got)} dedicated node(s){note}", ev, nl)
         reason += "; no free reserved forwarding node: more shared nodes instead"
         klass = "more_nodes"
         want = max(want, cfg.dfra_more_nodes_min)
@@ -324,7 +407,7 @@ def decide(
         got.remove(default_node)
         got.insert(0, default_node)
     note = "" if len(got) == want else f" (wanted {want}, {len(got)} exist)"
-    return DfraDecision(job_id, "more_nodes", got, [], f"{reason}; {len(got)} shared node(s){note}", ev)
+    return DfraDecision(job_id, "more_nodes", got, [], f"{reason}; {len(got)} shared node(s){note}", ev, nl)
 
 
 @dataclass

@@ -44,6 +44,8 @@ class Hints:
         return name, user or "", command
 
     def _stored_out(self, job_id: str, r: dict) -> dict:
+        """A recorded decision (its ``control_actions`` row) as :meth:`hint` returns it;
+        ``node_local`` from its evidence (false for a decision recorded before it was suggested)."""
         e = json.loads(r["evidence"] or "{}")
         return {
             "job_id": job_id,
@@ -52,6 +54,7 @@ class Hints:
             "reserved": e.get("decision", {}).get("reserved", []),
             "reason": r["reason"],
             "evidence": e,
+            "node_local": bool((e.get("node_local") or {}).get("suggested", False)),
             "decided": True,
             "new": False,
         }
@@ -171,8 +174,9 @@ class Hints:
 
     def io_classes(self, since_ns: int, user: str | None = None, limit: int = 1000) -> list[dict]:
         """The DFRA class a new job of each (user, job name) with I/O since ``since_ns`` would get
-        now (``GET /v1/hints/classes``): ``{user, name, class, pattern, runs}``, largest total
-        bytes first, at most ``limit``; ``user`` None: every user's.
+        now (``GET /v1/hints/classes``): ``{user, name, class, pattern, runs, node_local}``
+        (``node_local``: node-local mode suggested, :func:`~.dfra.node_local_suggestion`), largest
+        total bytes first, at most ``limit``; ``user`` None: every user's.
 
         Bounded: one read of the jobs' metrics, one of the ended jobs, one of the node states
         and capacity, then :func:`~.dfra.decide` per (user, name) on the newest
@@ -201,5 +205,14 @@ class Hints:
             hist = history_from_metrics(runs[: cfg.dfra_history_runs])
             d = decide("", hist, nodes, view.default_node, cap, cfg, self.diag)
             pattern = Counter(m.pattern for m in ms).most_common(1)[0][0]
-            out.append({"user": u, "name": name, "class": d.klass, "pattern": pattern, "runs": len(ms)})
+            out.append(
+                {
+                    "user": u,
+                    "name": name,
+                    "class": d.klass,
+                    "pattern": pattern,
+                    "runs": len(ms),
+                    "node_local": d.node_local,
+                }
+            )
         return out

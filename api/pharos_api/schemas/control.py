@@ -47,7 +47,14 @@ class HintOut(BaseModel):
     nodes: list[str] = Field(description="Forwarding nodes, primary first (the mount's mapping entry).")
     reserved: list[str] = Field(description="Those of nodes held by this job alone until it ends.")
     reason: str
-    evidence: dict[str, Any] = Field(description="History criteria and values, node states, sizing.")
+    evidence: dict[str, Any] = Field(
+        description="History criteria and values, node states, sizing; node_local: {suggested, reason, criteria}."
+    )
+    node_local: bool = Field(
+        description="Node-local mode suggested (Sunway storage paper §6): the history is N-N and metadata-heavy "
+        "or metadata-dominated; the job asks for it with srun --pharos-node-local=MOUNT or pharos run --node-local "
+        "MOUNT."
+    )
     decided: bool = Field(
         description="A decision of this job (recorded), not a preview (a read of a job without one, or by identity)."
     )
@@ -124,6 +131,7 @@ class IoClassOut(BaseModel):
     klass: Literal["default", "more_nodes", "dedicated"] = Field(alias="class")
     pattern: str = Field(description="The job pattern most frequent in the history (Beacon's volume dominance).")
     runs: int
+    node_local: bool = Field(description="Node-local mode suggested (N-N and metadata-heavy or metadata-dominated).")
 
 
 class IoClassesOut(BaseModel):
