@@ -117,6 +117,12 @@ pub enum Op {
     /// On a watch connection: the changes pushed with `ack` are dropped from this mount's
     /// kernel caches. Handled by the daemon's decoder; no reply.
     WatchAck { ack: u64 },
+    /// [`Op::Create`] and the [`Op::Release`] of the open it returns, in one request: a
+    /// create the mount answered itself (node-local write-back, issue 27) whose file was
+    /// closed before the create was sent. Answers as `Create` (the capability is of an open
+    /// already released); the daemon records an open and a close. Idempotent through `token`
+    /// as `Create` is (a replay makes no second file and releases the open it returns).
+    CreateReleased { path: String, mode: u32, flags: i32, token: u64 },
 }
 
 impl Op {
@@ -152,6 +158,7 @@ impl Op {
             Op::Watch { .. } => "watch",
             Op::ReaddirPlus { .. } => "readdir",
             Op::WatchAck { .. } => "watch_ack",
+            Op::CreateReleased { .. } => "create",
         }
     }
 

@@ -28,6 +28,9 @@ pub struct IoInfo {
     pub target: Option<u32>,
     pub oid: u64,
     pub throttled: Duration,
+    /// The release's part of a create-and-release request's service
+    /// ([`pharos_fwd_proto::Op::CreateReleased`]): recorded as a close of its own.
+    pub release: Option<Duration>,
 }
 
 const FD_CACHE_MAX: usize = 4096;

@@ -158,7 +158,23 @@ impl Server {
         if let Some(t) = info.target {
             self.stats.record(t, &work.req.op, result, service, !info.throttled.is_zero());
         }
-        self.sink.push(self.record(&work, &info, queue_wait, service, result, size));
+        match info.release {
+            // One request, two records: the create (an open) and the release of its open.
+            Some(r) => {
+                let open = self.record(&work, &info, queue_wait, service.saturating_sub(r), result, size);
+                let close = IoRecord {
+                    op: pharos_wire::Op::Close as i32,
+                    start_ns: open.end_ns,
+                    duration_ns: r.as_nanos() as u64,
+                    end_ns: open.end_ns + r.as_nanos() as u64,
+                    queue_wait_ns: 0,
+                    ..open.clone()
+                };
+                self.sink.push(open);
+                self.sink.push(close);
+            }
+            None => self.sink.push(self.record(&work, &info, queue_wait, service, result, size)),
+        }
         if let Op::Write { data, .. } = work.req.op {
             self.bufs.put(data);
         }
@@ -177,7 +193,9 @@ impl Server {
         let (op, path, offset, ft) = match &w.req.op {
             Op::Read { path, offset, .. } => (WOp::Pread, path.as_str(), *offset, FileType::Regular),
             Op::Write { path, offset, .. } => (WOp::Pwrite, path.as_str(), *offset, FileType::Regular),
-            Op::Create { path, .. } | Op::Open { path, .. } => (WOp::Open, path.as_str(), 0, FileType::Regular),
+            Op::Create { path, .. } | Op::CreateReleased { path, .. } | Op::Open { path, .. } => {
+                (WOp::Open, path.as_str(), 0, FileType::Regular)
+            }
             Op::Release { path, .. } => (WOp::Close, path.as_str(), 0, FileType::Regular),
             Op::Fsync { path, datasync: false, .. } => (WOp::Fsync, path.as_str(), 0, FileType::Regular),
             Op::Fsync { path, datasync: true, .. } => (WOp::Fdatasync, path.as_str(), 0, FileType::Regular),
@@ -254,6 +272,7 @@ impl Server {
     ) -> Result<Body, proto::WireError> {
         let b = &self.backend;
         let c = &req.ctx;
+        let then_release = matches!(req.op, Op::CreateReleased { .. });
         Ok(match &mut req.op {
             Op::Ping => Body::Ok,
             #[cfg(feature = "test-hooks")]
@@ -302,10 +321,20 @@ impl Server {
                 b.kill_suidgid(path, &cap.layout, cap.handle, c)?;
                 Body::Ok
             }
-            Op::Create { path, mode, flags, token } => {
+            Op::Create { path, mode, flags, token } | Op::CreateReleased { path, mode, flags, token } => {
                 let (attr, layout, handle) = b.create(path, *mode, *flags, *token, c)?;
                 info.target = b.first_target(&layout, 0);
                 info.oid = layout.oid;
+                if then_release {
+                    let t0 = Instant::now();
+                    let flushed = b.gas_close(&layout);
+                    // The file is made: a failed release is counted, as a release's own is.
+                    if let Err(e) = b.release(&layout, handle).and(flushed) {
+                        self.counters.errors.fetch_add(1, Relaxed);
+                        log::warn!("release after the create of {path}: {}", e.msg);
+                    }
+                    info.release = Some(t0.elapsed());
+                }
                 let cap = self.cfg.key.sign(layout, handle, Cap::rights_of(*flags));
                 match parent_attr(b, path, c) {
                     Some(parent) => Body::Created { attr, cap, parent },

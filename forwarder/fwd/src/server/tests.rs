@@ -125,3 +125,45 @@ fn shared_memory_requests_are_bounded_and_checked() {
     s.unwrap_shm(&conn, &mut op).unwrap();
     assert_eq!(s.authorize(&op).unwrap_err().errno, errno::EACCES);
 }
+
+/// A create and the release of its open in one request (`Op::CreateReleased`, the mount's
+/// write-back create of a file closed before the create was sent): the file is made, its open
+/// is released (no open left counted on its targets, as after `Create` + `Release`), the
+/// release's time is kept for its own record, and a replay (same token) makes no second file
+/// and leaves no open behind.
+#[test]
+fn a_create_released_in_the_same_request_leaves_no_open() {
+    let (_d, s) = server(&[7; 32]);
+    let opens = |s: &Server| s.backend.targets.iter().map(|t| t.shm.open_count()).sum::<i64>();
+    let run = |op: Op| {
+        let mut req = Request { id: 1, ctx: Default::default(), op, replay: false };
+        let mut info = IoInfo::default();
+        let body = s.execute(&mut req, &mut info, None).unwrap();
+        (body, info)
+    };
+    let ino = |b: &Body| match b {
+        Body::Created { attr, .. } | Body::Opened { attr, .. } => attr.ino,
+        other => panic!("not a create's answer: {other:?}"),
+    };
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
+    let (body, info) = run(Op::Create { path: "kept".into(), mode: 0o644, flags, token: 1 });
+    assert!(info.release.is_none());
+    assert_eq!(opens(&s), 1, "a plain create keeps its open");
+    let (body2, info2) = run(Op::CreateReleased { path: "closed".into(), mode: 0o644, flags, token: 2 });
+    assert!(info2.release.is_some(), "the release's time, for its close record");
+    assert!(info2.oid != 0 && info2.target.is_some());
+    assert_eq!(opens(&s), 1, "the create's open was released");
+    assert_ne!(ino(&body), ino(&body2));
+    let (again, _) = run(Op::CreateReleased { path: "closed".into(), mode: 0o644, flags, token: 2 });
+    assert_eq!(ino(&again), ino(&body2), "a replay is the same file");
+    assert_eq!(opens(&s), 1, "and releases the open it returns");
+    let mut other = Request {
+        id: 3,
+        ctx: Default::default(),
+        op: Op::CreateReleased { path: "closed".into(), mode: 0o644, flags, token: 9 },
+        replay: false,
+    };
+    let err = s.execute(&mut other, &mut IoInfo::default(), None).unwrap_err();
+    assert_eq!(err.errno, errno::EEXIST, "another create of the name");
+    assert_eq!(opens(&s), 1);
+}

@@ -268,6 +268,7 @@ pub(crate) fn changes_of(op: &Op, body: &Result<Body, proto::WireError>) -> Vec<
     };
     match op {
         Op::Create { path, .. }
+        | Op::CreateReleased { path, .. }
         | Op::Mkdir { path, .. }
         | Op::Unlink { path }
         | Op::Rmdir { path }
@@ -284,7 +285,11 @@ pub(crate) fn changes_of(op: &Op, body: &Result<Body, proto::WireError>) -> Vec<
     let name = |p: &str| What::Name(p.trim_start_matches('/').to_string());
     let attrs = |p: &str| What::Attrs(p.trim_start_matches('/').to_string());
     match op {
-        Op::Create { path, .. } | Op::Mkdir { path, .. } | Op::Symlink { path, .. } | Op::Mknod { path, .. } => {
+        Op::Create { path, .. }
+        | Op::CreateReleased { path, .. }
+        | Op::Mkdir { path, .. }
+        | Op::Symlink { path, .. }
+        | Op::Mknod { path, .. } => {
             vec![name(path)]
         }
         Op::Unlink { path } | Op::Rmdir { path } => vec![name(path)],

@@ -113,6 +113,16 @@ impl PendingCreate {
         }
     }
 
+    /// The release deferred so far, taken while the create is still to be sent (the executor
+    /// sends both as one request, `Op::CreateReleased`); None when the file is still open.
+    pub fn take_release(&self) -> Option<DeferredRelease> {
+        let mut g = self.st.lock().unwrap();
+        match g.0 {
+            Outcome::InFlight => g.1.take(),
+            _ => None,
+        }
+    }
+
     /// Records the daemon's answer, wakes the waiters; the release to send now, if any.
     pub fn finish(&self, o: Outcome) -> Option<DeferredRelease> {
         let mut g = self.st.lock().unwrap();
@@ -432,6 +442,20 @@ mod tests {
     }
 
     /// At most `max` creates pending: the next one waits until one is done.
+    #[test]
+    fn a_release_deferred_before_the_send_is_taken_once() {
+        let pc = PendingCreate::new();
+        assert!(pc.take_release().is_none(), "still open");
+        assert!(pc.defer_release(DeferredRelease { ctx: Ctx::default(), path: "d/a".into() }).is_ok());
+        assert_eq!(pc.take_release().map(|r| r.path), Some("d/a".to_string()), "sent with the create");
+        assert!(pc.take_release().is_none(), "once");
+        assert!(pc.finish(Outcome::Made(cap())).is_none(), "not sent again after the create");
+        let done = PendingCreate::new();
+        done.finish(Outcome::Failed(libc::EACCES));
+        assert!(done.defer_release(DeferredRelease { ctx: Ctx::default(), path: "d/b".into() }).is_err());
+        assert!(done.take_release().is_none());
+    }
+
     #[test]
     fn a_full_table_holds_the_next_create_back() {
         let wb = Arc::new(WriteBack::default());

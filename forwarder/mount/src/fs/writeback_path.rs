@@ -80,8 +80,9 @@ impl Shared {
     }
 
     /// Sends a batch of write-back tasks (an executor thread of `writeback.rs`, its own
-    /// connections `c`): the creates pipelined, then the releases (those queued, and those of
-    /// files whose create was in flight at their close). A refused create is the file's errno
+    /// connections `c`): the creates pipelined (a create whose file was closed already, with
+    /// its release, in one request), then the releases (those queued, and those of files
+    /// closed while their create was in flight). A refused create is the file's errno
     /// from then on, and the name is no longer known in its directory.
     pub(super) fn send_batch(&self, c: &mut crate::rpc::Conns, batch: Vec<Task>) {
         let mut creates = Vec::new();
@@ -96,7 +97,13 @@ impl Shared {
             let reqs = creates
                 .iter()
                 .map(|j| {
-                    let op = Op::Create { path: j.path.clone(), mode: j.mode, flags: j.flags, token: j.token };
+                    let (path, mode, flags, token) = (j.path.clone(), j.mode, j.flags, j.token);
+                    // Closed already (the usual case of a create-heavy job): one request, whose
+                    // open and close the daemon records in the creator's context.
+                    let op = match j.pc.take_release() {
+                        Some(_) => Op::CreateReleased { path, mode, flags, token },
+                        None => Op::Create { path, mode, flags, token },
+                    };
                     (j.ctx.clone(), op)
                 })
                 .collect();
