@@ -543,9 +543,13 @@ def demo(
 
 @app.command("config")
 def show_config() -> None:
-    """Print the effective configuration (file + environment + defaults)."""
+    """Print the effective configuration (file + environment + defaults), with the ``[retention]``
+    days each class of table keeps its rows (:mod:`pharos_core.retention`)."""
+    from pharos_core.retention import RetentionConfig
+
     s = get_settings()
-    print(json.dumps(json.loads(s.model_dump_json()), indent=2))
+    out = json.loads(s.model_dump_json()) | {"retention": RetentionConfig().model_dump()}
+    print(json.dumps(out, indent=2))
 
 
 register_jobs_commands(app)

@@ -5,7 +5,9 @@ For a site that outgrows one ClickHouse server: every table ``T`` of the migrati
 * ``T_local``, created ``ON CLUSTER`` on every node with the Replicated form of its engine
   (``MergeTree`` -> ``ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/T_local',
   '{replica}')``, ``ReplacingMergeTree(v)`` -> ``ReplicatedReplacingMergeTree(..., v)``), the
-  same columns, keys, partitions and TTL; and
+  same columns, keys, partitions and TTL (the migrations' intervals: ``migrate()`` then sets
+  them to the ``[retention]`` settings with ``ALTER TABLE T_local ON CLUSTER``,
+  :mod:`pharos_core.retention`); and
 * ``T``, a ``Distributed`` table over the ``T_local`` of every shard, which Pharos reads and
   writes under the table's own name, so no query changes: ``Distributed(cluster, database,
   T_local, sharding key)``.

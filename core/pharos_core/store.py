@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from .retention import RetentionConfig, apply_retention
 from .settings import Settings
 from .telemetry import INSERT_SECONDS
 
@@ -334,12 +335,17 @@ def split_statements(sql: str) -> list[str]:
     return [s.strip() for s in body.split(";") if s.strip()]
 
 
-def migrate(store: Store) -> list[str]:
-    """Apply the migrations not yet recorded in ``schema_migrations``, in order.
+def migrate(store: Store, retention: RetentionConfig | None = None) -> list[str]:
+    """Apply the migrations not yet recorded in ``schema_migrations``, in order, then the
+    retention settings to the tables' TTLs (``retention``, else the ``[retention]`` table of the
+    settings file and ``PHAROS_RETENTION_*``: :func:`pharos_core.retention.apply_retention`).
 
     Re-runnable: every statement is idempotent and each applied version is recorded after
-    its statements succeed. Returns the names applied now.
+    its statements succeed; a TTL that already has its setting is not altered. Returns the
+    names of the migrations applied now. Raises StoreError; ValidationError (a ValueError) for
+    a bad retention setting, before anything is changed.
     """
+    retention = retention or RetentionConfig()
     store.command(MIGRATIONS_TABLE)
     done = {r["version"] for r in store.query("SELECT version FROM schema_migrations")}
     applied = []
@@ -350,4 +356,5 @@ def migrate(store: Store) -> list[str]:
             store.command(stmt)
         store.insert_rows("schema_migrations", [{"version": version, "name": name}])
         applied.append(name)
+    apply_retention(store, retention)
     return applied
