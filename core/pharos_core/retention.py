@@ -26,7 +26,8 @@ On a cluster (:mod:`pharos_core.cluster_schema`) the TTL is on the shard-local `
 Distributed ``T`` names (as the cluster schema's own ``ALTER TABLE`` statements), so every node
 gets it. Not run on a real cluster here.
 
-Tables without a TTL keep every row and are not covered: ``io_batches``, ``job_events``,
+``io_batches`` (a row per message of records: the exactly-once marker) expires with the raw
+records it marks (015). Tables without a TTL keep every row and are not covered: ``job_events``,
 ``producer_drops``, ``dead_letters``, ``darshan_logs``, ``control_pins``, ``control_allocations``,
 ``api_tokens``, ``schema_migrations``.
 """
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 #: The tables each setting applies to (their TTL counts from ``ingested``, the insert time).
 RETENTION_TABLES: dict[str, tuple[str, ...]] = {
-    "raw_days": ("io_requests",),
+    "raw_days": ("io_requests", "io_batches"),
     "rollup_1s_days": ("io_rollup_1s",),
     "rollup_days": ("io_rollup_1m", "io_rollup_forwarder_1m", "io_rollup_forwarder_10m"),
     "system_days": ("target_metrics", "darshan_counters", "anomalies", "alert_log", "control_actions"),
@@ -69,8 +70,9 @@ class RetentionConfig(PharosSettings):
         default=90,
         ge=1,
         le=MAX_DAYS,
-        description="Days the raw per-request records (io_requests, Darshan DXT segments included) are kept "
-        "after they were stored (migration 002). What `pharos job`, `diagnose` and the per-request views "
+        description="Days the raw per-request records (io_requests, Darshan DXT segments included) and their batches' "
+        "exactly-once markers (io_batches) are kept "
+        "after they were stored (migrations 002, 015). What `pharos job`, `diagnose` and the per-request views "
         "read, and the dominant storage cost: ~0.2 TB a day per 1,024 compute nodes (docs/operations.md, "
         '"Sizing by site"). At most rollup_days (a warning otherwise).',
     )

@@ -30,6 +30,7 @@ MIGRATIONS = {
     "012_request_replays.sql": {"columns": {("io_requests", "request_id"), ("io_requests", "replay")}},
     "013_control_leases.sql": {"columns": {("control_allocations", "lease_until")}},
     "014_forwarder_rollups.sql": {"tables": {"io_rollup_forwarder_1m", "io_rollup_forwarder_10m"}},
+    "015_io_batches_ttl.sql": {},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
