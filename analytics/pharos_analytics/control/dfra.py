@@ -12,7 +12,8 @@ rate is :class:`~pharos_analytics.diagnosis_config.DiagnosisConfig` ``metadata_r
 (Beacon, 1,000 ops/s), shared with the diagnosis.
 
 Pure logic (:func:`classify`, :func:`decide`) works on :class:`JobHistory` and
-:class:`NodeState`; :func:`job_history` reads the history from the store.
+:class:`NodeState`; :func:`job_history` reads the history from the store, :func:`job_histories`
+that of many jobs at once (a control cycle's new jobs).
 
 Decision classes:
 
@@ -54,17 +55,26 @@ from .config import ControlConfig
 
 DfraClass = Literal["default", "more_nodes", "dedicated"]
 
-#: Earlier runs of a (name, user[, command]) that ended before a job started, newest first.
+#: The earlier runs of many keys at once, each a (name, user[, command]) given by its position k
+#: (1-based) in the parallel arrays ``names``, ``users`` and ``commands``: per key, its newest
+#: ``limit`` runs that started and ended (start and end events with its name and user; read FINAL,
+#: a job has one of each) and, when its command is not empty, whose start event has exactly that
+#: command; rows (k, job_id), newest start first within a key (ties: job id, descending).
 HISTORY_SQL = """
-SELECT job_id, toUnixTimestamp64Nano(minIf(time, kind = 'start')) AS start_ns
-FROM job_events FINAL
-WHERE job_id != {job_id:String} AND name = {name:String} AND user = {user:String}
-  AND (NOT {match_command:UInt8} OR job_id IN (
-        SELECT job_id FROM job_events FINAL WHERE kind = 'start' AND command = {command:Array(String)}))
-GROUP BY job_id
-HAVING countIf(kind = 'start') > 0 AND (countIf(kind = 'end') > 0)
-ORDER BY start_ns DESC
-LIMIT {limit:UInt32}
+SELECT k, job_id FROM (
+    SELECT q.k AS k, e.job_id AS job_id, toUnixTimestamp64Nano(minIf(e.time, e.kind = 'start')) AS start_ns
+    FROM (SELECT job_id, kind, time, name, user, command FROM job_events FINAL
+          WHERE name IN {names:Array(String)} AND user IN {users:Array(String)}) AS e
+    INNER JOIN (SELECT k, name, user, command FROM system.one
+                ARRAY JOIN arrayEnumerate({names:Array(String)}) AS k, {names:Array(String)} AS name,
+                           {users:Array(String)} AS user, {commands:Array(Array(String))} AS command) AS q
+        ON e.name = q.name AND e.user = q.user
+    GROUP BY k, job_id
+    HAVING countIf(e.kind = 'start') > 0 AND countIf(e.kind = 'end') > 0
+       AND (empty(any(q.command)) OR anyIf(e.command, e.kind = 'start') = any(q.command))
+)
+ORDER BY k, start_ns DESC, job_id DESC
+LIMIT {limit:UInt32} BY k
 """
 
 
@@ -152,32 +162,58 @@ def history_from_metrics(metrics: list) -> JobHistory | None:
     )
 
 
-def job_history(
-    store: Store, name: str, user: str, command: list[str] | None, cfg: ControlConfig, job_id: str = ""
-) -> JobHistory | None:
-    """The history of the newest ``cfg.dfra_history_runs`` finished runs with this name and user
-    (and exactly this command when ``command`` is given), ``job_id`` itself excluded. None when
-    ``name`` is empty or no earlier run did I/O."""
-    if not name:
-        return None
+def job_histories(
+    store: Store, jobs: list[tuple[str, str, str, list[str] | None]], cfg: ControlConfig
+) -> list[JobHistory | None]:
+    """The history of each ``(job_id, name, user, command)`` of ``jobs``, in their order: the
+    newest ``cfg.dfra_history_runs`` finished runs with this name and user (and exactly this
+    command when it is given and not empty: that of the run's start event), ``job_id``
+    itself excluded, the runs without I/O (no bytes, no metadata op) then left out. None for a
+    job whose ``name`` is empty or none of whose runs did I/O.
+
+    The same reads whatever the number of jobs: one :data:`HISTORY_SQL` for every distinct
+    (name, user, command) (its newest ``dfra_history_runs + 1`` runs, so that a job among them
+    can be left out of its own history) and one :func:`~pharos_analytics.profiles.job_metrics`
+    of all the runs kept (issue 28: a control cycle's 2,000 new jobs at TaihuLight's scale read
+    them job by job, 11.7 s). Raises StoreError."""
+    keys = sorted({(name, user, tuple(command or ())) for _, name, user, command in jobs if name})
+    if not keys:
+        return [None] * len(jobs)
     rows = store.query(
         HISTORY_SQL,
         {
-            "job_id": job_id,
-            "name": name,
-            "user": user,
-            "match_command": int(bool(command)),
-            "command": list(command or []),
-            "limit": cfg.dfra_history_runs,
+            "names": [k[0] for k in keys],
+            "users": [k[1] for k in keys],
+            "commands": [list(k[2]) for k in keys],
+            "limit": cfg.dfra_history_runs + 1,
         },
     )
-    ids = [r["job_id"] for r in rows]
+    runs: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for r in rows:  # newest first within a key
+        runs.setdefault(keys[int(r["k"]) - 1], []).append(r["job_id"])
+    picked = [
+        [j for j in runs.get((name, user, tuple(command or ())), []) if j != job_id][: cfg.dfra_history_runs]
+        if name
+        else []
+        for job_id, name, user, command in jobs
+    ]
+    ids = sorted({j for p in picked for j in p})
     if not ids:
-        return None
-    order = {j: i for i, j in enumerate(ids)}
-    ms = [m for m in job_metrics(store, job_ids=ids) if m.numbers["bytes"] > 0 or m.numbers["metadata_ops"] > 0]
-    ms.sort(key=lambda m: order[m.job_id])
-    return history_from_metrics(ms)
+        return [None] * len(jobs)
+    did_io = {
+        m.job_id: m for m in job_metrics(store, job_ids=ids) if m.numbers["bytes"] > 0 or m.numbers["metadata_ops"] > 0
+    }
+    return [history_from_metrics([did_io[j] for j in p if j in did_io]) for p in picked]
+
+
+def job_history(
+    store: Store, name: str, user: str, command: list[str] | None, cfg: ControlConfig, job_id: str = ""
+) -> JobHistory | None:
+    """The history of one job (:func:`job_histories` of ``(job_id, name, user, command)``): the
+    newest ``cfg.dfra_history_runs`` finished runs with this name and user (and exactly this
+    command when ``command`` is given), ``job_id`` itself excluded. None when ``name`` is empty
+    or no earlier run did I/O. Raises StoreError."""
+    return job_histories(store, [(job_id, name, user, command)], cfg)[0]
 
 
 def _metadata_heavy_ops_s(diag: DiagnosisConfig | None) -> float:

@@ -12,7 +12,8 @@ detection loop of :mod:`pharos_analytics.alerts`):
    within ``reservation_start_grace_s`` (``release`` rows) and by jobs whose lease expired
    (``lease_expired`` rows, their mapping entries dropped) are returned.
 2. **DFRA** (:mod:`.dfra`) for every active job without a decision yet: the history of its
-   earlier runs decides its forwarding nodes (``dfra_*`` rows). :meth:`ControlLoop.hint`
+   earlier runs decides its forwarding nodes (``dfra_*`` rows; the histories of all these jobs
+   read at once, :func:`~.dfra.job_histories`). :meth:`ControlLoop.hint`
    takes the same decision on demand (a claimed hint, :mod:`.hints`), before the job's first I/O. A job without exact history
    gets the class of the learned job-class model when it is confident (:mod:`.class_model`).
 3. **Remapping** (:mod:`.remap`) on the detection loop's active interference events on a
@@ -64,7 +65,7 @@ from ..periodic import PeriodicLoop
 from .audit import Audit, ControlError, nodes_text
 from .class_model import ClassModel, JobIdentity, LearnedClass, start_ranks, training_samples
 from .config import ControlConfig
-from .dfra import DfraDecision, decide, job_history
+from .dfra import DfraDecision, decide
 from .hints import Hints
 from .lease import Leases
 from .liveness import Liveness
@@ -147,7 +148,7 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migra
         ranks: int | None = None,
     ) -> DfraDecision:
         cfg = self.cfg
-        hist = job_history(self.store, name, user, command, cfg, job_id=job_id)
+        hist = self._histories([(job_id, name, user, command)])[0]
         learned, why_not = None, ""
         if hist is None and name and cfg.dfra_model_enabled:
             learned, why_not = self._learned_class(job_id, name, user, command, ranks, now_ns)
@@ -290,8 +291,10 @@ class ControlLoop(ControlState, AdminPush, Liveness, Leases, Audit, Hints, Migra
         self, jobs: list[str], active: dict[str, dict], view: View, now_ns: int, anomalies: list[dict]
     ) -> list[tuple[dict, str]]:
         """DFRA decisions of ``jobs`` (active, without a decision or pin; reserved nodes held):
-        (action row arguments, job of the mapping entry) each."""
+        (action row arguments, job of the mapping entry) each. Their histories are read at once
+        first (:meth:`_histories`, kept for the cycle)."""
         new_rows: list[tuple[dict, str]] = []
+        self._histories([(j, active[j]["name"], active[j]["user"], list(active[j]["command"] or [])) for j in jobs])
         for job in jobs:
             r = active[job]
             d = self._decide_job(job, r["name"], r["user"], list(r["command"] or []), view, now_ns, True, anomalies)
