@@ -8,6 +8,7 @@ Units: ns (``*_ns``), bytes; windows are ``start // win_ns`` (ns since the epoch
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 from pharos_core.store import Store, ns_to_datetime64
@@ -122,24 +123,26 @@ class _Windows:
     @classmethod
     def read(cls, store: Store, usage_sql: str, params: dict) -> _Windows:
         """The usage of ``usage_sql`` (columns w, rtype, res, job_id, n, bytes, svc_ns; a row per
-        (job, window, resource)) in ``store``, with ``params``: its indexes now, itself when asked.
-        Raises StoreError."""
+        (job, window, resource)) in ``store``, with ``params``: its indexes now, itself when asked
+        (:data:`GROUPED_SQL`: a row per (window, resource)). Raises StoreError."""
         index = store.query_columns(INDEX_SQL.replace("__USAGE__", usage_sql), params)
-        return cls(index, lambda: store.query_columns(usage_sql, params))
+        return cls(index, lambda: store.query_columns(GROUPED_SQL.replace("__USAGE__", usage_sql), params))
 
-    def _windows(self) -> dict[int, dict[tuple[str, str], dict[str, dict]]]:
+    def _windows(self) -> dict[int, _WindowUsage]:
         if self._by_w is None:
             u = self._load()
-            by_w: dict[int, dict[tuple[str, str], dict[str, dict]]] = {}
-            add = by_w.setdefault
-            for w, rt, r, j, n, b, sv in zip(
-                u["w"], u["rtype"], u["res"], u["job_id"], u["n"], u["bytes"], u["svc_ns"], strict=True
+            by_w: dict[int, _WindowUsage] = {}
+            for w, rt, r, js, ns, bs, svs in zip(
+                u["w"], u["rtype"], u["res"], u["jobs"], u["ns"], u["bs"], u["svs"], strict=True
             ):
-                add(w, {}).setdefault((rt, r), {})[j] = {"n": n, "bytes": b, "svc_ns": sv}
+                wu = by_w.get(w)
+                if wu is None:
+                    wu = by_w[w] = _WindowUsage()
+                wu.raw[(rt, r)] = (js, ns, bs, svs)
             self._by_w, self._load = by_w, None
         return self._by_w
 
-    def __getitem__(self, w: int) -> dict[tuple[str, str], dict[str, dict]]:
+    def __getitem__(self, w: int) -> _WindowUsage:
         return self._windows()[w]
 
     def get(self, w: int, default=None):
@@ -153,6 +156,48 @@ class _Windows:
             return NotImplemented
         mine = (self.res_of, self.shared, self.co_bytes, self._windows())
         return mine == (other.res_of, other.shared, other.co_bytes, other._windows())
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+#: A usage query (``__USAGE__``) grouped per (window, resource): the jobs on it and their sums as
+#: parallel arrays, so that one window's resources are made into dictionaries only when asked
+#: (:class:`_WindowUsage`; the rows of a site's hour are ~10^6-10^7 (job, window, resource)).
+GROUPED_SQL = """
+SELECT w, rtype, res, groupArray(job_id) AS jobs, groupArray(n) AS ns, groupArray(bytes) AS bs,
+       groupArray(svc_ns) AS svs
+FROM (__USAGE__)
+GROUP BY w, rtype, res
+"""
+
+
+class _WindowUsage(Mapping):
+    """One window of :class:`_Windows`: (resource type, resource) -> job -> {n, bytes, svc_ns}
+    (requests, bytes, service ns). Each resource's job dictionary is built on its first ask, from
+    the arrays of :data:`GROUPED_SQL`: the detection asks for the resources of interfered
+    (job, window) pairs only (building all of them was ~6 s of a 23 s detection cycle at 40,960
+    simulated nodes, docs/operations.md)."""
+
+    __slots__ = ("_built", "raw")
+
+    def __init__(self) -> None:
+        self.raw: dict[tuple[str, str], tuple[list, list, list, list]] = {}
+        self._built: dict[tuple[str, str], dict[str, dict]] = {}
+
+    def __getitem__(self, res: tuple[str, str]) -> dict[str, dict]:
+        d = self._built.get(res)
+        if d is None:
+            js, ns, bs, svs = self.raw[res]
+            d = self._built[res] = {
+                j: {"n": n, "bytes": b, "svc_ns": sv} for j, n, b, sv in zip(js, ns, bs, svs, strict=True)
+            }
+        return d
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
 
     __hash__ = None  # type: ignore[assignment]
 

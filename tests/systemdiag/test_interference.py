@@ -218,3 +218,34 @@ def test_earlier_runs_spans_read_for_the_range_only():
     s3 = Store()
     _Lookups(s3, 50 * 60 * 10**9 + hour, 70 * 60 * 10**9 + hour, {}, {}, read_ahead=False).runs("ior")
     assert s3.asked == []  # one job: its search reads spans one by one
+
+
+def test_a_window_builds_only_the_resources_asked():
+    """The usage of a window (``_WindowUsage``) keeps each resource's jobs as the grouped query's
+    arrays and makes the job dictionary of a resource on its first ask only (the detection asks
+    for the resources of interfered windows: building all of them was ~6 s of a 23 s cycle at
+    40,960 simulated nodes)."""
+    from pharos_analytics.interference_usage import _Windows
+
+    index = {"job_id": ["a"], "w": [7], "rs": [[("target", "ost0")]], "shared": [1], "co": [5]}
+    rows = {  # GROUPED_SQL's columns: a row per (window, resource), the jobs' sums as arrays
+        "w": [7, 7],
+        "rtype": ["target", "forwarding_node"],
+        "res": ["ost0", "fwd0"],
+        "jobs": [["a", "b"], ["a"]],
+        "ns": [[3, 4], [4]],
+        "bs": [[10, 11], [5]],
+        "svs": [[100, 101], [50]],
+    }
+    by_w = _Windows(index, lambda: rows)
+    win = by_w[7]
+    assert set(win) == {("target", "ost0"), ("forwarding_node", "fwd0")} and len(win) == 2
+    assert win._built == {}, "nothing built before an ask"
+    assert win[("target", "ost0")] == {
+        "a": {"n": 3, "bytes": 10, "svc_ns": 100},
+        "b": {"n": 4, "bytes": 11, "svc_ns": 101},
+    }
+    assert list(win._built) == [("target", "ost0")], "only the resource asked"
+    assert win.get(("target", "ost9"), {}) == {} and ("forwarding_node", "fwd0") in win
+    assert dict(win.items())[("forwarding_node", "fwd0")] == {"a": {"n": 4, "bytes": 5, "svc_ns": 50}}
+    assert by_w.get(8) is None and by_w.shared[("a", 7)] and by_w.co_bytes[("a", 7)] == 5
