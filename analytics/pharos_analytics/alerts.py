@@ -42,6 +42,7 @@ from pharos_core.store import Store, ns_to_datetime64
 from .diagnosis_config import DiagnosisConfig
 from .failslow import Anomaly, WindowCache, detect_failslow
 from .interference import InterferenceEvent, detect_interference
+from .interference_usage import UsageCache
 from .liveness import BROKER_KIND, SILENT_KIND, BrokerLike, detect_silent_forwarders, detect_unreachable_brokers
 from .network import NETWORK_KIND, detect_slow_networks
 from .periodic import PeriodicLoop
@@ -383,6 +384,7 @@ class DetectionLoop(PeriodicLoop):
         cfg = cfg_factory()
         self.alerter = Alerter.from_config(cfg, store, generator_url)
         self.failslow_windows = WindowCache()  # long windows re-judged every failslow_refresh_share of them
+        self.interference_usage = UsageCache()  # the settled windows of the interference pass
         # ended jobs waiting for straggler attribution (oldest end first), and when each was queued
         # (a job seen again in the next cycle's 30 s overlap is not queued twice)
         self.straggler_backlog: list[str] = []
@@ -400,7 +402,7 @@ class DetectionLoop(PeriodicLoop):
         nodes += self._brokers(now_ns)
         if self.mount_dir:
             nodes += detect_slow_networks(self.store, self.mount_dir, cfg, now_ns)
-        events = detect_interference(self.store, cfg, until_ns=now_ns)
+        events = detect_interference(self.store, cfg, until_ns=now_ns, cache=self.interference_usage)
         rows = anomaly_rows(rep.anomalies + nodes, events, now_ns)
         if rows:
             self.store.insert_rows("anomalies", rows)

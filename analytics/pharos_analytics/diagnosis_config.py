@@ -369,6 +369,13 @@ class DiagnosisConfig(PharosSettings):
         "this share of the window (summed service time / window: its mean requests in service), so that a few "
         "requests of another job or of no job are not blamed.",
     )
+    interference_settle_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Pharos. The periodic detection keeps the sums of a window between its cycles once the window "
+        "ended this long (s) before the cycle, instead of reading its whole look-back every cycle; records that reach "
+        "the store later than that are left out of its view of the window (one job's report still reads them).",
+    )
     # -- alerts and the periodic detection of the server (Pharos) -------------------------------
     alertmanager_url: str = Field(
         default="", description="Pharos. Alertmanager base URL (http://host:9093); '' = do not send to Alertmanager."

@@ -65,6 +65,14 @@ def test_previous_run_baseline(store):
     sim.insert(store, sim.simulate(cl, jobs, t1, 30, seed=9))
     events = detect_interference(store, CFG, since_ns=t1, until_ns=t1 + 30 * sim.NS, job_ids=["light-run2"])
     assert [(e.culprit_job, e.baseline_source) for e in events] == [("heavy-run2", "previous_run:light-run1")]
+    # the runs of many names in one query: what the query per name gives, spans read ahead alike
+    from pharos_analytics.interference import _Lookups
+
+    one, many = (_Lookups(store, t0, t1 + 30 * sim.NS, {}, {}) for _ in range(2))
+    many.prefetch_runs(["lightp", "heavyp", "nosuchname", ""])
+    assert many.runs_by_name == {n: one.runs(n) for n in ("lightp", "heavyp", "nosuchname")}
+    assert [r["job_id"] for r in many.runs_by_name["lightp"]] == ["light-run2", "light-run1"]
+    assert many.spans == one.spans and many.spans["light-run1"]["n"] > 0
 
 
 def test_rollup_gives_the_events_of_the_raw_records(store):
@@ -149,7 +157,7 @@ def test_window_indexes_equal_their_definitions(store):
     rnd = random.Random(5)
     resources = [("forwarding_node", f"fwd{i}") for i in range(6)] + [("target", f"ost{i}") for i in range(24)]
     rows = [  # the usage query's rows (window, resource type, resource, job, n, bytes, svc_ns)
-        (w, *res, j, 1, rnd.randint(1, 10**6), 1)
+        (w, *res, j, 1, rnd.randint(1, 10**6), rnd.randint(1, 1000))
         for w in range(40)
         for j in (f"job{k}" for k in range(12))
         for res in rnd.sample(resources, rnd.randint(0, 4))
@@ -166,27 +174,37 @@ def test_window_indexes_equal_their_definitions(store):
     assert sum(len(jobs) for w in range(40) for jobs in (by_w.get(w) or {}).values()) == len(rows)
     for w, rt, r, j, _, b, _ in rows:
         assert by_w[w][(rt, r)][j]["bytes"] == b
-    assert sorted(by_w.res_of) == sorted({(j, w) for w, _, _, j, *_ in rows})
+    assert sorted(by_w.shared) == sorted({(j, w) for w, _, _, j, *_ in rows})
     assert by_w.shared and any(by_w.shared.values()) and not all(by_w.shared.values())
-    for (j, w), res in by_w.res_of.items():
+    for j, w in by_w.shared:
+        res = by_w.resources(j, w)
         assert res == sorted((t, r) for x, t, r, k, *_ in rows if (k, x) == (j, w))
         others = {o for r in res for o in by_w[w][r]} - {j}
         assert by_w.shared[(j, w)] == bool(others)
         assert by_w.co_bytes[(j, w)] == sum(st["bytes"] for r in res for o, st in by_w[w][r].items() if o != j)
-    base = sorted({w for (j, w) in by_w.res_of if j == "job3"})[:10]
+    base = sorted({w for (j, w) in by_w.shared if j == "job3"})[:10]
     usual: dict = {}
     for w in base:  # the eager sum the detection did before
-        for r in by_w.res_of.get(("job3", w), []):
+        for r in by_w.resources("job3", w):
             for o, st in by_w[w][r].items():
                 usual[(o, r)] = usual.get((o, r), 0.0) + st["bytes"] / len(base)
     lazy = _Usual(by_w, "job3", base)
     assert usual and all(lazy.get(k) == v for k, v in usual.items())
     assert lazy.get(("job99", resources[0])) == 0.0 and _Usual(by_w, "job3", []).get(next(iter(usual))) == 0.0
     # each job's windows, oldest first, as the scan of every (job, window) gave them
-    jobw = _JobWindows(((j, w), {"n": 1}) for (j, w) in rnd.sample(sorted(by_w.res_of), len(by_w.res_of)))
-    for j in {j for j, _ in by_w.res_of}:
+    jobw = _JobWindows(((j, w), {"n": 1}) for (j, w) in rnd.sample(sorted(by_w.shared), len(by_w.shared)))
+    for j in {j for j, _ in by_w.shared}:
         assert jobw.windows(j) == sorted(w for (k, w) in jobw if k == j)
-    assert jobw.windows("job99") == [] and sorted(jobw.of) == sorted({j for j, _ in by_w.res_of})
+    assert jobw.windows("job99") == [] and sorted(jobw.of) == sorted({j for j, _ in by_w.shared})
+    # with an occupancy: only the resources some job occupied (svc_ns >= occ) are read, the
+    # indexes still count every resource
+    occ = sorted(v for *_, v in rows)[len(rows) * 9 // 10]
+    busy = _Windows.read(store, usage_sql, {"occ": occ})
+    assert busy.shared == by_w.shared and busy.co_bytes == by_w.co_bytes
+    kept = {(w, (t, r)) for w, t, r, _, _, _, v in rows if v >= occ}
+    assert kept and {(w, res) for w in range(40) for res in busy[w]} == kept
+    for w, res in kept:
+        assert busy[w][res] == by_w[w][res]
 
 
 def test_earlier_runs_spans_read_for_the_range_only():
@@ -225,9 +243,8 @@ def test_a_window_builds_only_the_resources_asked():
     arrays and makes the job dictionary of a resource on its first ask only (the detection asks
     for the resources of interfered windows: building all of them was ~6 s of a 23 s cycle at
     40,960 simulated nodes)."""
-    from pharos_analytics.interference_usage import _Windows
+    from pharos_analytics.interference_usage import _grouped, _Windows
 
-    index = {"job_id": ["a"], "w": [7], "rs": [[("target", "ost0")]], "shared": [1], "co": [5]}
     rows = {  # GROUPED_SQL's columns: a row per (window, resource), the jobs' sums as arrays
         "w": [7, 7],
         "rtype": ["target", "forwarding_node"],
@@ -237,7 +254,7 @@ def test_a_window_builds_only_the_resources_asked():
         "bs": [[10, 11], [5]],
         "svs": [[100, 101], [50]],
     }
-    by_w = _Windows(index, lambda: rows)
+    by_w = _Windows({("a", 7): True}, {("a", 7): 5}, lambda: _grouped(rows))
     win = by_w[7]
     assert set(win) == {("target", "ost0"), ("forwarding_node", "fwd0")} and len(win) == 2
     assert win._built == {}, "nothing built before an ask"
@@ -249,3 +266,54 @@ def test_a_window_builds_only_the_resources_asked():
     assert win.get(("target", "ost9"), {}) == {} and ("forwarding_node", "fwd0") in win
     assert dict(win.items())[("forwarding_node", "fwd0")] == {"a": {"n": 4, "bytes": 5, "svc_ns": 50}}
     assert by_w.get(8) is None and by_w.shared[("a", 7)] and by_w.co_bytes[("a", 7)] == 5
+
+
+def test_cycles_keep_settled_windows_and_find_the_same_events(store):
+    """The periodic detection keeps the windows that ended ``interference_settle_s`` before a
+    cycle (``UsageCache``) and reads only the rest: cycle after cycle it finds the events a whole
+    read of the same range finds, and each cycle's read starts at the first window not settled
+    at the cycle before (at 40,960 simulated nodes the whole look-back was re-read every 10 s)."""
+    from dataclasses import asdict
+
+    from pharos_analytics.interference_sql import INDEX_SQL
+    from pharos_analytics.interference_usage import UsageCache
+    from pharos_core.store import ns_to_datetime64
+
+    cfg = DiagnosisConfig(interference_window_s=5, interference_settle_s=10)
+    t0, _ = _scenario(store, 4, "fwd0", "inc")
+    reads: list[str] = []
+    query_columns = store.query_columns
+
+    def spy(sql, params=None):
+        if sql.startswith(INDEX_SQL.split("__USAGE__")[0]):
+            reads.append(params["since"])
+        return query_columns(sql, params)
+
+    cache = UsageCache()
+    store.query_columns = spy
+    try:
+        found, prev = [], None
+        for k in (2, 3, 5, 7, 9):
+            until = t0 + k * 10 * sim.NS
+            reads.clear()
+            kept = detect_interference(store, cfg, since_ns=t0, until_ns=until, cache=cache)
+            mine = [r for r in reads if r >= ns_to_datetime64(t0)]  # not earlier runs' baselines
+            assert mine == [ns_to_datetime64(t0 if prev is None else prev - 10 * sim.NS)], (k, reads)
+            prev = until
+            whole = detect_interference(store, cfg, since_ns=t0, until_ns=until)
+            assert [asdict(e) | {"detected_ns": 0} for e in kept] == [asdict(e) | {"detected_ns": 0} for e in whole]
+            found += kept
+            assert max(cache.parts) == (until - 10 * sim.NS) // (5 * sim.NS) - 1  # the last settled window
+    finally:
+        del store.query_columns
+    assert any(e.job_id == "light-inc" and e.culprit_job == "heavy-inc" for e in found)
+    assert cache.reads == 5
+    # another window width empties it
+    detect_interference(
+        store,
+        DiagnosisConfig(interference_window_s=10, interference_settle_s=10),
+        since_ns=t0,
+        until_ns=t0 + 90 * sim.NS,
+        cache=cache,
+    )
+    assert cache.parts and all(t0 <= w * 10 * sim.NS < t0 + 90 * sim.NS for w in cache.parts)
