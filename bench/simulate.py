@@ -41,6 +41,7 @@ exit or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -432,6 +433,33 @@ def report(a, machine: simkit.Machine, gen: Generator, phases: list[dict]) -> No
     )
 
 
+def result(a, machine: simkit.Machine, phases: list[dict]) -> dict:
+    """The last phase's figures as ``--json`` writes them (bench/growth.py reads them)."""
+    last = phases[-1]
+    timing = last["finals"].get(0, (None,) * 8 + ({},))[8]
+    return {
+        "nodes": a.nodes,
+        "forwarders": a.forwarders,
+        "targets": a.targets,
+        "jobs": len(machine.jobs),
+        "rate_fraction": a.rate_fraction,
+        "minutes": a.minutes,
+        "real_time_records_per_s": machine.records_per_tick() * 1e9 / simkit.TICK_NS,
+        "pipelines": last["pipes"],
+        "produced_per_s": last["produced"],
+        "ingested_per_s": sum(last["ingested"].values()),
+        "lag_start": last["lag_start"],
+        "lag_end": last["lag_end"],
+        "lag_after_drain": last["lag_after_drain"],
+        "rss_mb": last["rss_mb"],
+        "stored_records": sum(f[2] for f in last["finals"].values()),
+        "detection_s": timing.get("detection") or [],
+        "control_s": timing.get("control") or [],
+        "detect_period_s": timing.get("detect_period_s"),
+        "cycle_errors": timing.get("errors", []),
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=40_960, help="compute nodes, one agent each (TaihuLight: 40,960)")
@@ -458,6 +486,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1, help="seed of job placement and the records (deterministic)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (Kafka data, stores)")
     ap.add_argument("--derive-shapes", metavar="DARSHAN_DIR", type=Path, help="print the Darshan shapes and exit")
+    ap.add_argument("--json", type=Path, help="also write the last phase's figures to this file (bench/growth.py)")
     return ap.parse_args(argv)
 
 
@@ -490,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"phase: {n} pipeline process(es), {a.minutes:g} min", flush=True)
             phases.append(run_phase(a, settings, root, gen, n, stop, kafka_pids(broker), n is counts[-1]))
         report(a, machine, gen, phases)
+        if a.json:
+            a.json.write_text(json.dumps(result(a, machine, phases), indent=1))
         return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

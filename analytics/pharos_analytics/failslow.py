@@ -311,18 +311,31 @@ def _onset_forwarder(
 
 @dataclass
 class WindowCache:
-    """Verdicts of the long fail-slow windows kept between the periodic detection's cycles: a
-    window but the shortest is re-judged once ``failslow_refresh_share`` of its length has passed
-    since it was judged (see that setting). Key (kind, window s) -> (judged at ns, verdicts, ctx)."""
+    """Verdicts of the fail-slow windows kept between the periodic detection's cycles: a window
+    but the shortest is re-judged once ``failslow_refresh_share`` of its length has passed since it
+    was judged, the shortest once ``failslow_shortest_refresh_share`` has (see those settings).
+    Key (kind, window s) -> (judged at ns, verdicts, ctx)."""
 
     entries: dict[tuple[str, float], tuple[int, list[NodeVerdict], object]] = field(default_factory=dict)
 
-    def get(self, kind: str, w: float, now_ns: int, shortest: float, share: float, stale: bool = False):
-        """The cached (verdicts, ctx) of a long window, None when it must be judged again; with
+    def get(
+        self,
+        kind: str,
+        w: float,
+        now_ns: int,
+        shortest: float,
+        share: float,
+        stale: bool = False,
+        shortest_share: float = 0.0,
+    ):
+        """The cached (verdicts, ctx) of a window, None when it must be judged again: a long one
+        after ``share`` of its length, the shortest after ``shortest_share`` (0: every call); with
         ``stale`` any cached entry of a long window (when the cycle has no budget left to re-judge it)."""
         hit = self.entries.get((kind, w))
-        if hit is None or w == shortest:
+        if hit is None or (w == shortest and (stale or shortest_share <= 0)):
             return None
+        if w == shortest:
+            share = shortest_share
         if not stale and (share <= 0 or not 0 <= now_ns - hit[0] < w * share * 1e9):
             return None
         return hit[1], hit[2]
@@ -358,7 +371,18 @@ def detect_failslow(
         for kind in ("target", "forwarder"):
             if kind not in kinds:
                 continue
-            hit = cache.get(kind, w, now_ns, windows[0], cfg.failslow_refresh_share) if cache else None
+            hit = (
+                cache.get(
+                    kind,
+                    w,
+                    now_ns,
+                    windows[0],
+                    cfg.failslow_refresh_share,
+                    shortest_share=cfg.failslow_shortest_refresh_share,
+                )
+                if cache
+                else None
+            )
             if hit is None and cache is not None and w != windows[0] and budget <= 0:
                 hit = cache.get(kind, w, now_ns, windows[0], cfg.failslow_refresh_share, stale=True)
                 if hit is None:

@@ -316,3 +316,25 @@ def test_long_windows_are_judged_over_the_first_cycles_one_per_cycle(store):
     assert cache.entries[("target", 20.0)][0] == now + 20 * sim.NS
     assert cache.entries[("target", 60.0)][0] == now + 1 * sim.NS
     assert [v for v in late.verdicts if v.window_s == 60] == [v for v in reps[1].verdicts if v.window_s == 60]
+
+
+def test_the_shortest_window_is_rejudged_after_its_own_share(store):
+    """The shortest window keeps its verdicts for failslow_shortest_refresh_share of its length
+    (at 40,960 simulated nodes one judgement of a 1 h window reads ~17 M rollup rows), then is
+    judged again; 0 judges it every call."""
+    from pharos_analytics.failslow import WindowCache
+
+    t0, _ = _run(store, 43, 54, [sim.Fault("target", "ost3", 4.0)])
+    now = t0 + DURATION * sim.NS
+    for share, again_judged in ((0.5, False), (0.0, True)):  # 5 s window: kept 2.5 s, or not at all
+        cfg = CFG.model_copy(update={"failslow_shortest_refresh_share": share, "failslow_refresh_share": 0.9})
+        cache = WindowCache()
+        first = detect_failslow(store, cfg, now_ns=now, cache=cache)
+        soon = detect_failslow(store, cfg, now_ns=now + sim.NS, cache=cache)
+        judged_at = cache.entries[("target", 5.0)][0]
+        assert judged_at == (now + sim.NS if again_judged else now), share
+        kept = [v for v in soon.verdicts if v.window_s == 5] == [v for v in first.verdicts if v.window_s == 5]
+        assert kept != again_judged, share  # the window moved 1 s: judged again, other figures
+        late = detect_failslow(store, cfg, now_ns=now + 3 * sim.NS, cache=cache)
+        assert cache.entries[("target", 5.0)][0] == now + 3 * sim.NS  # past 2.5 s: judged again
+        assert {(a.kind, a.node) for a in late.anomalies} == {("fail_slow_target", "ost3")}
