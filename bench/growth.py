@@ -9,11 +9,11 @@ after the other, each writing its figures with ``--json``. ``--from FILE ...`` f
 before instead.
 
 The fit, per cost y (the detection cycle's median and max, the control cycle's, the pipeline
-process's RSS, records/s ingested, the lag at the end): the exponent k of y ~ N^k (least squares
+process's RSS, the lag at the end): the exponent k of y ~ N^k (least squares
 on log y against log N) and which of y = a + b*g(N), g in 1, log N, N, N log N, N^2, leaves the
 smallest relative residual (numpy least squares; with three sizes one degree of freedom is left:
 read it as a hint, the exponent as the figure). Printed as a table; ``--at N,...`` prints what the
-best model gives at other sizes (an extrapolation, said so).
+power law gives at other sizes (an extrapolation, said so).
 
     python bench/growth.py --sizes 1024,4096,40960 --fractions 1,0.25,0.005 --minutes 5
     python bench/growth.py --from run1.json run2.json run3.json --at 10240,40960
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -63,20 +64,20 @@ def costs(run: dict) -> dict[str, float | None]:
         "control cycle median (s)": median(ctl[1:] or ctl) if ctl else None,
         "control cycle max (s)": max(ctl) if ctl else None,
         "pipeline RSS (MB)": run.get("rss_mb", {}).get("pipeline0"),
-        "ingested (records/s)": run.get("ingested_per_s"),
         "lag at the end (messages)": run.get("lag_end"),
     }
 
 
 def fit(ns: list[float], ys: list[float]) -> tuple[float | None, str | None, dict]:
-    """(exponent k of y ~ N^k, the best model's name, its coefficients {a, b}) over the points
+    """(exponent k of y ~ N^k, the best model's name, its coefficients {a, b} and the power
+    law's log_c: log y = log_c + k log N) over the points
     with y > 0; (None, None, {}) with fewer than 2 such points."""
     pts = [(n, y) for n, y in zip(ns, ys, strict=True) if y is not None and y > 0]
     if len(pts) < 2:
         return None, None, {}
     n = np.array([p[0] for p in pts], dtype=float)
     y = np.array([p[1] for p in pts], dtype=float)
-    k = float(np.polyfit(np.log(n), np.log(y), 1)[0])
+    k, c = (float(v) for v in np.polyfit(np.log(n), np.log(y), 1))
     best = None
     for name, g in MODELS.items():
         a_mat = np.column_stack([np.ones_like(n), g(n)]) if name != "constant" else np.ones((len(n), 1))
@@ -86,12 +87,12 @@ def fit(ns: list[float], ys: list[float]) -> tuple[float | None, str | None, dic
             continue  # a cost that falls with size is noise, not a model
         if best is None or err < best[0] - 1e-9:
             best = (err, name, {"a": float(coef[0]), "b": float(coef[1]) if len(coef) > 1 else 0.0})
-    return k, best[1], best[2]
+    return k, best[1], best[2] | {"log_c": c}
 
 
-def predict(model: str, coef: dict, n: float) -> float:
-    g = MODELS[model](np.array([float(n)]))[0]
-    return coef["a"] + (coef["b"] * g if model != "constant" else 0.0)
+def predict(coef: dict, k: float, n: float) -> float:
+    """The power law's y at ``n`` (y = e^log_c x N^k): an extrapolation beyond the sizes run."""
+    return math.exp(coef["log_c"]) * n**k
 
 
 def run_sizes(a) -> list[dict]:
@@ -124,7 +125,12 @@ def report(runs: list[dict], at: list[int]) -> None:
     table = [costs(r) for r in runs]
     sizes = " / ".join(f"{r['nodes']:,}-{r['forwarders']}-{r['targets']}-{r['jobs']:,}" for r in runs)
     print(f"sizes (nodes-forwarding nodes-targets-jobs): {sizes}")
-    print("fractions of real time: " + ", ".join(f"{r['rate_fraction']:g}" for r in runs))
+    print(
+        "fractions of real time: "
+        + ", ".join(f"{r['rate_fraction']:g}" for r in runs)
+        + "; records/s ingested (the load, not fitted): "
+        + ", ".join(f"{r['ingested_per_s']:,.0f}" for r in runs)
+    )
     head = f"{'cost':<28}" + "".join(f"{r['nodes']:>12,}" for r in runs) + f"{'N^k: k':>8}  {'best fit':<10}"
     head += "".join(f"{'at ' + format(n, ','):>14}" for n in at)
     print(head)
@@ -133,10 +139,10 @@ def report(runs: list[dict], at: list[int]) -> None:
         k, model, coef = fit(ns, ys)
         row = f"{name:<28}" + "".join(f"{'n/a' if y is None else format(y, ',.2f'):>12}" for y in ys)
         row += f"{'n/a' if k is None else format(k, '.2f'):>8}  {model or 'n/a':<10}"
-        row += "".join(f"{format(predict(model, coef, n), ',.2f') if model else 'n/a':>14}" for n in at)
+        row += "".join(f"{format(predict(coef, k, n), ',.2f') if k is not None else 'n/a':>14}" for n in at)
         print(row)
     if at:
-        print("(the 'at' columns extrapolate the best fit beyond the sizes measured)")
+        print("(the 'at' columns extrapolate the power law y ~ N^k beyond the sizes measured)")
 
 
 def main(argv: list[str] | None = None) -> int:

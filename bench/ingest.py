@@ -5,7 +5,10 @@ rate while API-like queries run on the same store in a loop.
 Starts a real Kafka broker (KRaft, loopback, the pinned jars in build/kafka) in a tmp dir and
 produces ``--records`` records (agent-like IoBatch messages of ``--batch`` records: 64 ranks
 writing 1 MiB requests to 8 files, plus opens and closes) to a 3-partition topic before any
-timing. Then, for each of ``--rounds`` rounds, on a fresh chDB store each:
+timing; with ``--mix simulated`` instead the messages of a simulated machine of ``--mix-nodes``
+compute nodes (bench/simkit.py: the record mix of real fio, MPI-IO and Darshan runs, one
+message per agent or forwarding daemon per 200 ms, ~19 records each at 4,096 nodes, heartbeats),
+the realistic mix of issue 28. Then, for each of ``--rounds`` rounds, on a fresh chDB store each:
 
 * **pipeline**: a new consumer group reads the whole topic through
   :class:`pharos_pipeline.ingest.Pipeline` (decode, dedupe by (producer_id, seq), one insert per
@@ -30,7 +33,7 @@ job, ``GET /v1/forwarders``, and each query of the overview dashboard at its def
 Targets (issue 15): each <= 1 s at 100 M records; (issue 28) ``pharos job`` and ``diagnose``
 <= 1 s and the overview dashboard's queries <= 2 s at 1 B records.
 
-Usage: uv run python bench/ingest.py [--records 2000000] [--batch 1000] [--rounds 3]
+Usage: uv run python bench/ingest.py [--records 2000000] [--batch 1000 | --mix simulated] [--rounds 3]
                                      [--with-queries] [--stored 10000000] [--keep]
 """
 
@@ -101,6 +104,30 @@ def make_batches(records: int, per_batch: int, producers: int = 8) -> list[tuple
             n += 1
         out.append((b.producer_id.encode(), b.SerializeToString()))
     return out
+
+
+def simulated_batches(records: int, nodes: int) -> tuple[list[tuple[bytes, bytes]], int]:
+    """At least ``records`` records as a simulated machine of ``nodes`` compute nodes sends them
+    (bench/simkit.py, TaihuLight's ratios as bench/growth.py: the record mix of real fio, MPI-IO
+    and Darshan runs, client and forwarder layers, one message per producer per 200 ms tick,
+    heartbeats of idle producers), an hour ago: (messages, records in them)."""
+    import random
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import growth
+    import simkit
+
+    m = growth.machine(nodes)
+    jobs = simkit.place_jobs(nodes, m["jobs"], 4, random.Random(1))
+    machine = simkit.Machine(nodes, m["forwarders"], m["targets"], jobs, 1, 4)
+    out: list[tuple[bytes, bytes]] = []
+    n, t = 0, time.time_ns() - 3_600_000_000_000
+    while n < records:
+        msgs, k = machine.tick(t)
+        out += msgs
+        n += k
+        t += simkit.TICK_NS
+    return out, n
 
 
 def produce(settings: Settings, messages: list[tuple[bytes, bytes]]) -> None:
@@ -331,10 +358,13 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
         broker.start(timeout=120)
         ensure_topics(settings)
         t = time.perf_counter()
-        msgs = make_batches(a.records, a.batch)
+        if a.mix == "simulated":
+            msgs, total = simulated_batches(a.records, a.mix_nodes)
+        else:
+            msgs, total = make_batches(a.records, a.batch), a.records
         produce(settings, msgs)
         print(
-            f"produced {a.records:,} records in {len(msgs):,} messages "
+            f"produced {total:,} records ({a.mix} mix) in {len(msgs):,} messages "
             f"({sum(len(v) for _, v in msgs) / MiB:.0f} MiB) in {time.perf_counter() - t:.1f} s"
         )
         for r in range(a.rounds):
@@ -342,21 +372,21 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
             store = open_store(settings.model_copy(update={"state_dir": store_dir}))
             try:
                 migrate(store)
-                dt, n, _ = run_pipeline(settings, store, a.records, f"r{r}", False)
+                dt, n, _ = run_pipeline(settings, store, total, f"r{r}", False)
                 pipe_rate = n / dt
                 store.command("CREATE TABLE mem AS io_requests ENGINE = Memory")
                 store.command("INSERT INTO mem SELECT * FROM io_requests")
                 store.command("CREATE TABLE raw AS io_requests")
                 t = time.perf_counter()
                 store.command(f"INSERT INTO raw SELECT * FROM mem SETTINGS {ONE_BLOCK}")
-                raw_rate = a.records / (time.perf_counter() - t)
+                raw_rate = total / (time.perf_counter() - t)
                 n = int(store.query("SELECT count() AS n FROM raw")[0]["n"])
-                assert n == a.records, (n, a.records)
+                assert n == total, (n, total)
                 row = {"pipeline": pipe_rate, "raw": raw_rate}
                 if a.with_queries:
                     store.command("TRUNCATE TABLE io_requests")
                     store.command("TRUNCATE TABLE io_batches")
-                    dq, nq, done = run_pipeline(settings, store, a.records, f"q{r}", True)
+                    dq, nq, done = run_pipeline(settings, store, total, f"q{r}", True)
                     row["with_queries"] = nq / dq
                     row["queries"] = done / dq
                 rows.append(row)
@@ -384,7 +414,15 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
-    ap.add_argument("--batch", type=int, default=1000, help="records per IoBatch message")
+    ap.add_argument("--batch", type=int, default=1000, help="records per IoBatch message (uniform mix)")
+    ap.add_argument(
+        "--mix",
+        choices=("uniform", "simulated"),
+        default="uniform",
+        help="uniform: 64 ranks' 1 MiB writes, opens and closes in --batch-record messages; simulated: a "
+        "simulated machine's messages (bench/simkit.py: real runs' record mix, a message per producer per 200 ms)",
+    )
+    ap.add_argument("--mix-nodes", type=int, default=4096, help="compute nodes of the simulated mix")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
