@@ -132,6 +132,12 @@ class Settings(PharosSettings):
     pipeline_max_wait_ms: int = Field(
         default=200, ge=1, description="Pipeline: longest wait for a poll to fill, in ms (whichever comes first)."
     )
+    pipeline_prefetch: bool = Field(
+        default=True,
+        description="Pipeline: when a poll comes back full (a backlog), take the next poll from Kafka and decode "
+        "its headers in a background thread while this one is stored (the store's inserts and commits stay in "
+        "order in one thread). False: one poll at a time.",
+    )
     pipeline_parse_threads: int = Field(
         default=2,
         ge=1,

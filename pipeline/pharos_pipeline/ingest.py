@@ -47,7 +47,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pharos_core.settings import Settings
@@ -104,6 +104,22 @@ class _Batch:
     batch: IoBatchHeader
 
 
+@dataclass
+class _Polled:
+    """One poll's messages, sorted and decoded (:meth:`Pipeline._take`). ``full``: the poll hit
+    its message or byte limit (more is likely waiting)."""
+
+    full: bool
+    batches: list[_Batch] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+    metrics: list[TargetMetricsBatch] = field(default_factory=list)
+    bad: list[_Bad] = field(default_factory=list)
+    #: (topic, partition) -> the offset to commit (the last message's + 1)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: topic -> messages taken
+    taken: dict[str, int] = field(default_factory=dict)
+
+
 class Pipeline:
     """The Kafka -> ClickHouse consumer. Not thread-safe: one thread calls
     :meth:`process_once` / :meth:`run`; :meth:`stats` may be read from any thread.
@@ -151,7 +167,14 @@ class Pipeline:
         # Batches whose records a dead run stored without markers; looked for at start and
         # whenever partitions are assigned (another consumer of the group may have died).
         self._unmarked: set[tuple[str, int]] = set()
-        self._reconcile = True
+        #: assignments seen (the consumer's callback, maybe in the background poll's thread) and
+        #: the one the unmarked-records check last ran for
+        self._assignments = 1
+        self._reconciled = 0
+        #: held while a poll is stored and committed (:meth:`_revoked` waits for it)
+        self._storing = threading.RLock()
+        self._executor = None
+        self._next = None
         self._stats_lock = threading.Lock()
         #: (topic, partition) -> the group's committed offset (negative: none yet)
         self._committed: dict[tuple[str, int], int] = {}
@@ -165,11 +188,11 @@ class Pipeline:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer(self._consumer_config, logger=log)
-            self._consumer.subscribe(self.topics, on_assign=self._assigned)
+            self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked)
         return self._consumer
 
     def _assigned(self, _consumer, _partitions) -> None:
-        self._reconcile = True
+        self._assignments += 1
 
     def _ensure_producer(self):
         if self._producer is None:
@@ -190,6 +213,7 @@ class Pipeline:
     def reset_consumer(self) -> None:
         """Close the consumer without committing; the next poll rejoins the group and
         resumes from the committed offsets (what was polled but not committed comes again)."""
+        self._drop_prefetched()
         self._committed.clear()  # asked from the broker again after the rejoin
         if self._consumer is not None:
             try:
@@ -201,6 +225,9 @@ class Pipeline:
     def close(self) -> None:
         """Close the Kafka clients (flushes the dead-letter producer). The store stays open."""
         self.reset_consumer()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
@@ -234,25 +261,70 @@ class Pipeline:
         ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
         of messages taken (0 when none came).
 
+        A poll that came back full (its message or byte limit reached: a backlog) starts the next
+        poll in a background thread while this one is stored (:meth:`_prefetch`); the next call
+        stores what that took (or polls anew when it took nothing). The store checks, inserts and
+        commits stay in this thread and in poll order, so the exactly-once steps are unchanged.
+
         Raises StoreError when the store refuses an insert, or KafkaException when the
         dead-letter topic does not accept a message or the commit fails; nothing of the
         poll is committed then: call :meth:`reset_consumer` and poll again (what was
         stored is skipped on re-delivery).
         """
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
         self.store.mark_ingest_thread()
         consumer = self._ensure_consumer()
-        msgs = self._poll(consumer, self.max_wait if timeout is None else timeout)
-        if not msgs:
+        polled = self._prefetched()
+        if polled is None or not polled.taken:
+            polled = self._take(consumer, self.max_wait if timeout is None else timeout)
+        if not polled.taken:
             self._update_lag(consumer)
             return 0
-        batches: list[_Batch] = []
-        events: list[JobEvent] = []
-        metrics: list[TargetMetricsBatch] = []
-        bad: list[_Bad] = []
-        offsets: dict[tuple[str, int], int] = {}
-        taken: dict[str, int] = {}
+        with self._storing:
+            if polled.full and self.settings.pipeline_prefetch:
+                self._prefetch(consumer)
+            self._store_polled(consumer, polled)
+        self._update_lag(consumer)
+        return sum(polled.taken.values())
+
+    # -- the next poll while this one is stored -------------------------------------------
+    def _prefetch(self, consumer) -> None:
+        """Start the next poll (:meth:`_take`, waiting up to ``max_wait``) in the background
+        thread. Called with :attr:`_storing` held, so a revocation of partitions that the
+        background consume() triggers waits (:meth:`_revoked`) until this poll is stored and
+        committed, as it would if the poll came after the commit."""
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pharos-pipeline-poll")
+        self._next = self._executor.submit(self._take, consumer, self.max_wait)
+
+    def _prefetched(self) -> _Polled | None:
+        """The background poll's result (waiting for it), or None when none was started.
+        Raises what the poll raised (KafkaException)."""
+        fut, self._next = self._next, None
+        return fut.result() if fut is not None else None
+
+    def _drop_prefetched(self) -> None:
+        """Wait for the background poll and forget what it took (never committed: it comes again)."""
+        try:
+            self._prefetched()
+        except Exception as exc:  # the consumer is being reset anyway
+            log.debug("background poll dropped: %s", exc)
+
+    def _revoked(self, _consumer, _partitions) -> None:
+        # Partitions go to another member: not before the poll being stored is committed.
+        with self._storing:
+            pass
+
+    # -- one poll: take, then store -------------------------------------------------------
+    def _take(self, consumer, wait: float) -> _Polled:
+        """One poll (:meth:`_poll`) with its messages sorted by topic and decoded (headers of
+        IoBatches; job events; target metrics); what does not decode goes to ``bad``. Raises
+        KafkaException (a fatal consumer error)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        msgs = self._poll(consumer, wait)
+        out = _Polled(full=len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes)
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -263,45 +335,49 @@ class Pipeline:
                 log.warning("consumer: %s", err)
                 continue
             topic, part, off = m.topic(), m.partition(), m.offset()
-            taken[topic] = taken.get(topic, 0) + 1
-            offsets[(topic, part)] = max(offsets.get((topic, part), -1), off + 1)
+            out.taken[topic] = out.taken.get(topic, 0) + 1
+            out.offsets[(topic, part)] = max(out.offsets.get((topic, part), -1), off + 1)
             try:
                 if topic == self.settings.topic_requests:
-                    batches.append(_Batch(topic, part, off, m.key(), m.value(), decode_batch_header(m.value())))
+                    out.batches.append(_Batch(topic, part, off, m.key(), m.value(), decode_batch_header(m.value())))
                 elif topic == self.settings.topic_jobs:
-                    events.append(decode_job_event(m.value()))
+                    out.events.append(decode_job_event(m.value()))
                 elif topic == self.settings.topic_target_metrics:
-                    metrics.append(decode_target_metrics(m.value()))
+                    out.metrics.append(decode_target_metrics(m.value()))
                 else:  # not subscribed; cannot happen
                     raise InvalidMessage(f"unexpected topic {topic}")
             except InvalidMessage as exc:
-                bad.append(_Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
+                out.bad.append(_Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
+        return out
 
-        if bad:
-            self._dead_letter(bad)
-        self._store_batches(batches)
-        if events:
-            self.store.insert_rows("job_events", [job_event_row(e) for e in events])
-        metric_rows = [r for b in metrics for r in target_metrics_rows(b)]
+    def _store_polled(self, consumer, polled: _Polled) -> None:
+        """Steps 1-5 of the module doc for one poll: dead letters, records and markers, job
+        events, target metrics, then the commit of its offsets and the counters."""
+        from confluent_kafka import TopicPartition
+
+        if polled.bad:
+            self._dead_letter(polled.bad)
+        self._store_batches(polled.batches)
+        if polled.events:
+            self.store.insert_rows("job_events", [job_event_row(e) for e in polled.events])
+        metric_rows = [r for b in polled.metrics for r in target_metrics_rows(b)]
         if metric_rows:  # ReplacingMergeTree: a re-delivered batch collapses into the same rows
             self.store.insert_rows("target_metrics", metric_rows)
 
-        commit = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        commit = [TopicPartition(t, p, o) for (t, p), o in polled.offsets.items()]
         if commit:
             consumer.commit(offsets=commit, asynchronous=False)
-            self._committed.update(offsets)
+            self._committed.update(polled.offsets)
         with self._stats_lock:
             c = self._c
-            for topic, n in taken.items():
+            for topic, n in polled.taken.items():
                 c.topic(topic).messages += n
-            c.topic(self.settings.topic_jobs).stored += len(events)
+            c.topic(self.settings.topic_jobs).stored += len(polled.events)
             c.topic(self.settings.topic_target_metrics).stored += len(metric_rows)
             c.polls += 1
             if commit:
                 c.commits += 1
                 c.last_commit_time = time.time()
-        self._update_lag(consumer)
-        return sum(taken.values())
 
     def _update_lag(self, consumer) -> None:
         """The consumer lag of each assigned partition, at most every ``lag_every_s`` seconds: its high
@@ -346,9 +422,10 @@ class Pipeline:
         self._detect_gaps([b.batch for b in unique.values()])
         keys = set(unique)
         # 2. what earlier polls stored (io_batches), or a run that died before its markers
-        if self._reconcile:
+        seen = self._assignments
+        if seen != self._reconciled:
             self._unmarked |= unmarked_record_keys(self.store)
-            self._reconcile = False
+            self._reconciled = seen
         have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
         new = [b for k, b in unique.items() if k not in self._unmarked and k not in have_marker]
         # 3. all new records in ONE insert (one part: all or nothing), decoded by the store

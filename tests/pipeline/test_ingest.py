@@ -342,3 +342,62 @@ def test_polls_bounded_by_bytes_not_only_messages(pipeline_settings, store):
     most = (32 * 1024) // min(sizes) + 2  # the bound's messages, one over it, one of the mean's lag
     assert len(taken) >= 4 and max(taken) <= most, (taken, sizes)
     assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 4000
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_full_poll_takes_the_next_in_the_background_and_stores_each_batch_once(pipeline_settings, store, prefetch):
+    """pipeline_prefetch: a poll that came back full has the next one taken (and its headers
+    decoded) in the background thread while it is stored; the store steps stay in poll order, so
+    a batch sent again in the next poll is still found stored (its marker is written before the
+    next poll's check), every record is stored once and every offset committed."""
+    import threading
+
+    from pipeline_testkit import committed_total, lag
+
+    s = pipeline_settings.model_copy(update={"pipeline_prefetch": prefetch, "pipeline_max_messages": 5})
+    b = [make_batch("pf", i, [make_record(10 * i + k) for k in range(3)]) for i in range(30)]
+    order = [*range(6), 4, *range(6, 30)]  # seq 4 again, in the poll after its own
+    produce(s, [(s.topic_requests, b"pf", b[i].SerializeToString()) for i in order])
+    pipe = Pipeline(s, store)
+    threads: list[str] = []
+    take = pipe._take
+
+    def recording_take(consumer, wait):
+        polled = take(consumer, wait)
+        if polled.taken:
+            threads.append(threading.current_thread().name)
+        return polled
+
+    pipe._take = recording_take
+    try:
+        drain(pipe, lambda: pipe.stats()["messages"] == len(order))
+        st = pipe.stats()
+        assert st["batches"] == 30 and st["records"] == 90 and st["duplicates_skipped"] == 1, st
+        wait_for(lambda: lag(s, [s.topic_requests]) == 0, 30, what="every offset committed")
+        assert committed_total(s, [s.topic_requests]) == len(order)
+    finally:
+        pipe.close()
+    background = [t for t in threads if t.startswith("pharos-pipeline-poll")]
+    if prefetch:
+        assert background and len(background) < len(threads), threads
+    else:
+        assert not background, threads
+    rows = store.query("SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")
+    assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 3) for i in range(30)]
+
+
+def test_a_revocation_waits_for_the_poll_being_stored(tmp_path):
+    """The consumer's on_revoke (called in the background poll's thread) returns only once the
+    poll being stored is committed: the partitions' next owner starts after that commit."""
+    import threading
+
+    from pharos_core.settings import Settings
+
+    pipe = Pipeline(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"), store=None)  # type: ignore[arg-type]
+    done = threading.Event()
+    with pipe._storing:
+        t = threading.Thread(target=lambda: (pipe._revoked(None, []), done.set()))
+        t.start()
+        assert not done.wait(0.3)
+    assert done.wait(5)
+    t.join(5)
