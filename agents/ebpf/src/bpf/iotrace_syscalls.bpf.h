@@ -295,36 +295,39 @@ static __always_inline __u64 iov_bytes(const struct iovec *iov, unsigned long n)
 	return total;
 }
 
-/* Operation of each traced system call (enum ph_sys -> enum ph_op). */
+/* Operation of each traced system call (enum ph_sys -> enum ph_op, 0 for none): a table, one
+ * load at every exit of a traced kind of call (a switch compiles to a chain of branches). A
+ * global (read-only data, not set by the loader): a static one has no valid BTF offset here. */
+const volatile __u8 sys_op_table[32] = {
+	[PH_SYS_READ] = PH_OP_READ,
+	[PH_SYS_WRITE] = PH_OP_WRITE,
+	[PH_SYS_PREAD64] = PH_OP_PREAD,
+	[PH_SYS_PWRITE64] = PH_OP_PWRITE,
+	[PH_SYS_READV] = PH_OP_READV,
+	[PH_SYS_WRITEV] = PH_OP_WRITEV,
+	[PH_SYS_CLOSE] = PH_OP_CLOSE,
+	[PH_SYS_FSYNC] = PH_OP_FSYNC,
+	[PH_SYS_FDATASYNC] = PH_OP_FDATASYNC,
+	[PH_SYS_NEWFSTAT] = PH_OP_STAT,
+	[PH_SYS_OPEN] = PH_OP_OPEN,
+	[PH_SYS_OPENAT] = PH_OP_OPEN,
+	[PH_SYS_OPENAT2] = PH_OP_OPEN,
+	[PH_SYS_NEWSTAT] = PH_OP_STAT,
+	[PH_SYS_NEWLSTAT] = PH_OP_STAT,
+	[PH_SYS_NEWFSTATAT] = PH_OP_STAT,
+	[PH_SYS_STATX] = PH_OP_STAT,
+	[PH_SYS_UNLINK] = PH_OP_UNLINK,
+	[PH_SYS_UNLINKAT] = PH_OP_UNLINK,
+	[PH_SYS_MKDIR] = PH_OP_MKDIR,
+	[PH_SYS_MKDIRAT] = PH_OP_MKDIR,
+	[PH_SYS_RENAME] = PH_OP_RENAME,
+	[PH_SYS_RENAMEAT] = PH_OP_RENAME,
+	[PH_SYS_RENAMEAT2] = PH_OP_RENAME,
+};
+
 static __always_inline __u32 sys_op(__u32 kind)
 {
-	switch (kind) {
-	case PH_SYS_READ: return PH_OP_READ;
-	case PH_SYS_WRITE: return PH_OP_WRITE;
-	case PH_SYS_PREAD64: return PH_OP_PREAD;
-	case PH_SYS_PWRITE64: return PH_OP_PWRITE;
-	case PH_SYS_READV: return PH_OP_READV;
-	case PH_SYS_WRITEV: return PH_OP_WRITEV;
-	case PH_SYS_CLOSE: return PH_OP_CLOSE;
-	case PH_SYS_FSYNC: return PH_OP_FSYNC;
-	case PH_SYS_FDATASYNC: return PH_OP_FDATASYNC;
-	case PH_SYS_NEWFSTAT:
-	case PH_SYS_NEWSTAT:
-	case PH_SYS_NEWLSTAT:
-	case PH_SYS_NEWFSTATAT:
-	case PH_SYS_STATX: return PH_OP_STAT;
-	case PH_SYS_OPEN:
-	case PH_SYS_OPENAT:
-	case PH_SYS_OPENAT2: return PH_OP_OPEN;
-	case PH_SYS_UNLINK:
-	case PH_SYS_UNLINKAT: return PH_OP_UNLINK;
-	case PH_SYS_MKDIR:
-	case PH_SYS_MKDIRAT: return PH_OP_MKDIR;
-	case PH_SYS_RENAME:
-	case PH_SYS_RENAMEAT:
-	case PH_SYS_RENAMEAT2: return PH_OP_RENAME;
-	}
-	return 0;
+	return kind < sizeof(sys_op_table) ? sys_op_table[kind] : 0;
 }
 
 #define POS (~0ULL) /* enter_rw: at the file position */
