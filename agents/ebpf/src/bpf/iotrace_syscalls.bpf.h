@@ -336,11 +336,14 @@ static __always_inline __u32 sys_op(__u32 kind)
 static __always_inline int enter_sys(struct task_struct *t, __u32 kind, __u64 a0, __u64 a1,
 				     __u64 a2, __u64 a3)
 {
+	_Static_assert(PH_SYS_READ == PH_OP_READ && PH_SYS_WRITE == PH_OP_WRITE &&
+			       PH_SYS_PREAD64 == PH_OP_PREAD && PH_SYS_PWRITE64 == PH_OP_PWRITE,
+		       "read/write/pread64/pwrite64: kind == op");
+	/* The most frequent calls first, with one branch (a switch is a chain of them): read,
+	 * write (at the file position), pread64, pwrite64 (at their offset argument). */
+	if (kind - PH_SYS_READ <= PH_SYS_PWRITE64 - PH_SYS_READ)
+		return enter_rw(t, kind, (int)a0, a2, kind >= PH_SYS_PREAD64 ? a3 : POS);
 	switch (kind) {
-	case PH_SYS_READ: return enter_rw(t, PH_OP_READ, (int)a0, a2, POS);
-	case PH_SYS_WRITE: return enter_rw(t, PH_OP_WRITE, (int)a0, a2, POS);
-	case PH_SYS_PREAD64: return enter_rw(t, PH_OP_PREAD, (int)a0, a2, a3);
-	case PH_SYS_PWRITE64: return enter_rw(t, PH_OP_PWRITE, (int)a0, a2, a3);
 	case PH_SYS_READV:
 		return enter_rw(t, PH_OP_READV, (int)a0, iov_bytes((const void *)a1, a2), POS);
 	case PH_SYS_WRITEV:
