@@ -13,7 +13,10 @@
 #     the timed runs have bpf_stats off;
 #   * fio wall time and job-cgroup CPU time with/without per block size, ratio of the medians;
 #   * a micro benchmark (bench/pwloop.c, if cc exists): ns per 4 KiB pwrite() over a
-#     page-cache-resident file, traced (in the job cgroup) and untraced, min of 15 passes.
+#     page-cache-resident file, traced (in the job cgroup) and untraced, min of 15 passes;
+#     and, if clang and libbpf's headers exist, with no agent but two empty programs attached
+#     to the raw sys_enter / sys_exit tracepoints (the floor: what attaching any syscall
+#     program costs every system call of the node, before the agent's programs do anything).
 #
 # Usage: bench/agent_hotpath.sh [PAIRS=3] [BLOCK SIZES="4k 1m"]
 #   env: AGENT (default target/release/pharos-agent), SIZE (512m), DIR (fio directory,
@@ -43,8 +46,10 @@ mkdir -p "$CG" "$DIR"
 TMP=$(mktemp -d)
 OLD_STATS=$(cat /proc/sys/kernel/bpf_stats_enabled)
 AGENT_PID=
+FLOOR_PID=
 cleanup() {
 	[ -n "$AGENT_PID" ] && kill -TERM "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
+	[ -n "$FLOOR_PID" ] && kill -TERM "$FLOOR_PID" 2>/dev/null && wait "$FLOOR_PID" 2>/dev/null
 	echo "$OLD_STATS" >/proc/sys/kernel/bpf_stats_enabled
 	rm -rf "$TMP" "$DIR"/w.*
 	rmdir "$DIR" 2>/dev/null || true
@@ -114,7 +119,58 @@ pwloop() { # mode
 	sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$CG" "$TMP/pwloop" "$DIR/w.pw" 15 |
 		awk '{ print $1 }' >>"$TMP/pw.$1"
 	[ "$1" = with ] && "$TMP/pwloop" "$DIR/w.pw" 15 | awk '{ print $1 }' >>"$TMP/pw.outside"
+	[ "$1" = without ] && [ -x "$TMP/floor" ] && {
+		rm -f "$TMP/floor.ready"
+		"$TMP/floor" "$TMP/floor.bpf.o" "$TMP/floor.ready" &
+		FLOOR_PID=$!
+		while [ ! -e "$TMP/floor.ready" ] && kill -0 "$FLOOR_PID" 2>/dev/null; do sleep 0.02; done
+		[ -e "$TMP/floor.ready" ] && "$TMP/pwloop" "$DIR/w.pw" 15 | awk '{ print $1 }' >>"$TMP/pw.floor"
+		kill -TERM "$FLOOR_PID" 2>/dev/null
+		wait "$FLOOR_PID" || true
+		FLOOR_PID=
+	}
 	return 0
+}
+
+# The floor: two empty programs on the raw sys_enter / sys_exit tracepoints (raw_tp: the same
+# dispatch as the agent's tp_btf programs, bpf_trace_run2) and a loader that keeps them attached
+# until SIGTERM. Built only where clang and libbpf's headers are.
+build_floor() {
+	command -v clang >/dev/null && command -v cc >/dev/null || return 0
+	cat >"$TMP/floor.bpf.c" <<'BPF'
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+char LICENSE[] SEC("license") = "GPL";
+SEC("raw_tp/sys_enter") int floor_enter(void *ctx) { return 0; }
+SEC("raw_tp/sys_exit") int floor_exit(void *ctx) { return 0; }
+BPF
+	cat >"$TMP/floor.c" <<'LOADER'
+#include <bpf/libbpf.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static void on_term(int sig) { (void)sig; }
+int main(int argc, char **argv)
+{
+	struct bpf_object *o = bpf_object__open_file(argv[1], NULL);
+	struct bpf_program *p;
+	FILE *f;
+
+	if (!o || bpf_object__load(o))
+		return 1;
+	bpf_object__for_each_program(p, o)
+		if (!bpf_program__attach(p))
+			return 1;
+	signal(SIGTERM, on_term);
+	if (!(f = fopen(argv[2], "w")))
+		return 1;
+	fclose(f);
+	pause();
+	return 0;
+}
+LOADER
+	clang -O2 -target bpf -I/usr/include/"$(cc -dumpmachine)" -c "$TMP/floor.bpf.c" -o "$TMP/floor.bpf.o" 2>/dev/null &&
+		cc -O2 -o "$TMP/floor" "$TMP/floor.c" -lbpf 2>/dev/null || rm -f "$TMP/floor"
 }
 
 # bpf_stats run (not timed: the statistics cost two clock reads per program run).
@@ -148,6 +204,7 @@ bytes() { numfmt --from=iec "$(echo "$1" | tr a-z A-Z)"; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 command -v cc >/dev/null && cc -O2 -o "$TMP/pwloop" "$HERE/bench/pwloop.c"
+[ -x "$TMP/pwloop" ] && build_floor
 for bs in $BSS; do
 	run_fio "$bs" warmup
 	stats_run "$bs"
@@ -187,6 +244,9 @@ for bs in $BSS; do
 done
 if [ -s "$TMP/pw.with" ]; then
 	echo "== micro: ns per 4 KiB pwrite (min of 15 passes; median over runs)"
-	printf "without agent %s   traced %s   untraced (agent running) %s\n" "$(median <"$TMP/pw.without")" \
+	printf "without agent %s   traced %s   untraced (agent running) %s" "$(median <"$TMP/pw.without")" \
 		"$(median <"$TMP/pw.with")" "$(median <"$TMP/pw.outside")"
+	[ -s "$TMP/pw.floor" ] && printf "   floor (no agent, two empty sys_enter/sys_exit programs) %s" \
+		"$(median <"$TMP/pw.floor")"
+	printf "\n"
 fi
