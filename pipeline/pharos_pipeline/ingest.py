@@ -171,6 +171,9 @@ class Pipeline:
         #: the one the unmarked-records check last ran for
         self._assignments = 1
         self._reconciled = 0
+        #: producer -> highest seq known to have its marker, for the assignment counted in _marked_gen
+        self._marked_high: dict[str, int] = {}
+        self._marked_gen = 0
         #: held while a poll is stored and committed (:meth:`_revoked` waits for it)
         self._storing = threading.RLock()
         self._executor = None
@@ -214,6 +217,7 @@ class Pipeline:
         """Close the consumer without committing; the next poll rejoins the group and
         resumes from the committed offsets (what was polled but not committed comes again)."""
         self._drop_prefetched()
+        self._marked_high.clear()  # asked from the store again: what failed may be half-stored
         self._committed.clear()  # asked from the broker again after the rejoin
         if self._consumer is not None:
             try:
@@ -419,14 +423,15 @@ class Pipeline:
                 dup += 1
             else:
                 unique[key] = b
-        self._detect_gaps([b.batch for b in unique.values()])
         keys = set(unique)
+        high = self._marked_high_of({p for p, _ in keys})
+        self._detect_gaps([b.batch for b in unique.values()], high)
         # 2. what earlier polls stored (io_batches), or a run that died before its markers
         seen = self._assignments
         if seen != self._reconciled:
             self._unmarked |= unmarked_record_keys(self.store)
             self._reconciled = seen
-        have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, keys)
+        have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, {k for k in keys if k[1] <= high[k[0]]})
         new = [b for k, b in unique.items() if k not in self._unmarked and k not in have_marker]
         # 3. all new records in ONE insert (one part: all or nothing), decoded by the store
         new = self._insert_records(new)
@@ -439,6 +444,8 @@ class Pipeline:
         self.store.insert_rows("producer_drops", drop_rows(incomplete))
         self.store.insert_rows("io_batches", [batch_row(b) for b in incomplete])
         self._unmarked -= {(b.producer_id, b.seq) for b in incomplete}
+        for b in incomplete:
+            high[b.producer_id] = max(high[b.producer_id], b.seq)
         if dup:
             log.info("skipped %d duplicate batch(es)", dup)
         with self._stats_lock:
@@ -446,6 +453,24 @@ class Pipeline:
             t.batches += len(new)
             t.stored += sum(len(b.batch.records) for b in new)
             t.duplicates += dup
+
+    def _marked_high_of(self, producers: set[str]) -> dict[str, int]:
+        """The highest seq with an ``io_batches`` marker of each of ``producers`` (-1: none), as
+        the store had it when this assignment first saw the producer (one query for those not
+        known yet) and as this pipeline wrote since. A batch above it has no marker: while this
+        consumer owns the producer's partition no other writes its markers (a revocation waits
+        for the poll being stored), so only batches at or below it are looked up
+        (:data:`Q_STORED_BATCH_KEYS`): re-deliveries and batches sent twice. Forgotten at each
+        assignment and consumer reset. Raises StoreError."""
+        if self._marked_gen != self._assignments:
+            self._marked_high.clear()
+            self._marked_gen = self._assignments
+        unknown = sorted(producers - self._marked_high.keys())
+        if unknown:
+            found = {r["producer_id"]: int(r["seq"]) for r in self.store.query(Q_LAST_SEQ, {"producers": unknown})}
+            for p in unknown:
+                self._marked_high[p] = found.get(p, -1)
+        return self._marked_high
 
     def _insert_records(self, new: list[_Batch]) -> list[_Batch]:
         """Insert the records of ``new``; returns the batches stored. When the store refuses
@@ -472,12 +497,13 @@ class Pipeline:
         columnar.insert_io_batches(self.store, [b.value for b in good], self.settings.pipeline_parse_threads)
         return good
 
-    def _detect_gaps(self, batches: list[IoBatchHeader]) -> None:
+    def _detect_gaps(self, batches: list[IoBatchHeader], marked_high: dict[str, int]) -> None:
+        # a producer seen for the first time starts from its last stored seq (marked_high: the
+        # store's, asked for every producer of the poll)
         last = self._c.last_seq
-        unknown = sorted({b.producer_id for b in batches} - set(last))
-        if unknown:
-            for r in self.store.query(Q_LAST_SEQ, {"producers": unknown}):
-                last[r["producer_id"]] = int(r["seq"])
+        for p in {b.producer_id for b in batches} - last.keys():
+            if marked_high[p] >= 0:
+                last[p] = marked_high[p]
         gaps = 0
         for b in batches:  # Kafka order within a producer's partition
             prev = last.get(b.producer_id, -1)

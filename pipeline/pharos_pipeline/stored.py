@@ -41,9 +41,10 @@ Q_STORED_BATCH_KEYS = """
 SELECT DISTINCT producer_id, seq FROM io_batches
 WHERE (producer_id, seq) IN {keys:Array(Tuple(String, UInt64))}
 """
+#: The last marked seq of each producer (the primary key's first column: its ranges only).
 Q_LAST_SEQ = """
 SELECT producer_id, max(seq) AS seq FROM io_batches
-WHERE has({producers:Array(String)}, producer_id) GROUP BY producer_id
+WHERE producer_id IN {producers:Array(String)} GROUP BY producer_id
 """
 Q_STORED_DEAD_LETTERS = """
 SELECT topic, partition, offset FROM dead_letters

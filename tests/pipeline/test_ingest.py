@@ -401,3 +401,47 @@ def test_a_revocation_waits_for_the_poll_being_stored(tmp_path):
         assert not done.wait(0.3)
     assert done.wait(5)
     t.join(5)
+
+
+def test_markers_looked_up_only_at_or_below_the_last_marked_seq(pipeline_settings, store):
+    """A batch above its producer's last marked seq is known new (no lookup); at a new assignment
+    the last marked seq is asked of the store again, so markers another consumer wrote while it
+    owned the partition are found and their batches skipped, not stored twice."""
+    from pharos_pipeline.messages import batch_row
+    from pharos_pipeline.stored import Q_STORED_BATCH_KEYS
+
+    s = pipeline_settings
+    b = [make_batch("hw", i, [make_record(10 * i + k) for k in range(2)]) for i in range(8)]
+    lookups: list[int] = []
+    query = store.query
+
+    def counting_query(sql, params=None):
+        if sql == Q_STORED_BATCH_KEYS:
+            lookups.append(len(params["keys"]))
+        return query(sql, params)
+
+    store.query = counting_query
+    pipe = Pipeline(s, store)
+    try:
+        produce(s, [(s.topic_requests, b"hw", b[i].SerializeToString()) for i in range(3)])
+        drain(pipe, lambda: pipe.stats()["messages"] == 3)
+        produce(
+            s,
+            [(s.topic_requests, b"hw", b[3].SerializeToString()), (s.topic_requests, b"hw", b[1].SerializeToString())],
+        )
+        drain(pipe, lambda: pipe.stats()["messages"] == 5)
+        assert lookups == [1], lookups  # only the copy of seq 1 (at or below 2) was looked up
+        assert pipe.stats()["duplicates_skipped"] == 1
+        # another consumer owned the partition meanwhile and stored seqs 4 and 5 with their markers
+        for i in (4, 5):
+            store.insert_rows("io_requests", record_rows(b[i]))
+            store.insert_rows("io_batches", [batch_row(b[i])])
+        pipe._assigned(None, [])
+        produce(s, [(s.topic_requests, b"hw", b[i].SerializeToString()) for i in (4, 5, 6, 7)])
+        drain(pipe, lambda: pipe.stats()["messages"] == 9)
+        assert pipe.stats()["duplicates_skipped"] == 3, pipe.stats()
+        assert lookups[-1] == 2, lookups  # 4 and 5 (at or below the store's 5), not 6 or 7
+    finally:
+        pipe.close()
+    rows = store.query("SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")
+    assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 2) for i in range(8)]
