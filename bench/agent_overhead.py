@@ -145,7 +145,15 @@ def main() -> int:
         return 2
 
     state = Path(tempfile.mkdtemp(prefix="pharos-bench-"))
-    settings = stack_settings(state, "pharos-bench", **({"agent_binary": args.agent} if args.agent else {}))
+    agent_bin = args.agent
+    if agent_bin is not None and agent_bin.name != "pharos-agent":
+        # The stack knows its agent by the executable's name: under another name (a saved build,
+        # pharos-agent.old) the stopped agent was not recognised, kept running, and the restart
+        # failed on its metrics port. A link named pharos-agent runs the same binary.
+        (state / "bin").mkdir()
+        (state / "bin" / "pharos-agent").symlink_to(agent_bin.resolve())
+        agent_bin = state / "bin" / "pharos-agent"
+    settings = stack_settings(state, "pharos-bench", **({"agent_binary": agent_bin} if agent_bin else {}))
     work = Path(tempfile.mkdtemp(prefix="pharos-bench-data-", dir=TMPFS))
     print(f"starting a private stack in {state}; fio files in {work} (tmpfs) ...", flush=True)
     stack.start(settings)
