@@ -20,6 +20,14 @@ the realistic mix of issue 28. Then, for each of ``--rounds`` rounds, on a fresh
   heavy API query (a job summary over all stored records and the system view) in a loop on
   the same store object, as the server's API threads do.
 
+With ``--processes 1,2`` (and ``--brokers 3``: the 3-node KRaft cluster on loopback) it then
+times, per round and count, that many pipeline PROCESSES of one new consumer group over the same
+topic, each on its own fresh chDB store (chDB opens a data directory from one process; two
+consumers of a ClickHouse server share it likewise), counts side by side in one run, alternating
+their order by round: records/s from the moment every process has stored its first poll (the
+group's join and rebalance left out) to the last record stored, summed over the processes, and
+the scale-out ratio (2 processes / 1). Target (issue 28): >= 1.7x.
+
 Prints records/s of each and the ratios pipeline/raw and (pipeline + queries)/pipeline per
 round, then their medians. Targets (issue 15): >= 500,000 records/s per pipeline process, >= 0.5
 of raw, >= 0.8 of the idle rate with queries running.
@@ -51,12 +59,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from pharos_testkit import free_port  # noqa: E402
+from pharos_testkit import free_port, kafka_bootstrap  # noqa: E402
 
 from pharos_core.settings import Settings  # noqa: E402
 from pharos_core.store import migrate, open_store  # noqa: E402
 from pharos_pipeline import columnar  # noqa: E402
-from pharos_pipeline.broker import KafkaBroker, ensure_topics  # noqa: E402
+from pharos_pipeline.broker import KafkaBroker, embedded_kafka, ensure_topics  # noqa: E402
 from pharos_pipeline.ingest import Pipeline  # noqa: E402
 from pharos_pipeline.wire import IoBatch  # noqa: E402
 from pharos_pipeline.wire.pharos.v1 import io_pb2  # noqa: E402
@@ -226,6 +234,101 @@ FROM (SELECT number AS j FROM numbers({jobs:UInt64})) ARRAY JOIN ['start', 'end'
 """
 
 
+def process_worker(idx: int, settings: Settings, q, go, stop) -> None:
+    """One pipeline process of :func:`process_rounds`: a fresh chDB store, the real Pipeline
+    from ``go`` until ``stop``; its stored records go to ``q`` every 0.1 s as (idx, time, n)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    store = open_store(settings)
+    try:
+        migrate(store)
+        pipe = Pipeline(settings, store)
+        q.put((idx, time.time(), 0))
+        go.wait()
+        last = 0.0
+        try:
+            while not stop.is_set():
+                pipe.process_once(0.2)
+                if time.monotonic() - last >= 0.1:
+                    last = time.monotonic()
+                    q.put((idx, time.time(), pipe.stats()["records"]))
+            q.put((idx, time.time(), pipe.stats()["records"]))
+        finally:
+            pipe.close()
+    finally:
+        store.close()
+
+
+def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: str) -> float:
+    """``procs`` pipeline processes of a new group over the whole topic (see the module doc):
+    records/s summed over them from the time all have stored something to the last record."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    group = f"bench-{tag}-{time.time_ns()}"
+    workers = []
+    for i in range(procs):
+        s = settings.model_copy(update={"consumer_group": group, "state_dir": root / f"{tag}-{i}"})
+        w = ctx.Process(target=process_worker, args=(i, s, q, go, stop), daemon=True)
+        w.start()
+        workers.append(w)
+    seen: dict[int, tuple[float, int]] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while len(seen) < procs and time.monotonic() < deadline:  # stores migrated
+            idx, t, n = q.get(timeout=120)
+            seen[idx] = (t, n)
+        go.set()
+        start: tuple[float, int] | None = None
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            try:
+                idx, t, n = q.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            seen[idx] = (t, n)
+            done = sum(v[1] for v in seen.values())
+            if start is None and all(v[1] > 0 for v in seen.values()):
+                start = (t, done)
+            if done >= total:
+                break
+        else:
+            raise SystemExit(f"{procs} process(es): {sum(v[1] for v in seen.values()):,} of {total:,} in 900 s")
+        assert start is not None
+        return (done - start[1]) / (t - start[0])
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(60)
+            if w.is_alive():
+                w.kill()
+
+
+def process_rounds(a: argparse.Namespace, settings: Settings, root: Path, total: int) -> list[dict[int, float]]:
+    """Per round, :func:`process_phase` for each count of ``--processes`` (order alternating)."""
+    counts = [int(x) for x in a.processes.split(",") if x]
+    rows = []
+    for r in range(a.rounds):
+        row = {}
+        for n in counts if r % 2 == 0 else counts[::-1]:
+            row[n] = process_phase(settings, root / f"procs{r}", n, total, f"p{n}r{r}")
+            shutil.rmtree(root / f"procs{r}", ignore_errors=True)
+        rows.append(row)
+        base = row.get(1)
+        print(
+            f"round {r + 1}: "
+            + ", ".join(
+                f"{n} process(es) {row[n]:,.0f} rec/s" + (f" ({row[n] / base:.2f}x)" if base and n != 1 else "")
+                for n in counts
+            ),
+            flush=True,
+        )
+    return rows
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -343,7 +446,8 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
     """The pipeline and raw rounds on a real broker (see the module doc)."""
     port, ctl = free_port(), free_port()
     settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{port}",
+        kafka_bootstrap=f"127.0.0.1:{port}" if a.brokers == 1 else kafka_bootstrap(a.brokers),
+        kafka_brokers=a.brokers,
         kafka_home=REPO / "build" / "kafka",
         state_dir=root / "state",
         topic_requests="bench.io.requests",
@@ -352,10 +456,12 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
         topic_target_metrics="bench.target.metrics",
         topic_partitions=3,
     )
-    broker = KafkaBroker(settings, root / "kafka", controller_port=ctl)
+    broker = (
+        KafkaBroker(settings, root / "kafka", controller_port=ctl) if a.brokers == 1 else embedded_kafka(settings, root)
+    )
     rows: list[dict] = []
     try:
-        broker.start(timeout=120)
+        broker.start(timeout=240)
         ensure_topics(settings)
         t = time.perf_counter()
         if a.mix == "simulated":
@@ -367,6 +473,8 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
             f"produced {total:,} records ({a.mix} mix) in {len(msgs):,} messages "
             f"({sum(len(v) for _, v in msgs) / MiB:.0f} MiB) in {time.perf_counter() - t:.1f} s"
         )
+        if a.processes:
+            return process_rounds(a, settings, root, total)
         for r in range(a.rounds):
             store_dir = root / f"store{r}"
             store = open_store(settings.model_copy(update={"state_dir": store_dir}))
@@ -424,6 +532,10 @@ def main() -> None:
     )
     ap.add_argument("--mix-nodes", type=int, default=4096, help="compute nodes of the simulated mix")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--processes", default="", help="comma list of pipeline process counts to time side by side, e.g. 1,2"
+    )
+    ap.add_argument("--brokers", type=int, choices=(1, 3), default=1, help="one Kafka broker or the 3-node cluster")
     ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--stored", default="", help="comma list of stored-record counts to time queries on")
@@ -444,6 +556,18 @@ def main() -> None:
         print(f"{n:,} records stored: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.items()), flush=True)
         shutil.rmtree(root, ignore_errors=True)
     if not rows:
+        return
+    if a.processes:
+        counts = sorted(rows[0])
+        med = {n: statistics.median(r[n] for r in rows) for n in counts}
+        line = ", ".join(f"{n} process(es) {med[n]:,.0f} rec/s" for n in counts)
+        if 1 in med and 2 in med:
+            ratios = [r[2] / r[1] for r in rows]
+            line += (
+                f"; scale-out 2/1 {statistics.median(ratios):.2f}x "
+                f"(range {min(ratios):.2f}-{max(ratios):.2f}; target >= 1.7)"
+            )
+        print(f"median: {line}")
         return
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     ratios = [r["pipeline"] / r["raw"] for r in rows]
