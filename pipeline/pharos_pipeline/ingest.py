@@ -327,7 +327,14 @@ class Pipeline:
         KafkaException (a fatal consumer error)."""
         from confluent_kafka import KafkaError, KafkaException
 
+        gen = self._assignments
         msgs = self._poll(consumer, wait)
+        if self._assignments != gen:
+            # A rebalance came during the poll: messages of partitions this consumer no longer
+            # owns are left to their new owner, which starts from the committed offset (storing
+            # them here too would race it); a partition assigned again is fetched again from there.
+            owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            msgs = [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in owned]
         out = _Polled(full=len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes)
         for m in msgs:
             err = m.error()

@@ -445,3 +445,63 @@ def test_markers_looked_up_only_at_or_below_the_last_marked_seq(pipeline_setting
         pipe.close()
     rows = store.query("SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")
     assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 2) for i in range(8)]
+
+
+def test_a_poll_keeps_only_the_partitions_still_owned_after_a_rebalance(tmp_path):
+    """Pure logic (a stand-in consumer): a rebalance during a poll's consume() calls leaves out
+    the messages of partitions now owned by another member (they are not stored nor committed
+    here); without a rebalance every message is kept."""
+    from types import SimpleNamespace
+
+    from pharos_core.settings import Settings
+
+    s = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1", pipeline_max_messages=10)
+    b = make_batch("rb", 0, [make_record(0)]).SerializeToString()
+
+    class Msg:
+        def __init__(self, part: int, off: int) -> None:
+            self.part, self.off = part, off
+
+        def error(self):
+            return None
+
+        def topic(self):
+            return s.topic_requests
+
+        def partition(self):
+            return self.part
+
+        def offset(self):
+            return self.off
+
+        def key(self):
+            return b"rb"
+
+        def value(self):
+            return b
+
+        def __len__(self) -> int:
+            return len(b)
+
+    class Consumer:
+        def __init__(self, pipe, rebalance: bool) -> None:
+            self.pipe, self.rebalance, self.calls = pipe, rebalance, 0
+
+        def consume(self, num_messages, timeout):
+            self.calls += 1
+            if self.calls == 1:
+                return [Msg(0, 5), Msg(1, 7)]
+            if self.rebalance and self.calls == 2:
+                self.pipe._assigned(self, [])  # partition 1 went to another member
+            return []
+
+        def assignment(self):
+            return [SimpleNamespace(topic=s.topic_requests, partition=0)]
+
+    for rebalance, kept in ((False, {0: 6, 1: 8}), (True, {0: 6})):
+        pipe = Pipeline(s, store=None)  # type: ignore[arg-type]
+        pipe._mean_message_bytes = len(b)
+        pipe.max_poll_bytes = 2 * len(b) + 1  # a first chunk of 2 messages, then a second consume() call
+        polled = pipe._take(Consumer(pipe, rebalance), 0.5)
+        assert {p: o for (_t, p), o in polled.offsets.items()} == kept
+        assert len(polled.batches) == len(kept)
