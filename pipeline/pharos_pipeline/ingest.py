@@ -16,7 +16,10 @@ agent's 200 ms batch may hold 3 records or 3,000), and then, in this order:
    keeps going: a poison message never blocks a partition.
 2. drops batches whose ``(producer_id, seq)`` repeats within the poll, and those whose
    records are already in ``io_requests`` (a re-delivery after a crash, or a producer that
-   sent twice);
+   sent twice): their ``io_batches`` marker is looked up only for batches at or below their
+   producer's last marked seq (the store's when this assignment first saw the producer, then
+   what this pipeline wrote), and records stored without a marker by a run that died are
+   looked for at each assignment;
 3. inserts every new record of the poll in ONE ``insert_rows("io_requests", ...)`` call: one
    part, all or nothing. That insert is the exactly-once point: a batch is in
    ``io_requests`` entirely or not at all, so the check of step 2 is exact;
@@ -29,6 +32,12 @@ agent's 200 ms batch may hold 3 records or 3,000), and then, in this order:
 A crash anywhere before 5 re-delivers the poll; steps 1-4 are idempotent, so every record
 is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently lost,
 duplicates are counted in ``duplicates_skipped``).
+
+A poll that comes back full (``pipeline_prefetch``) has the next one taken from Kafka, and its
+headers decoded, in a background thread while it is stored; steps 1-5 stay in this order, poll
+after poll, in the thread that calls :meth:`Pipeline.process_once`. A revocation of partitions
+waits until the poll being stored is committed, and a poll during which a rebalance came keeps
+only the partitions still assigned.
 
 Gap detection: the pipeline keeps the highest seq seen per producer (seeded from
 ``io_batches`` after a restart); a batch whose seq skips ahead counts the skipped batches
