@@ -56,7 +56,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pharos_core.settings import Settings
@@ -64,69 +64,22 @@ from pharos_core.store import Store, StoreError
 
 from . import columnar
 from .counters import Counters, TopicCounters
+from .dead_letters import DeadLetters
 from .messages import (
     InvalidMessage,
     batch_row,
     decode_batch,
-    decode_batch_header,
-    decode_job_event,
-    decode_target_metrics,
     drop_rows,
     job_event_row,
     target_metrics_rows,
 )
-from .stored import Q_LAST_SEQ, Q_STORED_BATCH_KEYS, Q_STORED_DEAD_LETTERS, stored_keys, unmarked_record_keys
-from .wire import IoBatchHeader, JobEvent, TargetMetricsBatch
+from .polls import Bad, Batch, Polled, decode_poll, still_owned, take_messages
+from .stored import Q_LAST_SEQ, Q_STORED_BATCH_KEYS, stored_keys, unmarked_record_keys
+from .wire import IoBatchHeader
 
 log = logging.getLogger("pharos_pipeline.ingest")
 
-#: dead_letters.payload_head keeps this many leading bytes of the message, hex.
-PAYLOAD_HEAD_BYTES = 256
-
-
 # -- the pipeline ----------------------------------------------------------------------------
-
-
-#: Messages asked of librdkafka per ``consume()`` call within one poll (:meth:`Pipeline._poll`).
-CONSUME_CHUNK = 1000
-
-
-@dataclass
-class _Bad:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    error: str
-
-
-@dataclass
-class _Batch:
-    """A ``pharos.io.requests`` message: where it came from, its bytes and its parsed batch."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    batch: IoBatchHeader
-
-
-@dataclass
-class _Polled:
-    """One poll's messages, sorted and decoded (:meth:`Pipeline._take`). ``full``: the poll hit
-    its message or byte limit (more is likely waiting)."""
-
-    full: bool
-    batches: list[_Batch] = field(default_factory=list)
-    events: list[JobEvent] = field(default_factory=list)
-    metrics: list[TargetMetricsBatch] = field(default_factory=list)
-    bad: list[_Bad] = field(default_factory=list)
-    #: (topic, partition) -> the offset to commit (the last message's + 1)
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    #: topic -> messages taken
-    taken: dict[str, int] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -171,7 +124,7 @@ class Pipeline:
             self._consumer_config["group.instance.id"] = settings.consumer_instance_id
         self._consumer_config.update(consumer_config or {})
         self._consumer = None
-        self._producer = None
+        self._dead_letters = DeadLetters(settings, store)
         self._c = Counters()
         # Batches whose records a dead run stored without markers; looked for at start and
         # whenever partitions are assigned (another consumer of the group may have died).
@@ -206,22 +159,6 @@ class Pipeline:
     def _assigned(self, _consumer, _partitions) -> None:
         self._assignments += 1
 
-    def _ensure_producer(self):
-        if self._producer is None:
-            from confluent_kafka import Producer
-
-            self._producer = Producer(
-                {
-                    "bootstrap.servers": self.settings.kafka_bootstrap,
-                    "client.id": "pharos-pipeline-deadletter",
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": 5,
-                },
-                logger=log,
-            )
-        return self._producer
-
     def reset_consumer(self) -> None:
         """Close the consumer without committing; the next poll rejoins the group and
         resumes from the committed offsets (what was polled but not committed comes again)."""
@@ -241,34 +178,9 @@ class Pipeline:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        self._dead_letters.close()
 
     # -- one poll ------------------------------------------------------------------------
-    def _poll(self, consumer, wait: float) -> list:
-        """The messages of one poll: taken in chunks until the poll holds ``max_messages`` messages
-        or ``max_poll_bytes`` bytes, or ``wait`` seconds passed (a chunk that comes back short
-        means the wait is over). A chunk is at most :data:`CONSUME_CHUNK` messages and what the
-        bytes left allow at the mean message size seen so far, so a poll overshoots its bytes by
-        about one message. Raises KafkaException."""
-        deadline = time.monotonic() + wait
-        msgs: list = []
-        size = 0
-        while True:
-            fit = (self.max_poll_bytes - size) // max(1, int(self._mean_message_bytes))
-            want = max(1, min(CONSUME_CHUNK, self.max_messages - len(msgs), fit))
-            got = consumer.consume(num_messages=want, timeout=max(deadline - time.monotonic(), 0.0))
-            if got:
-                got_bytes = sum(len(m) for m in got)
-                self._mean_message_bytes += (got_bytes / len(got) - self._mean_message_bytes) * min(1.0, len(got) / 64)
-                msgs += got
-                size += got_bytes
-            if len(got) < want or len(msgs) >= self.max_messages or size >= self.max_poll_bytes:
-                return msgs
-            if time.monotonic() >= deadline:
-                return msgs
-
     def process_once(self, timeout: float | None = None) -> int:
         """Poll up to ``max_messages`` messages or ``max_poll_bytes`` bytes of them (waiting at most
         ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
@@ -311,7 +223,7 @@ class Pipeline:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pharos-pipeline-poll")
         self._next = self._executor.submit(self._take, consumer, self.max_wait)
 
-    def _prefetched(self) -> _Polled | None:
+    def _prefetched(self) -> Polled | None:
         """The background poll's result (waiting for it), or None when none was started.
         Raises what the poll raised (KafkaException)."""
         fut, self._next = self._next, None
@@ -330,47 +242,21 @@ class Pipeline:
             pass
 
     # -- one poll: take, then store -------------------------------------------------------
-    def _take(self, consumer, wait: float) -> _Polled:
-        """One poll (:meth:`_poll`) with its messages sorted by topic and decoded (headers of
-        IoBatches; job events; target metrics); what does not decode goes to ``bad``. Raises
+    def _take(self, consumer, wait: float) -> Polled:
+        """One poll (:func:`~pharos_pipeline.polls.take_messages`), decoded
+        (:func:`~pharos_pipeline.polls.decode_poll`); after a rebalance during it, only the
+        partitions still assigned (:func:`~pharos_pipeline.polls.still_owned`). Raises
         KafkaException (a fatal consumer error)."""
-        from confluent_kafka import KafkaError, KafkaException
-
         gen = self._assignments
-        msgs = self._poll(consumer, wait)
+        msgs, self._mean_message_bytes = take_messages(
+            consumer, wait, self.max_messages, self.max_poll_bytes, self._mean_message_bytes
+        )
         if self._assignments != gen:
-            # A rebalance came during the poll: messages of partitions this consumer no longer
-            # owns are left to their new owner, which starts from the committed offset (storing
-            # them here too would race it); a partition assigned again is fetched again from there.
-            owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-            msgs = [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in owned]
-        out = _Polled(full=len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes)
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("consumer: %s", err)
-                continue
-            topic, part, off = m.topic(), m.partition(), m.offset()
-            out.taken[topic] = out.taken.get(topic, 0) + 1
-            out.offsets[(topic, part)] = max(out.offsets.get((topic, part), -1), off + 1)
-            try:
-                if topic == self.settings.topic_requests:
-                    out.batches.append(_Batch(topic, part, off, m.key(), m.value(), decode_batch_header(m.value())))
-                elif topic == self.settings.topic_jobs:
-                    out.events.append(decode_job_event(m.value()))
-                elif topic == self.settings.topic_target_metrics:
-                    out.metrics.append(decode_target_metrics(m.value()))
-                else:  # not subscribed; cannot happen
-                    raise InvalidMessage(f"unexpected topic {topic}")
-            except InvalidMessage as exc:
-                out.bad.append(_Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
-        return out
+            msgs = still_owned(consumer, msgs)
+        full = len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
+        return decode_poll(msgs, self.settings, full)
 
-    def _store_polled(self, consumer, polled: _Polled) -> None:
+    def _store_polled(self, consumer, polled: Polled) -> None:
         """Steps 1-5 of the module doc for one poll: dead letters, records and markers, job
         events, target metrics, then the commit of its offsets and the counters."""
         from confluent_kafka import TopicPartition
@@ -429,9 +315,9 @@ class Pipeline:
         with self._stats_lock:
             self._c.lag = lag
 
-    def _store_batches(self, batches: list[_Batch]) -> None:
+    def _store_batches(self, batches: list[Batch]) -> None:
         # 1. duplicates within the poll (first one wins: the same key means the same batch)
-        unique: dict[tuple[str, int], _Batch] = {}
+        unique: dict[tuple[str, int], Batch] = {}
         dup = 0
         for b in batches:
             key = (b.batch.producer_id, b.batch.seq)
@@ -488,7 +374,7 @@ class Pipeline:
                 self._marked_high[p] = found.get(p, -1)
         return self._marked_high
 
-    def _insert_records(self, new: list[_Batch]) -> list[_Batch]:
+    def _insert_records(self, new: list[Batch]) -> list[Batch]:
         """Insert the records of ``new``; returns the batches stored. When the store refuses
         the poll (a record that breaks a rule, or one that does not parse: the dispatcher
         did not decode the records), each batch is validated here (:func:`decode_batch`):
@@ -505,7 +391,7 @@ class Pipeline:
                 decode_batch(b.value)
                 good.append(b)
             except InvalidMessage as exc:
-                bad.append(_Bad(b.topic, b.partition, b.offset, b.key, b.value, str(exc)))
+                bad.append(Bad(b.topic, b.partition, b.offset, b.key, b.value, str(exc)))
         if not bad:
             raise refused
         log.warning("%d batch(es) with invalid records in the poll: dead letters", len(bad))
@@ -539,62 +425,10 @@ class Pipeline:
             with self._stats_lock:
                 self._c.topic(self.settings.topic_requests).gaps += gaps
 
-    def _dead_letter(self, bad: list[_Bad]) -> None:
-        from confluent_kafka import KafkaException
-
-        rows = self.store.query(
-            Q_STORED_DEAD_LETTERS,
-            {
-                "topics": sorted({b.topic for b in bad}),
-                "offsets": sorted({b.offset for b in bad}),
-            },
-        )
-        seen = {(r["topic"], int(r["partition"]), int(r["offset"])) for r in rows}
-        todo = [b for b in bad if (b.topic, b.partition, b.offset) not in seen]
-        if not todo:
-            return
-        producer = self._ensure_producer()
-        failures: list[str] = []
-
-        def delivered(err, _msg):
-            if err is not None:
-                failures.append(str(err))
-
-        for b in todo:
-            log.warning("dead letter %s[%d]@%d: %s", b.topic, b.partition, b.offset, b.error)
-            producer.produce(
-                self.settings.topic_deadletter,
-                value=b.value,
-                key=b.key,
-                headers=[
-                    ("error", b.error.encode()),
-                    ("source_topic", b.topic.encode()),
-                    ("source_partition", str(b.partition).encode()),
-                    ("source_offset", str(b.offset).encode()),
-                ],
-                on_delivery=delivered,
-            )
-        left = producer.flush(30)
-        if left or failures:
-            raise KafkaException(f"dead-letter topic did not take {left or len(failures)} message(s): {failures[:3]}")
-        now = time.time()
-        self.store.insert_rows(
-            "dead_letters",
-            [
-                {
-                    "time": f"{now:.3f}",
-                    "topic": b.topic,
-                    "partition": b.partition,
-                    "offset": b.offset,
-                    "error": b.error,
-                    "size": len(b.value),
-                    "payload_head": b.value[:PAYLOAD_HEAD_BYTES].hex(),
-                }
-                for b in todo
-            ],
-        )
+    def _dead_letter(self, bad: list[Bad]) -> None:
+        written = self._dead_letters.write(bad)
         with self._stats_lock:
-            for b in todo:
+            for b in written:
                 self._c.topic(b.topic).dead_letters += 1
 
     # -- loop ----------------------------------------------------------------------------
