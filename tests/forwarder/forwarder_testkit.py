@@ -390,7 +390,7 @@ def fio_verify(directory: Path, rw: str, bs: str, jobs: int, size: str, timeout:
 # --- raw protocol frames (v7: bincode 1 header, fixint, little endian, then a raw data
 # segment; see forwarder/fwd-proto) ---
 
-VERSION = 7
+VERSION = 8
 
 
 def _s(x: str) -> bytes:

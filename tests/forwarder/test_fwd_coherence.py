@@ -212,3 +212,10 @@ def test_a_file_created_on_one_node_opens_on_another_right_after(cluster, made_b
         assert not (b.path / f"job{i}" / "shared.dat").exists()
         os.close(os.open(a.path / f"job{i}" / "shared.dat", os.O_CREAT | os.O_WRONLY, 0o644))
         os.close(os.open(b.path / f"job{i}" / "shared.dat", os.O_RDWR))  # no wait: the barrier
+    if made_by == "the reader":
+        # b held each directory it made (the lookup before a's create was answered by b itself)
+        # and was recalled, acknowledged, before a's create returned (through either node).
+        st = b.status()
+        assert st["lookups_answered_locally"] >= 100 and st["directory_recalls"] >= 100, st
+        recalls = sum(d.status()["counters"]["directory_recalls"] for d in (d0, d1))
+        assert recalls >= 100, recalls

@@ -15,7 +15,7 @@ use crate::abi::errno;
 mod tests;
 
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Largest frame (version byte + payload), bytes: 8 MiB + 64 KiB of header room.
 pub const MAX_FRAME: usize = (8 << 20) + (64 << 10);
 /// Largest data payload of one read or write request, bytes.

@@ -51,6 +51,13 @@ pub enum Body {
     /// v7: the answer to [`crate::Op::ReaddirPlus`]: each entry with its attributes (`None`
     /// for `.`, `..` and an entry gone or unreadable since the listing).
     EntriesPlus { entries: Vec<(DirEntry, Option<Attr>)>, eof: bool },
+    /// v8: the answer to a mkdir of a named mount ([`crate::Op::Watch`]): the attributes, and
+    /// whether the daemon recorded that mount as the directory's *holder* (in the namespace,
+    /// shared by every forwarding node): a name another mount adds there (create, mkdir, mknod,
+    /// symlink, link, rename) first recalls the holding mount ([`Change::Recall`], acknowledged,
+    /// at most 100 ms) before that request is answered. A holder knows every name of the
+    /// directory and may answer lookups of absent names itself until recalled.
+    MadeDir { attr: Attr, held: bool },
 }
 
 /// One change a mount must drop from its caches (the kernel's FUSE_NOTIFY_INVAL_ENTRY and
@@ -62,6 +69,10 @@ pub enum Change {
     Entry { parent: u64, name: String },
     /// The attributes of inode `ino` changed (size, times, mode, owner, links).
     Inode { ino: u64 },
+    /// v8: this mount no longer holds directory `dir` ([`Body::MadeDir`]): another mount
+    /// added a name there; lookups of absent names in it go to the daemon again. Pushed alone
+    /// and acknowledged: nothing for the kernel to drop.
+    Recall { dir: u64 },
 }
 
 /// The daemon's answer to one request.

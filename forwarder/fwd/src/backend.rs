@@ -311,6 +311,21 @@ impl Backend {
         }
     }
 
+    /// Records mount `mount` as the holder of the shared namespace's directory `dir`
+    /// ([`Namespace::set_holder`]; node-local directories are never held this way).
+    pub fn set_dir_holder(&self, dir: &str, mount: u64) -> bool {
+        matches!(self.route(dir), Ok(Where::Shared)) && self.ns.set_holder(dir, mount)
+    }
+
+    /// The mount holding directory `dir` if not `origin`, no longer recorded
+    /// ([`Namespace::take_holder_unless`]).
+    pub fn take_dir_holder_unless(&self, dir: &str, origin: u64) -> Option<u64> {
+        match self.route(dir) {
+            Ok(Where::Shared) => self.ns.take_holder_unless(dir, origin),
+            _ => None,
+        }
+    }
+
     /// One page of the directory `path` from `cookie` ([`Namespace::readdir`]).
     pub fn readdir(&self, path: &str, cookie: u64, ctx: &Ctx) -> Res<(Vec<DirEntry>, bool)> {
         match self.route(path)? {

@@ -59,6 +59,7 @@ use crate::records::RecordSink;
 
 mod conn;
 mod exec;
+mod holders;
 #[cfg(test)]
 pub(crate) mod tests;
 mod watch;
@@ -160,8 +161,10 @@ pub struct CountersView {
     pub invalidation_pushes: u64,
     pub invalidations_dropped: u64,
     pub watchers_lost: u64,
-    /// Attribute changes not acknowledged by every watching mount within 100 ms.
+    /// Attribute changes and recalls not acknowledged by every watching mount within 100 ms.
     pub invalidation_acks_late: u64,
+    /// Directories recalled from the mount holding them (another mount added a name there).
+    pub directory_recalls: u64,
 }
 
 /// The worker index [`Server::serve`] logs for a request its decoder served inline.
@@ -258,6 +261,7 @@ impl Server {
             invalidations_dropped: self.watch.dropped.load(Relaxed),
             watchers_lost: self.watch.lost_watchers.load(Relaxed),
             invalidation_acks_late: self.watch.late_acks.load(Relaxed),
+            directory_recalls: self.watch.recalls.load(Relaxed),
         }
     }
 

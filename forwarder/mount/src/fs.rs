@@ -248,6 +248,7 @@ impl Shared {
                     self.dir_attrs.drop_ino(*parent);
                 }
                 Change::Inode { ino } => self.dir_attrs.drop_ino(*ino),
+                Change::Recall { dir } => self.complete.recall(*dir),
             }
         }
         invalidate(changes);

@@ -97,18 +97,20 @@ struct Cli {
     /// caches what other mounts change (FUSE_NOTIFY_INVAL_ENTRY / _INODE).
     #[arg(long, env = "PHAROS_MOUNT_INVALIDATIONS", default_value_t = true, action = clap::ArgAction::Set)]
     invalidations: bool,
-    /// Answer lookups of names absent from a directory this mount made, without a request (the
-    /// lookup before each create in a job's own directory). Off by default: a name another
-    /// compute node makes there is seen only once its push lands (milliseconds), so a rank that
-    /// opens it right after a barrier could get ENOENT. For jobs whose directories are private
-    /// to a node (mdtest -u, N-N per-node directories).
-    #[arg(long, env = "PHAROS_MOUNT_ANSWER_ABSENT_NAMES", default_value_t = false, action = clap::ArgAction::Set)]
+    /// Answer lookups of names absent from a directory this mount made and holds, without a
+    /// request (the lookup before each create in a job's own directory: mdtest -u, N-N
+    /// per-rank directories). The forwarding node records the mount as the directory's holder
+    /// and recalls it, acknowledged, before it answers another mount's create there: once that
+    /// create returns, this mount asks the daemon again (a holder not watching that node: its
+    /// --attr-ttl-ms).
+    #[arg(long, env = "PHAROS_MOUNT_ANSWER_ABSENT_NAMES", default_value_t = true, action = clap::ArgAction::Set)]
     answer_absent_names: bool,
     /// Write-back creates in node-local rank directories (`<mount>/.nodelocal/<job>/<rank>`,
     /// written by this compute node only): a create there is answered by the mount and sent to
     /// the forwarding node in the background, at most this many pending at once (a create
     /// beyond waits); 0 = every create waits for the forwarding node. A pending create is lost
     /// if the mount dies; fsync of the file or its directory, and the unmount, wait for them.
+    /// With N > 0, every file's release is also answered at once and sent in those batches.
     #[arg(long, env = "PHAROS_MOUNT_WRITEBACK_CREATES", default_value_t = 256)]
     writeback_creates: usize,
     /// Time a forwarding node may take to answer a request, ms.
@@ -137,6 +139,7 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     let mut v = a.sh.rpc.status();
     v["ops"] = json!(a.sh.ops.load(Ordering::Relaxed));
     v["lookups_answered_locally"] = json!(a.sh.complete.answered.load(Ordering::Relaxed));
+    v["directory_recalls"] = json!(a.sh.complete.recalls.load(Ordering::Relaxed));
     v["getattrs_answered_locally"] = json!(a.sh.dir_attrs.answered.load(Ordering::Relaxed));
     v["deferred_creates"] = json!(a.sh.wb.answered.load(Ordering::Relaxed));
     v["deferred_create_errors"] = json!(a.sh.wb.errors.load(Ordering::Relaxed));
@@ -220,6 +223,8 @@ impl Collector for MountCollector {
             help,
             self.0.complete.answered.load(Ordering::Relaxed),
         )?;
+        let help = "Directories this mount held that a forwarding node recalled (another mount added a name there)";
+        counter(&mut e, "pharos_mount_directory_recalls", help, self.0.complete.recalls.load(Ordering::Relaxed))?;
         let help = "Creates in node-local rank directories answered by the mount (write-back: sent to the forwarding node after)";
         counter(&mut e, "pharos_mount_deferred_creates", help, self.0.wb.answered.load(Ordering::Relaxed))?;
         let help = "Write-back creates the forwarding node refused after the mount had answered (the file's next operation gets the errno)";
@@ -410,6 +415,7 @@ fn invalidate(n: &fuser::Notifier, changes: &[pharos_fwd_proto::Change]) {
             Change::Entry { parent, name } => n.inval_entry(*parent, std::ffi::OsStr::new(name)),
             // offset -1: the attributes only (no page cache: files are direct I/O).
             Change::Inode { ino } => n.inval_inode(*ino, -1, 0),
+            Change::Recall { .. } => continue, // the mount's own table only (fs/complete.rs)
         };
         if let Err(e) = r {
             if e.raw_os_error() != Some(libc::ENOENT) {

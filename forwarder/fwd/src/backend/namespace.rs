@@ -559,6 +559,7 @@ impl Namespace {
 }
 
 mod files;
+mod holder;
 mod inplace;
 mod plus;
 mod swap;

@@ -97,6 +97,10 @@ impl Server {
             log::error!("worker {idx}: {} request {} panicked: {what}", work.req.op.name(), work.req.id);
             Err(proto::WireError { errno: errno::EIO, msg: format!("daemon fault: {what}") })
         });
+        // Directory holders: a mkdir's holder recorded, a holder recalled before another
+        // mount's name in its directory is answered (`holders.rs`).
+        let origin = work.conn.mount.get().copied().unwrap_or(0);
+        let body = super::holders::settle(&self.backend, &self.watch, origin, &work.req.op, body);
         let mut service = started.elapsed();
         let (result, size) = match (&body, &work.req.op) {
             (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {
@@ -126,7 +130,6 @@ impl Server {
         } else {
             // Other mounts' caches of what this request changed: attributes before the reply
             // (acknowledged), names and writes' sizes after it (pushed within milliseconds).
-            let origin = work.conn.mount.get().copied().unwrap_or(0);
             let now = super::watch::waits_for_acks(&work.req.op);
             if now {
                 self.watch.changed_now(&self.backend, origin, super::watch::changes_of(&work.req.op, &reply.body));

@@ -76,6 +76,8 @@ pub(crate) struct Watchers {
     acked: Condvar,
     /// Synchronous pushes not acknowledged by every mount within [`ACK_WAIT`].
     pub late_acks: AtomicU64,
+    /// Directories recalled from their holding mount ([`Watchers::recall`]).
+    pub recalls: AtomicU64,
 }
 
 impl Default for Watchers {
@@ -95,6 +97,7 @@ impl Default for Watchers {
             waiting: Mutex::new(HashMap::new()),
             acked: Condvar::new(),
             late_acks: AtomicU64::new(0),
+            recalls: AtomicU64::new(0),
         }
     }
 }
@@ -171,6 +174,54 @@ impl Watchers {
         let mounts: HashSet<u64> = self.subs.lock().unwrap().iter().map(|s| s.mount).filter(|m| *m != origin).collect();
         self.waiting.lock().unwrap().insert(ack, mounts);
         self.push(&out, ack);
+        self.wait_acks(ack);
+    }
+
+    /// Recalls directory `dir` (the namespace's inode number, the root as 1) from mount
+    /// `holder` ([`Change::Recall`]) and waits for its acknowledgement, at most [`ACK_WAIT`]
+    /// (then counted late). False when `holder` does not watch this daemon (nothing sent: its
+    /// cache TTL bounds what it answers).
+    pub(crate) fn recall(&self, holder: u64, dir: u64) -> bool {
+        let ack = self.next_ack.fetch_add(1, Relaxed);
+        self.waiting.lock().unwrap().insert(ack, HashSet::from([holder]));
+        let body = Body::Changes { ack, changes: vec![Change::Recall { dir }] };
+        let mut sent = false;
+        let mut subs = self.subs.lock().unwrap();
+        let before = subs.len();
+        subs.retain(|s| {
+            if s.mount != holder {
+                return true;
+            }
+            let w = s.conn.w.lock().unwrap();
+            match proto::write_msg(&mut &*w, &Reply { id: s.id, body: Ok(body.clone()) }) {
+                Ok(()) => {
+                    sent = true;
+                    self.recalls.fetch_add(1, Relaxed);
+                    true
+                }
+                Err(e) => {
+                    log::warn!("watch of mount {holder:016x}: recall failed: {e}; dropped");
+                    let _ = w.shutdown(std::net::Shutdown::Both);
+                    false
+                }
+            }
+        });
+        if subs.len() != before {
+            self.lost_watchers.fetch_add((before - subs.len()) as u64, Relaxed);
+            self.publish(&subs);
+        }
+        drop(subs);
+        match sent {
+            true => self.wait_acks(ack),
+            false => {
+                self.waiting.lock().unwrap().remove(&ack);
+            }
+        }
+        sent
+    }
+
+    /// Waits until every mount push `ack` went to acknowledged it, at most [`ACK_WAIT`].
+    fn wait_acks(&self, ack: u64) {
         let w = self.waiting.lock().unwrap();
         let (mut w, t) =
             self.acked.wait_timeout_while(w, ACK_WAIT, |w| w.get(&ack).is_some_and(|m| !m.is_empty())).unwrap();

@@ -4,11 +4,17 @@
 //! any other name is answered "no such name" without a request: the lookup the kernel sends
 //! before each create in a job's own directory (mdtest's, an N-N checkpoint's) costs nothing.
 //!
-//! Coherence is that of a cached negative entry: a name another mount makes in the directory
-//! is pushed by the forwarding node that served it ([`crate::rpc`]'s watch), which ends the
-//! directory's entry here; where no push comes, the entry ends with the TTL it started with
-//! (`--attr-ttl-ms`). A create through this mount after a stale "no such name" is still right:
-//! the daemon opens the existing file, or answers `EEXIST` to `O_EXCL`.
+//! Coherence: a shared directory is known whole only while this mount *holds* it (the daemon
+//! answered its mkdir with `Body::MadeDir { held: true }`, recorded in the namespace for every
+//! forwarding node): a name another mount adds there first recalls this mount
+//! ([`Complete::recall`], acknowledged before that mount's request is answered), so once
+//! another node's create has returned, this mount no longer answers "no such name" for it.
+//! A recall that arrives before the mkdir's answer is applied is remembered, so the directory
+//! is not taken as whole then. Where no recall can come (a forwarding node this mount does
+//! not watch), the directory's entry ends with the TTL it started with (`--attr-ttl-ms`). A
+//! create through this mount after a stale "no such name" is still right: the daemon opens the
+//! existing file, or answers `EEXIST` to `O_EXCL`. Node-local rank directories are one compute
+//! node's and known whole without a holder record.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -25,19 +31,34 @@ struct Dir {
     names: HashSet<String>,
 }
 
+/// Recalls remembered (for a mkdir whose answer is applied after its directory's recall);
+/// beyond this, those older than [`RECALL_KEPT`] are forgotten.
+const RECALLS_MAX: usize = 4096;
+/// How long a recall is remembered at least, once [`RECALLS_MAX`] are: longer than a mkdir's
+/// answer takes to be applied.
+const RECALL_KEPT: Duration = Duration::from_secs(60);
+
 /// The table of complete directories, by kernel inode number.
 #[derive(Default)]
 pub struct Complete {
     dirs: Mutex<HashMap<u64, Dir>>,
+    /// When each directory was last recalled (see [`Complete::made_dir`]).
+    recalled: Mutex<HashMap<u64, Instant>>,
     /// Lookups answered "no such name" here.
     pub answered: AtomicU64,
+    /// Directories recalled by a forwarding node (another mount added a name there).
+    pub recalls: AtomicU64,
 }
 
 impl Complete {
-    /// Directory `ino` was just made, empty, through this mount; known for `ttl`.
-    pub fn made_dir(&self, ino: u64, ttl: Duration) {
+    /// Directory `ino` was just made, empty, through this mount by a mkdir sent at `asked`;
+    /// known for `ttl` (unless recalled since `asked`).
+    pub fn made_dir(&self, ino: u64, ttl: Duration, asked: Instant) {
         if ttl.is_zero() {
             return;
+        }
+        if self.recalled.lock().unwrap().get(&ino).is_some_and(|t| *t >= asked) {
+            return; // another mount added a name before this answer was applied
         }
         let mut m = self.dirs.lock().unwrap();
         let now = Instant::now();
@@ -95,6 +116,21 @@ impl Complete {
     pub fn drop_dir(&self, parent: u64) {
         self.dirs.lock().unwrap().remove(&parent);
     }
+
+    /// A forwarding node recalled directory `dir` (`Change::Recall`): no longer known here,
+    /// nor taken as known by a mkdir answer still on its way.
+    pub fn recall(&self, dir: u64) {
+        let now = Instant::now();
+        {
+            let mut r = self.recalled.lock().unwrap();
+            if r.len() >= RECALLS_MAX {
+                r.retain(|_, t| now.duration_since(*t) < RECALL_KEPT);
+            }
+            r.insert(dir, now);
+        }
+        self.drop_dir(dir);
+        self.recalls.fetch_add(1, Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -105,7 +141,7 @@ mod tests {
     fn names_made_here_are_known_others_are_absent() {
         let c = Complete::default();
         assert!(!c.absent(5, "a"), "a directory not made here is never answered");
-        c.made_dir(5, Duration::from_secs(10));
+        c.made_dir(5, Duration::from_secs(10), Instant::now());
         assert!(c.absent(5, "a"));
         c.added(5, "a");
         assert!(!c.absent(5, "a"), "a name made here exists");
@@ -117,12 +153,29 @@ mod tests {
     }
 
     #[test]
+    fn a_recall_ends_the_directory_and_one_before_the_mkdir_answer_too() {
+        let c = Complete::default();
+        let asked = Instant::now();
+        c.made_dir(5, Duration::from_secs(10), asked);
+        c.recall(5);
+        assert!(!c.absent(5, "a"), "recalled: the daemon is asked");
+        let asked = Instant::now();
+        c.recall(6); // another mount's name in 6 came before 6's mkdir answer was applied
+        c.made_dir(6, Duration::from_secs(10), asked);
+        assert!(!c.absent(6, "a"), "a recall since the mkdir was sent: not whole");
+        let later = Instant::now();
+        c.made_dir(6, Duration::from_secs(10), later);
+        assert!(c.absent(6, "a"), "a later mkdir of the inode number (reused) is whole again");
+        assert_eq!(c.recalls.load(Relaxed), 2);
+    }
+
+    #[test]
     fn the_entry_ends_with_its_ttl() {
         let c = Complete::default();
-        c.made_dir(7, Duration::from_millis(1));
+        c.made_dir(7, Duration::from_millis(1), Instant::now());
         std::thread::sleep(Duration::from_millis(5));
         assert!(!c.absent(7, "x"));
-        c.made_dir(8, Duration::ZERO);
+        c.made_dir(8, Duration::ZERO, Instant::now());
         assert!(!c.absent(8, "x"), "no caching, no local answers");
     }
 }

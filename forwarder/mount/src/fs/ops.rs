@@ -331,9 +331,12 @@ impl Filesystem for PharosFs {
             (ctx.job_id, ctx.rank) = f.job.clone(); // routed as the opener's requests
         }
         let path = self.sh.path(ino).unwrap_or_default();
-        // A node-local file's release drops no open marker (its opens have none): the kernel
-        // is answered first, the daemon's record and open count follow.
-        let reply = match super::node_local(&path) {
+        // The kernel does not wait for a release (close(2) has returned before it is sent):
+        // it is answered first where the release can follow in the write-back threads'
+        // batches (any file, `--writeback-creates` > 0), and for a node-local file (its opens
+        // have no open marker). A shared file's open marker then goes a few ms later: an
+        // unlink meanwhile keeps the data as an orphan that this release reaps.
+        let reply = match super::node_local(&path) || self.sh.wb.enabled() {
             true => {
                 reply.ok();
                 None
@@ -497,23 +500,28 @@ impl PharosFs {
     fn entry_op(&self, ctx: Ctx, at: (u64, &OsStr), path: String, op: Op, reply: ReplyEntry) {
         let (parent, name) = (at.0, at.1.to_string_lossy().into_owned());
         let made_dir = matches!(op, Op::Mkdir { .. });
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, op) {
-            Ok(Body::Attr(a)) => {
-                sh.dir_attrs.drop_ino(parent);
-                let ino = sh.learn(a.ino, &path);
-                sh.complete.added(parent, &name);
-                if made_dir {
-                    let private = super::node_local_depth(&path) >= 2 && !sh.ttl.is_zero();
-                    sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl });
-                    if private {
-                        // Its attributes: the permission check before a write-back create there.
-                        sh.dir_attrs.put(ino, a.clone(), sh.ttl);
-                    }
+        self.spawn(move |sh, c| {
+            let asked = std::time::Instant::now();
+            let (a, held) = match sh.rpc.call(c, &ctx, op) {
+                Ok(Body::Attr(a)) => (a, false),
+                Ok(Body::MadeDir { attr, held }) => (attr, held),
+                Ok(_) => return reply.error(errno::EIO),
+                Err(e) => return reply.error(e),
+            };
+            sh.dir_attrs.drop_ino(parent);
+            let ino = sh.learn(a.ino, &path);
+            sh.complete.added(parent, &name);
+            let private = made_dir && super::node_local_depth(&path) >= 2 && !sh.ttl.is_zero();
+            // Known whole: a directory this mount holds (recalled by the forwarding node when
+            // another mount adds a name there), or its own node-local rank directory.
+            if held || private {
+                sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl }, asked);
+                if private {
+                    // Its attributes: the permission check before a write-back create there.
+                    sh.dir_attrs.put(ino, a.clone(), sh.ttl);
                 }
-                reply.entry(&sh.ttl, &fattr(&a, ino), 0)
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
+            reply.entry(&sh.ttl, &fattr(&a, ino), 0)
         });
     }
 

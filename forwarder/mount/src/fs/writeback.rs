@@ -250,8 +250,8 @@ impl WriteBack {
         self.work.notify_one();
     }
 
-    /// Queues the release of a node-local file whose close the kernel was answered already
-    /// (sent in a batch with others; not counted as pending).
+    /// Queues the release of a file whose close the kernel was answered already (sent in a
+    /// batch with others, oldest first; not counted as pending; sent before the unmount ends).
     pub fn submit_release(&self, ctx: Ctx, path: String, cap: Cap) {
         self.st.lock().unwrap().queue.push_back(Task::Release(ctx, path, cap));
         self.work.notify_one();
