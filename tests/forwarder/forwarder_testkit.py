@@ -143,6 +143,18 @@ class Mount:
     def status(self) -> dict:
         return http("GET", self.admin + "/status")
 
+    def settle(self, limit: float = 30.0) -> None:
+        """Waits until the creates and releases this mount answered itself (write-back) have
+        all been answered by the daemons (``pending_creates`` and ``writeback_queued`` 0), so a
+        daemon's request counters afterwards count only what comes next. Fails after ``limit`` s."""
+        end = time.monotonic() + limit
+        while True:
+            st = self.status()
+            if st["pending_creates"] == 0 and st["writeback_queued"] == 0:
+                return
+            assert time.monotonic() < end, f"write-back not drained in {limit} s: {st}"
+            time.sleep(0.01)
+
 
 @dataclass
 class Cluster:

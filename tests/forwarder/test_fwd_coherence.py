@@ -144,6 +144,7 @@ def test_cached_stats_and_listings_cost_no_request_per_entry(cluster):
     top.mkdir()
     for i in range(1000):
         (top / f"f{i}").write_bytes(b"")
+    m.settle()  # its creates, answered by the mount (a directory it holds), reached the daemon
     # stats of what this mount just made: answered by the kernel's cache
     before = metadata_served(d)
     for i in range(1000):
@@ -212,6 +213,10 @@ def test_a_file_created_on_one_node_opens_on_another_right_after(cluster, made_b
         assert not (b.path / f"job{i}" / "shared.dat").exists()
         os.close(os.open(a.path / f"job{i}" / "shared.dat", os.O_CREAT | os.O_WRONLY, 0o644))
         os.close(os.open(b.path / f"job{i}" / "shared.dat", os.O_RDWR))  # no wait: the barrier
+    if made_by == "another mount":
+        # a held each directory it made; b's lookup there recalled it (a's create then went to
+        # the daemon, not answered by a)
+        assert a.status()["directory_recalls"] >= 100, a.status()
     if made_by == "the reader":
         # b held each directory it made (the lookup before a's create was answered by b itself)
         # and was recalled, acknowledged, before a's create returned (through either node).
@@ -219,3 +224,30 @@ def test_a_file_created_on_one_node_opens_on_another_right_after(cluster, made_b
         assert st["lookups_answered_locally"] >= 100 and st["directory_recalls"] >= 100, st
         recalls = sum(d.status()["counters"]["directory_recalls"] for d in (d0, d1))
         assert recalls >= 100, recalls
+
+
+@pytest.mark.timeout(120)
+def test_creates_the_holder_answered_are_seen_by_another_mount_at_once(cluster):
+    """A mount answers creates in a directory it made and holds itself (write-back, as in its
+    node-local rank directories), and sends them to the daemon after. Another mount's first
+    look into the directory (a listing, a lookup: through either forwarding node) recalls the
+    holder, whose pending creates reach the daemon before that request is served: the other
+    mount sees every file at once, with no wait. Then the directory is no longer held: the
+    other mount's create is seen by the first at once."""
+    d0, d1 = cluster.start_daemon("fwd0"), cluster.start_daemon("fwd1")
+    a = cluster.start_mount([d0, d1], 0)
+    b = cluster.start_mount([d0, d1], 1)
+    for i in range(20):
+        top = a.path / f"ckpt{i}"
+        top.mkdir()
+        for r in range(50):
+            os.close(os.open(top / f"rank{r}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        if i % 2:
+            assert len(os.listdir(b.path / f"ckpt{i}")) == 50, i  # no wait: the barrier
+        else:
+            os.close(os.open(b.path / f"ckpt{i}" / "rank49", os.O_RDONLY))
+        os.close(os.open(b.path / f"ckpt{i}" / "late", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        assert (a.path / f"ckpt{i}" / "late").exists(), i
+    st = a.status()
+    assert st["deferred_creates"] >= 20 * 50 * 0.9, st  # answered by a (the first of each recalled)
+    assert st["deferred_create_errors"] == 0 and st["directory_recalls"] >= 20, st

@@ -317,12 +317,18 @@ impl Backend {
         matches!(self.route(dir), Ok(Where::Shared)) && self.ns.set_holder(dir, mount)
     }
 
-    /// The mount holding directory `dir` if not `origin`, no longer recorded
-    /// ([`Namespace::take_holder_unless`]).
-    pub fn take_dir_holder_unless(&self, dir: &str, origin: u64) -> Option<u64> {
+    /// The mount holding directory `dir` if not `origin` ([`Namespace::holder_unless`]).
+    pub fn dir_holder_unless(&self, dir: &str, origin: u64) -> Option<u64> {
         match self.route(dir) {
-            Ok(Where::Shared) => self.ns.take_holder_unless(dir, origin),
+            Ok(Where::Shared) => self.ns.holder_unless(dir, origin),
             _ => None,
+        }
+    }
+
+    /// Directory `dir` held by nobody from now ([`Namespace::clear_holder`]).
+    pub fn clear_dir_holder(&self, dir: &str) {
+        if let Ok(Where::Shared) = self.route(dir) {
+            self.ns.clear_holder(dir)
         }
     }
 

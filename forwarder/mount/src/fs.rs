@@ -120,6 +120,10 @@ pub fn node_local_depth(path: &str) -> usize {
     rel.strip_prefix(".nodelocal/").map_or(0, |r| r.split('/').count())
 }
 
+/// Longest name the namespace's file systems take (ext4, XFS): a longer one is never answered
+/// by the mount (the daemon answers `ENAMETOOLONG`).
+pub const NAME_MAX: usize = 255;
+
 /// How long a directory this mount made in a node-local rank directory (or the rank directory
 /// itself) is known whole: no other compute node changes names there (they get `EROFS`), so
 /// far longer than the attribute TTL that bounds it elsewhere.
@@ -155,9 +159,13 @@ pub struct Shared {
     pub answer_absent: bool,
     /// Directories' attributes as the daemon answered them after a change (`dirattrs.rs`).
     pub dir_attrs: dirattrs::DirAttrs,
-    /// Creates answered by the mount in node-local rank directories, pending at the daemon
-    /// (`writeback.rs`).
+    /// Creates answered by the mount (node-local rank directories and directories it holds),
+    /// pending at the daemon (`writeback.rs`).
     pub wb: writeback::WriteBack,
+    /// Held by a create from its write-back check to its queueing (read), and by a recall
+    /// between ending the directory's knowledge and waiting for its pending creates (write):
+    /// no create answered here slips past a recall.
+    pub wb_gate: std::sync::RwLock<()>,
 }
 
 /// `FOPEN_PARALLEL_DIRECT_WRITES` (FUSE protocol 7.36, Linux 6.2; not in fuser 0.15's
@@ -248,7 +256,15 @@ impl Shared {
                     self.dir_attrs.drop_ino(*parent);
                 }
                 Change::Inode { ino } => self.dir_attrs.drop_ino(*ino),
-                Change::Recall { dir } => self.complete.recall(*dir),
+                Change::Recall { dir } => {
+                    // No more answers here for `dir`; then its pending creates reach the daemon
+                    // (the acknowledgement follows this: the other mount's request waits).
+                    {
+                        let _creates_queued = self.wb_gate.write().unwrap();
+                        self.complete.recall(*dir);
+                    }
+                    self.wb.wait_under(&self.path(*dir).unwrap_or_default());
+                }
             }
         }
         invalidate(changes);
@@ -276,6 +292,7 @@ impl PharosFs {
             answer_absent: false,
             dir_attrs: dirattrs::DirAttrs::default(),
             wb: writeback::WriteBack::default(),
+            wb_gate: std::sync::RwLock::new(()),
         });
         let pool = Arc::new(TaskQueue::new(threads.max(1) * 4));
         for i in 0..threads.max(1) {
@@ -318,7 +335,9 @@ impl PharosFs {
                 .spawn(move || {
                     let mut conns = Conns::default();
                     while let Some(batch) = sh.wb.next_batch(WRITEBACK_BATCH) {
+                        let n = batch.len();
                         sh.send_batch(&mut conns, batch);
+                        sh.wb.sent(n);
                     }
                 })
                 .expect("spawn write-back thread");

@@ -106,7 +106,8 @@ struct Cli {
     #[arg(long, env = "PHAROS_MOUNT_ANSWER_ABSENT_NAMES", default_value_t = true, action = clap::ArgAction::Set)]
     answer_absent_names: bool,
     /// Write-back creates in node-local rank directories (`<mount>/.nodelocal/<job>/<rank>`,
-    /// written by this compute node only): a create there is answered by the mount and sent to
+    /// written by this compute node only) and in directories this mount holds (recalled by the
+    /// forwarding node first when another mount looks there): a create there is answered by the mount and sent to
     /// the forwarding node in the background, at most this many pending at once (a create
     /// beyond waits); 0 = every create waits for the forwarding node. A pending create is lost
     /// if the mount dies; fsync of the file or its directory, and the unmount, wait for them.
@@ -144,6 +145,7 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     v["deferred_creates"] = json!(a.sh.wb.answered.load(Ordering::Relaxed));
     v["deferred_create_errors"] = json!(a.sh.wb.errors.load(Ordering::Relaxed));
     v["pending_creates"] = json!(a.sh.wb.pending());
+    v["writeback_queued"] = json!(a.sh.wb.queued());
     v["writeback_batches"] = json!(a.sh.wb.batches.load(Ordering::Relaxed));
     Json(v)
 }

@@ -69,6 +69,10 @@ impl Server {
             Op::Write { data, .. } => write_len(data, work.shm),
             _ => 0,
         };
+        // Directory holders: a directory another mount holds is recalled from it first
+        // (its pending creates there reach the daemon before this request is served).
+        let origin = work.conn.mount.get().copied().unwrap_or(0);
+        super::holders::recall_before(&self.backend, &self.watch, origin, &work.req.op);
         let body = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let spanned = match &work.req.op {
                 Op::Read { cap, offset, size, .. }
@@ -97,10 +101,8 @@ impl Server {
             log::error!("worker {idx}: {} request {} panicked: {what}", work.req.op.name(), work.req.id);
             Err(proto::WireError { errno: errno::EIO, msg: format!("daemon fault: {what}") })
         });
-        // Directory holders: a mkdir's holder recorded, a holder recalled before another
-        // mount's name in its directory is answered (`holders.rs`).
-        let origin = work.conn.mount.get().copied().unwrap_or(0);
-        let body = super::holders::settle(&self.backend, &self.watch, origin, &work.req.op, body);
+        // Directory holders: a mkdir's holder recorded (`holders.rs`).
+        let body = super::holders::settle(&self.backend, origin, &work.req.op, body);
         let mut service = started.elapsed();
         let (result, size) = match (&body, &work.req.op) {
             (Ok(Body::Data { .. }), Op::Read { size, .. }) if span.is_some() => {

@@ -174,14 +174,14 @@ impl Watchers {
         let mounts: HashSet<u64> = self.subs.lock().unwrap().iter().map(|s| s.mount).filter(|m| *m != origin).collect();
         self.waiting.lock().unwrap().insert(ack, mounts);
         self.push(&out, ack);
-        self.wait_acks(ack);
+        self.wait_acks(ack, ACK_WAIT);
     }
 
     /// Recalls directory `dir` (the namespace's inode number, the root as 1) from mount
-    /// `holder` ([`Change::Recall`]) and waits for its acknowledgement, at most [`ACK_WAIT`]
-    /// (then counted late). False when `holder` does not watch this daemon (nothing sent: its
-    /// cache TTL bounds what it answers).
-    pub(crate) fn recall(&self, holder: u64, dir: u64) -> bool {
+    /// `holder` ([`Change::Recall`]) and waits for its acknowledgement, at most `wait` (then
+    /// counted late). False when `holder` does not watch this daemon (nothing sent: its cache
+    /// TTL bounds what it answers).
+    pub(crate) fn recall(&self, holder: u64, dir: u64, wait: Duration) -> bool {
         let ack = self.next_ack.fetch_add(1, Relaxed);
         self.waiting.lock().unwrap().insert(ack, HashSet::from([holder]));
         let body = Body::Changes { ack, changes: vec![Change::Recall { dir }] };
@@ -212,7 +212,7 @@ impl Watchers {
         }
         drop(subs);
         match sent {
-            true => self.wait_acks(ack),
+            true => self.wait_acks(ack, wait),
             false => {
                 self.waiting.lock().unwrap().remove(&ack);
             }
@@ -220,11 +220,11 @@ impl Watchers {
         sent
     }
 
-    /// Waits until every mount push `ack` went to acknowledged it, at most [`ACK_WAIT`].
-    fn wait_acks(&self, ack: u64) {
+    /// Waits until every mount push `ack` went to acknowledged it, at most `wait`.
+    fn wait_acks(&self, ack: u64, wait: Duration) {
         let w = self.waiting.lock().unwrap();
         let (mut w, t) =
-            self.acked.wait_timeout_while(w, ACK_WAIT, |w| w.get(&ack).is_some_and(|m| !m.is_empty())).unwrap();
+            self.acked.wait_timeout_while(w, wait, |w| w.get(&ack).is_some_and(|m| !m.is_empty())).unwrap();
         if t.timed_out() {
             self.late_acks.fetch_add(1, Relaxed);
         }

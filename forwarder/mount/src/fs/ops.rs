@@ -32,7 +32,7 @@ impl Filesystem for PharosFs {
     }
 
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        let absent = || name.to_str().is_some_and(|n| self.sh.complete.absent(parent, n));
+        let absent = || name.to_str().is_some_and(|n| n.len() <= super::NAME_MAX && self.sh.complete.absent(parent, n));
         if self.sh.answer_absent && absent() {
             // Not cached by the kernel (TTL 0): every lookup comes here, and ends here.
             return reply.error(errno::ENOENT);
@@ -220,8 +220,11 @@ impl Filesystem for PharosFs {
         let token = crate::random_token();
         let name = name.to_string_lossy().into_owned();
         let mode = mode & !umask & 0o7777;
-        if let Some(dir) = self.writeback_parent(parent, &name, &path) {
-            return self.create_here(ctx, (parent, dir, name), path, (mode, flags, token), reply);
+        {
+            let _recall_waits = self.sh.wb_gate.read().unwrap();
+            if let Some(dir) = self.writeback_parent(parent, &name, &path) {
+                return self.create_here(ctx, (parent, dir, name), path, (mode, flags, token), reply);
+            }
         }
         self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode, flags, token }) {
             Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
@@ -516,10 +519,8 @@ impl PharosFs {
             // another mount adds a name there), or its own node-local rank directory.
             if held || private {
                 sh.complete.made_dir(ino, if private { super::NODE_LOCAL_KNOWN } else { sh.ttl }, asked);
-                if private {
-                    // Its attributes: the permission check before a write-back create there.
-                    sh.dir_attrs.put(ino, a.clone(), sh.ttl);
-                }
+                // Its attributes: the permission check before a write-back create there.
+                sh.dir_attrs.put(ino, a.clone(), sh.ttl);
             }
             reply.entry(&sh.ttl, &fattr(&a, ino), 0)
         });

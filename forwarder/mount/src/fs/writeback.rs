@@ -10,6 +10,12 @@
 //! metadata cache (BurstFS/UnifyFS's client-side namespace of a job's private files, NFSv4
 //! directory delegations): the answer comes first, the server's copy follows.
 //!
+//! The same holds in a shared directory this mount made and *holds* (issue 29, item 2; the
+//! daemons' record, `fwd/src/server/holders.rs`): another mount's first lookup, listing or name
+//! change there recalls this mount, which stops answering for the directory (under
+//! `Shared::wb_gate`, so no create answered here slips past) and waits for its pending creates
+//! there ([`WriteBack::wait_under`]) before it acknowledges, so the other mount sees them.
+//!
 //! * **Waiting.** Every later operation on the file or its name (data, attributes, fsync,
 //!   release, unlink, rename, link, a lookup or listing that reaches the daemon) waits until its
 //!   create is done ([`WriteBack::wait_ino`], [`WriteBack::wait_under`],
@@ -199,6 +205,8 @@ pub struct WriteBack {
     /// Batches sent by the executor threads (`writeback_batches`: tasks per batch =
     /// (creates + releases) / batches).
     pub batches: AtomicU64,
+    /// Tasks taken by the executor threads and not yet answered by the daemon.
+    sending: AtomicUsize,
 }
 
 impl Default for WriteBack {
@@ -219,6 +227,7 @@ impl Default for WriteBack {
             answered: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            sending: AtomicUsize::new(0),
             on_refused: std::sync::OnceLock::new(),
         }
     }
@@ -265,6 +274,7 @@ impl WriteBack {
             if !g.queue.is_empty() {
                 let n = g.queue.len().min(max.max(1));
                 self.batches.fetch_add(1, Relaxed);
+                self.sending.fetch_add(n, Relaxed);
                 return Some(g.queue.drain(..n).collect());
             }
             if g.closed {
@@ -340,6 +350,16 @@ impl WriteBack {
     /// once, by an fsync of the directory).
     pub fn take_dir_error(&self, parent: u64) -> Option<i32> {
         self.st.lock().unwrap().dir_errors.remove(&parent)
+    }
+
+    /// An executor thread's batch of `n` tasks was answered (or failed).
+    pub fn sent(&self, n: usize) {
+        self.sending.fetch_sub(n, Relaxed);
+    }
+
+    /// Tasks (creates, releases) queued or being sent now (`writeback_queued`).
+    pub fn queued(&self) -> usize {
+        self.st.lock().unwrap().queue.len() + self.sending.load(Relaxed)
     }
 
     /// Creates pending now.

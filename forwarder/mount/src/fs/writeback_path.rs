@@ -14,11 +14,17 @@ use super::{Grant, Open, PharosFs, Shared};
 
 impl PharosFs {
     /// The attributes of directory `parent` when a create of `name` at `path` may be answered
-    /// by the mount (`writeback.rs`): write-back on, a node-local rank directory whose names
-    /// the mount knows whole (`name` is absent) and whose attributes it holds (the kernel's
-    /// permission check; no setgid bit, so the file's group is the caller's).
+    /// by the mount (`writeback.rs`): write-back on, a node-local rank directory or (with
+    /// `--answer-absent-names`) a directory this mount holds, whose names it knows whole
+    /// (`name` is absent, and not longer than a name may be) and whose attributes it holds
+    /// (the kernel's permission check; no setgid bit, so the file's group is the caller's).
+    /// Call it, and queue the create, under a read guard of [`Shared::wb_gate`].
     pub(super) fn writeback_parent(&self, parent: u64, name: &str, path: &str) -> Option<Attr> {
-        if !super::node_local(path) || !self.sh.wb.enabled() || !self.sh.complete.knows_absent(parent, name) {
+        if !(super::node_local(path) || self.sh.answer_absent)
+            || name.len() > super::NAME_MAX
+            || !self.sh.wb.enabled()
+            || !self.sh.complete.knows_absent(parent, name)
+        {
             return None;
         }
         self.sh.dir_attrs.peek(parent).filter(|d| d.perm & libc::S_ISGID == 0)
@@ -71,12 +77,9 @@ impl PharosFs {
 }
 
 impl Shared {
-    /// Waits until the write-back creates at `path` or below it are done (a node-local path;
-    /// elsewhere there are none).
+    /// Waits until the write-back creates at `path` or below it are done.
     pub(super) fn wait_name(&self, path: &str) {
-        if super::node_local_depth(path) >= 2 {
-            self.wb.wait_under(path);
-        }
+        self.wb.wait_under(path);
     }
 
     /// Sends a batch of write-back tasks (an executor thread of `writeback.rs`, its own

@@ -44,9 +44,10 @@ impl Namespace {
         unsafe { libc::fsetxattr(fd.as_raw_fd(), NAME.as_ptr(), v.as_ptr().cast(), v.len(), 0) == 0 }
     }
 
-    /// The holder of directory `dir`, if another mount than `origin` holds it; that holder is
-    /// no longer recorded (the caller recalls it). None when nobody or `origin` holds it.
-    pub fn take_holder_unless(&self, dir: &str, origin: u64) -> Option<u64> {
+    /// The holder of directory `dir`, if a mount other than `origin` holds it (the caller
+    /// recalls it, then [`Namespace::clear_holder`]). None when nobody or `origin` holds it,
+    /// or `dir` is not a directory.
+    pub fn holder_unless(&self, dir: &str, origin: u64) -> Option<u64> {
         let fd = self.open_dir_fd(dir).ok()?;
         let mut v = [0u8; 8];
         // SAFETY: a valid fd, a NUL-terminated name and an 8-byte buffer.
@@ -54,12 +55,15 @@ impl Namespace {
         if n != 8 {
             return None; // ENODATA (nobody), EOPNOTSUPP, or not ours
         }
-        let holder = u64::from_le_bytes(v);
-        if holder == origin {
-            return None;
+        Some(u64::from_le_bytes(v)).filter(|h| *h != origin)
+    }
+
+    /// Directory `dir` is held by nobody from now (after its holder's recall; two recalls at
+    /// once both clear it, harmlessly).
+    pub fn clear_holder(&self, dir: &str) {
+        if let Ok(fd) = self.open_dir_fd(dir) {
+            // SAFETY: a valid fd and a NUL-terminated name.
+            unsafe { libc::fremovexattr(fd.as_raw_fd(), NAME.as_ptr()) };
         }
-        // SAFETY: as above. Two recalls of one holder at once are harmless (each acknowledged).
-        unsafe { libc::fremovexattr(fd.as_raw_fd(), NAME.as_ptr()) };
-        Some(holder)
     }
 }
