@@ -146,6 +146,8 @@ async fn status(State(a): State<Arc<AdminState>>) -> Json<Value> {
     v["deferred_create_errors"] = json!(a.sh.wb.errors.load(Ordering::Relaxed));
     v["pending_creates"] = json!(a.sh.wb.pending());
     v["writeback_queued"] = json!(a.sh.wb.queued());
+    v["deferred_unlinks"] = json!(a.sh.wb.unlinks_answered.load(Ordering::Relaxed));
+    v["deferred_unlink_errors"] = json!(a.sh.wb.unlink_errors.load(Ordering::Relaxed));
     v["writeback_batches"] = json!(a.sh.wb.batches.load(Ordering::Relaxed));
     Json(v)
 }
@@ -227,7 +229,11 @@ impl Collector for MountCollector {
         )?;
         let help = "Directories this mount held that a forwarding node recalled (another mount added a name there)";
         counter(&mut e, "pharos_mount_directory_recalls", help, self.0.complete.recalls.load(Ordering::Relaxed))?;
-        let help = "Creates in node-local rank directories answered by the mount (write-back: sent to the forwarding node after)";
+        let help = "Unlinks answered by the mount in directories it holds or node-local rank directories (sent to the forwarding node after)";
+        counter(&mut e, "pharos_mount_deferred_unlinks", help, self.0.wb.unlinks_answered.load(Ordering::Relaxed))?;
+        let help = "Write-back unlinks the forwarding node refused after the mount had answered (the directory's next fsync gets the errno)";
+        counter(&mut e, "pharos_mount_deferred_unlink_errors", help, self.0.wb.unlink_errors.load(Ordering::Relaxed))?;
+        let help = "Creates in node-local rank directories and directories the mount holds answered by the mount (write-back: sent to the forwarding node after)";
         counter(&mut e, "pharos_mount_deferred_creates", help, self.0.wb.answered.load(Ordering::Relaxed))?;
         let help = "Write-back creates the forwarding node refused after the mount had answered (the file's next operation gets the errno)";
         counter(&mut e, "pharos_mount_deferred_create_errors", help, self.0.wb.errors.load(Ordering::Relaxed))?;

@@ -92,6 +92,12 @@ impl Complete {
         m.get(&parent).is_some_and(|d| d.until > Instant::now() && !d.names.contains(name))
     }
 
+    /// Whether `name` is known present in directory `parent` (a directory known whole).
+    pub fn knows_present(&self, parent: u64, name: &str) -> bool {
+        let m = self.dirs.lock().unwrap();
+        m.get(&parent).is_some_and(|d| d.until > Instant::now() && d.names.contains(name))
+    }
+
     /// `name` was made in `parent` through this mount.
     pub fn added(&self, parent: u64, name: &str) {
         let mut m = self.dirs.lock().unwrap();

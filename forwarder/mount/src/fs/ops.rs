@@ -226,27 +226,30 @@ impl Filesystem for PharosFs {
                 return self.create_here(ctx, (parent, dir, name), path, (mode, flags, token), reply);
             }
         }
-        self.spawn(move |sh, c| match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode, flags, token }) {
-            Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
-                let (attr, cap) = match body {
-                    Body::Created { attr, cap, parent: pa } => {
-                        sh.dir_attrs.put(parent, pa, sh.ttl);
-                        (attr, cap)
-                    }
-                    Body::Opened { attr, cap } => {
-                        sh.dir_attrs.drop_ino(parent);
-                        (attr, cap)
-                    }
-                    _ => unreachable!(),
-                };
-                let ino = sh.learn(attr.ino, &path);
-                sh.complete.added(parent, &name);
-                let fh = sh.next_fh.fetch_add(1, Relaxed);
-                sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
-                reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
+        self.spawn(move |sh, c| {
+            sh.wait_name(&path); // an unlink of the name this mount answered reaches the daemon first
+            match sh.rpc.call(c, &ctx, Op::Create { path: path.clone(), mode, flags, token }) {
+                Ok(body @ (Body::Opened { .. } | Body::Created { .. })) => {
+                    let (attr, cap) = match body {
+                        Body::Created { attr, cap, parent: pa } => {
+                            sh.dir_attrs.put(parent, pa, sh.ttl);
+                            (attr, cap)
+                        }
+                        Body::Opened { attr, cap } => {
+                            sh.dir_attrs.drop_ino(parent);
+                            (attr, cap)
+                        }
+                        _ => unreachable!(),
+                    };
+                    let ino = sh.learn(attr.ino, &path);
+                    sh.complete.added(parent, &name);
+                    let fh = sh.next_fh.fetch_add(1, Relaxed);
+                    sh.files.lock().unwrap().insert(fh, Arc::new(Open::new(attr.clone(), ino, cap, &ctx)));
+                    reply.created(&sh.ttl, &fattr(&attr, ino), 0, fh, sh.open_flags)
+                }
+                Ok(_) => reply.error(errno::EIO),
+                Err(e) => reply.error(e),
             }
-            Ok(_) => reply.error(errno::EIO),
-            Err(e) => reply.error(e),
         });
     }
 
@@ -504,6 +507,7 @@ impl PharosFs {
         let (parent, name) = (at.0, at.1.to_string_lossy().into_owned());
         let made_dir = matches!(op, Op::Mkdir { .. });
         self.spawn(move |sh, c| {
+            sh.wait_name(&path); // an unlink of the name this mount answered reaches the daemon first
             let asked = std::time::Instant::now();
             let (a, held) = match sh.rpc.call(c, &ctx, op) {
                 Ok(Body::Attr(a)) => (a, false),
@@ -533,6 +537,12 @@ impl PharosFs {
             Err(e) => return reply.error(e),
         };
         let name = name.to_string_lossy().into_owned();
+        if !dir {
+            let _recall_waits = self.sh.wb_gate.read().unwrap();
+            if self.unlink_here(&ctx, parent, &name, &path) {
+                return reply.ok();
+            }
+        }
         self.spawn(move |sh, c| {
             sh.wait_name(&path);
             let op = if dir { Op::Rmdir { path: path.clone() } } else { Op::Unlink { path: path.clone() } };

@@ -170,6 +170,9 @@ pub enum Task {
     Create(CreateJob),
     /// A release answered to the kernel already: context, path, the open's capability.
     Release(Ctx, String, Cap),
+    /// An unlink answered to the kernel already (a directory the mount holds or a node-local
+    /// rank directory): context, path, the directory's kernel inode.
+    Unlink(Ctx, String, u64),
 }
 
 struct State {
@@ -178,8 +181,10 @@ struct State {
     pending: HashMap<u64, (String, u64)>,
     /// Files whose create failed: kernel inode → errno (until the kernel forgets the inode).
     failed: HashMap<u64, i32>,
-    /// Directories with a failed create not yet reported by an fsync of the directory.
+    /// Directories with a failed create or unlink not yet reported by an fsync of the directory.
     dir_errors: HashMap<u64, i32>,
+    /// Unlinks queued or being sent: path → directory's kernel inode.
+    unlinks: HashMap<String, u64>,
     closed: bool,
 }
 
@@ -207,6 +212,10 @@ pub struct WriteBack {
     pub batches: AtomicU64,
     /// Tasks taken by the executor threads and not yet answered by the daemon.
     sending: AtomicUsize,
+    /// Unlinks answered by the mount (`deferred_unlinks`), and those the daemon refused after
+    /// (`deferred_unlink_errors`).
+    pub unlinks_answered: AtomicU64,
+    pub unlink_errors: AtomicU64,
 }
 
 impl Default for WriteBack {
@@ -217,6 +226,7 @@ impl Default for WriteBack {
                 pending: HashMap::new(),
                 failed: HashMap::new(),
                 dir_errors: HashMap::new(),
+                unlinks: HashMap::new(),
                 closed: false,
             }),
             work: Condvar::new(),
@@ -228,6 +238,8 @@ impl Default for WriteBack {
             errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sending: AtomicUsize::new(0),
+            unlinks_answered: AtomicU64::new(0),
+            unlink_errors: AtomicU64::new(0),
             on_refused: std::sync::OnceLock::new(),
         }
     }
@@ -249,7 +261,7 @@ impl WriteBack {
     pub fn submit(&self, job: CreateJob) {
         let max = self.max.load(Relaxed).max(1);
         let mut g = self.st.lock().unwrap();
-        while g.pending.len() >= max && !g.closed {
+        while g.pending.len() + g.unlinks.len() >= max && !g.closed {
             g = self.done.wait(g).unwrap();
         }
         g.pending.insert(job.ino, (job.path.clone(), job.parent));
@@ -327,16 +339,54 @@ impl WriteBack {
             path.is_empty() || (p.starts_with(path) && (p.len() == path.len() || p.as_bytes()[path.len()] == b'/'))
         };
         let mut g = self.st.lock().unwrap();
-        while g.pending.values().any(|(p, _)| under(p)) {
+        while g.pending.values().any(|(p, _)| under(p)) || g.unlinks.keys().any(|p| under(p)) {
             g = self.done.wait(g).unwrap();
         }
+    }
+
+    /// Whether a create or an unlink of exactly `path` is pending (then the next one of that
+    /// name is not answered here: it waits for the daemon, in order).
+    pub fn pending_at(&self, path: &str) -> bool {
+        let g = self.st.lock().unwrap();
+        g.unlinks.contains_key(path) || g.pending.values().any(|(p, _)| p == path)
+    }
+
+    /// Queues the unlink of `path` (in directory `parent`) that the kernel was answered for
+    /// already; blocks while [`WriteBack::max`] creates and unlinks are pending. From its
+    /// return, operations on the name wait for it.
+    pub fn submit_unlink(&self, ctx: Ctx, path: String, parent: u64) {
+        let max = self.max.load(Relaxed).max(1);
+        let mut g = self.st.lock().unwrap();
+        while g.pending.len() + g.unlinks.len() >= max && !g.closed {
+            g = self.done.wait(g).unwrap();
+        }
+        g.unlinks.insert(path.clone(), parent);
+        g.queue.push_back(Task::Unlink(ctx, path, parent));
+        self.unlinks_answered.fetch_add(1, Relaxed);
+        drop(g);
+        self.work.notify_one();
+    }
+
+    /// The daemon answered the unlink of `path` in `parent` (`Err(errno)`: refused, counted,
+    /// logged and reported by the directory's next fsync). Whether it was made.
+    pub fn unlinked(&self, path: &str, parent: u64, made: Result<(), i32>) -> bool {
+        let mut g = self.st.lock().unwrap();
+        g.unlinks.remove(path);
+        if let Err(e) = made {
+            self.unlink_errors.fetch_add(1, Relaxed);
+            log::warn!("deferred unlink of {path:?} refused by the forwarding node: errno {e}");
+            g.dir_errors.entry(parent).or_insert(e);
+        }
+        drop(g);
+        self.done.notify_all();
+        made.is_ok()
     }
 
     /// Waits at most `limit` for every pending create; whether none is left.
     pub fn drain(&self, limit: Duration) -> bool {
         let end = Instant::now() + limit;
         let mut g = self.st.lock().unwrap();
-        while !g.pending.is_empty() {
+        while !g.pending.is_empty() || !g.unlinks.is_empty() {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -462,6 +512,29 @@ mod tests {
     }
 
     /// At most `max` creates pending: the next one waits until one is done.
+    /// A queued unlink holds back the operations on its name (and the unmount's drain) until
+    /// the daemon answered it; a refused one is counted and reported to the directory once.
+    #[test]
+    fn an_unlink_is_waited_for_and_a_refused_one_reported() {
+        let wb = Arc::new(WriteBack::default());
+        wb.max.store(8, Relaxed);
+        wb.submit_unlink(Ctx::default(), "d/a".into(), 5);
+        assert!(wb.pending_at("d/a") && !wb.pending_at("d/ab") && !wb.pending_at("d"));
+        assert_eq!(wb.queued(), 1);
+        assert!(!wb.drain(Duration::from_millis(5)), "the unmount waits for it");
+        let w = wb.clone();
+        let waiter = std::thread::spawn(move || w.wait_under("d"));
+        let batch = wb.next_batch(16).unwrap();
+        assert!(matches!(&batch[..], [Task::Unlink(_, p, 5)] if p == "d/a"));
+        assert!(!waiter.is_finished());
+        assert!(!wb.unlinked("d/a", 5, Err(libc::EPERM)));
+        wb.sent(batch.len());
+        waiter.join().unwrap();
+        assert_eq!((wb.queued(), wb.unlink_errors.load(Relaxed), wb.unlinks_answered.load(Relaxed)), (0, 1, 1));
+        assert_eq!((wb.take_dir_error(5), wb.take_dir_error(5)), (Some(libc::EPERM), None));
+        assert!(!wb.pending_at("d/a") && wb.drain(Duration::from_millis(5)));
+    }
+
     #[test]
     fn a_release_deferred_before_the_send_is_taken_once() {
         let pc = PendingCreate::new();

@@ -24,6 +24,7 @@ impl PharosFs {
             || name.len() > super::NAME_MAX
             || !self.sh.wb.enabled()
             || !self.sh.complete.knows_absent(parent, name)
+            || self.sh.wb.pending_at(path)
         {
             return None;
         }
@@ -76,6 +77,34 @@ impl PharosFs {
     }
 }
 
+impl PharosFs {
+    /// Answers the unlink of `name` (`path`) in directory `parent` here when the mount may
+    /// (`writeback.rs`): write-back on, a node-local rank directory or (with
+    /// `--answer-absent-names`) a directory this mount holds, whose names it knows (`name` is
+    /// one) and whose attributes it holds, no create or unlink of `name` pending. The kernel
+    /// checked the permissions (`default_permissions`: the directory's write and search bits,
+    /// its sticky bit against the file's owner). The daemon's unlink follows in a batch.
+    /// Call it under a read guard of [`Shared::wb_gate`]. Whether it answered.
+    pub(super) fn unlink_here(&self, ctx: &Ctx, parent: u64, name: &str, path: &str) -> bool {
+        let sh = &self.sh;
+        if !(super::node_local(path) || sh.answer_absent)
+            || !sh.wb.enabled()
+            || !sh.complete.knows_present(parent, name)
+            || sh.wb.pending_at(path)
+        {
+            return false;
+        }
+        let Some(dir) = sh.dir_attrs.peek(parent) else { return false };
+        let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() };
+        sh.dir_attrs.put(parent, Attr { mtime: now, ctime: now, ..dir }, sh.ttl);
+        sh.complete.removed(parent, name);
+        sh.mark_stale(path, None);
+        sh.wb.submit_unlink(ctx.clone(), path.to_string(), parent);
+        true
+    }
+}
+
 impl Shared {
     /// Waits until the write-back creates at `path` or below it are done.
     pub(super) fn wait_name(&self, path: &str) {
@@ -90,10 +119,12 @@ impl Shared {
     pub(super) fn send_batch(&self, c: &mut crate::rpc::Conns, batch: Vec<Task>) {
         let mut creates = Vec::new();
         let mut releases = Vec::new();
+        let mut unlinks = Vec::new();
         for t in batch {
             match t {
                 Task::Create(j) => creates.push(j),
                 Task::Release(ctx, path, cap) => releases.push((ctx, Op::Release { path, cap })),
+                Task::Unlink(ctx, path, parent) => unlinks.push((ctx, path, parent)),
             }
         }
         if !creates.is_empty() {
@@ -113,6 +144,26 @@ impl Shared {
             for (job, reply) in creates.into_iter().zip(self.rpc.call_many(c, reqs)) {
                 if let Some(r) = self.created(job, reply) {
                     releases.push(r);
+                }
+            }
+        }
+        if !unlinks.is_empty() {
+            // Names distinct from the creates' above (a create or unlink of a name with one
+            // pending is not answered here): after them, in any order.
+            let reqs = unlinks.iter().map(|(ctx, path, _)| (ctx.clone(), Op::Unlink { path: path.clone() })).collect();
+            for ((_, path, parent), reply) in unlinks.iter().zip(self.rpc.call_many(c, reqs)) {
+                let made = match reply {
+                    Ok(Body::Removed { parent: pa }) => {
+                        self.dir_attrs.put(*parent, pa, self.ttl);
+                        Ok(())
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if !self.wb.unlinked(path, *parent, made) {
+                    // The name is still there: this mount no longer answers for its directory.
+                    self.complete.drop_dir(*parent);
+                    self.dir_attrs.drop_ino(*parent);
                 }
             }
         }
