@@ -315,7 +315,13 @@ fn run(cli: Cli) -> Result<(), String> {
     let admin_addr = admin_l.local_addr().map_err(|e| format!("--admin {}: {e}", cli.admin))?;
 
     let mut fs = PharosFs::new(rpc, cli.threads.max(1), Duration::from_millis(cli.attr_ttl_ms), cli.parallel_writes);
-    Arc::get_mut(&mut fs.sh).expect("not shared yet").answer_absent = cli.answer_absent_names;
+    // A held directory is answered for here only while a recall can reach this mount: through
+    // its watch connections (none with --invalidations false or --attr-ttl-ms 0).
+    let recallable = cli.invalidations && cli.attr_ttl_ms > 0;
+    if cli.answer_absent_names && !recallable {
+        log::info!("--answer-absent-names: off without invalidations (no recall could reach this mount)");
+    }
+    Arc::get_mut(&mut fs.sh).expect("not shared yet").answer_absent = cli.answer_absent_names && recallable;
     if cli.writeback_creates > 0 && cli.attr_ttl_ms == 0 {
         log::info!("--writeback-creates: off with --attr-ttl-ms 0 (the mount knows no directory whole)");
     }
