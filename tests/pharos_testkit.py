@@ -517,6 +517,13 @@ class StackAdmin:
         import re
 
         rel = path.relative_to(self.settings.mount_point)
+        # fsync through the mount first: a create the mount answered itself (a directory it
+        # holds) has reached the daemon once it returns (the durability point)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         text = (self.settings.fwd_backend / "mdt" / "ns" / rel).read_text()
         m = re.search(r"targets=([0-9,]+)", text)
         assert m, text
