@@ -35,11 +35,17 @@ impl Rpc {
             if let Some(f) = failed {
                 conns.m.remove(&i);
                 let n = &self.nodes[i];
-                self.mark_down(i);
                 let (sent, e) = match f {
                     Fail::NotSent(e) => (false, e),
                     Fail::Sent(e) => (true, e),
                 };
+                // Nothing sent (this thread's connection could not be made: it connects lazily,
+                // and a short link cut can fall on that moment): each request tries the node
+                // again first, as `call` would, and marks it down only if that fails too; the
+                // other threads' requests keep waiting for it on their connections.
+                if sent {
+                    self.mark_down(i);
+                }
                 log::warn!("forwarding node {} ({}): {e}; the batch goes on request by request", n.name, n.addr);
                 for &k in &ks {
                     if out[k].is_some() {
@@ -53,8 +59,8 @@ impl Rpc {
                     if sent {
                         self.replays.fetch_add(1, Relaxed);
                         req.replay = true;
+                        self.failovers.fetch_add(1, Relaxed);
                     }
-                    self.failovers.fetch_add(1, Relaxed);
                     out[k] = Some(self.call_req(conns, req, None));
                 }
             }
