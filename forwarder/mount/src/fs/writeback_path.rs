@@ -20,9 +20,8 @@ impl PharosFs {
     /// (the kernel's permission check; no setgid bit, so the file's group is the caller's).
     /// Call it, and queue the create, under a read guard of [`Shared::wb_gate`].
     pub(super) fn writeback_parent(&self, parent: u64, name: &str, path: &str) -> Option<Attr> {
-        if !(super::node_local(path) || self.sh.answer_absent)
+        if !self.sh.may_answer_at(path)
             || name.len() > super::NAME_MAX
-            || !self.sh.wb.enabled()
             || !self.sh.complete.knows_absent(parent, name)
             || self.sh.wb.pending_at(path)
         {
@@ -45,8 +44,7 @@ impl PharosFs {
         reply: ReplyCreate,
     ) {
         let ((parent, dir, name), (mode, flags, token)) = (at, how);
-        let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let now = Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() };
+        let now = now();
         let sh = &self.sh;
         let ino = sh.wb.new_ino();
         let attr = Attr {
@@ -87,16 +85,11 @@ impl PharosFs {
     /// Call it under a read guard of [`Shared::wb_gate`]. Whether it answered.
     pub(super) fn unlink_here(&self, ctx: &Ctx, parent: u64, name: &str, path: &str) -> bool {
         let sh = &self.sh;
-        if !(super::node_local(path) || sh.answer_absent)
-            || !sh.wb.enabled()
-            || !sh.complete.knows_present(parent, name)
-            || sh.wb.pending_at(path)
-        {
+        if !sh.may_answer_at(path) || !sh.complete.knows_present(parent, name) || sh.wb.pending_at(path) {
             return false;
         }
         let Some(dir) = sh.dir_attrs.peek(parent) else { return false };
-        let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let now = Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() };
+        let now = now();
         sh.dir_attrs.put(parent, Attr { mtime: now, ctime: now, ..dir }, sh.ttl);
         sh.complete.removed(parent, name);
         sh.mark_stale(path, None);
@@ -105,7 +98,20 @@ impl PharosFs {
     }
 }
 
+/// The mount's clock as the daemon's time of a change it answered itself.
+fn now() -> Time {
+    let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Time { sec: now.as_secs() as i64, nsec: now.subsec_nanos() }
+}
+
 impl Shared {
+    /// Whether a name operation at `path` may be answered by the mount (write-back on; a
+    /// node-local rank directory, or with `--answer-absent-names` a directory it holds: the
+    /// caller checks that the directory is known whole).
+    fn may_answer_at(&self, path: &str) -> bool {
+        (super::node_local(path) || self.answer_absent) && self.wb.enabled()
+    }
+
     /// Waits until the write-back creates at `path` or below it are done.
     pub(super) fn wait_name(&self, path: &str) {
         self.wb.wait_under(path);
