@@ -31,6 +31,7 @@ MIGRATIONS = {
     "013_control_leases.sql": {"columns": {("control_allocations", "lease_until")}},
     "014_forwarder_rollups.sql": {"tables": {"io_rollup_forwarder_1m", "io_rollup_forwarder_10m"}},
     "015_io_batches_ttl.sql": {},
+    "016_rollup_1m_per_job.sql": {},
 }
 TABLES = {"schema_migrations"}.union(*(m.get("tables", set()) for m in MIGRATIONS.values()))
 COLUMNS = set().union(*(m.get("columns", set()) for m in MIGRATIONS.values()))
@@ -150,20 +151,35 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
             store.command(f"DROP VIEW {v}")
         for t in ("io_rollup_1s", "io_rollup_1m"):
             store.command(f"DROP TABLE {t}")
-        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11, 14) SETTINGS mutations_sync = 1")
-        # 010, 012 and 013 stay recorded
-        assert migrate(store) == ["009_rollups.sql", "011_rollup_data_ops.sql", "014_forwarder_rollups.sql"]
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11, 14, 16) SETTINGS mutations_sync = 1")
+        # 010, 012, 013 and 015 stay recorded; 016 replaces 011's per-rank view again
+        assert migrate(store) == [
+            "009_rollups.sql",
+            "011_rollup_data_ops.sql",
+            "014_forwarder_rollups.sql",
+            "016_rollup_1m_per_job.sql",
+        ]
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         # 011 again (a crash before it was recorded): the columns are filled, nothing is added twice
-        store.command("ALTER TABLE schema_migrations DELETE WHERE version = 11 SETTINGS mutations_sync = 1")
-        assert migrate(store) == ["011_rollup_data_ops.sql"]
+        # (then nothing after it was recorded either: 016 comes again and replaces 011's view)
+        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (11, 16) SETTINGS mutations_sync = 1")
+        assert migrate(store) == ["011_rollup_data_ops.sql", "016_rollup_1m_per_job.sql"]
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
         # the re-created views keep following the inserts
+        rows_sql = "SELECT count() AS n, countIf(rank = -1) AS all FROM io_rollup_1m"
+        before = store.query(rows_sql)[0]
         insert_io_batches(
             store, [make_batch("p", 2, [make_record(k, op=ops[k % 5]) for k in range(9)]).SerializeToString()]
         )
         raw = store.query(raw_sql)
         assert store.query(sums.format("io_rollup_1s")) == raw == store.query(sums.format("io_rollup_1m"))
+        # 016: the view writes per job (rank -1): one row per minute, layer, job, node and target
+        after = store.query(rows_sql)[0]
+        keys = store.query(
+            "SELECT count() AS n FROM (SELECT DISTINCT toStartOfMinute(start), layer, job_id, forwarding_node, "
+            "target FROM io_requests WHERE producer_id = 'p' AND seq = 2)"
+        )[0]
+        assert int(after["n"]) - int(before["n"]) == int(after["all"]) - int(before["all"]) == int(keys["n"]) > 0
         per_node = store.query(
             "SELECT forwarding_node AS n, sum(ops) AS o FROM io_rollup_1s WHERE layer = 'forwarder' GROUP BY n ORDER BY n"
         )
