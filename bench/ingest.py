@@ -26,7 +26,10 @@ topic, each on its own fresh chDB store (chDB opens a data directory from one pr
 consumers of a ClickHouse server share it likewise), counts side by side in one run, alternating
 their order by round: records/s from the moment every process has stored its first poll (the
 group's join and rebalance left out) to the last record stored, summed over the processes, and
-the scale-out ratio (2 processes / 1). Target (issue 28): >= 1.7x.
+the scale-out ratio (2 processes / 1). Target (issue 28): >= 1.7x. With ``--pin`` each process
+runs on one core of its own (``sched_setaffinity``), one process as two: the pipeline's own
+scale-out, as with a core (or a host) per process, apart from what a host with fewer cores than
+processes and brokers shares (the brokers still run on every core).
 
 Prints records/s of each and the ratios pipeline/raw and (pipeline + queries)/pipeline per
 round, then their medians. Targets (issue 15): >= 500,000 records/s per pipeline process, >= 0.5
@@ -178,9 +181,11 @@ class Queries(threading.Thread):
                 self.done += 1
 
 
-def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool) -> tuple[float, int, int]:
+def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool) -> tuple[float, int, int, float]:
     """The pipeline of a new group over the whole topic: (seconds, records stored in them,
-    queries run meanwhile). The first poll (group join, partition assignment) is not timed."""
+    queries run meanwhile, CPU seconds of this process meanwhile: the pipeline's threads, chDB's
+    and librdkafka's, the query thread's). The first poll (group join, partition assignment) is
+    not timed."""
     s = settings.model_copy(update={"consumer_group": f"bench-{tag}-{time.time_ns()}"})
     pipe = Pipeline(s, store)
     q = Queries(store) if queries else None
@@ -189,18 +194,18 @@ def run_pipeline(settings: Settings, store, total: int, tag: str, queries: bool)
         while pipe.process_once(1.0) == 0:
             pass
         pipe.max_messages = s.pipeline_max_messages
-        t, base = time.perf_counter(), pipe.stats()["records"]
+        t, cpu, base = time.perf_counter(), time.process_time(), pipe.stats()["records"]
         if q:
             q.start()
         while pipe.stats()["records"] < total:
             pipe.process_once(0.5)
-        dt = time.perf_counter() - t
+        dt, cpu = time.perf_counter() - t, time.process_time() - cpu
     finally:
         if q:
             q.stop.set()
             q.join()
         pipe.close()
-    return dt, total - base, (q.done if q else 0)
+    return dt, total - base, (q.done if q else 0), cpu
 
 
 #: Stored records made in the store: 64 ranks per job, client requests and the forwarder requests
@@ -234,12 +239,16 @@ FROM (SELECT number AS j FROM numbers({jobs:UInt64})) ARRAY JOIN ['start', 'end'
 """
 
 
-def process_worker(idx: int, settings: Settings, q, go, stop) -> None:
+def process_worker(idx: int, settings: Settings, q, go, stop, cpu: int | None = None) -> None:
     """One pipeline process of :func:`process_rounds`: a fresh chDB store, the real Pipeline
-    from ``go`` until ``stop``; its stored records go to ``q`` every 0.1 s as (idx, time, n)."""
+    from ``go`` until ``stop``; its stored records go to ``q`` every 0.1 s as (idx, time, n).
+    ``cpu``: run on that core only (its threads, chDB's and librdkafka's, too)."""
+    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     store = open_store(settings)
     try:
         migrate(store)
@@ -260,11 +269,15 @@ def process_worker(idx: int, settings: Settings, q, go, stop) -> None:
         store.close()
 
 
-def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: str) -> float:
+def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: str, pin: bool = False) -> float:
     """``procs`` pipeline processes of a new group over the whole topic (see the module doc):
-    records/s summed over them from the time all have stored something to the last record."""
+    records/s summed over them from the time all have stored something to the last record.
+    ``pin``: process i runs on the i-th core this one may use (round robin)."""
     import multiprocessing as mp
+    import os
     import queue
+
+    cpus = sorted(os.sched_getaffinity(0))
 
     ctx = mp.get_context("spawn")
     q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
@@ -272,7 +285,8 @@ def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: s
     workers = []
     for i in range(procs):
         s = settings.model_copy(update={"consumer_group": group, "state_dir": root / f"{tag}-{i}"})
-        w = ctx.Process(target=process_worker, args=(i, s, q, go, stop), daemon=True)
+        cpu = cpus[i % len(cpus)] if pin else None
+        w = ctx.Process(target=process_worker, args=(i, s, q, go, stop, cpu), daemon=True)
         w.start()
         workers.append(w)
     seen: dict[int, tuple[float, int]] = {}
@@ -314,7 +328,7 @@ def process_rounds(a: argparse.Namespace, settings: Settings, root: Path, total:
     for r in range(a.rounds):
         row = {}
         for n in counts if r % 2 == 0 else counts[::-1]:
-            row[n] = process_phase(settings, root / f"procs{r}", n, total, f"p{n}r{r}")
+            row[n] = process_phase(settings, root / f"procs{r}", n, total, f"p{n}r{r}", a.pin)
             shutil.rmtree(root / f"procs{r}", ignore_errors=True)
         rows.append(row)
         base = row.get(1)
@@ -480,7 +494,7 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
             store = open_store(settings.model_copy(update={"state_dir": store_dir}))
             try:
                 migrate(store)
-                dt, n, _ = run_pipeline(settings, store, total, f"r{r}", False)
+                dt, n, _, cpu = run_pipeline(settings, store, total, f"r{r}", False)
                 pipe_rate = n / dt
                 store.command("CREATE TABLE mem AS io_requests ENGINE = Memory")
                 store.command("INSERT INTO mem SELECT * FROM io_requests")
@@ -490,11 +504,11 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
                 raw_rate = total / (time.perf_counter() - t)
                 n = int(store.query("SELECT count() AS n FROM raw")[0]["n"])
                 assert n == total, (n, total)
-                row = {"pipeline": pipe_rate, "raw": raw_rate}
+                row = {"pipeline": pipe_rate, "raw": raw_rate, "cpu_us": cpu / n * 1e6}
                 if a.with_queries:
                     store.command("TRUNCATE TABLE io_requests")
                     store.command("TRUNCATE TABLE io_batches")
-                    dq, nq, done = run_pipeline(settings, store, total, f"q{r}", True)
+                    dq, nq, done, _ = run_pipeline(settings, store, total, f"q{r}", True)
                     row["with_queries"] = nq / dq
                     row["queries"] = done / dq
                 rows.append(row)
@@ -505,7 +519,8 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
                     else ""
                 )
                 print(
-                    f"round {r + 1}: pipeline {pipe_rate:,.0f} rec/s, raw insert {raw_rate:,.0f} rec/s, "
+                    f"round {r + 1}: pipeline {pipe_rate:,.0f} rec/s ({row['cpu_us']:.2f} CPU us a record, "
+                    f"{row['cpu_us'] * pipe_rate / 1e6:.2f} cores), raw insert {raw_rate:,.0f} rec/s, "
                     f"pipeline/raw {pipe_rate / raw_rate:.2f}{extra}",
                     flush=True,
                 )
@@ -534,6 +549,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--processes", default="", help="comma list of pipeline process counts to time side by side, e.g. 1,2"
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="with --processes: each pipeline process on a core of its own (one core each, whatever the count: "
+        "the scale-out of the pipeline itself, not of this host's cores shared with the brokers)",
     )
     ap.add_argument("--brokers", type=int, choices=(1, 3), default=1, help="one Kafka broker or the 3-node cluster")
     ap.add_argument("--with-queries", action="store_true", help="also the pipeline beside a heavy query loop")
@@ -572,7 +593,8 @@ def main() -> None:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     ratios = [r["pipeline"] / r["raw"] for r in rows]
     print(
-        f"median: pipeline {med['pipeline']:,.0f} rec/s (target >= 500,000), raw {med['raw']:,.0f} rec/s, "
+        f"median: pipeline {med['pipeline']:,.0f} rec/s (target >= 500,000; {med['cpu_us']:.2f} CPU us a record), "
+        f"raw {med['raw']:,.0f} rec/s, "
         f"pipeline/raw {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; target >= 0.5)"
     )
     if a.with_queries:

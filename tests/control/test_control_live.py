@@ -82,7 +82,7 @@ def daemon_on_port(cluster, name: str, admin_port: int) -> Daemon:
 def write_as(job: str, path, data: bytes = b"x" * 65536) -> None:
     with in_job(job) as preexec:
         subprocess.run(
-            ["dd", "of=" + str(path), "bs=64k", "count=1", "status=none"],
+            ["dd", "of=" + str(path), "bs=64k", "count=1", "iflag=fullblock", "status=none"],
             input=data,
             check=True,
             preexec_fn=preexec,

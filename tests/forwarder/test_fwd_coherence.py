@@ -279,10 +279,12 @@ def test_a_name_unlinked_by_the_holder_is_made_again_at_once_as_any_kind(cluster
         for kind, make in makers.items():
             p = top / f"n{i}"
             os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            m.settle()  # the create landed: the mount answers the unlink (one of a pending create it does not)
             os.unlink(p)  # answered by the mount (a directory it holds)
             make(p)  # no wait
             os.rmdir(p) if kind == "mkdir" else os.unlink(p)
     st = m.status()
-    # most unlinks answered by the mount (one right after the name's create, still pending, is not)
-    assert st["deferred_unlinks"] >= 100 and st["deferred_unlink_errors"] == 0, st
+    # every unlink right after a create that landed was answered by the mount (before, under load
+    # more creates were still pending when their unlink came: 70 of 300 in a fresh-build run)
+    assert st["deferred_unlinks"] >= 300 and st["deferred_unlink_errors"] == 0, st
     assert st["deferred_create_errors"] == 0, st
