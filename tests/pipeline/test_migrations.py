@@ -151,7 +151,9 @@ def test_rollups_follow_inserts_and_are_backfilled_once(pipeline_settings):
             store.command(f"DROP VIEW {v}")
         for t in ("io_rollup_1s", "io_rollup_1m"):
             store.command(f"DROP TABLE {t}")
-        store.command("ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11, 14, 16) SETTINGS mutations_sync = 1")
+        store.command(
+            "ALTER TABLE schema_migrations DELETE WHERE version IN (9, 11, 14, 16) SETTINGS mutations_sync = 1"
+        )
         # 010, 012, 013 and 015 stay recorded; 016 replaces 011's per-rank view again
         assert migrate(store) == [
             "009_rollups.sql",
