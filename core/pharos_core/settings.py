@@ -124,10 +124,11 @@ class Settings(PharosSettings):
         "so the store's per-poll cost (the exactly-once checks, one insert) is paid per ~MiBs, not per message.",
     )
     pipeline_max_poll_mb: float = Field(
-        default=32.0,
+        default=64.0,
         gt=0,
         description="Pipeline: most message bytes per poll, MiB (a poll stops taking messages once it holds this "
-        "much; one message more at most).",
+        "much; one message more at most). Bigger polls make bigger blocks: fewer parts to merge and rollup rows "
+        "per record (on the simulated 4,096-node mix, 64 MiB ~ 240,000 records: 3.2 CPU us a record, 32 MiB 4.4).",
     )
     pipeline_max_wait_ms: int = Field(
         default=200, ge=1, description="Pipeline: longest wait for a poll to fill, in ms (whichever comes first)."
