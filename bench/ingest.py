@@ -241,7 +241,8 @@ FROM (SELECT number AS j FROM numbers({jobs:UInt64})) ARRAY JOIN ['start', 'end'
 
 def process_worker(idx: int, settings: Settings, q, go, stop, cpu: int | None = None) -> None:
     """One pipeline process of :func:`process_rounds`: a fresh chDB store, the real Pipeline
-    from ``go`` until ``stop``; its stored records go to ``q`` every 0.1 s as (idx, time, n).
+    from ``go`` until ``stop``; its stored records go to ``q`` every 0.1 s as (idx, time, n, CPU s
+    of the process so far: its threads, chDB's and librdkafka's).
     ``cpu``: run on that core only (its threads, chDB's and librdkafka's, too)."""
     import os
     import signal
@@ -253,7 +254,7 @@ def process_worker(idx: int, settings: Settings, q, go, stop, cpu: int | None = 
     try:
         migrate(store)
         pipe = Pipeline(settings, store)
-        q.put((idx, time.time(), 0))
+        q.put((idx, time.time(), 0, time.process_time()))
         go.wait()
         last = 0.0
         try:
@@ -261,17 +262,21 @@ def process_worker(idx: int, settings: Settings, q, go, stop, cpu: int | None = 
                 pipe.process_once(0.2)
                 if time.monotonic() - last >= 0.1:
                     last = time.monotonic()
-                    q.put((idx, time.time(), pipe.stats()["records"]))
-            q.put((idx, time.time(), pipe.stats()["records"]))
+                    q.put((idx, time.time(), pipe.stats()["records"], time.process_time()))
+            q.put((idx, time.time(), pipe.stats()["records"], time.process_time()))
         finally:
             pipe.close()
     finally:
         store.close()
 
 
-def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: str, pin: bool = False) -> float:
+def process_phase(
+    settings: Settings, root: Path, procs: int, total: int, tag: str, pin: bool = False
+) -> tuple[float, float]:
     """``procs`` pipeline processes of a new group over the whole topic (see the module doc):
-    records/s summed over them from the time all have stored something to the last record.
+    records/s summed over them from the time all have stored something to the last record, and
+    the CPU us a record they spent meanwhile (summed CPU over summed records: what a record costs
+    whatever the cores; equal for 1 and 2 processes when nothing is lost to coordination).
     ``pin``: process i runs on the i-th core this one may use (round robin)."""
     import multiprocessing as mp
     import os
@@ -289,30 +294,30 @@ def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: s
         w = ctx.Process(target=process_worker, args=(i, s, q, go, stop, cpu), daemon=True)
         w.start()
         workers.append(w)
-    seen: dict[int, tuple[float, int]] = {}
+    seen: dict[int, tuple[float, int, float]] = {}
     try:
         deadline = time.monotonic() + 120
         while len(seen) < procs and time.monotonic() < deadline:  # stores migrated
-            idx, t, n = q.get(timeout=120)
-            seen[idx] = (t, n)
+            idx, t, n, c = q.get(timeout=120)
+            seen[idx] = (t, n, c)
         go.set()
-        start: tuple[float, int] | None = None
+        start: tuple[float, int, float] | None = None
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             try:
-                idx, t, n = q.get(timeout=1.0)
+                idx, t, n, c = q.get(timeout=1.0)
             except queue.Empty:
                 continue
-            seen[idx] = (t, n)
-            done = sum(v[1] for v in seen.values())
+            seen[idx] = (t, n, c)
+            done, cpu = sum(v[1] for v in seen.values()), sum(v[2] for v in seen.values())
             if start is None and all(v[1] > 0 for v in seen.values()):
-                start = (t, done)
+                start = (t, done, cpu)
             if done >= total:
                 break
         else:
             raise SystemExit(f"{procs} process(es): {sum(v[1] for v in seen.values()):,} of {total:,} in 900 s")
         assert start is not None
-        return (done - start[1]) / (t - start[0])
+        return (done - start[1]) / (t - start[0]), (cpu - start[2]) / (done - start[1]) * 1e6
     finally:
         stop.set()
         for w in workers:
@@ -322,20 +327,22 @@ def process_phase(settings: Settings, root: Path, procs: int, total: int, tag: s
 
 
 def process_rounds(a: argparse.Namespace, settings: Settings, root: Path, total: int) -> list[dict[int, float]]:
-    """Per round, :func:`process_phase` for each count of ``--processes`` (order alternating)."""
+    """Per round, :func:`process_phase` for each count of ``--processes`` (order alternating):
+    {count: records/s, -count: CPU us a record} per round."""
     counts = [int(x) for x in a.processes.split(",") if x]
     rows = []
     for r in range(a.rounds):
-        row = {}
+        row: dict[int, float] = {}
         for n in counts if r % 2 == 0 else counts[::-1]:
-            row[n] = process_phase(settings, root / f"procs{r}", n, total, f"p{n}r{r}", a.pin)
+            row[n], row[-n] = process_phase(settings, root / f"procs{r}", n, total, f"p{n}r{r}", a.pin)
             shutil.rmtree(root / f"procs{r}", ignore_errors=True)
         rows.append(row)
         base = row.get(1)
         print(
             f"round {r + 1}: "
             + ", ".join(
-                f"{n} process(es) {row[n]:,.0f} rec/s" + (f" ({row[n] / base:.2f}x)" if base and n != 1 else "")
+                f"{n} process(es) {row[n]:,.0f} rec/s ({row[-n]:.2f} CPU us a record)"
+                + (f" ({row[n] / base:.2f}x)" if base and n != 1 else "")
                 for n in counts
             ),
             flush=True,
@@ -579,14 +586,17 @@ def main() -> None:
     if not rows:
         return
     if a.processes:
-        counts = sorted(rows[0])
-        med = {n: statistics.median(r[n] for r in rows) for n in counts}
-        line = ", ".join(f"{n} process(es) {med[n]:,.0f} rec/s" for n in counts)
+        counts = sorted(n for n in rows[0] if n > 0)
+        med = {n: statistics.median(r[n] for r in rows) for n in rows[0]}
+        line = ", ".join(f"{n} process(es) {med[n]:,.0f} rec/s ({med[-n]:.2f} CPU us a record)" for n in counts)
         if 1 in med and 2 in med:
             ratios = [r[2] / r[1] for r in rows]
+            cpu = [r[-1] / r[-2] for r in rows]
             line += (
                 f"; scale-out 2/1 {statistics.median(ratios):.2f}x "
-                f"(range {min(ratios):.2f}-{max(ratios):.2f}; target >= 1.7)"
+                f"(range {min(ratios):.2f}-{max(ratios):.2f}; target >= 1.7); CPU a record 1/2 "
+                f"{statistics.median(cpu):.2f} (range {min(cpu):.2f}-{max(cpu):.2f}: 1.0 = no cost of the second "
+                "process but the cores it takes)"
             )
         print(f"median: {line}")
         return
