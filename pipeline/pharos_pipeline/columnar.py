@@ -27,7 +27,10 @@ installed on it; chDB reads the shipped file.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -249,12 +252,58 @@ def insert_io_batches(store: Store, messages: Sequence[bytes], parse_threads: in
         raise StoreError(str(exc)) from exc
 
 
+#: Folders of the stream files start with this, then the pid of the process that writes them.
+STREAM_PREFIX = "pharos-ingest-"
+
+
+def stream_root() -> Path | None:
+    """Where the stream files go: ``/dev/shm`` (memory) when there is one, else the temp dir (None)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def remove_stale_streams(root: Path | None = None, min_age_s: float = 600.0) -> int:
+    """Remove the stream folders a pipeline process left when it was killed mid-insert (SIGKILL,
+    OOM: its ``TemporaryDirectory`` was never cleaned up; in ``/dev/shm`` they hold memory until a
+    reboot, a poll's worth each, up to ``pipeline_max_poll_mb``). A folder is stale when the pid in
+    its name is not a live process (or it has none: before the pid was in the name) and it was
+    last changed ``min_age_s`` or more ago (an insert reads its files within seconds; the age
+    keeps a live process of another pid namespace sharing the folder safe). ``root``: where to
+    look (default :func:`stream_root`, else the temp dir). Returns the folders removed; a folder
+    that cannot be removed is left (no error)."""
+    root = root or stream_root() or Path(tempfile.gettempdir())
+    removed = 0
+    now = time.time()
+    for d in root.glob(f"{STREAM_PREFIX}*"):
+        head = d.name[len(STREAM_PREFIX) :].split("-", 1)
+        pid = int(head[0]) if len(head) == 2 and head[0].isdigit() else None
+        try:
+            if (pid is not None and _pid_alive(pid)) or now - d.stat().st_mtime < min_age_s:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed += not d.exists()
+    return removed
+
+
 def _insert_from_files(store: Store, messages: Sequence[bytes], parse_threads: int) -> None:
     # chDB has no request body: the stream goes through files, one per parse thread
-    # (file() reads several files in parallel), in memory when /dev/shm exists.
+    # (file() reads several files in parallel), in memory when /dev/shm exists; the folder
+    # is named with this pid, so one left by a killed process can be found (remove_stale_streams).
     runs = split_even(messages, parse_threads)
-    shm = Path("/dev/shm")
-    with tempfile.TemporaryDirectory(prefix="pharos-ingest-", dir=shm if shm.is_dir() else None) as tmp:
+    prefix = f"{STREAM_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=stream_root()) as tmp:
         for k, run in enumerate(runs):
             with open(Path(tmp) / f"{k}.bin", "wb") as f:
                 f.writelines(length_delimited_parts(run))

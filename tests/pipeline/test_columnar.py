@@ -111,3 +111,55 @@ def test_length_delimited_and_split():
     assert [len(r) for r in runs] == [4, 3, 3] or sum(len(r) for r in runs) == 10
     assert [m for r in runs for m in r] == [b"a" * 10] * 10
     assert columnar.split_even([], 2) == []
+
+
+def test_stream_folders_of_killed_processes_are_removed(tmp_path):
+    """A pipeline killed mid-insert (SIGKILL) leaves its stream files (in /dev/shm: memory until a
+    reboot); the next start removes the folders of dead pids old enough, and no other."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    dead_pid = int(dead.stdout)
+    old = time.time() - 3600
+
+    def folder(name: str, mtime: float) -> None:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "0.bin").write_bytes(b"x" * 100)
+        os.utime(d, (mtime, mtime))
+
+    folder(f"{columnar.STREAM_PREFIX}{dead_pid}-abc", old)  # killed long ago: removed
+    folder(f"{columnar.STREAM_PREFIX}{dead_pid}-new", time.time())  # too fresh to judge: kept
+    folder(f"{columnar.STREAM_PREFIX}{os.getpid()}-live", old)  # a live process's: kept
+    folder(f"{columnar.STREAM_PREFIX}x7q_", old)  # the name before the pid was in it: removed
+    folder("someone-else", old)  # not ours: kept
+    assert columnar.remove_stale_streams(tmp_path, min_age_s=600) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{columnar.STREAM_PREFIX}{dead_pid}-new", f"{columnar.STREAM_PREFIX}{os.getpid()}-live", "someone-else"]
+    )
+    assert columnar.remove_stale_streams(tmp_path, min_age_s=600) == 0
+
+
+def test_the_insert_names_its_stream_folder_with_its_pid(store, monkeypatch):
+    """The folder the insert writes its stream to carries this process's pid (so a killed
+    process's can be told apart), exists while the statement runs, and is gone after."""
+    import os
+    import re
+
+    folders = []
+    real = store.command
+
+    def spy(sql, params=None):
+        m = re.search(rf"file\('([^']*/{columnar.STREAM_PREFIX}{os.getpid()}-[^/']+)/", sql)
+        if m:
+            folders.append((m.group(1), os.path.isdir(m.group(1))))
+        return real(sql, params)
+
+    monkeypatch.setattr(store, "command", spy)
+    insert_io_batches(store, [make_batch("p", 0, [make_record(0)]).SerializeToString()])
+    assert len(folders) == 1 and folders[0][1], folders
+    assert not os.path.exists(folders[0][0])
+    assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 1
