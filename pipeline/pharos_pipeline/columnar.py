@@ -27,6 +27,7 @@ installed on it; chDB reads the shipped file.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -252,6 +253,8 @@ def insert_io_batches(store: Store, messages: Sequence[bytes], parse_threads: in
         raise StoreError(str(exc)) from exc
 
 
+log = logging.getLogger("pharos_pipeline.ingest")
+
 #: Folders of the stream files start with this, then the pid of the process that writes them.
 STREAM_PREFIX = "pharos-ingest-"
 
@@ -278,7 +281,8 @@ def remove_stale_streams(root: Path | None = None, min_age_s: float = 600.0) -> 
     reboot, a poll's worth each, up to ``pipeline_max_poll_mb``). A folder is stale when the pid in
     its name is not a live process (or it has none: before the pid was in the name) and it was
     last changed ``min_age_s`` or more ago (an insert reads its files within seconds; the age
-    keeps a live process of another pid namespace sharing the folder safe). ``root``: where to
+    keeps a live process of another pid namespace sharing the folder safe). Run at a process's first
+    insert. ``root``: where to
     look (default :func:`stream_root`, else the temp dir). Returns the folders removed; a folder
     that cannot be removed is left (no error)."""
     root = root or stream_root() or Path(tempfile.gettempdir())
@@ -297,10 +301,19 @@ def remove_stale_streams(root: Path | None = None, min_age_s: float = 600.0) -> 
     return removed
 
 
+@cache
+def _remove_stale_streams_once() -> None:
+    """:func:`remove_stale_streams` at the first insert of this process (a start)."""
+    stale = remove_stale_streams()
+    if stale:
+        log.info("removed %d stream folder(s) that killed pipeline processes left", stale)
+
+
 def _insert_from_files(store: Store, messages: Sequence[bytes], parse_threads: int) -> None:
     # chDB has no request body: the stream goes through files, one per parse thread
     # (file() reads several files in parallel), in memory when /dev/shm exists; the folder
     # is named with this pid, so one left by a killed process can be found (remove_stale_streams).
+    _remove_stale_streams_once()
     runs = split_even(messages, parse_threads)
     prefix = f"{STREAM_PREFIX}{os.getpid()}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=stream_root()) as tmp:

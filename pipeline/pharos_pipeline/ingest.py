@@ -125,10 +125,6 @@ class Pipeline:
         self._consumer_config.update(consumer_config or {})
         self._consumer = None
         self._dead_letters = DeadLetters(settings, store)
-        if store.backend == "chdb":  # what a killed pipeline left of its insert's stream files
-            stale = columnar.remove_stale_streams()
-            if stale:
-                log.info("removed %d stream folder(s) that killed pipeline processes left", stale)
         self._c = Counters()
         # Batches whose records a dead run stored without markers; looked for at start and
         # whenever partitions are assigned (another consumer of the group may have died).
