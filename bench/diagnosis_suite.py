@@ -15,8 +15,8 @@ cases):
   (ranks reading one shared file in 4-64 KiB requests), ``misaligned`` (writes at offsets that are
   not 4 KiB multiples), ``random_reads`` (4-16 KiB random reads), ``rank_imbalance`` (rank 0 writes
   4-8x the others), ``fsync_per_write`` (an fsync after every 1 MiB write), ``metadata_storm``
-  (create, stat and unlink of thousands of empty files), ``clean`` (1-4 MiB sequential writes, N-N
-  or N-1: no fault);
+  (rounds of create, stat and unlink of ~1,000 empty files a rank, for 5-8 s), ``clean`` (1-4 MiB
+  sequential writes, N-N or N-1: no fault);
 * system-side (the fault is injected under a well-behaved job): ``slow_target`` (one target slowed
   4-8x through the daemons' fault interface, ``PUT /targets/ostK {"slowdown"}``, under an 8-rank
   job writing on every target), ``slow_forwarding_node`` (one daemon's CPU capped at 0.25-0.5% of a core
