@@ -123,15 +123,19 @@ class Suite(StackAdmin):
                 self.set_target(f"ost{t}", max_perf_mb_s=0.0)
 
     @contextlib.contextmanager
-    def cpu_capped(self, fwd: str, share: float) -> Iterator[None]:
+    def cpu_capped(self, fwd: str, share: float, seen: dict | None = None) -> Iterator[None]:
         """Daemon ``fwd``'s CPU capped at ``share`` of one core for the block (the cgroup CPU
         controller: ``cpu.max`` on cgroup v2 where the controller is enabled, else the v1 ``cpu``
-        hierarchy's CFS quota), every thread of it; released after."""
+        hierarchy's CFS quota), every thread of it; released after. ``seen`` receives what the
+        fault did: ``cpu_used_share`` (the daemon's CPU over the block, of one core) and
+        ``throttled_periods`` / ``periods`` (the cgroup's cpu.stat), so a miss can be told
+        from a cap the daemon never reached."""
         from pharos_api import stack
 
         pid = stack.pid_of(self.settings, fwd)
         if pid is None:
             raise RuntimeError(f"{fwd} is not running")
+        cpu0, t0 = _cpu_ns(pid), time.monotonic()
         period = 400_000  # us (the largest is 1 s): the smallest quota, 1 ms, is 0.25% of a core
         v1 = Path("/sys/fs/cgroup/cpu")
         if (v1 / "cpu.cfs_quota_us").exists():
@@ -152,6 +156,14 @@ class Suite(StackAdmin):
         try:
             yield
         finally:
+            if seen is not None:
+                st = dict(line.split() for line in (cg / "cpu.stat").read_text().splitlines() if line.strip())
+                used = (_cpu_ns(pid) - cpu0) / 1e9 / max(time.monotonic() - t0, 1e-9)
+                seen.update(
+                    cpu_used_share=round(used, 5),
+                    throttled_periods=int(st.get("nr_throttled", 0)),
+                    periods=int(st.get("nr_periods", 0)),
+                )
             (back / "cgroup.procs").write_text(str(pid))
             cg.rmdir()
 
@@ -219,6 +231,16 @@ class Suite(StackAdmin):
 
 
 # -- the cases --------------------------------------------------------------------------------
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far, ns (the first field of each thread's
+    ``/proc/<pid>/task/<tid>/schedstat``: ns, not the clock ticks of ``stat``)."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((t / "schedstat").read_text().split()[0])
+    return total
 
 
 def _job(s: Suite, idx: int, label: str, part: str = "") -> str:
@@ -482,7 +504,7 @@ def case_slow_forwarding_node(s: Suite, idx: int, rng: random.Random) -> CaseRes
             p,
             [("", N_TARGETS, cmd, 0.0)],
             0,
-            lambda: s.cpu_capped(f"fwd{k}", share),
+            lambda: s.cpu_capped(f"fwd{k}", share, seen=p),
             3.0,
             also_true=["rank_imbalance"],
             grace_s=15.0,  # a CPU-starved daemon's own records reach the pipeline late

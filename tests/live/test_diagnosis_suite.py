@@ -48,7 +48,7 @@ def test_ten_labelled_cases(tmp_path: Path):
         fp = [f"{f.cls} {f.resource}".strip() for f in r.false_positives()]
         print(
             f"  {r.label:29s} {r.resource:5s} detected {r.detected!s:5s} in {r.detect_s()} s; "
-            f"false {fp}; {r.wall_s:.0f} s {r.error}"
+            f"false {fp}; {r.wall_s:.0f} s {r.error}" + ("" if r.detected else f"; {r.params}")
         )
     assert sorted(r.label for r in results) == sorted(SUBSET)
     assert not [r.error for r in results if r.error]
