@@ -36,6 +36,14 @@ judged under load (``failslow_min_ops`` requests, or fewer that kept it in servi
 ``failslow_min_utilization`` of the window, as a very slow target does; and
 ``failslow_min_busy_share`` of the intervals busy), and effect-size guards (``failslow_min_ratio`` x the peers' median, and for targets at least
 ``failslow_min_added_ms`` more per request than the peers' median).
+A forwarding node whose daemon is not running (CPU starved, paused, swapping) keeps short
+service times: its requests wait instead, in the socket's receive buffer and its queues. Its
+records' queue wait counts from the kernel's receipt of each request (the daemon's ``rx``
+stamps), and :func:`_stalled` names it when its mean wait is ``failslow_stall_added_ms`` above
+its loaded peers' median (and ``failslow_min_ratio`` times it) while it did no more work than
+they did (requests, summed service time): waits that load cannot explain, as a node that keeps
+serving has every worker busy whenever a request waits (after Perseus, FAST'23: latency judged
+against throughput).
 Beacon's rule alone misses slow nodes whose degraded bandwidth is still comparable to
 slower-configured peers (a 50 MB/s target slowed 4x still moves 12.5 MB/s, more than the
 10 and 20 MB/s targets), and its volume clause fails once clients block on the slow node
@@ -114,7 +122,10 @@ class Anomaly:
     onset_ns: int | None  # first interval of the current slow run (active anomalies)
     detected_ns: int
     evidence: dict
-    rule_source: str = "Pharos model (robust z of service time per byte vs peers) + Beacon NSDI'19 §5.3 windows"
+    rule_source: str = (
+        "Pharos model (robust z of service time per byte vs peers; forwarding nodes also by waits load "
+        "cannot explain, after Perseus FAST'23) + Beacon NSDI'19 §5.3 windows"
+    )
 
     @property
     def key(self) -> str:
@@ -192,8 +203,36 @@ def _judge(
         if model and raw_med is not None and "svc_ns_per_byte_median" in f:
             added_ms = (f["svc_ns_per_byte_median"] - raw_med) * f.get("req_bytes", 0.0) / 1e6
             model = added_ms >= cfg.failslow_min_added_ms
+        if kind == "forwarder" and not model and _stalled(n, feats, loaded, cfg):
+            model, judged = True, True
         out.append(NodeVerdict(kind, n, window_s, judged, r, z.get(n), bool(model), beacon_rule(n, feats, cfg), f))
     return out
+
+
+def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: DiagnosisConfig) -> bool:
+    """A forwarding node that stalls: its requests wait (mean ``queue_wait_ns``, from the kernel's
+    receipt of each request to its service) at least ``failslow_stall_added_ms`` longer than the
+    median of its loaded peers (>= ``failslow_min_peers`` - 1 of them) and ``failslow_min_ratio``
+    times it, while it did no more work than their median: requests served (``ops``) and summed
+    service time (``service_ns``). A node that keeps serving has every worker busy whenever a
+    request waits, so waits that come with load come with more work done; these come with less:
+    the daemon itself is not running (CPU starved, paused, swapping). Its service times stay
+    short, so the service-time model cannot see it. Source: Pharos, after Perseus (Lu et al.,
+    FAST'23: a node's latency judged against its throughput among its peers). Sets
+    ``feats[node]["stall_wait_ms"]`` (its mean wait, ms) when judged. Units: ns, ms."""
+    f = feats[node]
+    peers = [p for p in loaded if p != node]
+    if len(peers) < cfg.failslow_min_peers - 1 or f["ops"] < MIN_FWD_OPS:
+        return False
+    wait_ms = f["queue_wait_ns"] / 1e6
+    peer_ms = float(np.median([feats[p]["queue_wait_ns"] for p in peers])) / 1e6
+    f["stall_wait_ms"] = round(wait_ms, 3)
+    return (
+        wait_ms - peer_ms >= cfg.failslow_stall_added_ms
+        and wait_ms >= cfg.failslow_min_ratio * peer_ms
+        and f["ops"] <= float(np.median([feats[p]["ops"] for p in peers]))
+        and f.get("service_ns", 0.0) <= float(np.median([feats[p].get("service_ns", 0.0) for p in peers]))
+    )
 
 
 def _target_window(store: Store, since_ns: int, until_ns: int) -> tuple[dict[str, dict], dict[str, float]]:
@@ -248,6 +287,7 @@ def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig
             rel[r["node"]] = float(r["rel"])
         if r["node"] in feats:
             feats[r["node"]]["svc_ns_per_byte"] = float(r["svc_ns"]) / max(1.0, float(r["bytes"]))
+            feats[r["node"]]["service_ns"] = float(r["svc_ns"])
     med = {r["target"]: float(r["med"]) for r in store.query(q.target_medians, p)}
     for n, f in feats.items():
         f.setdefault("svc_ns_per_byte", 0.0)
@@ -461,6 +501,7 @@ def _evidence(v: NodeVerdict) -> dict:
         "max_perf_mb_s",
         "throttled_share",
         "busy",
+        "stall_wait_ms",
     )
     out = {k: round(float(f[k]), 3) for k in keep if k in f and f[k] is not None}
     out |= {

@@ -9,7 +9,10 @@ Model, per simulated second:
   and over its targets in proportion to their limits (performance-aware placement: the
   "proportionate load" of a slow-by-configuration target);
 * a forwarding node serves ``fwd_capacity_mb_s / slowdown`` (bytes/s); what it cannot serve
-  waits in its queue (requests' ``queue_wait_ns`` = backlog / rate);
+  waits in its queue (requests' ``queue_wait_ns`` = backlog / rate); a ``forwarder`` fault
+  stretches its service times too (a slow node's own work), a ``forwarder_stall`` fault only its
+  capacity (a daemon that is not running: its requests wait, from their receipt, and the
+  service of each stays as short as ever);
 * a target serves ``limit / slowdown`` MB/s; service time of a request = size x slowdown /
   limit (the limit is the device's rate; the token bucket paces at it) + backlog wait,
   with log-normal jitter; backlogs are bounded (clients block: closed loop), so a slow
@@ -57,7 +60,7 @@ class SimJob:
 
 @dataclass
 class Fault:
-    kind: str  # 'target' | 'forwarder'
+    kind: str  # 'target' | 'forwarder' | 'forwarder_stall'
     name: str
     factor: float
     start_s: float = 0.0
@@ -117,7 +120,10 @@ def simulate(
                 for x in tg:
                     flows.append((j, f, x, total / len(j.fwd_nodes) * cluster.targets[x] / wsum))
         # forwarding nodes: issue what the bounded queue admits
-        cap_f = {f: cluster.fwd_capacity_mb_s * MB / slow("forwarder", f, t) for f in cluster.fwd_nodes}
+        cap_f = {
+            f: cluster.fwd_capacity_mb_s * MB / slow("forwarder", f, t) / slow("forwarder_stall", f, t)
+            for f in cluster.fwd_nodes
+        }
         off_f = {f: 0.0 for f in cluster.fwd_nodes}
         for _, f, _, b in flows:
             off_f[f] += b

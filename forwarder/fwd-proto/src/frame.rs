@@ -206,7 +206,34 @@ pub trait FrameRead: Read {
     fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize>;
 }
 
-impl FrameRead for io::BufReader<std::net::TcpStream> {
+/// A socket whose bytes can be received straight into memory not yet initialised (a
+/// buffer's spare capacity): [`std::net::TcpStream`] with `recv`; the daemon's connections
+/// with `recvmsg`, keeping the kernel's receive time (`pharos_fwd::rx`).
+pub trait RecvInto: Read {
+    /// Receives up to `buf.len()` bytes into `buf` (only written, never read); how many (0 =
+    /// EOF). `EINTR` is retried; other errors as `read`'s.
+    fn recv_into(&mut self, buf: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize>;
+}
+
+impl RecvInto for std::net::TcpStream {
+    fn recv_into(&mut self, buf: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: writes at most `buf.len()` bytes into `buf` through a raw pointer.
+            let n = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            return Ok(n as usize);
+        }
+    }
+}
+
+impl<S: RecvInto> FrameRead for io::BufReader<S> {
     fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
         use io::BufRead;
         let max = max.min(buf.capacity() - buf.len());
@@ -221,22 +248,10 @@ impl FrameRead for io::BufReader<std::net::TcpStream> {
             self.consume(k);
             return Ok(k);
         }
-        use std::os::fd::AsRawFd;
-        let fd = self.get_ref().as_raw_fd();
-        loop {
-            // SAFETY: writes at most `max` bytes into the reserved, unused capacity of
-            // `buf` through a raw pointer; the length grows only by what recv reported.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().add(buf.len()) as *mut libc::c_void, max, 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            unsafe { buf.set_len(buf.len() + n as usize) };
-            return Ok(n as usize);
-        }
+        let n = self.get_mut().recv_into(&mut buf.spare_capacity_mut()[..max])?;
+        // SAFETY: recv_into initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
     }
 }
 

@@ -79,8 +79,8 @@ pub use abi::{
 pub use bufpool::BufPool;
 pub use frame::{
     decode, encode, encode_head, read_frame, read_frame_into, read_msg, tune_data_socket, write_all_vectored,
-    write_msg, write_msg_data, Frame, FrameError, FrameRead, Payload, MAX_FRAME, MAX_IO, PREALLOC_MAX, SOCK_BUF,
-    VERSION,
+    write_msg, write_msg_data, Frame, FrameError, FrameRead, Payload, RecvInto, MAX_FRAME, MAX_IO, PREALLOC_MAX,
+    SOCK_BUF, VERSION,
 };
 pub use reply::{Body, Change, Reply};
 pub use request::{validate_path, Op, Request, MAX_PATH};

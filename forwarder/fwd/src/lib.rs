@@ -1,5 +1,5 @@
 //! Pharos forwarding daemon (`pharos-fwd`): storage-target backend ([`backend`], [`shm`]),
-//! namespace system calls and caller credentials ([`nsfs`]), request path ([`server`]; its masters, queues and scheduler: [`masters`], [`queues`], [`raas`]), instrumentation ([`records`], [`metrics`], [`clock`]) and the admin HTTP
+//! namespace system calls and caller credentials ([`nsfs`]), request path ([`server`]; its masters, queues and scheduler: [`masters`], [`queues`], [`raas`]), instrumentation ([`records`], [`metrics`], [`clock`], [`rx`]) and the admin HTTP
 //! interface ([`admin`]). See forwarder/README.md.
 pub mod admin;
 pub mod backend;
@@ -10,5 +10,6 @@ pub mod nsfs;
 pub mod queues;
 pub mod raas;
 pub mod records;
+pub mod rx;
 pub mod server;
 pub mod shm;

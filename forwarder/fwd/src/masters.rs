@@ -27,6 +27,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::rx::RxStream;
+
 /// What the masters need of the server that owns the connections.
 pub trait Frontend: Send + Sync + 'static {
     /// A connection's decoding state.
@@ -40,7 +42,7 @@ pub trait Frontend: Send + Sync + 'static {
     /// Reads, checks and queues one request; `false` when the connection is done.
     fn decode_one(&self, c: &mut Self::Conn) -> bool;
     /// The buffered reader of a connection (its socket and the bytes buffered).
-    fn reader(c: &Self::Conn) -> &BufReader<TcpStream>;
+    fn reader(c: &Self::Conn) -> &BufReader<RxStream>;
     /// An admitted connection is closed.
     fn conn_closed(&self);
 }

@@ -173,8 +173,14 @@ const INLINE: usize = usize::MAX;
 pub(crate) struct Work {
     req: Request,
     conn: Arc<Conn>,
+    /// The kernel's receipt of the request (ns since the epoch; [`crate::rx`]), its record's
+    /// `start_ns`: the queue wait counts from here, the time in the receive buffer included.
     arrival_ns: u64,
+    /// The same moment on the monotonic clock.
     arrival: Instant,
+    /// When the decoder read it: the scheduler's queuing delay (RaaS) counts from here, the
+    /// daemon's own queues only.
+    decoded: Instant,
     /// Target whose queue depth counts this request.
     target: Option<u32>,
     /// A `WriteShm`/`ReadShm` (decoded into `Write`/`Read`): the slot's offset in the

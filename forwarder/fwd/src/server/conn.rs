@@ -15,6 +15,7 @@ use super::{classify, Counters, Server, Work, AUTH_FRAME_MAX, HANDSHAKE_TIMEOUT,
 use crate::backend::FileSpan;
 use crate::clock::wall_ns;
 use crate::masters::Frontend;
+use crate::rx::RxStream;
 
 pub(crate) struct Conn {
     pub(super) w: Mutex<TcpStream>,
@@ -27,7 +28,7 @@ pub(crate) struct Conn {
 /// A connection's decoding state: the reply half, the buffered reader, the frame buffer.
 pub struct ConnIn {
     pub(crate) conn: Arc<Conn>,
-    pub(crate) r: BufReader<TcpStream>,
+    pub(crate) r: BufReader<RxStream>,
     frame: proto::Frame,
 }
 
@@ -179,7 +180,7 @@ impl Server {
         let w = stream.try_clone().ok()?;
         let conn =
             Arc::new(Conn { w: Mutex::new(w), shm: std::sync::OnceLock::new(), mount: std::sync::OnceLock::new() });
-        let mut r = BufReader::with_capacity(16 << 10, stream);
+        let mut r = BufReader::with_capacity(16 << 10, RxStream::new(stream));
         let mut frame = proto::Frame::default();
         if let Err(why) = self.handshake(&conn, &mut r, &mut frame) {
             let peer = r.get_ref().peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -279,7 +280,11 @@ impl Server {
             if let Some(t) = target {
                 self.stats.queued(t, 1);
             }
-            let work = Work { req, conn: conn.clone(), arrival_ns: wall_ns(), arrival: Instant::now(), target, shm };
+            // arrival: the kernel's receipt of the data the frame came in (crate::rx), so the
+            // queue wait holds the time in the receive buffer too (a daemon not running)
+            let decoded = Instant::now();
+            let (arrival_ns, arrival) = r.get_ref().arrival(wall_ns(), decoded);
+            let work = Work { req, conn: conn.clone(), arrival_ns, arrival, decoded, target, shm };
             if inline {
                 if let Some(_lent) = self.queues.lend(class as usize) {
                     self.counters.served_inline.fetch_add(1, Relaxed);
@@ -354,7 +359,7 @@ impl Server {
     /// reads the client's `Auth` (one small frame, within [`HANDSHAKE_TIMEOUT`]) and answers
     /// with the daemon's proof. Anything else gets an error reply (`EACCES`, or the frame's
     /// error) and the reason back; the caller closes the connection.
-    fn handshake(&self, conn: &Conn, r: &mut BufReader<TcpStream>, frame: &mut proto::Frame) -> Result<(), String> {
+    fn handshake(&self, conn: &Conn, r: &mut BufReader<RxStream>, frame: &mut proto::Frame) -> Result<(), String> {
         let nonce: auth::Nonce = auth::random_bytes();
         conn.reply(&Reply { id: 0, body: Ok(Body::Challenge { nonce }) }, &self.counters);
         let refuse = |id: u64, errno: i32, why: String| {
@@ -444,7 +449,7 @@ impl Frontend for Server {
         Server::decode_one(self, c)
     }
 
-    fn reader(c: &ConnIn) -> &BufReader<TcpStream> {
+    fn reader(c: &ConnIn) -> &BufReader<RxStream> {
         &c.r
     }
 
@@ -456,16 +461,5 @@ impl Frontend for Server {
 /// Sets or clears `TCP_CORK` on `s` (clearing sends what is held at once). Errors are ignored:
 /// corking only saves segments.
 fn set_cork(s: &TcpStream, on: bool) {
-    use std::os::fd::AsRawFd;
-    let v: libc::c_int = on as libc::c_int;
-    // SAFETY: an int option on the connection's open socket.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CORK,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    crate::rx::set_int_option(s, libc::IPPROTO_TCP, libc::TCP_CORK, on as libc::c_int);
 }

@@ -54,7 +54,7 @@ impl Server {
     pub(super) fn serve(&self, idx: usize, mut work: Work, class: Class) {
         let started = Instant::now();
         let queue_wait = started.duration_since(work.arrival);
-        self.sched.waits.dequeued(class as usize, queue_wait);
+        self.sched.waits.dequeued(class as usize, started.duration_since(work.decoded));
         if let Some(t) = work.target {
             self.stats.queued(t, -1);
         }
