@@ -333,13 +333,13 @@ class DiagnosisConfig(PharosSettings):
         default=3, ge=2, description="Pharos. Nodes (including the judged one) needed for a peer comparison."
     )
     failslow_stall_added_ms: float = Field(
-        default=50.0,
+        default=20.0,
         gt=0,
         description="Pharos, after Perseus (FAST'23: latency judged against throughput among peers). A "
         "forwarding node stalls when its requests wait at least this many ms longer (mean queue wait, "
         "counted from the kernel's receipt of each request) than its loaded peers' median, and "
-        "failslow_min_ratio times it, while it did no more work than they did (requests served, summed "
-        "service time): a wait that is not its load.",
+        "failslow_min_ratio times it, while it served no more than they did (requests, bytes): a wait "
+        "that is not its load.",
     )
     failslow_critical_ratio: float = Field(
         default=4.0,

@@ -40,8 +40,8 @@ A forwarding node whose daemon is not running (CPU starved, paused, swapping) ke
 service times: its requests wait instead, in the socket's receive buffer and its queues. Its
 records' queue wait counts from the kernel's receipt of each request (the daemon's ``rx``
 stamps), and :func:`_stalled` names it when its mean wait is ``failslow_stall_added_ms`` above
-its loaded peers' median (and ``failslow_min_ratio`` times it) while it did no more work than
-they did (requests, summed service time): waits that load cannot explain, as a node that keeps
+its loaded peers' median (and ``failslow_min_ratio`` times it) while it served no more than
+they did (requests, bytes): waits that load cannot explain, as a node that keeps
 serving has every worker busy whenever a request waits (after Perseus, FAST'23: latency judged
 against throughput).
 Beacon's rule alone misses slow nodes whose degraded bandwidth is still comparable to
@@ -213,9 +213,10 @@ def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: Diagnosis
     """A forwarding node that stalls: its requests wait (mean ``queue_wait_ns``, from the kernel's
     receipt of each request to its service) at least ``failslow_stall_added_ms`` longer than the
     median of its loaded peers (>= ``failslow_min_peers`` - 1 of them) and ``failslow_min_ratio``
-    times it, while it did no more work than their median: requests served (``ops``) and summed
-    service time (``service_ns``). A node that keeps serving has every worker busy whenever a
-    request waits, so waits that come with load come with more work done; these come with less:
+    times it, while it served no more than their median: requests (``ops``) and bytes (its
+    throughput; not its service time, which a stall caught mid-request stretches too). A node
+    that keeps serving has every worker busy whenever a request waits, so waits that come with
+    load come with more served; these come with less:
     the daemon itself is not running (CPU starved, paused, swapping). Its service times stay
     short, so the service-time model cannot see it. Source: Pharos, after Perseus (Lu et al.,
     FAST'23: a node's latency judged against its throughput among its peers). Sets
@@ -231,7 +232,7 @@ def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: Diagnosis
         wait_ms - peer_ms >= cfg.failslow_stall_added_ms
         and wait_ms >= cfg.failslow_min_ratio * peer_ms
         and f["ops"] <= float(np.median([feats[p]["ops"] for p in peers]))
-        and f.get("service_ns", 0.0) <= float(np.median([feats[p].get("service_ns", 0.0) for p in peers]))
+        and f["bytes"] <= float(np.median([feats[p]["bytes"] for p in peers]))
     )
 
 
@@ -287,7 +288,6 @@ def _fwd_window(store: Store, since_ns: int, until_ns: int, cfg: DiagnosisConfig
             rel[r["node"]] = float(r["rel"])
         if r["node"] in feats:
             feats[r["node"]]["svc_ns_per_byte"] = float(r["svc_ns"]) / max(1.0, float(r["bytes"]))
-            feats[r["node"]]["service_ns"] = float(r["svc_ns"])
     med = {r["target"]: float(r["med"]) for r in store.query(q.target_medians, p)}
     for n, f in feats.items():
         f.setdefault("svc_ns_per_byte", 0.0)

@@ -100,8 +100,8 @@ def test_a_slow_forwarding_node_does_not_make_its_targets_look_slow(store):
 def test_a_stalled_forwarding_node_is_named_by_its_waits(store):
     """fwd1's daemon not running most of the time (a CPU quota far below its need): a tenth of
     its capacity, so its requests wait (from their receipt) while each one's service stays as
-    short as its peers'. The service-time model cannot see it; the waits, with less work done
-    than its peers, name it (the diagnosis suite's slow_forwarding_node cases, docs/diagnosis.md)."""
+    short as its peers'. The service-time model cannot see it; the waits, with less served than
+    its peers, name it (the diagnosis suite's slow_forwarding_node cases, docs/diagnosis.md)."""
     _, rep = _run(store, 70, 51, [sim.Fault("forwarder_stall", "fwd1", 10.0)])
     assert {(a.kind, a.node) for a in rep.anomalies if a.kind == "fail_slow_forwarder"} == {
         ("fail_slow_forwarder", "fwd1")
