@@ -216,9 +216,9 @@ def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: Diagnosis
     times it, while it served no more than their median: requests (``ops``) and bytes (its
     throughput; not its service time, which a stall caught mid-request stretches too). A node
     that keeps serving has every worker busy whenever a request waits, so waits that come with
-    load come with more served; these come with less:
-    the daemon itself is not running (CPU starved, paused, swapping). Its service times stay
-    short, so the service-time model cannot see it. Source: Pharos, after Perseus (Lu et al.,
+    load come with more served; these come with less: the daemon itself is not running (CPU
+    starved, paused, swapping). Its service times stay short, so the service-time model cannot
+    see it. Source: Pharos, after Perseus (Lu et al.,
     FAST'23: a node's latency judged against its throughput among its peers). Sets
     ``feats[node]["stall_wait_ms"]`` (its mean wait, ms) when judged. Units: ns, ms."""
     f = feats[node]
