@@ -19,9 +19,9 @@ cases):
   sequential writes, N-N or N-1: no fault);
 * system-side (the fault is injected under a well-behaved job): ``slow_target`` (one target slowed
   4-8x through the daemons' fault interface, ``PUT /targets/ostK {"slowdown"}``, under an 8-rank
-  job writing on every target), ``slow_forwarding_node`` (one daemon's CPU capped at 0.25-0.5% of a core
-  (below what it uses to serve its share of the job: the cgroup CPU controller's quota, a forwarding
-  node starved of CPU), under an 8-rank job mapped
+  job writing on every target), ``slow_forwarding_node`` (one daemon's CPU capped at 35-65% of what it
+  needs to serve its share of the job, measured uncapped in the job's first seconds: the cgroup
+  CPU controller's quota, a forwarding node starved of CPU), under an 8-rank job mapped
   to all four), ``interference_forwarding_node`` (a heavy job mapped to the light job's forwarding
   node), ``interference_target`` (a heavy job on another forwarding node writing to the light job's
   target).

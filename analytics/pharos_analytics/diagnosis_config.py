@@ -338,8 +338,16 @@ class DiagnosisConfig(PharosSettings):
         description="Pharos, after Perseus (FAST'23: latency judged against throughput among peers). A "
         "forwarding node stalls when its requests wait at least this many ms longer (mean queue wait, "
         "counted from the kernel's receipt of each request) than its loaded peers' median, and "
-        "failslow_min_ratio times it, while it served no more than they did (requests, bytes): a wait "
-        "that is not its load.",
+        "failslow_min_ratio times it, while it served no more than failslow_stall_served_ratio times "
+        "their median (requests, bytes): a wait that is not its load.",
+    )
+    failslow_stall_served_ratio: float = Field(
+        default=1.2,
+        ge=1,
+        description="Pharos. A stalled forwarding node served at most this many times its loaded peers' "
+        "median requests and bytes in the window. Nodes under the same jobs serve within a few "
+        "percent of each other, and a stalled daemon that catches up in bursts serves its share; "
+        "a node whose waits are its load serves clearly more (a heavy job on it: several times).",
     )
     failslow_critical_ratio: float = Field(
         default=4.0,

@@ -213,14 +213,17 @@ def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: Diagnosis
     """A forwarding node that stalls: its requests wait (mean ``queue_wait_ns``, from the kernel's
     receipt of each request to its service) at least ``failslow_stall_added_ms`` longer than the
     median of its loaded peers (>= ``failslow_min_peers`` - 1 of them) and ``failslow_min_ratio``
-    times it, while it served no more than their median: requests (``ops``) and bytes (its
-    throughput; not its service time, which a stall caught mid-request stretches too). A node
+    times it, while it served no more than ``failslow_stall_served_ratio`` x their median: requests
+    (``ops``) and bytes (its throughput; not its service time, which a stall caught mid-request
+    stretches too; the ratio, 1.2, because nodes under the same jobs serve within a few percent of
+    each other and a throttled daemon catching up in bursts serves its share). A node
     that keeps serving has every worker busy whenever a request waits, so waits that come with
     load come with more served; these come with less: the daemon itself is not running (CPU
     starved, paused, swapping). Its service times stay short, so the service-time model cannot
     see it. Source: Pharos, after Perseus (Lu et al.,
     FAST'23: a node's latency judged against its throughput among its peers). Sets
-    ``feats[node]["stall_wait_ms"]`` (its mean wait, ms) when judged. Units: ns, ms."""
+    ``feats[node]["stall_wait_ms"]`` (its mean wait, ms) and ``["stall_added_ms"]`` (that minus the
+    peers' median, ms) when judged. Units: ns, ms."""
     f = feats[node]
     peers = [p for p in loaded if p != node]
     if len(peers) < cfg.failslow_min_peers - 1 or f["ops"] < MIN_FWD_OPS:
@@ -228,11 +231,12 @@ def _stalled(node: str, feats: dict[str, dict], loaded: set[str], cfg: Diagnosis
     wait_ms = f["queue_wait_ns"] / 1e6
     peer_ms = float(np.median([feats[p]["queue_wait_ns"] for p in peers])) / 1e6
     f["stall_wait_ms"] = round(wait_ms, 3)
+    f["stall_added_ms"] = round(wait_ms - peer_ms, 3)
     return (
         wait_ms - peer_ms >= cfg.failslow_stall_added_ms
         and wait_ms >= cfg.failslow_min_ratio * peer_ms
-        and f["ops"] <= float(np.median([feats[p]["ops"] for p in peers]))
-        and f["bytes"] <= float(np.median([feats[p]["bytes"] for p in peers]))
+        and f["ops"] <= cfg.failslow_stall_served_ratio * float(np.median([feats[p]["ops"] for p in peers]))
+        and f["bytes"] <= cfg.failslow_stall_served_ratio * float(np.median([feats[p]["bytes"] for p in peers]))
     )
 
 
@@ -471,7 +475,7 @@ def detect_failslow(
                 node_type=kind,
                 persistence="persistent" if flagged == windows else "transient",
                 active=active,
-                severity="critical" if (first.rel_service or 0) >= cfg.failslow_critical_ratio else "warning",
+                severity=_severity(first, cfg),
                 window_s=flagged[-1],
                 windows_flagged=flagged,
                 rel_service=round(first.rel_service or 0.0, 3),
@@ -483,6 +487,19 @@ def detect_failslow(
             )
         )
     return FailSlowReport(now_ns, windows, anomalies, verdicts)
+
+
+def _severity(v: NodeVerdict, cfg: DiagnosisConfig) -> Literal["critical", "warning"]:
+    """``critical`` when the node's service is ``failslow_critical_ratio`` x its peers' median, or,
+    for a forwarding node named by its waits (:func:`_stalled`, its service as short as its peers'),
+    when its requests wait ``failslow_critical_ratio`` x ``failslow_stall_added_ms`` longer than
+    theirs (80 ms by default); else ``warning``."""
+    if (v.rel_service or 0.0) >= cfg.failslow_critical_ratio:
+        return "critical"
+    stalled = v.model_slow and v.features.get("stall_added_ms") is not None
+    if stalled and v.features["stall_added_ms"] >= cfg.failslow_critical_ratio * cfg.failslow_stall_added_ms:
+        return "critical"
+    return "warning"
 
 
 def _evidence(v: NodeVerdict) -> dict:
@@ -502,6 +519,7 @@ def _evidence(v: NodeVerdict) -> dict:
         "throttled_share",
         "busy",
         "stall_wait_ms",
+        "stall_added_ms",
     )
     out = {k: round(float(f[k]), 3) for k in keep if k in f and f[k] is not None}
     out |= {

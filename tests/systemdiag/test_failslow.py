@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pharos_sysdiag_sim as sim
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
@@ -112,7 +113,30 @@ def test_a_stalled_forwarding_node_is_named_by_its_waits(store):
     assert e["stall_wait_ms"] >= CFG.failslow_stall_added_ms
     v = next(v for v in rep.verdicts if v.node == "fwd1" and v.window_s == 5)
     assert v.rel_service is not None and v.rel_service < CFG.failslow_min_ratio  # the service model is blind
+    assert a.severity == "critical"  # its requests wait seconds (failslow_critical_ratio x the rule's 20 ms)
     print(f"stalled fwd1: wait {e['stall_wait_ms']} ms, rel_service {v.rel_service:.2f}, windows {a.windows_flagged}")
+
+
+def test_a_mild_stall_is_named_whichever_node_served_a_few_more(store):
+    """fwd1 at a 4.5th of its capacity: enough, on average, for its share, so it serves as many
+    requests as its peers (a few more or fewer, by the draw) while they wait 47-92 ms longer than
+    theirs. Named in each of 5 draws (with "no more than the peers' median" it was named only where
+    the draw gave it fewer: 1 of these 5); a warning below failslow_critical_ratio x the rule's
+    20 ms, critical above."""
+    more = 0
+    for i, seed in enumerate(range(55, 60)):
+        _, rep = _run(store, 72 + i, seed, [sim.Fault("forwarder_stall", "fwd1", 4.5)])
+        five = {v.node: v.features for v in rep.verdicts if v.kind == "forwarder" and v.window_s == 5}
+        served = five["fwd1"]["ops"] / float(np.median([five[n]["ops"] for n in five if n != "fwd1"]))
+        more += served > 1.0
+        named = [a for a in rep.anomalies if a.kind == "fail_slow_forwarder"]
+        assert [a.node for a in named] == ["fwd1"], (seed, served, five["fwd1"].get("stall_added_ms"))
+        added = named[0].evidence["5"]["stall_added_ms"]
+        print(f"seed {seed}: fwd1 served {served:.3f} x its peers' median, waited {added} ms more, {named[0].severity}")
+        assert named[0].severity == (
+            "warning" if added < CFG.failslow_critical_ratio * CFG.failslow_stall_added_ms else "critical"
+        )
+    assert more >= 3  # the draws this test is for: it served more than its peers' median
 
 
 def test_a_busier_forwarding_node_that_waits_is_not_stalled(store):
