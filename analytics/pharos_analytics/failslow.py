@@ -60,7 +60,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
-from sklearn.preprocessing import RobustScaler
 
 from pharos_core.store import Store, ns_to_datetime64
 
@@ -145,6 +144,8 @@ class FailSlowReport:
 
 def _robust_z(values: dict[str, float]) -> dict[str, float]:
     """Robust z-scores of log(values): (x - median) / (IQR / 1.349) via RobustScaler, scale floored."""
+    from sklearn.preprocessing import RobustScaler  # here: importing this module (the CLI does) stays light
+
     names = list(values)
     x = np.log(np.array([max(values[n], 1e-12) for n in names])).reshape(-1, 1)
     sc = RobustScaler(unit_variance=True).fit(x)
@@ -487,6 +488,24 @@ def detect_failslow(
             )
         )
     return FailSlowReport(now_ns, windows, anomalies, verdicts)
+
+
+def stall_added_ms(evidence: dict) -> float | None:
+    """The added wait (ms over the peers' median) of a forwarding node named by its waits
+    (:func:`_stalled`), from an anomaly's ``evidence`` (window s as text -> that window's
+    evidence, as :class:`Anomaly` and the ``anomalies`` table hold it): the shortest window that
+    flagged it that way; None when no window did (a node slow by its service time, or evidence
+    of another kind)."""
+    windows = []
+    for w, e in evidence.items():
+        try:
+            windows.append((float(w), e))
+        except ValueError:
+            continue
+    for _, e in sorted(windows, key=lambda we: we[0]):
+        if isinstance(e, dict) and e.get("model_slow") and e.get("stall_added_ms") is not None:
+            return float(e["stall_added_ms"])
+    return None
 
 
 def _severity(v: NodeVerdict, cfg: DiagnosisConfig) -> Literal["critical", "warning"]:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pharos_core.store import Store, ns_to_datetime64
 
 from .diagnosis_config import DiagnosisConfig
-from .failslow import Anomaly, detect_failslow
+from .failslow import Anomaly, detect_failslow, stall_added_ms
 from .failslow_sql import ROLLUP_FWD_WINDOW
 from .interference import InterferenceEvent, detect_interference
 from .replays_sql import RECORD_KEY, duplicate_replays
@@ -166,12 +166,15 @@ class StoredAnomaly:
 @dataclass(frozen=True)
 class FailSlowState:
     """An active fail-slow verdict on a node: what ``fail_slow`` of a target or forwarder says.
-    ``ratio``: x the peers' median service time per byte; ``onset_ns``: start of the slow run."""
+    ``ratio``: x the peers' median service time per byte; ``onset_ns``: start of the slow run;
+    ``stall_added_ms``: for a forwarding node named by its waits (a stall: its ratio stays ~1),
+    how much longer (ms) its requests wait than its peers' (:func:`~pharos_analytics.failslow.stall_added_ms`)."""
 
     persistence: str
     severity: str
     ratio: float | None
     onset_ns: int | None
+    stall_added_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -330,13 +333,15 @@ def failslow_state(
         since = int(detector.last["time_ns"])
         found = recent_anomalies(store, since, 10000)
         return {
-            a.node: FailSlowState(a.persistence, a.severity, a.ratio, a.onset_ns)
+            a.node: FailSlowState(a.persistence, a.severity, a.ratio, a.onset_ns, stall_added_ms(a.evidence))
             for a in found
             if a.kind == kind and a.active
         }, "detector"
     rep = detect_failslow(store, cfg, now_ns=until, kinds=("target",) if kind == "fail_slow_target" else ("forwarder",))
     return {
-        a.node: FailSlowState(a.persistence, a.severity, a.rel_service, a.onset_ns) for a in rep.anomalies if a.active
+        a.node: FailSlowState(a.persistence, a.severity, a.rel_service, a.onset_ns, stall_added_ms(a.evidence))
+        for a in rep.anomalies
+        if a.active
     }, "live"
 
 

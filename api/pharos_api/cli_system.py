@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pharos_analytics.failslow import stall_added_ms
 from pharos_analytics.straggler import ANOMALY_KIND as STRAGGLER_KIND
 
 from .cli_jobs import ApiOption, JsonOption, _api_url, human_bytes, show
@@ -34,7 +35,13 @@ def _state(item: dict) -> Text:
     fs = item.get("fail_slow")
     if not fs:
         return Text("ok", style="green")
-    return Text(f"FAIL-SLOW {fs['persistence']} {float(fs['ratio'] or 0):.1f}x", style=_SEV.get(fs["severity"], "red"))
+    how = _stall(fs.get("stall_added_ms")) or f"{float(fs['ratio'] or 0):.1f}x"
+    return Text(f"FAIL-SLOW {fs['persistence']} {how}", style=_SEV.get(fs["severity"], "red"))
+
+
+def _stall(added_ms: float | None) -> str | None:
+    """A forwarding node named by its waits (a stall): its service ratio says nothing (~1x)."""
+    return None if added_ms is None else f"stall +{float(added_ms):.0f} ms wait"
 
 
 def anomalies_table(data: dict) -> Table:
@@ -55,13 +62,14 @@ def anomalies_table(data: dict) -> Table:
         else:
             state = ("active" if a["active"] else "cleared") + (f" {a['persistence']}" if a.get("persistence") else "")
         ratio = a.get("ratio", a.get("rel_service", a.get("latency_ratio")))
+        stall = _stall(stall_added_ms(a["evidence"])) if isinstance(a.get("evidence"), dict) else None
         t.add_row(
             a["kind"],
             a.get("node") or "-",
             job,
             state,
             Text(a["severity"], style=_SEV.get(a["severity"], "")),
-            "-" if ratio is None else f"{float(ratio):.1f}x",
+            stall or ("-" if ratio is None else f"{float(ratio):.1f}x"),
             (a.get("onset") or "-").replace("T", " ")[:19],
         )
     return t

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pharos_sysdiag_sim as sim
+from rich.console import Console
 
 from pharos_analytics.diagnosis_config import DiagnosisConfig
-from pharos_analytics.failslow import detect_failslow
+from pharos_analytics.failslow import detect_failslow, stall_added_ms
+from pharos_analytics.system_diag import failslow_state
+from pharos_api.cli_system import anomalies_table
 
 CFG = DiagnosisConfig(failslow_windows_s=[5, 20, 60])
 DURATION = 70
@@ -103,7 +106,7 @@ def test_a_stalled_forwarding_node_is_named_by_its_waits(store):
     its capacity, so its requests wait (from their receipt) while each one's service stays as
     short as its peers'. The service-time model cannot see it; the waits, with less served than
     its peers, name it (the diagnosis suite's slow_forwarding_node cases, docs/diagnosis.md)."""
-    _, rep = _run(store, 70, 51, [sim.Fault("forwarder_stall", "fwd1", 10.0)])
+    t0, rep = _run(store, 70, 51, [sim.Fault("forwarder_stall", "fwd1", 10.0)])
     assert {(a.kind, a.node) for a in rep.anomalies if a.kind == "fail_slow_forwarder"} == {
         ("fail_slow_forwarder", "fwd1")
     }
@@ -114,6 +117,12 @@ def test_a_stalled_forwarding_node_is_named_by_its_waits(store):
     v = next(v for v in rep.verdicts if v.node == "fwd1" and v.window_s == 5)
     assert v.rel_service is not None and v.rel_service < CFG.failslow_min_ratio  # the service model is blind
     assert a.severity == "critical"  # its requests wait seconds (failslow_critical_ratio x the rule's 20 ms)
+    # what users see: the wait, not its service ratio (~1x): GET /v1/forwarders' fail_slow and the CLI
+    state, _ = failslow_state(store, None, CFG, "fail_slow_forwarder", t0 + DURATION * sim.NS)
+    assert state["fwd1"].stall_added_ms == stall_added_ms(a.evidence) == e["stall_added_ms"] > 1000
+    console = Console(width=200, record=True)
+    console.print(anomalies_table({"source": "live", "as_of": None, "items": [a.to_dict()]}))
+    assert f"stall +{e['stall_added_ms']:.0f} ms wait" in console.export_text()
     print(f"stalled fwd1: wait {e['stall_wait_ms']} ms, rel_service {v.rel_service:.2f}, windows {a.windows_flagged}")
 
 
@@ -167,6 +176,7 @@ def test_a_very_slow_target_is_judged_on_its_few_requests(store):
     assert five and five[0].features["ops"] < CFG.failslow_min_ops, five
     assert a.active and 5 in a.windows_flagged
     assert {x.node for x in rep.anomalies} == {"ost5"}
+    assert stall_added_ms(a.evidence) is None  # slow by its service time: its ratio says it
 
 
 def test_a_fault_that_has_ended_keeps_its_onset(store):

@@ -93,7 +93,12 @@ def _fail_slow_out(state: FailSlowState | None) -> dict[str, Any]:
     """The ``fail_slow`` and ``state`` members of a target or forwarding node."""
     if state is None:
         return {"fail_slow": None, "state": "ok"}
-    verdict = {"persistence": state.persistence, "severity": state.severity, "ratio": state.ratio}
+    verdict = {
+        "persistence": state.persistence,
+        "severity": state.severity,
+        "ratio": state.ratio,
+        "stall_added_ms": state.stall_added_ms,
+    }
     return {"fail_slow": verdict | {"onset": _iso(state.onset_ns)}, "state": "fail_slow"}
 
 
