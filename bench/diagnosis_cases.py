@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
+from cpu_cap import cpu_capped  # noqa: E402
 from diagnosis_scoring import CLASSES, CaseResult, Finding, anomaly_finding, insight_finding  # noqa: E402
 from pharos_testkit import StackAdmin, pharos_run  # noqa: E402
 
@@ -122,60 +123,14 @@ class Suite(StackAdmin):
             for t in range(N_TARGETS):
                 self.set_target(f"ost{t}", max_perf_mb_s=0.0)
 
-    @contextlib.contextmanager
-    def cpu_capped(self, fwd: str, of_need: float, seen: dict, measure_s: float = 2.0) -> Iterator[None]:
-        """Daemon ``fwd``'s CPU capped at ``of_need`` of what it needs for the load it serves
-        (its CPU over the first ``measure_s`` s, uncapped: every thread's schedstat) for the block
-        (the cgroup CPU controller: ``cpu.max`` on cgroup v2 where the controller is enabled, else
-        the v1 ``cpu`` hierarchy's CFS quota), every thread of it; released after. A cap relative
-        to the need, not a fixed share of a core: the daemon's need for the same load differs from
-        run to run (0.45-0.74% of a core here) and between machines, and a fixed 0.5% was, in one
-        run of 4, no fault at all (throttled in 11 of 59 periods, its waits its peers'). The
-        smallest quota is 1 ms a 400 ms period (0.25% of a core). ``seen`` receives
-        ``cpu_need_share`` (the need measured, of one core), ``cpu_share`` (the cap set) and what
-        the fault did: ``cpu_used_share`` (the daemon's CPU while capped) and ``throttled_periods``
-        / ``periods`` (the cgroup's cpu.stat), so a miss can be told from a cap the daemon never
-        reached."""
+    def cpu_capped(self, fwd: str, of_need: float, seen: dict) -> contextlib.AbstractContextManager:
+        """Daemon ``fwd``'s CPU capped at ``of_need`` of its need for the block: :func:`cpu_cap.cpu_capped`."""
         from pharos_api import stack
 
         pid = stack.pid_of(self.settings, fwd)
         if pid is None:
             raise RuntimeError(f"{fwd} is not running")
-        cpu0, t0 = _cpu_ns(pid), time.monotonic()
-        time.sleep(measure_s)
-        need = (_cpu_ns(pid) - cpu0) / 1e9 / max(time.monotonic() - t0, 1e-9)
-        period = 400_000  # us (the largest is 1 s)
-        quota = max(1000, int(period * need * of_need))
-        seen.update(cpu_need_share=round(need, 5), cpu_share=round(quota / period, 5))
-        cpu0, t0 = _cpu_ns(pid), time.monotonic()
-        v1 = Path("/sys/fs/cgroup/cpu")
-        if (v1 / "cpu.cfs_quota_us").exists():
-            cg = v1 / f"pharos-suite-{os.getpid()}"
-            cg.mkdir(exist_ok=True)
-            (cg / "cpu.cfs_period_us").write_text(str(period))
-            (cg / "cpu.cfs_quota_us").write_text(str(quota))
-            back = v1
-        else:
-            from pharos_agents.cgroups import cgroup2_mount
-
-            root = cgroup2_mount()
-            back = root / Path(Path(f"/proc/{pid}/cgroup").read_text().split("::", 1)[1].strip()).relative_to("/")
-            cg = root / f"pharos-suite-{os.getpid()}"
-            cg.mkdir(exist_ok=True)
-            (cg / "cpu.max").write_text(f"{quota} {period}")
-        (cg / "cgroup.procs").write_text(str(pid))
-        try:
-            yield
-        finally:
-            st = dict(line.split() for line in (cg / "cpu.stat").read_text().splitlines() if line.strip())
-            used = (_cpu_ns(pid) - cpu0) / 1e9 / max(time.monotonic() - t0, 1e-9)
-            seen.update(
-                cpu_used_share=round(used, 5),
-                throttled_periods=int(st.get("nr_throttled", 0)),
-                periods=int(st.get("nr_periods", 0)),
-            )
-            (back / "cgroup.procs").write_text(str(pid))
-            cg.rmdir()
+        return cpu_capped(pid, of_need, seen)
 
     def target_files(self, per_target: int) -> dict[int, list[Path]]:
         """``per_target`` pre-sized (sparse, 64 MiB) files on each target, placed by the daemons'
@@ -241,16 +196,6 @@ class Suite(StackAdmin):
 
 
 # -- the cases --------------------------------------------------------------------------------
-
-
-def _cpu_ns(pid: int) -> int:
-    """CPU time of every thread of ``pid`` so far, ns (the first field of each thread's
-    ``/proc/<pid>/task/<tid>/schedstat``: ns, not the clock ticks of ``stat``)."""
-    total = 0
-    for t in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int((t / "schedstat").read_text().split()[0])
-    return total
 
 
 def _job(s: Suite, idx: int, label: str, part: str = "") -> str:
