@@ -34,10 +34,13 @@ is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently
 duplicates are counted in ``duplicates_skipped``).
 
 A poll that comes back full (``pipeline_prefetch``) has the next one taken from Kafka, and its
-headers decoded, in a background thread while it is stored; steps 1-5 stay in this order, poll
-after poll, in the thread that calls :meth:`Pipeline.process_once`. A revocation of partitions
-waits until the poll being stored is committed, and a poll during which a rebalance came keeps
-only the partitions still assigned.
+headers decoded, in a background thread while it is stored, filled until it is full or wanted
+(not cut at ``pipeline_max_wait_ms``); steps 1-5 stay in this order, poll after poll, in the
+thread that calls :meth:`Pipeline.process_once`. A revocation of partitions waits until the poll
+being stored is committed, and a poll during which a rebalance came keeps only the partitions
+still assigned. Every call of the consumer goes through
+:class:`~pharos_pipeline.polls.ConsumerAccess`: confluent-kafka serializes them, so the commit
+and the lag queries are handed to the background poll while it is in ``consume()``.
 
 Gap detection: the pipeline keeps the highest seq seen per producer (seeded from
 ``io_batches`` after a restart); a batch whose seq skips ahead counts the skipped batches
@@ -73,7 +76,7 @@ from .messages import (
     job_event_row,
     target_metrics_rows,
 )
-from .polls import Bad, Batch, Polled, decode_poll, still_owned, take_messages
+from .polls import HANDOFF_CHECK_S, Bad, Batch, ConsumerAccess, Polled, decode_poll, still_owned, take_messages
 from .stored import Q_LAST_SEQ, Q_STORED_BATCH_KEYS, stored_keys, unmarked_record_keys
 from .wire import IoBatchHeader
 
@@ -140,6 +143,9 @@ class Pipeline:
         self._storing = threading.RLock()
         self._executor = None
         self._next = None
+        self._handoff = threading.Event()
+        #: every consumer call goes through it while a background poll may be consuming
+        self._access = ConsumerAccess()
         self._stats_lock = threading.Lock()
         #: (topic, partition) -> the group's committed offset (negative: none yet)
         self._committed: dict[tuple[str, int], int] = {}
@@ -213,21 +219,26 @@ class Pipeline:
 
     # -- the next poll while this one is stored -------------------------------------------
     def _prefetch(self, consumer) -> None:
-        """Start the next poll (:meth:`_take`, waiting up to ``max_wait``) in the background
-        thread. Called with :attr:`_storing` held, so a revocation of partitions that the
-        background consume() triggers waits (:meth:`_revoked`) until this poll is stored and
-        committed, as it would if the poll came after the commit."""
+        """Start the next poll in the background thread (:meth:`_take` with a hand-off event: it
+        fills until it is full or :meth:`_prefetched` asks for it, not cut by ``max_wait``).
+        Called with :attr:`_storing` held, so a revocation of partitions that the background
+        consume() triggers waits (:meth:`_revoked`) until this poll is stored and committed, as
+        it would if the poll came after the commit."""
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pharos-pipeline-poll")
-        self._next = self._executor.submit(self._take, consumer, self.max_wait)
+        self._handoff = threading.Event()
+        self._next = self._executor.submit(self._take, consumer, self.max_wait, self._handoff)
 
     def _prefetched(self) -> Polled | None:
-        """The background poll's result (waiting for it), or None when none was started.
-        Raises what the poll raised (KafkaException)."""
+        """The background poll's result (asking it to end, then waiting for it), or None when
+        none was started. Raises what the poll raised (KafkaException)."""
         fut, self._next = self._next, None
-        return fut.result() if fut is not None else None
+        if fut is None:
+            return None
+        self._handoff.set()
+        return fut.result()
 
     def _drop_prefetched(self) -> None:
         """Wait for the background poll and forget what it took (never committed: it comes again)."""
@@ -237,22 +248,26 @@ class Pipeline:
             log.debug("background poll dropped: %s", exc)
 
     def _revoked(self, _consumer, _partitions) -> None:
-        # Partitions go to another member: not before the poll being stored is committed.
-        with self._storing:
-            pass
+        # Partitions go to another member: not before the poll being stored is committed. Called
+        # in the background poll's thread, which holds the consumer: the storing thread's commit
+        # is handed to it (ConsumerAccess), so run it meanwhile.
+        while not self._storing.acquire(timeout=HANDOFF_CHECK_S):
+            self._access.serve()
+        self._storing.release()
 
     # -- one poll: take, then store -------------------------------------------------------
-    def _take(self, consumer, wait: float) -> Polled:
-        """One poll (:func:`~pharos_pipeline.polls.take_messages`), decoded
+    def _take(self, consumer, wait: float, until: threading.Event | None = None) -> Polled:
+        """One poll (:func:`~pharos_pipeline.polls.take_messages`; ``until``: the background
+        poll's hand-off), decoded
         (:func:`~pharos_pipeline.polls.decode_poll`); after a rebalance during it, only the
         partitions still assigned (:func:`~pharos_pipeline.polls.still_owned`). Raises
         KafkaException (a fatal consumer error)."""
         gen = self._assignments
         msgs, self._mean_message_bytes = take_messages(
-            consumer, wait, self.max_messages, self.max_poll_bytes, self._mean_message_bytes
+            consumer, wait, self.max_messages, self.max_poll_bytes, self._mean_message_bytes, until, self._access
         )
         if self._assignments != gen:
-            msgs = still_owned(consumer, msgs)
+            msgs = self._access.call(lambda: still_owned(consumer, msgs))
         full = len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
         return decode_poll(msgs, self.settings, full)
 
@@ -272,7 +287,7 @@ class Pipeline:
 
         commit = [TopicPartition(t, p, o) for (t, p), o in polled.offsets.items()]
         if commit:
-            consumer.commit(offsets=commit, asynchronous=False)
+            self._access.call(lambda: consumer.commit(offsets=commit, asynchronous=False))
             self._committed.update(polled.offsets)
         with self._stats_lock:
             c = self._c
@@ -296,7 +311,8 @@ class Pipeline:
         if now - self._lag_at < self.lag_every_s:
             return
         self._lag_at = now
-        try:
+
+        def lag_of_assigned() -> dict[tuple[str, int], int]:
             parts = consumer.assignment()
             unknown = [tp for tp in parts if (tp.topic, tp.partition) not in self._committed]
             if unknown:
@@ -309,6 +325,10 @@ class Pipeline:
                     low, high = consumer.get_watermark_offsets(tp, timeout=5)
                 committed = self._committed.get((tp.topic, tp.partition), -1)
                 lag[(tp.topic, tp.partition)] = max(high - (committed if committed >= 0 else low), 0)
+            return lag
+
+        try:
+            lag = self._access.call(lag_of_assigned)
         except KafkaException as exc:  # the broker is away: keep the previous values
             log.debug("consumer lag not updated: %s", exc)
             return

@@ -362,8 +362,8 @@ def test_a_full_poll_takes_the_next_in_the_background_and_stores_each_batch_once
     threads: list[str] = []
     take = pipe._take
 
-    def recording_take(consumer, wait):
-        polled = take(consumer, wait)
+    def recording_take(consumer, wait, until=None):
+        polled = take(consumer, wait, until)
         if polled.taken:
             threads.append(threading.current_thread().name)
         return polled
@@ -401,6 +401,67 @@ def test_a_revocation_waits_for_the_poll_being_stored(tmp_path):
         assert not done.wait(0.3)
     assert done.wait(5)
     t.join(5)
+
+
+def test_a_rebalance_during_the_background_poll_lets_the_commit_through(pipeline_settings, store):
+    """A member joins while a full poll is stored and the next one is taken in the background:
+    the revocation comes in the background poll's consume() (20 of 30 batches stored, the
+    other 10 do not fill the next poll, so it keeps consuming), which holds the consumer, and waits
+    for the poll being stored to be committed; that commit is handed to it (ConsumerAccess) and
+    run there, so the store goes on (confluent-kafka >= 2.16 serializes a Consumer's calls: a
+    commit from the storing thread would otherwise wait for that consume() for ever). Every
+    record is stored once."""
+    import threading
+
+    s = pipeline_settings.model_copy(update={"pipeline_prefetch": True, "pipeline_max_messages": 20})
+    b = [make_batch("rb", i, [make_record(10 * i + k) for k in range(3)]) for i in range(30)]
+    produce(s, [(s.topic_requests, b"rb", x.SerializeToString()) for x in b])
+    pipe = Pipeline(s, store)
+    revoked_in: list[str] = []
+    revoked = pipe._revoked
+
+    def recording_revoked(consumer, partitions):
+        revoked_in.append(threading.current_thread().name)
+        revoked(consumer, partitions)
+
+    pipe._revoked = recording_revoked  # before the consumer subscribes with it
+    stop = threading.Event()
+
+    def other_member() -> None:  # joins the group, stores nothing, never commits
+        c = Consumer(
+            {"bootstrap.servers": s.kafka_bootstrap, "group.id": s.consumer_group, "enable.auto.commit": False}
+        )
+        c.subscribe(pipe.topics)
+        while not stop.is_set():
+            c.poll(0.2)
+        c.close()
+
+    other = threading.Thread(target=other_member, daemon=True)
+    insert = pipe._insert_records
+
+    def slow_store(new):
+        if pipe._next is not None and not other.is_alive() and not stop.is_set():
+            other.start()  # the group rebalances while this poll is stored, the next one taken
+            deadline = time.monotonic() + 30
+            while not revoked_in and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return insert(new)
+
+    pipe._insert_records = slow_store
+    stores = threading.Thread(target=lambda: drain(pipe, other.is_alive), daemon=True)
+    try:
+        stores.start()
+        stores.join(90)
+        assert not stores.is_alive(), "the store of the poll did not finish: its commit never came through"
+        assert any(n.startswith("pharos-pipeline-poll") for n in revoked_in), revoked_in
+        stop.set()
+        other.join(30)
+        drain(pipe, lambda: pipe.stats()["records"] >= 90)
+    finally:
+        stop.set()
+        pipe.close()
+    rows = store.query("SELECT seq, count() AS n FROM io_requests GROUP BY seq ORDER BY seq")
+    assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 3) for i in range(30)]
 
 
 def test_markers_looked_up_only_at_or_below_the_last_marked_seq(pipeline_settings, store):
@@ -505,3 +566,49 @@ def test_a_poll_keeps_only_the_partitions_still_owned_after_a_rebalance(tmp_path
         polled = pipe._take(Consumer(pipe, rebalance), 0.5)
         assert {p: o for (_t, p), o in polled.offsets.items()} == kept
         assert len(polled.batches) == len(kept)
+
+
+def test_a_background_poll_fills_past_the_wait_until_it_is_wanted():
+    """take_messages with ``until``: not cut by ``wait`` (nor by a short chunk) while the poll is
+    not full and not wanted; once ``until`` is set it ends as a foreground poll does. Without
+    ``until`` the first short chunk ends it. Through ConsumerAccess, a call another thread hands
+    over meanwhile is run by the consuming thread."""
+    import threading
+
+    from pharos_pipeline.polls import ConsumerAccess, take_messages
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.calls, self.ran_in = 0, []
+
+        def consume(self, num_messages, timeout):
+            self.calls += 1
+            if self.calls in (1, 3, 5):
+                return [b"x" * 10]
+            time.sleep(timeout)
+            return []
+
+        def commit(self):
+            self.ran_in.append(threading.current_thread().name)
+
+    c = Consumer()
+    msgs, _ = take_messages(c, 0.05, 100, 1 << 20, 10.0)
+    assert len(msgs) == 1 and c.calls == 1  # its first chunk came back short: that ended it
+
+    c, until, access = Consumer(), threading.Event(), ConsumerAccess()
+    out: list = []
+    t0 = time.monotonic()
+    bg = threading.Thread(
+        target=lambda: out.append(take_messages(c, 0.05, 100, 1 << 20, 10.0, until, access)), name="bg"
+    )
+    bg.start()
+    time.sleep(0.3)
+    access.call(c.commit)  # handed to the thread in consume()
+    assert c.ran_in == ["bg"]
+    until.set()
+    bg.join(5)
+    msgs, _ = out[0]
+    assert len(msgs) == 3 and time.monotonic() - t0 >= 0.3  # past its 0.05 s wait, every chunk taken
+    assert c.calls > 5
+    access.call(c.commit)  # nobody consumes now: run here
+    assert c.ran_in == ["bg", threading.current_thread().name]
