@@ -71,9 +71,9 @@ class ConsumerAccess:
     confluent-kafka (>= 2.16) serializes a Consumer's calls: a call from another thread waits,
     polling, until the current one returns. A background poll that calls ``consume()`` in a
     loop (:func:`take_messages` with ``until``) would starve the storing thread's commit and lag
-    queries (measured: a synchronous commit, ``assignment()`` and even a cached
-    ``get_watermark_offsets()`` waited over 40 s beside a loop of 20 ms or 200 ms ``consume()``
-    calls, and returned in 8-15 ms without it). So the other threads hand their calls
+    queries (measured: a synchronous commit, ``assignment()`` and ``committed()`` were still
+    waiting after 10 s, a cached ``get_watermark_offsets()`` after 40 s, beside a loop of 20 ms
+    or 200 ms ``consume()`` calls; a commit took 8-15 ms without it). So the other threads hand their calls
     (:meth:`call`) to the thread in ``consume()``, which runs them between its calls
     (:meth:`consume`) and from within the consumer's callbacks (:meth:`serve`: a call made in a
     callback of the consumer is admitted at once, so a revocation that waits for the poll
