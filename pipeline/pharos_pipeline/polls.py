@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from pharos_core.settings import Settings
 
@@ -84,26 +87,25 @@ class ConsumerAccess:
         self._cond = threading.Condition()
         self._owner: int | None = None  # the thread calling the consumer
         self._consuming = False  # ... and it is in consume(): calls are handed to it
-        self._pending: list[list] = []  # [fn, done, result, exception]
+        self._pending: list[tuple[Callable[[], Any], Future]] = []
 
     def call(self, fn):
         """``fn()``, run by this thread (after the thread calling the consumer, if any, is done)
         or, while another thread is in ``consume()``, by that one. Returns what ``fn`` returns;
         raises what it raises."""
         me = threading.get_ident()
+        handed: Future | None = None
         with self._cond:
-            while self._owner not in (None, me):
-                if self._consuming:
-                    job = [fn, False, None, None]
-                    self._pending.append(job)
-                    while not job[1]:
-                        self._cond.wait()
-                    if job[3] is not None:
-                        raise job[3]
-                    return job[2]
+            while self._owner not in (None, me) and not self._consuming:
                 self._cond.wait()
-            mine = self._owner is None
-            self._owner = me
+            if self._owner in (None, me):
+                mine = self._owner is None
+                self._owner = me
+            else:
+                handed = Future()
+                self._pending.append((fn, handed))
+        if handed is not None:
+            return handed.result()
         try:
             return fn()
         finally:
@@ -137,14 +139,11 @@ class ConsumerAccess:
             with self._cond:
                 if not self._pending or self._owner != threading.get_ident():
                     return
-                job = self._pending.pop(0)
+                fn, handed = self._pending.pop(0)
             try:
-                job[2] = job[0]()
+                handed.set_result(fn())
             except BaseException as exc:  # handed back to the caller
-                job[3] = exc
-            with self._cond:
-                job[1] = True
-                self._cond.notify_all()
+                handed.set_exception(exc)
 
 
 def take_messages(
