@@ -15,7 +15,7 @@ import contextlib
 import json
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime
 from importlib import resources
 from pathlib import Path
@@ -147,7 +147,13 @@ class Store(ABC):
         Raises StoreError; on error nothing of the call is stored. The statement's time goes to
         the ``pharos_store_insert_seconds`` histogram (pharos_core.telemetry).
         """
-        lines = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows]
+        return self.insert_json_lines(table, [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows])
+
+    def insert_json_lines(self, table: str, lines: Sequence[str]) -> int:
+        """Insert rows already serialized as JSONEachRow lines (one JSON object each, no newline
+        inside: ``json.dumps`` of a row of :meth:`insert_rows`) in one statement. Returns the row
+        count; raises StoreError (nothing of the call stored then). For rows made ahead of the
+        insert, e.g. in another thread (the pipeline's ``io_batches`` markers)."""
         if not lines:
             return 0
         payload = ("\n".join(lines) + "\n").encode()

@@ -20,7 +20,7 @@ agent's 200 ms batch may hold 3 records or 3,000), and then, in this order:
    producer's last marked seq (the store's when this assignment first saw the producer, then
    what this pipeline wrote), and records stored without a marker by a run that died are
    looked for at each assignment;
-3. inserts every new record of the poll in ONE ``insert_rows("io_requests", ...)`` call: one
+3. inserts every new record of the poll in ONE statement (:mod:`pharos_pipeline.columnar`): one
    part, all or nothing. That insert is the exactly-once point: a batch is in
    ``io_requests`` entirely or not at all, so the check of step 2 is exact;
 4. ``producer_drops`` (the per (producer, job) maximum of the cumulative counters of the
@@ -33,8 +33,10 @@ A crash anywhere before 5 re-delivers the poll; steps 1-4 are idempotent, so eve
 is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently lost,
 duplicates are counted in ``duplicates_skipped``).
 
-A poll that comes back full (``pipeline_prefetch``) has the next one taken from Kafka, and its
-headers decoded, in a background thread while it is stored, filled until it is full or wanted
+A poll that comes back full, or was itself taken in the background and took messages
+(``pipeline_prefetch``), has the next one taken from Kafka, and its
+headers decoded chunk by chunk as they come (with each batch's marker row), in a background thread
+while it is stored, filled until it is full or wanted
 (not cut at ``pipeline_max_wait_ms``); steps 1-5 stay in this order, poll after poll, in the
 thread that calls :meth:`Pipeline.process_once`. A revocation of partitions waits until the poll
 being stored is committed, and a poll during which a rebalance came keeps only the partitions
@@ -68,17 +70,9 @@ from pharos_core.store import Store, StoreError
 from . import columnar
 from .counters import Counters, TopicCounters
 from .dead_letters import DeadLetters
-from .messages import (
-    InvalidMessage,
-    batch_row,
-    decode_batch,
-    drop_rows,
-    job_event_row,
-    target_metrics_rows,
-)
+from .messages import InvalidMessage, decode_batch, drop_rows, job_event_row, target_metrics_rows
 from .polls import HANDOFF_CHECK_S, Bad, Batch, ConsumerAccess, Polled, decode_poll, still_owned, take_messages
 from .stored import Q_LAST_SEQ, Q_STORED_BATCH_KEYS, stored_keys, unmarked_record_keys
-from .wire import IoBatchHeader
 
 log = logging.getLogger("pharos_pipeline.ingest")
 
@@ -192,9 +186,12 @@ class Pipeline:
         ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
         of messages taken (0 when none came).
 
-        A poll that came back full (its message or byte limit reached: a backlog) starts the next
-        poll in a background thread while this one is stored (:meth:`_prefetch`); the next call
-        stores what that took (or polls anew when it took nothing). The store checks, inserts and
+        A poll that came back full (its message or byte limit reached: a backlog), or that was itself
+        taken in the background and took messages (they kept coming while the poll before was
+        stored), starts the next poll in a background thread while this one is stored
+        (:meth:`_prefetch`); the next call stores what that took (or polls anew when it took
+        nothing). A background poll handed over before it filled (the insert outran Kafka's fetch
+        beside it) so still has the next one taken beside its own store. The store checks, inserts and
         commits stay in this thread and in poll order, so the exactly-once steps are unchanged.
 
         Raises StoreError when the store refuses an insert, or KafkaException when the
@@ -205,13 +202,14 @@ class Pipeline:
         self.store.mark_ingest_thread()
         consumer = self._ensure_consumer()
         polled = self._prefetched()
-        if polled is None or not polled.taken:
+        background = polled is not None and bool(polled.taken)
+        if not background:
             polled = self._take(consumer, self.max_wait if timeout is None else timeout)
         if not polled.taken:
             self._update_lag(consumer)
             return 0
         with self._storing:
-            if polled.full and self.settings.pipeline_prefetch:
+            if (polled.full or background) and self.settings.pipeline_prefetch:
                 self._prefetch(consumer)
             self._store_polled(consumer, polled)
         self._update_lag(consumer)
@@ -258,18 +256,28 @@ class Pipeline:
     # -- one poll: take, then store -------------------------------------------------------
     def _take(self, consumer, wait: float, until: threading.Event | None = None) -> Polled:
         """One poll (:func:`~pharos_pipeline.polls.take_messages`; ``until``: the background
-        poll's hand-off), decoded
-        (:func:`~pharos_pipeline.polls.decode_poll`); after a rebalance during it, only the
-        partitions still assigned (:func:`~pharos_pipeline.polls.still_owned`). Raises
-        KafkaException (a fatal consumer error)."""
+        poll's hand-off), decoded chunk by chunk as it comes (:meth:`~pharos_pipeline.polls.Polled.add`);
+        after a rebalance during it, only the partitions still assigned
+        (:func:`~pharos_pipeline.polls.still_owned`, decoded again). Raises KafkaException (a
+        fatal consumer error)."""
         gen = self._assignments
+        polled = Polled(full=False)
         msgs, self._mean_message_bytes = take_messages(
-            consumer, wait, self.max_messages, self.max_poll_bytes, self._mean_message_bytes, until, self._access
+            consumer,
+            wait,
+            self.max_messages,
+            self.max_poll_bytes,
+            self._mean_message_bytes,
+            until,
+            self._access,
+            lambda chunk: polled.add(chunk, self.settings),
         )
         if self._assignments != gen:
-            msgs = self._access.call(lambda: still_owned(consumer, msgs))
-        full = len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
-        return decode_poll(msgs, self.settings, full)
+            owned = self._access.call(lambda: still_owned(consumer, msgs))
+            if len(owned) != len(msgs):
+                msgs, polled = owned, decode_poll(owned, self.settings, False)
+        polled.full = len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
+        return polled
 
     def _store_polled(self, consumer, polled: Polled) -> None:
         """Steps 1-5 of the module doc for one poll: dead letters, records and markers, job
@@ -336,44 +344,47 @@ class Pipeline:
             self._c.lag = lag
 
     def _store_batches(self, batches: list[Batch]) -> None:
+        # Per batch only lookups of what the poll's decoding made (Batch: id, records, marker):
+        # this runs between two inserts, in the cycle's serial part.
         # 1. duplicates within the poll (first one wins: the same key means the same batch)
         unique: dict[tuple[str, int], Batch] = {}
-        dup = 0
         for b in batches:
-            key = (b.batch.producer_id, b.batch.seq)
-            if key in unique:
-                dup += 1
-            else:
-                unique[key] = b
-        keys = set(unique)
-        high = self._marked_high_of({p for p, _ in keys})
-        self._detect_gaps([b.batch for b in unique.values()], high)
+            unique.setdefault(b.id, b)
+        dup = len(batches) - len(unique)
+        high = self._marked_high_of({p for p, _ in unique})
+        self._detect_gaps(list(unique), high)
         # 2. what earlier polls stored (io_batches), or a run that died before its markers
         seen = self._assignments
         if seen != self._reconciled:
             self._unmarked |= unmarked_record_keys(self.store)
             self._reconciled = seen
-        have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, {k for k in keys if k[1] <= high[k[0]]})
-        new = [b for k, b in unique.items() if k not in self._unmarked and k not in have_marker]
+        have_marker = stored_keys(self.store, Q_STORED_BATCH_KEYS, {k for k in unique if k[1] <= high[k[0]]})
+        done = self._unmarked | have_marker
+        new = [b for k, b in unique.items() if k not in done] if done else list(unique.values())
         # 3. all new records in ONE insert (one part: all or nothing), decoded by the store
         new = self._insert_records(new)
-        stored = {(b.batch.producer_id, b.batch.seq) for b in new}
-        incomplete = [
-            b.batch for k, b in unique.items() if k not in have_marker and (k in stored or k in self._unmarked)
-        ]
-        dup += sum(1 for k in unique if k not in stored and (k in have_marker or k in self._unmarked))
+        if len(new) == len(unique):  # every batch of the poll was new and stored (the usual case)
+            incomplete = new
+        else:
+            stored = {b.id for b in new}
+            incomplete = [b for k, b in unique.items() if k not in have_marker and (k in stored or k in self._unmarked)]
+            dup += sum(1 for k in unique if k not in stored and (k in have_marker or k in self._unmarked))
         # 4. loss counters, then the completion markers
-        self.store.insert_rows("producer_drops", drop_rows(incomplete))
-        self.store.insert_rows("io_batches", [batch_row(b) for b in incomplete])
-        self._unmarked -= {(b.producer_id, b.seq) for b in incomplete}
-        for b in incomplete:
-            high[b.producer_id] = max(high[b.producer_id], b.seq)
+        self.store.insert_rows(
+            "producer_drops", drop_rows([b.with_drops for b in incomplete if b.with_drops is not None])
+        )
+        self.store.insert_json_lines("io_batches", [b.marker for b in incomplete])
+        if self._unmarked:
+            self._unmarked -= {b.id for b in incomplete}
+        for p, seq in (b.id for b in incomplete):
+            if seq > high[p]:
+                high[p] = seq
         if dup:
             log.info("skipped %d duplicate batch(es)", dup)
         with self._stats_lock:
             t = self._c.topic(self.settings.topic_requests)
             t.batches += len(new)
-            t.stored += sum(len(b.batch.records) for b in new)
+            t.stored += sum(b.records for b in new)
             t.duplicates += dup
 
     def _marked_high_of(self, producers: set[str]) -> dict[str, int]:
@@ -419,28 +430,29 @@ class Pipeline:
         columnar.insert_io_batches(self.store, [b.value for b in good], self.settings.pipeline_parse_threads)
         return good
 
-    def _detect_gaps(self, batches: list[IoBatchHeader], marked_high: dict[str, int]) -> None:
-        # a producer seen for the first time starts from its last stored seq (marked_high: the
-        # store's, asked for every producer of the poll)
+    def _detect_gaps(self, ids: list[tuple[str, int]], marked_high: dict[str, int]) -> None:
+        # ids: (producer_id, seq) of the poll's batches in Kafka order; a producer seen for the
+        # first time starts from its last stored seq (marked_high: the store's, asked for every
+        # producer of the poll)
         last = self._c.last_seq
-        for p in {b.producer_id for b in batches} - last.keys():
+        for p in {p for p, _ in ids} - last.keys():
             if marked_high[p] >= 0:
                 last[p] = marked_high[p]
         gaps = 0
-        for b in batches:  # Kafka order within a producer's partition
-            prev = last.get(b.producer_id, -1)
-            if b.seq > prev + 1:
-                missing = b.seq - prev - 1
+        for p, seq in ids:  # Kafka order within a producer's partition
+            prev = last.get(p, -1)
+            if seq > prev + 1:
+                missing = seq - prev - 1
                 gaps += missing
                 log.warning(
                     "producer %s: %d batch(es) missing before seq %d (last seen %s)",
-                    b.producer_id,
+                    p,
                     missing,
-                    b.seq,
+                    seq,
                     prev if prev >= 0 else "none",
                 )
-            if b.seq > prev:
-                last[b.producer_id] = b.seq
+            if seq > prev:
+                last[p] = seq
         if gaps:
             with self._stats_lock:
                 self._c.topic(self.settings.topic_requests).gaps += gaps

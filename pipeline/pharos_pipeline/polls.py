@@ -17,7 +17,7 @@ from typing import Any
 
 from pharos_core.settings import Settings
 
-from .messages import InvalidMessage, decode_batch_header, decode_job_event, decode_target_metrics
+from .messages import InvalidMessage, batch_row_json, decode_batch_header, decode_job_event, decode_target_metrics
 from .wire import IoBatchHeader, JobEvent, TargetMetricsBatch
 
 log = logging.getLogger("pharos_pipeline.ingest")
@@ -40,16 +40,43 @@ class Bad:
     error: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
-    """A ``pharos.io.requests`` message: where it came from, its bytes and its parsed batch."""
+    """A ``pharos.io.requests`` message: where it came from, its bytes, its parsed batch and what
+    the storing thread needs of it, made when the poll is decoded (in the background poll's
+    thread, while the poll before is inserted: the storing thread only looks them up)."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
     value: bytes
-    batch: IoBatchHeader
+    #: (producer_id, seq): the batch's key in the exactly-once checks
+    id: tuple[str, int]
+    #: how many records it holds
+    records: int
+    #: its ``io_batches`` row (:func:`~pharos_pipeline.messages.batch_row`) as a JSONEachRow line
+    marker: str
+    #: the parsed batch when it carries loss counters (``drops``: ``producer_drops`` rows), else
+    #: None: not kept, as objects that live for a poll (~18,000 a 64 MiB poll) make Python's
+    #: full garbage collections (~60 ms each, every ~1.5 s of ingest)
+    with_drops: IoBatchHeader | None
+
+    @classmethod
+    def of(cls, topic: str, partition: int, offset: int, key: bytes | None, value: bytes) -> Batch:
+        """The batch of a message. Raises InvalidMessage (:func:`decode_batch_header`)."""
+        h = decode_batch_header(value)
+        return cls(
+            topic,
+            partition,
+            offset,
+            key,
+            value,
+            (h.producer_id, h.seq),
+            len(h.records),
+            batch_row_json(h),
+            h if h.drops else None,
+        )
 
 
 @dataclass
@@ -66,6 +93,36 @@ class Polled:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     #: topic -> messages taken
     taken: dict[str, int] = field(default_factory=dict)
+
+    def add(self, msgs: list, settings: Settings) -> None:
+        """Sort and decode ``msgs`` (a chunk of the poll, in the order taken) into this poll: headers of
+        IoBatches, job events, target metrics; their offsets to commit and counts; what does not
+        decode goes to ``bad``. Raises KafkaException (a fatal consumer error)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer: %s", err)
+                continue
+            topic, part, off = m.topic(), m.partition(), m.offset()
+            self.taken[topic] = self.taken.get(topic, 0) + 1
+            self.offsets[(topic, part)] = max(self.offsets.get((topic, part), -1), off + 1)
+            try:
+                if topic == settings.topic_requests:
+                    self.batches.append(Batch.of(topic, part, off, m.key(), m.value()))
+                elif topic == settings.topic_jobs:
+                    self.events.append(decode_job_event(m.value()))
+                elif topic == settings.topic_target_metrics:
+                    self.metrics.append(decode_target_metrics(m.value()))
+                else:  # not subscribed; cannot happen
+                    raise InvalidMessage(f"unexpected topic {topic}")
+            except InvalidMessage as exc:
+                self.bad.append(Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
 
 
 class ConsumerAccess:
@@ -154,6 +211,7 @@ def take_messages(
     mean_bytes: float,
     until: threading.Event | None = None,
     access: ConsumerAccess | None = None,
+    on_chunk: Callable[[list], None] | None = None,
 ) -> tuple[list, float]:
     """The messages of one poll and the running mean message size (bytes) after it: taken in
     chunks until the poll holds ``max_messages`` messages or ``max_bytes`` bytes, or ``wait``
@@ -168,7 +226,10 @@ def take_messages(
     came back partly filled (18,000 of a 64 MiB poll's messages in 0.2 s on the ingest bench),
     so the next poll was taken in the foreground again: ~0.3-0.5 s of each 1.3-1.5 s poll
     cycle without a store running. ``access``: how the consumer is called (:class:`ConsumerAccess`:
-    needed with ``until``, so the storing thread's calls are not starved). Raises KafkaException."""
+    needed with ``until``, so the storing thread's calls are not starved). ``on_chunk``: called with
+    each chunk that came back non-empty, as it comes (the pipeline decodes it then: in a
+    background poll, beside the insert of the poll before, which holds no GIL). Raises
+    KafkaException, and what ``on_chunk`` raises."""
     deadline = time.monotonic() + wait
     msgs: list = []
     size = 0
@@ -186,6 +247,8 @@ def take_messages(
             mean_bytes += (got_bytes / len(got) - mean_bytes) * min(1.0, len(got) / 64)
             msgs += got
             size += got_bytes
+            if on_chunk is not None:
+                on_chunk(got)
         if len(msgs) >= max_messages or size >= max_bytes:
             return msgs, mean_bytes
         if not waiting and (len(got) < want or time.monotonic() >= deadline):
@@ -201,33 +264,8 @@ def still_owned(consumer, msgs: list) -> list:
 
 
 def decode_poll(msgs: list, settings: Settings, full: bool) -> Polled:
-    """A poll's messages sorted by topic and decoded (headers of IoBatches; job events; target
-    metrics), their offsets to commit and counts; what does not decode goes to ``bad``. Raises
-    KafkaException (a fatal consumer error)."""
-    from confluent_kafka import KafkaError, KafkaException
-
+    """A poll's messages sorted by topic and decoded (:meth:`Polled.add`). Raises KafkaException
+    (a fatal consumer error)."""
     out = Polled(full=full)
-    for m in msgs:
-        err = m.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                continue
-            if err.fatal():
-                raise KafkaException(err)
-            log.warning("consumer: %s", err)
-            continue
-        topic, part, off = m.topic(), m.partition(), m.offset()
-        out.taken[topic] = out.taken.get(topic, 0) + 1
-        out.offsets[(topic, part)] = max(out.offsets.get((topic, part), -1), off + 1)
-        try:
-            if topic == settings.topic_requests:
-                out.batches.append(Batch(topic, part, off, m.key(), m.value(), decode_batch_header(m.value())))
-            elif topic == settings.topic_jobs:
-                out.events.append(decode_job_event(m.value()))
-            elif topic == settings.topic_target_metrics:
-                out.metrics.append(decode_target_metrics(m.value()))
-            else:  # not subscribed; cannot happen
-                raise InvalidMessage(f"unexpected topic {topic}")
-        except InvalidMessage as exc:
-            out.bad.append(Bad(topic, part, off, m.key(), m.value() or b"", str(exc)))
+    out.add(msgs, settings)
     return out

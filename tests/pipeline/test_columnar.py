@@ -11,7 +11,7 @@ from pipeline_testkit import make_batch, make_record
 from pharos_core.store import StoreError, migrate, open_store
 from pharos_pipeline import columnar
 from pharos_pipeline.columnar import insert_io_batches
-from pharos_pipeline.messages import InvalidMessage, decode_batch, record_rows
+from pharos_pipeline.messages import InvalidMessage, batch_row, batch_row_json, decode_batch, record_rows
 from pharos_pipeline.wire.pharos.v1 import io_pb2
 
 MAX_NS = (1 << 63) - 1
@@ -100,6 +100,29 @@ def test_an_invalid_record_stores_nothing_of_the_poll(store, bad):
     with pytest.raises(StoreError, match=columnar.INVALID_RECORD):
         insert_io_batches(store, [good.SerializeToString(), wrong.SerializeToString()], 2)
     assert int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == 0
+
+
+def test_marker_lines_store_as_the_reference_rows(store):
+    """The pipeline's io_batches markers, made as JSONEachRow lines while a poll is decoded
+    (batch_row_json), are the text json.dumps makes of batch_row and store the same rows, odd
+    strings and edge numbers included."""
+    import json
+
+    batches = [
+        make_batch('cn"0\\é\n\t\x01:agent\u2028', (1 << 64) - 1, [make_record(0)], host="h 'ö'", created_ns=MAX_NS),
+        make_batch("p", 0, [], host=""),
+        make_batch("p", 7, [make_record(k) for k in range(5)]),
+    ]
+    for b in batches:
+        assert batch_row_json(b) == json.dumps(batch_row(b), separators=(",", ":"), ensure_ascii=False)
+    store.command("CREATE TABLE io_batches_ref AS io_batches")
+    assert store.insert_json_lines("io_batches", [batch_row_json(b) for b in batches]) == 3
+    store.insert_rows("io_batches_ref", [batch_row(b) for b in batches])
+    cols = "producer_id, seq, host, records, created"
+    got = store.query(f"SELECT {cols} FROM io_batches ORDER BY producer_id, seq")
+    assert got == store.query(f"SELECT {cols} FROM io_batches_ref ORDER BY producer_id, seq")
+    assert [int(r["records"]) for r in got] == [1, 0, 5] and int(got[0]["seq"]) == (1 << 64) - 1
+    assert got[0]["producer_id"] == batches[0].producer_id and got[0]["host"] == "h 'ö'"
 
 
 def test_length_delimited_and_split():

@@ -386,6 +386,31 @@ def test_a_full_poll_takes_the_next_in_the_background_and_stores_each_batch_once
     assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 3) for i in range(30)]
 
 
+def test_a_background_poll_that_took_messages_has_the_next_one_taken_in_the_background(tmp_path):
+    """A poll taken in the foreground that is not full starts no background poll; one taken in the
+    background that took messages does, full or not (handed over before it filled: the insert
+    before it outran the fetch, so messages are still coming); one that took none does not."""
+    from types import SimpleNamespace
+
+    from pharos_core.settings import Settings
+    from pharos_pipeline.polls import Polled
+
+    store = SimpleNamespace(mark_ingest_thread=lambda: None)
+    pipe = Pipeline(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"), store=store)  # type: ignore[arg-type]
+    pipe._consumer, pipe.lag_every_s, pipe._lag_at = object(), 1e9, time.monotonic()
+    started, stored = [], []
+    pipe._prefetch = lambda consumer: started.append(1)  # type: ignore[method-assign]
+    pipe._store_polled = lambda consumer, polled: stored.append(sum(polled.taken.values()))  # type: ignore[method-assign]
+    foreground = iter([Polled(full=False, taken={"t": 3}), Polled(full=True, taken={"t": 5}), Polled(full=False)])
+    pipe._take = lambda consumer, wait, until=None: next(foreground)  # type: ignore[method-assign]
+    assert pipe.process_once() == 3 and started == []
+    assert pipe.process_once() == 5 and started == [1]  # full
+    pipe._prefetched = lambda: Polled(full=False, taken={"t": 2})  # type: ignore[method-assign]
+    assert pipe.process_once() == 2 and started == [1, 1]  # taken in the background, not full
+    pipe._prefetched = lambda: Polled(full=False)  # type: ignore[method-assign]
+    assert pipe.process_once() == 0 and started == [1, 1] and stored == [3, 5, 2]  # nothing came
+
+
 def test_a_revocation_waits_for_the_poll_being_stored(tmp_path):
     """The consumer's on_revoke (called in the background poll's thread) returns only once the
     poll being stored is committed: the partitions' next owner starts after that commit."""
