@@ -135,10 +135,10 @@ class Settings(PharosSettings):
     )
     pipeline_prefetch: bool = Field(
         default=True,
-        description="Pipeline: when a poll comes back full (a backlog), or was itself taken in the background and "
-        "took messages, take the next poll from Kafka and decode its headers in a background thread while this one "
-        "is stored, filling it until it is full or this one is committed (the store's inserts and commits stay in "
-        "order in one thread). False: one poll at a time.",
+        description="Pipeline: when a poll comes back full or with messages still queued (a backlog), take the next "
+        "poll from Kafka and decode its headers in a background thread while this one is stored, filling it until "
+        "it is full or this one is committed (the store's inserts and commits stay in order in one thread). "
+        "False: one poll at a time.",
     )
     pipeline_parse_threads: int = Field(
         default=2,

@@ -33,8 +33,8 @@ A crash anywhere before 5 re-delivers the poll; steps 1-4 are idempotent, so eve
 is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently lost,
 duplicates are counted in ``duplicates_skipped``).
 
-A poll that comes back full, or was itself taken in the background and took messages
-(``pipeline_prefetch``), has the next one taken from Kafka, and its
+A poll that comes back full, or with messages still queued when it ended (``pipeline_prefetch``),
+has the next one taken from Kafka, and its
 headers decoded chunk by chunk as they come (with each batch's marker row), in a background thread
 while it is stored, filled until it is full or wanted
 (not cut at ``pipeline_max_wait_ms``); steps 1-5 stay in this order, poll after poll, in the
@@ -186,12 +186,10 @@ class Pipeline:
         ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
         of messages taken (0 when none came).
 
-        A poll that came back full (its message or byte limit reached: a backlog), or that was itself
-        taken in the background and took messages (they kept coming while the poll before was
-        stored), starts the next poll in a background thread while this one is stored
-        (:meth:`_prefetch`); the next call stores what that took (or polls anew when it took
-        nothing). A background poll handed over before it filled (the insert outran Kafka's fetch
-        beside it) so still has the next one taken beside its own store. The store checks, inserts and
+        A poll that came back full (its message or byte limit reached, or its last chunk came back
+        with all it asked for: a backlog) starts the next poll in a background thread while this
+        one is stored (:meth:`_prefetch`); the next call stores what that took (or polls anew when
+        it took nothing). The store checks, inserts and
         commits stay in this thread and in poll order, so the exactly-once steps are unchanged.
 
         Raises StoreError when the store refuses an insert, or KafkaException when the
@@ -202,14 +200,13 @@ class Pipeline:
         self.store.mark_ingest_thread()
         consumer = self._ensure_consumer()
         polled = self._prefetched()
-        background = polled is not None and bool(polled.taken)
-        if not background:
+        if polled is None or not polled.taken:
             polled = self._take(consumer, self.max_wait if timeout is None else timeout)
         if not polled.taken:
             self._update_lag(consumer)
             return 0
         with self._storing:
-            if (polled.full or background) and self.settings.pipeline_prefetch:
+            if polled.full and self.settings.pipeline_prefetch:
                 self._prefetch(consumer)
             self._store_polled(consumer, polled)
         self._update_lag(consumer)
@@ -262,7 +259,7 @@ class Pipeline:
         fatal consumer error)."""
         gen = self._assignments
         polled = Polled(full=False)
-        msgs, self._mean_message_bytes = take_messages(
+        msgs, self._mean_message_bytes, more = take_messages(
             consumer,
             wait,
             self.max_messages,
@@ -276,7 +273,7 @@ class Pipeline:
             owned = self._access.call(lambda: still_owned(consumer, msgs))
             if len(owned) != len(msgs):
                 msgs, polled = owned, decode_poll(owned, self.settings, False)
-        polled.full = len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
+        polled.full = more or len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
         return polled
 
     def _store_polled(self, consumer, polled: Polled) -> None:

@@ -26,6 +26,13 @@ log = logging.getLogger("pharos_pipeline.ingest")
 CONSUME_CHUNK = 1000
 #: How often a background poll (:func:`take_messages` with ``until``) looks whether it is wanted, s.
 HANDOFF_CHECK_S = 0.02
+#: A background poll handed over holding at least this share of its message or byte limit says more
+#: is waiting: a backlog the fetch beside the insert could not keep up with (on the ingest bench,
+#: 20-47 MiB of 64 handed over), where a topic at a steady rate below the pipeline's fills a poll
+#: with what arrives during one store (at 27,000 records/s, 40,960 simulated nodes at 0.005 real
+#: time, ~1 MiB). Its last chunk alone does not tell: the background poll drains the consumer's
+#: queue every 20 ms.
+HANDED_OVER_BACKLOG = 0.25
 
 
 @dataclass
@@ -82,7 +89,8 @@ class Batch:
 @dataclass
 class Polled:
     """One poll's messages, sorted and decoded (:func:`decode_poll`). ``full``: the poll hit
-    its message or byte limit (more is likely waiting)."""
+    its message or byte limit, or its last chunk came back with all it asked for: more is
+    likely waiting (a backlog)."""
 
     full: bool
     batches: list[Batch] = field(default_factory=list)
@@ -212,8 +220,10 @@ def take_messages(
     until: threading.Event | None = None,
     access: ConsumerAccess | None = None,
     on_chunk: Callable[[list], None] | None = None,
-) -> tuple[list, float]:
-    """The messages of one poll and the running mean message size (bytes) after it: taken in
+) -> tuple[list, float, bool]:
+    """The messages of one poll, the running mean message size (bytes) after it, and whether more
+    is likely waiting (the poll ended full, or its last chunk came back with all it asked for:
+    messages were still queued when it ended, as in a backlog): taken in
     chunks until the poll holds ``max_messages`` messages or ``max_bytes`` bytes, or ``wait``
     seconds passed (a chunk that comes back short means the wait is over). A chunk is at most
     :data:`CONSUME_CHUNK` messages and what the bytes left allow at ``mean_bytes``, so a poll
@@ -222,7 +232,11 @@ def take_messages(
     ``until``: a background poll taken while the previous one is stored. It is not cut by
     ``wait`` (which bounds how long a record waits on an idle topic, not how long a store
     takes): it keeps filling until it is full or ``until`` is set (the pipeline wants it),
-    then ends as a poll in the foreground would. Cut at ``wait``, a poll taken beside a store
+    then ends as a poll in the foreground would (at once: its wait is over), with more waiting
+    when it holds :data:`HANDED_OVER_BACKLOG` of its limits or its last chunk came back full, so
+    the pipeline takes the next poll in the background too (a poll handed over before it filled,
+    because the insert outran the fetch beside it, used to leave the one after it to the
+    foreground). Cut at ``wait``, a poll taken beside a store
     came back partly filled (18,000 of a 64 MiB poll's messages in 0.2 s on the ingest bench),
     so the next poll was taken in the foreground again: ~0.3-0.5 s of each 1.3-1.5 s poll
     cycle without a store running. ``access``: how the consumer is called (:class:`ConsumerAccess`:
@@ -250,9 +264,12 @@ def take_messages(
             if on_chunk is not None:
                 on_chunk(got)
         if len(msgs) >= max_messages or size >= max_bytes:
-            return msgs, mean_bytes
+            return msgs, mean_bytes, True
         if not waiting and (len(got) < want or time.monotonic() >= deadline):
-            return msgs, mean_bytes
+            backlog = until is not None and (
+                len(msgs) >= max_messages * HANDED_OVER_BACKLOG or size >= max_bytes * HANDED_OVER_BACKLOG
+            )
+            return msgs, mean_bytes, backlog or len(got) >= want
 
 
 def still_owned(consumer, msgs: list) -> list:

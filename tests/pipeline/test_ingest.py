@@ -386,31 +386,6 @@ def test_a_full_poll_takes_the_next_in_the_background_and_stores_each_batch_once
     assert [(int(r["seq"]), int(r["n"])) for r in rows] == [(i, 3) for i in range(30)]
 
 
-def test_a_background_poll_that_took_messages_has_the_next_one_taken_in_the_background(tmp_path):
-    """A poll taken in the foreground that is not full starts no background poll; one taken in the
-    background that took messages does, full or not (handed over before it filled: the insert
-    before it outran the fetch, so messages are still coming); one that took none does not."""
-    from types import SimpleNamespace
-
-    from pharos_core.settings import Settings
-    from pharos_pipeline.polls import Polled
-
-    store = SimpleNamespace(mark_ingest_thread=lambda: None)
-    pipe = Pipeline(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"), store=store)  # type: ignore[arg-type]
-    pipe._consumer, pipe.lag_every_s, pipe._lag_at = object(), 1e9, time.monotonic()
-    started, stored = [], []
-    pipe._prefetch = lambda consumer: started.append(1)  # type: ignore[method-assign]
-    pipe._store_polled = lambda consumer, polled: stored.append(sum(polled.taken.values()))  # type: ignore[method-assign]
-    foreground = iter([Polled(full=False, taken={"t": 3}), Polled(full=True, taken={"t": 5}), Polled(full=False)])
-    pipe._take = lambda consumer, wait, until=None: next(foreground)  # type: ignore[method-assign]
-    assert pipe.process_once() == 3 and started == []
-    assert pipe.process_once() == 5 and started == [1]  # full
-    pipe._prefetched = lambda: Polled(full=False, taken={"t": 2})  # type: ignore[method-assign]
-    assert pipe.process_once() == 2 and started == [1, 1]  # taken in the background, not full
-    pipe._prefetched = lambda: Polled(full=False)  # type: ignore[method-assign]
-    assert pipe.process_once() == 0 and started == [1, 1] and stored == [3, 5, 2]  # nothing came
-
-
 def test_a_revocation_waits_for_the_poll_being_stored(tmp_path):
     """The consumer's on_revoke (called in the background poll's thread) returns only once the
     poll being stored is committed: the partitions' next owner starts after that commit."""
@@ -593,6 +568,41 @@ def test_a_poll_keeps_only_the_partitions_still_owned_after_a_rebalance(tmp_path
         assert len(polled.batches) == len(kept)
 
 
+def test_a_poll_that_ends_with_messages_still_queued_says_more_is_waiting():
+    """take_messages's third value: a poll that ended with its last chunk full (messages still
+    queued: a backlog) or at its limits says more is waiting, so the pipeline takes the next poll
+    in the background; one whose last chunk came back short does not. A background poll handed
+    over before it filled says so with a full chunk still there, or holding a quarter of its
+    limits (HANDED_OVER_BACKLOG)."""
+    import threading
+
+    from pharos_pipeline.polls import ConsumerAccess, take_messages
+
+    class Consumer:
+        def __init__(self, chunks) -> None:
+            self.chunks = list(chunks)
+
+        def consume(self, num_messages, timeout):
+            n = self.chunks.pop(0) if self.chunks else 0
+            if n == "all":
+                return [b"xx"] * num_messages
+            if not n:
+                time.sleep(timeout)
+            return [b"xx"] * n
+
+    assert take_messages(Consumer(["all", "all", 3]), 1.0, 10_000, 1 << 20, 1.0)[2] is False  # short: the wait is over
+    assert take_messages(Consumer(["all"] * 5), 1.0, 100, 1 << 20, 2.0)[1:] == (2.0, True)  # 100 messages: full
+    msgs, _, more = take_messages(Consumer(["all"] * 50), 0.0, 10_000, 1 << 20, 1.0)  # past its wait, chunk full
+    assert 1 <= len(msgs) < 10_000 and more
+    until = threading.Event()
+    until.set()  # wanted at once: ends after one chunk, which was full
+    msgs, _, more = take_messages(Consumer(["all"] * 50), 0.0, 10_000, 1 << 20, 1.0, until, ConsumerAccess())
+    assert len(msgs) == 1000 and more
+    for held, backlog in ((499, False), (500, True)):  # a quarter of its 4,000 bytes (2 a message): a backlog
+        msgs, _, more = take_messages(Consumer([held]), 0.0, 10_000, 4_000, 2.0, until, ConsumerAccess())
+        assert len(msgs) == held and more is backlog
+
+
 def test_a_background_poll_fills_past_the_wait_until_it_is_wanted():
     """take_messages with ``until``: not cut by ``wait`` (nor by a short chunk) while the poll is
     not full and not wanted; once ``until`` is set it ends as a foreground poll does. Without
@@ -617,8 +627,8 @@ def test_a_background_poll_fills_past_the_wait_until_it_is_wanted():
             self.ran_in.append(threading.current_thread().name)
 
     c = Consumer()
-    msgs, _ = take_messages(c, 0.05, 100, 1 << 20, 10.0)
-    assert len(msgs) == 1 and c.calls == 1  # its first chunk came back short: that ended it
+    msgs, _, more = take_messages(c, 0.05, 100, 1 << 20, 10.0)
+    assert len(msgs) == 1 and c.calls == 1 and not more  # its first chunk came back short: that ended it
 
     c, until, access = Consumer(), threading.Event(), ConsumerAccess()
     out: list = []
@@ -632,8 +642,8 @@ def test_a_background_poll_fills_past_the_wait_until_it_is_wanted():
     assert c.ran_in == ["bg"]
     until.set()
     bg.join(5)
-    msgs, _ = out[0]
-    assert len(msgs) == 3 and time.monotonic() - t0 >= 0.3  # past its 0.05 s wait, every chunk taken
+    msgs, _, more = out[0]
+    assert len(msgs) == 3 and not more and time.monotonic() - t0 >= 0.3  # past its 0.05 s wait, every chunk taken
     assert c.calls > 5
     access.call(c.commit)  # nobody consumes now: run here
     assert c.ran_in == ["bg", threading.current_thread().name]
