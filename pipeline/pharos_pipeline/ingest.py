@@ -33,10 +33,9 @@ A crash anywhere before 5 re-delivers the poll; steps 1-4 are idempotent, so eve
 is stored exactly once (Beacon's end-to-end loss accounting: nothing is silently lost,
 duplicates are counted in ``duplicates_skipped``).
 
-A poll that comes back full, or with messages still queued when it ended (``pipeline_prefetch``),
-has the next one taken from Kafka, and its
-headers decoded chunk by chunk as they come (with each batch's marker row), in a background thread
-while it is stored, filled until it is full or wanted
+A poll that comes back full, or with a backlog behind it (``pipeline_prefetch``), has the next one
+taken from Kafka, and its headers decoded chunk by chunk as they come (with each batch's marker
+row), in a background thread while it is stored, filled until it is full or wanted
 (not cut at ``pipeline_max_wait_ms``); steps 1-5 stay in this order, poll after poll, in the
 thread that calls :meth:`Pipeline.process_once`. A revocation of partitions waits until the poll
 being stored is committed, and a poll during which a rebalance came keeps only the partitions
@@ -186,8 +185,8 @@ class Pipeline:
         ``timeout`` s, default ``max_wait``), store them and commit their offsets. Returns the number
         of messages taken (0 when none came).
 
-        A poll that came back full (its message or byte limit reached, or its last chunk came back
-        with all it asked for: a backlog) starts the next poll in a background thread while this
+        A poll that came back full (its message or byte limit reached, or it ended with a backlog
+        behind it: :func:`~pharos_pipeline.polls.take_messages`) starts the next poll in a background thread while this
         one is stored (:meth:`_prefetch`); the next call stores what that took (or polls anew when
         it took nothing). The store checks, inserts and
         commits stay in this thread and in poll order, so the exactly-once steps are unchanged.

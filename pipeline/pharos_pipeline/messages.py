@@ -197,8 +197,8 @@ def batch_row(batch: IoBatch | IoBatchHeader) -> dict[str, Any]:
 
 def batch_row_json(batch: IoBatch | IoBatchHeader) -> str:
     """:func:`batch_row` as its JSONEachRow line (``json.dumps`` of it, compact), made without the
-    dict: the pipeline makes one per message as it decodes a poll (2-3x faster than the dict and
-    ``json.dumps``: ~1.5 µs a batch)."""
+    dict: the pipeline makes one per message as it decodes a poll (1.1 µs a batch against 3.2 µs
+    for the dict and ``json.dumps``)."""
     ns = batch.created_ns
     return (
         f'{{"producer_id":{_json_str(batch.producer_id)},"seq":{batch.seq},"host":{_json_str(batch.host)},'

@@ -49,8 +49,8 @@ class Bad:
 
 @dataclass(slots=True)
 class Batch:
-    """A ``pharos.io.requests`` message: where it came from, its bytes, its parsed batch and what
-    the storing thread needs of it, made when the poll is decoded (in the background poll's
+    """A ``pharos.io.requests`` message: where it came from, its bytes and what the storing thread
+    needs of its parsed header, made when the poll is decoded (in the background poll's
     thread, while the poll before is inserted: the storing thread only looks them up)."""
 
     topic: str
@@ -89,8 +89,8 @@ class Batch:
 @dataclass
 class Polled:
     """One poll's messages, sorted and decoded (:func:`decode_poll`). ``full``: the poll hit
-    its message or byte limit, or its last chunk came back with all it asked for: more is
-    likely waiting (a backlog)."""
+    its message or byte limit, or ended with a backlog behind it (:func:`take_messages`'s third
+    value): more is likely waiting."""
 
     full: bool
     batches: list[Batch] = field(default_factory=list)
