@@ -272,7 +272,7 @@ class Pipeline:
             owned = self._access.call(lambda: still_owned(consumer, msgs))
             if len(owned) != len(msgs):
                 msgs, polled = owned, decode_poll(owned, self.settings, False)
-        polled.full = more or len(msgs) >= self.max_messages or sum(len(m) for m in msgs) >= self.max_poll_bytes
+        polled.full = more  # true at its limits too (a poll kept to owned partitions holds no more)
         return polled
 
     def _store_polled(self, consumer, polled: Polled) -> None:
