@@ -63,18 +63,30 @@ def per_series(label: str, fmt: str = "") -> dict:
 # ---------------------------------------------------------------- annotations (shared)
 
 
+#: The evidence of a forwarding node named by its waits (a stall, whose service ratio stays ~1):
+#: the shortest look-back window (seconds, as the evidence's keys) whose evidence has
+#: ``model_slow`` and a ``stall_added_ms``; '' for any other anomaly. The SQL form of
+#: pharos_analytics.failslow.stall_added_ms, on the condition's latest evidence.
+STALL_EVIDENCE_SQL = """arrayFirst(e -> JSONExtractBool(e, 'model_slow') AND JSONExtractRaw(e, 'stall_added_ms') NOT IN ('', 'null'),
+             arrayMap(w -> w.2, arraySort(w -> toFloat64OrNull(w.1),
+               arrayFilter(w -> isNotNull(toFloat64OrNull(w.1)), JSONExtractKeysAndValuesRaw(argMax(evidence, detected))))))"""
+
+
 def anomaly_annotation_sql(where: str = "") -> str:
     """One annotation per anomaly condition (``key``): its time span over every detection cycle
-    that stored it, columns time, timeEnd, title, tags, text."""
+    that stored it, columns time, timeEnd, title, tags, text. The text leads with how slow: a
+    stall's added wait ("stall +N ms wait", as ``pharos anomalies`` prints it), else the ratio to
+    the peers ("xR")."""
     return f"""
 SELECT
   min(coalesce(start, onset, detected)) AS time,
   max(coalesce(end, detected)) AS timeEnd,
   concat(any(kind), ' ', any(node), if(any(job_id) = '', '', concat(' (job ', any(job_id), ')'))) AS title,
   concat(any(kind), ',', argMax(severity, detected), ',', any(node_type)) AS tags,
-  concat('x', toString(round(max(ratio), 2)),
+  concat(if({STALL_EVIDENCE_SQL} AS stall = '', concat('x', toString(round(max(ratio), 2))),
+            concat('stall +', toString(round(JSONExtractFloat(stall, 'stall_added_ms'))), ' ms wait')),
          if(any(culprit_job) = '', '', concat(', culprit job ', any(culprit_job))),
-         if(any(persistence) = '', '', concat(', ', any(persistence))),
+         if(argMax(persistence, detected) = '', '', concat(', ', argMax(persistence, detected))),
          if(argMax(active, detected) = 1, ', active', '')) AS text
 FROM anomalies
 WHERE $__timeFilter(detected){where}
