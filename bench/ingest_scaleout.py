@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pharos_core.process import freeze_startup_objects
 from pharos_core.settings import Settings
 from pharos_core.store import migrate, open_store
 from pharos_pipeline.ingest import Pipeline
@@ -29,6 +30,7 @@ def process_worker(idx: int, settings: Settings, q, go, stop, cpu: int | None = 
     try:
         migrate(store)
         pipe = Pipeline(settings, store)
+        freeze_startup_objects()  # as the pipeline processes do
         q.put((idx, time.time(), 0, time.process_time()))
         go.wait()
         last = 0.0

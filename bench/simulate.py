@@ -118,12 +118,14 @@ def pipeline_worker(idx: int, settings: Settings, q, stop, cycles: bool) -> None
     """One pipeline process: a fresh chDB store in ``settings.state_dir``, the real Pipeline until
     ``stop``; every second its counters go to ``q``, at the end its store's own counts."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    from pharos_core.process import freeze_startup_objects
     from pharos_core.store import migrate, open_store
     from pharos_pipeline.ingest import Pipeline
 
     store = open_store(settings)
     migrate(store)
     pipe = Pipeline(settings, store)
+    freeze_startup_objects()  # as the pipeline processes do
     timing = {"detection": [], "control": []}
     tstop = threading.Event()
     th = threading.Thread(target=_time_cycles, args=(store, settings, tstop, timing), daemon=True) if cycles else None

@@ -15,6 +15,7 @@ import threading
 
 from pharos_analytics.alerts import DetectionLoop
 from pharos_analytics.control.loop import ControlLoop
+from pharos_core.process import freeze_startup_objects
 from pharos_core.settings import Settings
 from pharos_core.store import migrate, open_store
 from pharos_pipeline.broker_health import BrokerProbe
@@ -71,6 +72,9 @@ def serve(settings: Settings) -> None:
     # the control loop (DFRA, live remapping, placement hints) every [control] period_s
     control = ControlLoop(store, settings, detector=sysdiag).start()
     app.state.control = control
+    # the modules, the app, the store, the pipeline and the loops live as long as the process:
+    # out of the full collections its polls and requests trigger
+    freeze_startup_objects()
     log.info(
         "API on %s (OpenAPI at %s/docs)%s",
         settings.api_url,

@@ -535,6 +535,7 @@ def run_pipeline_process(settings: Settings | None = None) -> int:
 
     Note: a chDB data directory may be opened by one process only (DESIGN.md).
     """
+    from pharos_core.process import freeze_startup_objects
     from pharos_core.settings import get_settings
     from pharos_core.store import migrate, open_store
 
@@ -555,11 +556,13 @@ def run_pipeline_process(settings: Settings | None = None) -> int:
         except Exception as exc:  # the broker may come later; the consumer retries
             log.warning("could not ensure topics on %s: %s", settings.kafka_bootstrap, exc)
         pipeline = Pipeline(settings, store)
+        frozen = freeze_startup_objects()
         log.info(
-            "pipeline consuming %s from %s (group %s)",
+            "pipeline consuming %s from %s (group %s; %d start-up objects out of the garbage collector's passes)",
             pipeline.topics,
             settings.kafka_bootstrap,
             settings.consumer_group,
+            frozen,
         )
         pipeline.run(stop)
         log.info("pipeline stopped: %s", pipeline.stats())

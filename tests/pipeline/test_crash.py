@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -174,6 +175,11 @@ def test_sigkill_mid_stream_stores_every_record_once(pipeline_settings, tmp_path
     # each kill in the window left stored but uncommitted batches: the restart skipped them
     redelivered = log_path.read_text().count("duplicate batch(es)")
     assert redelivered >= (KILLS + 1) // 2, log_path.read_text()[-3000:]
+    # every start froze its set-up out of the garbage collector's passes (pharos_core.process)
+    frozen = [
+        int(n) for n in re.findall(r"; (\d+) start-up objects out of the garbage collector", log_path.read_text())
+    ]
+    assert len(frozen) == KILLS + 1 and min(frozen) > 10_000, frozen
     print(f"committed at the kills: {progress}; polls with re-delivered batches: {redelivered}")
 
 
