@@ -78,7 +78,6 @@ from pharos_testkit import free_port, kafka_bootstrap  # noqa: E402
 from pharos_core.process import freeze_startup_objects  # noqa: E402
 from pharos_core.settings import Settings  # noqa: E402
 from pharos_core.store import migrate, open_store  # noqa: E402
-from pharos_pipeline import columnar  # noqa: E402
 from pharos_pipeline.broker import KafkaBroker, embedded_kafka, ensure_topics  # noqa: E402
 from pharos_pipeline.ingest import Pipeline  # noqa: E402
 from pharos_pipeline.wire import IoBatch  # noqa: E402
@@ -86,6 +85,7 @@ from pharos_pipeline.wire.pharos.v1 import io_pb2  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from ingest_scaleout import process_rounds  # noqa: E402
+from ingest_stored import stored_growth, stored_queries  # noqa: E402
 
 MiB = 1 << 20
 ONE_BLOCK = "min_insert_block_size_rows = 1099511627776, min_insert_block_size_bytes = 1125899906842624"
@@ -265,158 +265,6 @@ def run_pipeline(
     return dt, total - base, (q.done if q else 0), cpu, clock
 
 
-#: Stored records made in the store: 64 ranks per job, client requests and the forwarder requests
-#: behind them, a fifth of them reads, in the last 24 h; job_events for each job.
-FILL_SQL = """
-INSERT INTO io_requests (__COLUMNS__)
-SELECT
-    fromUnixTimestamp64Nano(toInt64({t0:Int64} + n * {step:Int64}), 'UTC') AS start,
-    fromUnixTimestamp64Nano(toInt64({t0:Int64} + n * {step:Int64} + 40000), 'UTC') AS end,
-    40000 + (n % 7) * 1000 AS duration_ns,
-    if(n % 2 = 0, 'client', 'forwarder') AS layer,
-    concat('cn', toString(intDiv(n % 64, 8))) AS host,
-    concat('job', toString(intDiv(n, {per_job:UInt64}))) AS job_id,
-    toInt32(n % 64) AS rank, 1000 AS pid, 1000 AS tid, 'ior' AS comm,
-    if(n % 5 = 0, 'pread', 'pwrite') AS op, 'regular' AS file_type, 2049 AS dev, 10000 + n % 8 AS inode,
-    concat('/scratch/out.', toString(n % 8)) AS path, 3 AS fd, intDiv(n, 64) * 1048576 AS offset,
-    1048576 AS size, 1048576 AS result, 1 AS count, 1048576 AS bytes,
-    concat('cn', toString(intDiv(n % 64, 8))) AS compute_node,
-    if(n % 2 = 1, concat('fwd', toString(n % 4)), '') AS forwarding_node,
-    if(n % 2 = 1, concat('ost', toString(n % 8)), '') AS target,
-    n AS object_id, if(n % 2 = 1, 20000, 0) AS queue_wait_ns, if(n % 2 = 1, n, 0) AS request_id, 0 AS replay,
-    'bench' AS producer_id, intDiv(n, 1000) AS seq, toUInt32(n % 1000) AS record_index
-FROM (SELECT number AS n FROM numbers({n:UInt64}))
-SETTINGS max_insert_block_size = 1048576
-""".replace("__COLUMNS__", ", ".join(f"`{c}`" for c in columnar.COLUMNS))
-EVENTS_SQL = """
-INSERT INTO job_events (job_id, kind, time, name, command, user, ranks, host, exit_code, cgroup)
-SELECT concat('job', toString(j)), k, fromUnixTimestamp64Nano(toInt64({t0:Int64} + (j * {per_job:UInt64} +
-       if(k = 'end', {per_job:UInt64}, 0)) * {step:Int64}), 'UTC'), 'ior', ['ior'], 'bench', 64, 'cn0', 0, ''
-FROM (SELECT number AS j FROM numbers({jobs:UInt64})) ARRAY JOIN ['start', 'end'] AS k
-"""
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def dashboard_seconds(store, uid: str, range_s: float) -> dict[str, float]:
-    """Seconds of each query of dashboard ``uid`` (variables first, then every panel with the
-    multi-value variables at All), expanded as Grafana and its ClickHouse plugin expand them
-    (tests/dashboards/grafana_expand.py) over the last ``range_s`` seconds, at Grafana's auto
-    interval (the range over ~1,000 points, whole seconds): {panel title: (s, rows)}, one run each."""
-    from datetime import UTC, datetime
-
-    for d in ("dashboards", "tests", "tests/dashboards"):  # pharos_dashboards and the tests' expander
-        sys.path.insert(0, str(REPO / d))
-    from dashboard_check import dashboards, panel_queries, resolve_variables
-    from grafana_expand import Context, expand
-
-    now = time.time()
-    ctx = Context(
-        datetime.fromtimestamp(now - range_s, UTC), datetime.fromtimestamp(now, UTC), interval_s=max(1, range_s // 1000)
-    )
-    dash = dashboards()[uid]
-    t = time.perf_counter()
-    errors = resolve_variables(store, dash, ctx, {})
-    out = {"(variables)": (time.perf_counter() - t, sum(len(v) for v in ctx.options.values()))}
-    if errors:
-        raise RuntimeError(f"{uid}: {errors}")
-    for p, target in panel_queries(dash):
-        sql = expand(target["rawSql"], ctx)
-        t = time.perf_counter()
-        rows = store.query(sql)
-        s0, n0 = out.get(p["title"], (0.0, 0))
-        out[p["title"]] = (s0 + time.perf_counter() - t, n0 + len(rows))
-    return out
-
-
-def forwarders_view(store) -> None:
-    """What ``GET /v1/forwarders`` computes (api/pharos_api/routers/system_diag.py), without HTTP."""
-    from pharos_analytics.diagnosis_config import DiagnosisConfig
-    from pharos_analytics.system_diag import data_anchor, failslow_state, forwarder_loads
-
-    cfg = DiagnosisConfig()
-    until = data_anchor(store)
-    forwarder_loads(store, until, cfg.status_window_s)
-    failslow_state(store, None, cfg, "fail_slow_forwarder", until)
-
-
-def stored_queries(root: Path, n: int, rate: int, per_job: int = 100_000, keep: bool = False) -> dict[str, float]:
-    """Seconds of a detection cycle, a job summary, a diagnosis, ``GET /v1/forwarders`` and the
-    overview dashboard's slowest query (at its default range, 6 h) on a store of ``n`` records
-    that arrived at ``rate`` records/s until now. ``keep``: the store stays in ``root`` and a
-    later run with the same ``n`` times it again without filling (its records then end when the
-    fill ended)."""
-    from pharos_analytics.alerts import DetectionLoop
-    from pharos_analytics.diagnosis_config import DiagnosisConfig
-    from pharos_analytics.insights import job_insights
-    from pharos_analytics.summary import job_summary
-
-    store = open_store(Settings(state_dir=root / f"stored{n}"))
-    try:
-        migrate(store)
-        now = time.time_ns()
-        step = 10**9 // rate
-        params = {"t0": now - n * step - 10**9, "step": step, "per_job": per_job}
-        t = time.perf_counter()
-        if int(store.query("SELECT count() AS n FROM io_requests")[0]["n"]) == n:
-            print(f"{n:,} records already stored (kept by an earlier run)", flush=True)
-        else:
-            for table in (
-                "io_requests",
-                "io_rollup_1s",
-                "io_rollup_1m",
-                "io_rollup_forwarder_1m",
-                "io_rollup_forwarder_10m",
-            ):
-                store.command(f"TRUNCATE TABLE {table}")  # a fill cut short: its rollups too
-            store.command(FILL_SQL, params | {"n": n})
-            store.command(EVENTS_SQL, params | {"jobs": max(1, n // per_job)})
-            print(f"stored {n:,} records in {time.perf_counter() - t:.0f} s", flush=True)
-        # a store that has been running has merged its parts: time the queries once the background
-        # merges of the fill are done (bounded), not while they load the machine
-        t = time.perf_counter()
-        while time.perf_counter() - t < 900:
-            if not int(store.query("SELECT count() AS n FROM system.merges")[0]["n"]):
-                break
-            time.sleep(2)
-        parts = store.query("SELECT count() AS n FROM system.parts WHERE active AND table = 'io_requests'")[0]["n"]
-        print(f"background merges settled in {time.perf_counter() - t:.0f} s ({parts} active parts)", flush=True)
-        loop = DetectionLoop(store, DiagnosisConfig)
-        job = f"job{max(1, n // per_job) // 2}"
-        # the cycles after a start: the long fail-slow windows and the straggler backlog of the
-        # jobs that ended in the look-back are spread over them (failslow_windows_per_cycle,
-        # straggler_jobs_per_cycle); the last one is a steady cycle
-        cycles = [timed(lambda: loop.run_once(time.time_ns())) for _ in range(6)]
-        print("detection cycles after the start: " + ", ".join(f"{c:.2f}" for c in cycles) + " s", flush=True)
-        board = dashboard_seconds(store, "pharos-overview", 6 * 3600)
-        print("overview dashboard, 6 h: " + ", ".join(f"{k} {v[0]:.2f} s ({v[1]} rows)" for k, v in board.items()))
-        slowest = max(board, key=lambda k: board[k][0])
-        out = {
-            "detection cycle (slowest of the first 6)": max(cycles),
-            "detection cycle (6th, steady)": cycles[-1],
-        }
-        # what a user waits for, three times each (the first on a store just opened pays its parts'
-        # marks and caches: printed apart), the median kept
-        for name, fn in (
-            ("pharos job", lambda: job_summary(store, job)),
-            ("pharos diagnose", lambda: job_insights(store, job)),
-            ("GET /v1/forwarders", lambda: forwarders_view(store)),
-        ):
-            runs = [timed(fn) for _ in range(3)]
-            print(f"{name}: " + ", ".join(f"{r:.2f}" for r in runs) + " s", flush=True)
-            out[name] = statistics.median(runs)
-        print(f"overview dashboard's slowest query at {n:,}: {slowest}", flush=True)
-        return out | {"overview dashboard, slowest query": board[slowest][0]}
-    finally:
-        store.close()
-        if not keep:
-            shutil.rmtree(root / f"stored{n}", ignore_errors=True)
-
-
 def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
     """The pipeline and raw rounds on a real broker (see the module doc)."""
     port, ctl = free_port(), free_port()
@@ -496,26 +344,6 @@ def ingest_rounds(a: argparse.Namespace, root: Path) -> list[dict]:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
     return rows
-
-
-def stored_growth(stored: dict[int, dict[str, float]]) -> None:
-    """How each --stored cost grows with the stored records N (issue 28, item 2): the exponent k
-    of y ~ N^k and the best of a + b g(N) (bench/growth.py's fit), and the power law's y at 1 B
-    and 10 B records where not measured (an extrapolation, said so)."""
-    from growth import fit, predict
-
-    ns = sorted(stored)
-    at = [n for n in (10**9, 10**10) if n > ns[-1]]
-    head = f"{'cost (s)':<42}" + "".join(f"{n:>14,}" for n in ns) + f"{'N^k: k':>8}  {'best fit':<10}"
-    print(head + "".join(f"{'at ' + format(n, ','):>20}" for n in at))
-    for name in stored[ns[0]]:
-        ys = [stored[n][name] for n in ns]
-        k, model, coef = fit([float(n) for n in ns], ys)
-        row = f"{name:<42}" + "".join(f"{y:>14.2f}" for y in ys)
-        row += f"{'n/a' if k is None else format(k, '.2f'):>8}  {model or 'n/a':<10}"
-        print(row + "".join(f"{predict(coef, k, n) if k is not None else float('nan'):>20.2f}" for n in at))
-    if at:
-        print("(the 'at' columns extrapolate the power law y ~ N^k beyond the stored records measured)")
 
 
 def main() -> None:
